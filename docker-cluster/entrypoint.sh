@@ -1,0 +1,58 @@
+#!/bin/bash
+# Container entrypoint of the gpuwarden test cluster: `entrypoint.sh ROLE`.
+# /etc/gpuwarden-cluster holds what `up` rendered (slurm.conf, munge.key, ...), read-only.
+set -euo pipefail
+role=${1:?role: slurmdbd, slurmctld, node or s3}
+state=/etc/gpuwarden-cluster
+
+start_munge() {
+    install -o munge -g munge -m 0400 "$state/munge.key" /etc/munge/munge.key
+    install -d -o munge -g munge -m 0755 /run/munge
+    runuser -u munge -- /usr/sbin/munged --force
+}
+
+install_slurm_conf() {
+    mkdir -p /etc/slurm
+    cp "$state/slurm.conf" "$state/gres.conf" "$state/topology.conf" "$state/cgroup.conf" /etc/slurm/
+}
+
+case "$role" in
+slurmdbd)
+    start_munge
+    install_slurm_conf
+    install -m 0600 "$state/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+    mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+    if [ ! -d /var/lib/mysql/mysql ]; then
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
+    fi
+    mariadbd --user=mysql --skip-networking=0 --bind-address=127.0.0.1 &
+    for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
+    pass=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)
+    mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
+                GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+    # See docker-cluster/image/customize.sh: slurmdbd needs bookworm's Connector/C.
+    LD_LIBRARY_PATH=/opt/libmariadb-bookworm/usr/lib/x86_64-linux-gnu exec slurmdbd -D
+    ;;
+slurmctld)
+    start_munge
+    install_slurm_conf
+    exec slurmctld -D -i
+    ;;
+node)
+    start_munge
+    install_slurm_conf
+    # Fake GPUs: gres.conf's File= entries must exist (see docs/test-cluster.md).
+    mkdir -p /opt/fakegpu
+    for i in $(seq 0 $((${GPUWARDEN_GPUS:-8} - 1))); do : > "/opt/fakegpu/nvidia$i"; done
+    exec slurmd -D
+    ;;
+s3)
+    mkdir -p /var/lib/seaweedfs
+    exec weed server -dir=/var/lib/seaweedfs -ip=s3 -ip.bind=0.0.0.0 -volume.max=0 \
+        -master.volumeSizeLimitMB=256 -s3 -s3.port=8333 -s3.config="$state/s3.json"
+    ;;
+*)
+    echo "unknown role $role" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,74 @@
+"""`python -m gpuwarden.devcluster up|down|status|image`: the test cluster's task runner."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from gpuwarden.devcluster.spec import from_env
+from gpuwarden.errors import GpuwardenError
+
+
+def _client() -> object:
+    try:
+        import docker  # noqa: PLC0415
+    except ImportError:
+        raise click.ClickException("the docker SDK is missing: run `make venv` first") from None
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means the same: no usable daemon
+        raise click.ClickException(f"cannot reach the Docker daemon ({exc}); is it running?") from None
+    return client
+
+
+def _progress(msg: str, _t0: list[float] = [time.monotonic()]) -> None:  # noqa: B006
+    click.echo(f"[{time.monotonic() - _t0[0]:6.1f}s] {msg}", err=True)
+
+
+@click.group()
+def main() -> None:
+    """Manage the dockerized Slurm test cluster."""
+
+
+def _cluster() -> object:
+    from gpuwarden.devcluster.cluster import Cluster  # noqa: PLC0415
+
+    return Cluster(_client(), from_env(), progress=_progress)
+
+
+@main.command()
+@click.option("--timeout", default=240.0, show_default=True, help="seconds to wait for readiness")
+def up(timeout: float) -> None:
+    """Build the image if needed, start the cluster, wait until it works."""
+    try:
+        _cluster().up(timeout=timeout)  # type: ignore[attr-defined]
+    except GpuwardenError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+def down() -> None:
+    """Remove the cluster's containers, network, shared volume and rendered config."""
+    _cluster().down()  # type: ignore[attr-defined]
+    _progress("cluster removed")
+
+
+@main.command()
+def image() -> None:
+    """Build the cluster image only (needs root and debootstrap)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from gpuwarden.devcluster import image as img  # noqa: PLC0415
+
+    try:
+        tag = img.ensure_image(_client(), Path(__file__).resolve().parents[2], _progress)
+    except GpuwardenError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(tag)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Bring the dockerized Slurm cluster up and down, and wait until it really works."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gpuwarden import slurmconf
+from gpuwarden.devcluster import image
+from gpuwarden.devcluster.exec import ExecResult, run_in
+from gpuwarden.devcluster.spec import LABEL, PREFIX, Spec
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.slurm.parse import parse_nodes
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+NETWORK = f"{PREFIX}-net"
+FSX_VOLUME = f"{PREFIX}-fsx"
+FSX_PATH = "/fsx"
+S3_BUCKET = "gpuwarden"
+
+
+class ClusterError(GpuwardenError):
+    pass
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+class Cluster:
+    def __init__(self, client: Any, spec: Spec, progress: Progress = print,
+                 repo_root: Path | None = None) -> None:
+        self.client = client
+        self.spec = spec
+        self.progress = progress
+        self.root = repo_root or _repo_root()
+        self.state_dir = self.root / "docker-cluster" / ".state"
+
+    # ---- rendering -------------------------------------------------------------------------
+    def _secret(self, name: str, nbytes: int) -> str:
+        path = self.state_dir / name
+        if not path.exists():
+            path.write_text(secrets.token_hex(nbytes))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def render_state(self) -> str:
+        """Write the cluster's config files; return a hash that changes when they change."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cl = self.spec.cluster
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(self.root / "docker-cluster" / "templates"),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+            autoescape=False,  # noqa: S701 - config files, not HTML
+        )
+        key = self.state_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(secrets.token_bytes(1024))
+            key.chmod(0o400)
+        access, secret = self._secret("s3.access", 10), self._secret("s3.secret", 20)
+        files = {
+            "slurm.conf": env.get_template("slurm.conf.j2").render(
+                layout=slurmconf.layout(cl), fragment=slurmconf.render("slurm.conf", cl)),
+            "gres.conf": slurmconf.render("gres.conf", cl, autodetect=False),
+            "topology.conf": slurmconf.render("topology.conf", cl),
+            "cgroup.conf": (self.root / "docker-cluster/templates/cgroup.conf").read_text(),
+            "slurmdbd.conf": env.get_template("slurmdbd.conf.j2").render(
+                db_password=self._secret("db.password", 12)),
+            "s3.json": json.dumps({"identities": [{
+                "name": "gpuwarden", "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}),
+            "s3.env": f"AWS_ACCESS_KEY_ID={access}\nAWS_SECRET_ACCESS_KEY={secret}\n"
+                      f"GPUWARDEN_S3_ENDPOINT=http://s3:8333\nGPUWARDEN_S3_BUCKET={S3_BUCKET}\n",
+        }
+        digest = hashlib.sha256()
+        for name, text in sorted(files.items()):
+            path = self.state_dir / name
+            path.write_text(text)
+            path.chmod(0o600 if name in ("slurmdbd.conf", "s3.json", "s3.env") else 0o644)
+            digest.update(name.encode() + b"\0" + text.encode() + b"\0")
+        return digest.hexdigest()[:12]
+
+    # ---- docker objects ------------------------------------------------------------------------
+    def _containers(self) -> list[Any]:
+        return list(self.client.containers.list(all=True, filters={"label": LABEL}))
+
+    def _ensure_network(self) -> Any:
+        nets = self.client.networks.list(names=[NETWORK])
+        if nets:
+            return nets[0]
+        import docker  # noqa: PLC0415 - developer tooling only
+
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=self.spec.subnet)])
+        return self.client.networks.create(NETWORK, driver="bridge", ipam=ipam,
+                                           labels={LABEL: "1"})
+
+    def _run(self, host: str, role: str, tag: str, config_hash: str, ip: str,
+             hosts: dict[str, str]) -> Any:
+        import docker  # noqa: PLC0415
+
+        volumes = {
+            str(self.root): {"bind": "/opt/gpuwarden", "mode": "ro"},
+            str(self.state_dir): {"bind": "/etc/gpuwarden-cluster", "mode": "ro"},
+        }
+        if role in ("node", "slurmctld"):
+            volumes[FSX_VOLUME] = {"bind": FSX_PATH, "mode": "rw"}
+        return self.client.containers.run(
+            tag,
+            ["/opt/gpuwarden/docker-cluster/entrypoint.sh", role],
+            name=self.spec.container_name(host),
+            hostname=host,
+            detach=True,
+            labels={LABEL: "1", "gpuwarden.role": role, "gpuwarden.config": config_hash},
+            environment={"GPUWARDEN_GPUS": str(self.spec.cluster.gpus_per_node)},
+            volumes=volumes,
+            extra_hosts={h: a for h, a in hosts.items() if h != host},
+            network=NETWORK,
+            networking_config={NETWORK: docker.types.EndpointConfig(
+                version=self.client.api.api_version, ipv4_address=ip, aliases=[host])},
+            init=True,
+        )
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def up(self, timeout: float = 180.0) -> None:
+        t0 = time.monotonic()
+        tag = image.ensure_image(self.client, self.root, self.progress)
+        config_hash = self.render_state()
+        wanted = {self.spec.container_name(h) for h in self.spec.services + self.spec.node_names}
+        current = self._containers()
+        reusable = (
+            {c.name for c in current} == wanted
+            and all(c.status == "running" and c.labels.get("gpuwarden.config") == config_hash
+                    and tag in c.image.tags for c in current)
+        )
+        if current and not reusable:
+            self.progress("cluster exists with another shape or config: recreating it")
+            self.down(keep_state=True)
+        if not reusable:
+            self._ensure_network()
+            hosts = self.spec.addresses()
+            roles = {"slurmdbd": "slurmdbd", "slurmctld": "slurmctld", "s3": "s3"}
+            roles.update({n: "node" for n in self.spec.node_names})
+            self.progress(f"starting {len(roles)} containers from {tag}")
+            # Accounting first, so slurmctld registers with a database that already knows
+            # the cluster, its account and its users.
+            for host in ("slurmdbd", "s3"):
+                self._run(host, roles.pop(host), tag, config_hash, hosts[host], hosts)
+            self._bootstrap_accounting(deadline=time.monotonic() + timeout)
+            for host, role in roles.items():
+                self._run(host, role, tag, config_hash, hosts[host], hosts)
+        self.wait_ready(timeout=timeout)
+        self.progress(f"cluster ready in {time.monotonic() - t0:.0f} s: "
+                      f"{len(self.spec.node_names)} nodes x {self.spec.cluster.gpus_per_node} GPUs")
+
+    def down(self, keep_state: bool = False) -> None:
+        for c in self._containers():
+            c.remove(force=True, v=True)
+        for net in self.client.networks.list(names=[NETWORK]):
+            net.remove()
+        for vol in self.client.volumes.list(filters={"name": FSX_VOLUME}):
+            if vol.name == FSX_VOLUME:
+                vol.remove(force=True)
+        if not keep_state and self.state_dir.exists():
+            for f in self.state_dir.iterdir():
+                f.unlink()
+            self.state_dir.rmdir()
+
+    # ---- readiness ----------------------------------------------------------------------------
+    def container(self, host: str) -> Any:
+        return self.client.containers.get(self.spec.container_name(host))
+
+    def exec(self, host: str, argv: list[str], timeout: float = 60.0, user: str = "") -> ExecResult:
+        return run_in(self.container(host), argv, timeout=timeout, user=user)
+
+    def _fail(self, host: str, what: str) -> ClusterError:
+        try:
+            c = self.container(host)
+            logs = c.logs(tail=25).decode(errors="replace")
+            status = c.status
+        except Exception as exc:  # noqa: BLE001 - building an error message
+            logs, status = f"(no logs: {exc})", "missing"
+        return ClusterError(
+            f"{what}: container {self.spec.container_name(host)} is {status}; its last log "
+            f"lines:\n{logs}\nRetry with `make cluster-down cluster-up`; see docs/test-cluster.md"
+        )
+
+    def _check_running(self) -> None:
+        for c in self._containers():
+            c.reload()
+            if c.status != "running":
+                host = c.name.removeprefix(f"{PREFIX}-")
+                raise self._fail(host, "a container stopped while the cluster came up")
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        steps: list[tuple[str, str, Callable[[], str]]] = [
+            ("slurmctld", "slurmctld answers and every node is idle", self._nodes_idle),
+            ("slurmdbd", "sacct answers (slurmdbd and MariaDB are up)", self._sacct_ok),
+            ("s3", "the S3 server accepts a write", self._s3_ok),
+        ]
+        for host, what, probe in steps:
+            self.progress(f"waiting: {what}")
+            last = ""
+            while True:
+                self._check_running()
+                last = probe()
+                if not last:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._fail(host, f"timed out after {timeout:.0f} s waiting until {what} "
+                                           f"(last: {last})")
+                time.sleep(1.0)
+
+    def _bootstrap_accounting(self, deadline: float) -> None:
+        self.progress("waiting: slurmdbd answers; adding the cluster, account and users")
+        name = self.spec.cluster.name
+        steps = [
+            ["sacctmgr", "-i", "add", "cluster", name],
+            ["sacctmgr", "-i", "add", "account", "research", f"cluster={name}",
+             "description=gpuwarden test users", "organization=gpuwarden"],
+            ["sacctmgr", "-i", "add", "user", "root,alice,bob", "account=research",
+             f"cluster={name}"],
+        ]
+        for argv in steps:
+            while True:
+                self._check_running()
+                res = self.exec("slurmdbd", argv, timeout=20)
+                text = res.out + res.err
+                if res.rc == 0 or "Nothing new added" in text or "already exists" in text:
+                    break
+                if time.monotonic() > deadline:
+                    raise self._fail("slurmdbd", f"`{' '.join(argv)}` kept failing: {text.strip()}")
+                time.sleep(0.5)
+
+    def _nodes_idle(self) -> str:
+        res = self.exec("slurmctld", ["scontrol", "show", "nodes", "--json"], timeout=20)
+        if res.rc != 0:
+            return res.err.strip() or f"exit {res.rc}"
+        nodes = parse_nodes(res.out)
+        not_idle = [f"{n.name}={n.state_text}" for n in nodes if n.state != ("IDLE",)]
+        if len(nodes) != len(self.spec.node_names):
+            return f"{len(nodes)} of {len(self.spec.node_names)} nodes known"
+        return ", ".join(not_idle)
+
+    def _sacct_ok(self) -> str:
+        res = self.exec("slurmctld", ["sacct", "-n", "-X", "--starttime=now-1hours"], timeout=20)
+        if res.rc != 0:
+            return res.err.strip() or f"exit {res.rc}"
+        res = self.exec("slurmctld", ["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"],
+                        timeout=20)
+        if self.spec.cluster.name not in res.out.split():
+            return "the cluster is not registered in slurmdbd yet"
+        return ""
+
+    def _s3_ok(self) -> str:
+        node = self.spec.node_names[0]
+        res = self.exec(node, ["python3", "-m", "gpuwarden.devcluster.s3probe"], timeout=30)
+        return "" if res.rc == 0 else (res.err.strip().splitlines() or [f"exit {res.rc}"])[-1]

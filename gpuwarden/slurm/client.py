@@ -1,0 +1,187 @@
+"""One typed client over Slurm's JSON CLIs, with retries, and gpuwarden's drain rules.
+
+`SlurmClient` is the seam: the CLI backend here is the default; a pyslurm backend could
+implement the same Protocol on sites whose pyslurm major version equals their Slurm's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from gpuwarden.config import SlurmConfig
+from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
+from gpuwarden.slurm import parse
+from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, Job, Node, NodeEvent
+from gpuwarden.slurm.runner import CommandResult, CommandRunner, CommandTimeoutError
+
+log = logging.getLogger(__name__)
+
+# stderr of a failed command that means "try again later", not "you asked for something wrong".
+_TRANSIENT = re.compile(
+    r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+    r"Resource temporarily unavailable|Zero Bytes were transmitted|"
+    r"Communication connection failure|backup controller in standby|"
+    r"Unable to establish a connection|slurmdbd: Connection|Problem talking to the database|"
+    r"Transport endpoint is not connected",
+    re.IGNORECASE,
+)
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_MAX_REASON = 200
+
+
+class SlurmClient(Protocol):
+    """What gpuwarden needs from Slurm. Implemented by CliSlurmClient (and fakes in tests)."""
+
+    def nodes(self) -> list[Node]: ...
+    def node(self, name: str) -> Node: ...
+    def jobs(self) -> list[Job]: ...
+    def job(self, job_id: int) -> Job: ...
+    def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]: ...
+    def events(self, start: str, end: str) -> list[NodeEvent]: ...
+    def drain(self, name: str, reason: str) -> None: ...
+    def resume(self, name: str) -> bool: ...
+
+
+def gpuwarden_reason(text: str) -> str:
+    """Namespace a reason so that gpuwarden can recognise its own drains later."""
+    text = " ".join(text.split())
+    if not text:
+        raise ValueError("a drain reason must say why")
+    if text.startswith(REASON_PREFIX):
+        text = text[len(REASON_PREFIX) :].lstrip()
+    full = f"{REASON_PREFIX} {text}"
+    return full if len(full) <= _MAX_REASON else full[: _MAX_REASON - 3] + "..."
+
+
+def check_node_name(name: str) -> str:
+    if not _NODE_NAME.match(name):
+        raise SlurmError(f"not a valid node name: {name!r}")
+    return name
+
+
+def refuse_unless_ours(node: Node, action: str) -> None:
+    """Refuse to touch a drain/down whose reason someone else set (an operator's, Slurm's)."""
+    if (node.drained or node.down) and node.reason and not node.reason_is_ours:
+        by = f" by {node.reason_set_by}" if node.reason_set_by else ""
+        raise NotOurDrainError(
+            f"refusing to {action} {node.name}: it is {node.state_text} with reason "
+            f"{node.reason!r} set{by}, not by gpuwarden; gpuwarden only changes its own drains "
+            f"(use scontrol yourself if this is intended)"
+        )
+
+
+class CliSlurmClient:
+    def __init__(
+        self,
+        config: SlurmConfig,
+        runner: CommandRunner,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+    ) -> None:
+        self._cfg = config
+        self._runner = runner
+        self._sleep = sleep
+        self._jitter = jitter
+
+    def _argv(self, tool: str, *args: str) -> list[str]:
+        exe = str(Path(self._cfg.bin_dir) / tool) if self._cfg.bin_dir else tool
+        return [exe, *args]
+
+    def _call(self, argv: Sequence[str]) -> CommandResult:
+        """Run with retries and jittered exponential backoff on transient controller errors."""
+        delay = self._cfg.backoff_initial_s
+        attempts = self._cfg.retries + 1
+        last = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                res = self._runner.run(argv, self._cfg.command_timeout_s)
+            except CommandTimeoutError as exc:
+                last = str(exc)
+            else:
+                if res.returncode == 0:
+                    return res
+                err = (res.stderr or res.stdout).strip()
+                if not _TRANSIENT.search(err):
+                    raise SlurmError(f"`{' '.join(argv)}` failed (exit {res.returncode}): {err}")
+                last = err
+            if attempt < attempts:
+                wait = min(delay, self._cfg.backoff_max_s) * (0.5 + self._jitter() / 2)
+                log.warning("%s: %s; retry %d/%d in %.1f s", argv[0], last, attempt,
+                            attempts - 1, wait)
+                self._sleep(wait)
+                delay *= 2
+        raise SlurmUnavailableError(
+            f"`{' '.join(argv)}` failed after {attempts} attempts: {last}; "
+            "is slurmctld up? (check `scontrol ping`)"
+        )
+
+    def nodes(self) -> list[Node]:
+        return parse.parse_nodes(self._call(self._argv("scontrol", "show", "nodes", "--json")).stdout)
+
+    def node(self, name: str) -> Node:
+        out = self._call(self._argv("scontrol", "show", "node", check_node_name(name), "--json"))
+        found = [n for n in parse.parse_nodes(out.stdout) if n.name == name]
+        if not found:
+            raise SlurmError(f"node {name} is not known to slurmctld")
+        return found[0]
+
+    def sinfo_nodes(self) -> list[Node]:
+        return parse.parse_sinfo_nodes(self._call(self._argv("sinfo", "--json")).stdout)
+
+    def jobs(self) -> list[Job]:
+        return parse.parse_jobs(self._call(self._argv("scontrol", "show", "job", "--json")).stdout)
+
+    def job(self, job_id: int) -> Job:
+        out = self._call(self._argv("scontrol", "show", "job", str(int(job_id)), "--json"))
+        jobs = parse.parse_jobs(out.stdout)
+        if not jobs:
+            raise SlurmError(f"job {job_id} is not known to slurmctld")
+        return jobs[0]
+
+    def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]:
+        """Jobs that ran in [start, end): one window per call, so a scan never floods slurmdbd."""
+        out = self._call(self._argv(
+            "sacct", "--json", "--allusers", "--allocations", "--duplicates",
+            f"--starttime={start}", f"--endtime={end}",
+        ))
+        return parse.iter_acct_jobs(out.stdout)
+
+    def events(self, start: str, end: str) -> list[NodeEvent]:
+        out = self._call(self._argv(
+            "sacctmgr", "--parsable2", "--noheader", "show", "events", "All",
+            f"start={start}", f"end={end}",
+            "format=" + ",".join(parse.EVENT_FIELDS),
+        ))
+        return parse.parse_events(out.stdout)
+
+    def _update(self, name: str, *fields: str) -> None:
+        self._call(self._argv("scontrol", "update", f"nodename={name}", *fields))
+
+    def drain(self, name: str, reason: str) -> None:
+        """Drain with a `gpuwarden:` reason; never over a reason someone else set."""
+        full = gpuwarden_reason(reason)
+        node = self.node(check_node_name(name))
+        refuse_unless_ours(node, "drain")
+        log.info("draining %s: %s", name, full)
+        self._update(name, "state=drain", f"reason={full}")
+
+    def resume(self, name: str) -> bool:
+        """Resume a node gpuwarden drained. False when there was nothing to resume."""
+        node = self.node(check_node_name(name))
+        if not (node.drained or node.down):
+            return False
+        refuse_unless_ours(node, "resume")
+        if not node.reason:
+            raise NotOurDrainError(
+                f"refusing to resume {name}: it is {node.state_text} without a reason, so "
+                "gpuwarden cannot tell who set it"
+            )
+        log.info("resuming %s (was: %s)", name, node.reason)
+        self._update(name, "state=resume")
+        return True

@@ -1,0 +1,104 @@
+"""Records parsed from Slurm's output. Frozen: they are facts read at one moment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REASON_PREFIX = "gpuwarden:"
+
+# Node state flags (data_parser v0.0.42 lists base state and flags together).
+_UNAVAILABLE = frozenset({"DRAIN", "DOWN", "FAIL", "FAILING"})
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    state: tuple[str, ...]
+    reason: str
+    reason_set_by: str
+    reason_changed_at: int | None
+    partitions: tuple[str, ...]
+    gres: str
+    features: tuple[str, ...]
+    boot_time: int | None
+
+    @property
+    def state_text(self) -> str:
+        return "+".join(self.state) if self.state else "UNKNOWN"
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state
+
+    @property
+    def down(self) -> bool:
+        return "DOWN" in self.state or "FAIL" in self.state
+
+    @property
+    def unavailable(self) -> bool:
+        return bool(_UNAVAILABLE & set(self.state))
+
+    @property
+    def reason_is_ours(self) -> bool:
+        return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def owner(self) -> str:
+        """Who set the current reason, as an operator reads it."""
+        if not self.reason:
+            return ""
+        if self.reason_is_ours:
+            return "gpuwarden"
+        return self.reason_set_by or "slurm"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as the controller sees it now (scontrol show job)."""
+
+    job_id: int
+    name: str
+    user: str
+    state: tuple[str, ...]
+    state_reason: str
+    partition: str
+    nodes: str
+    num_nodes: int
+    restart_count: int
+    exit_code: int | None
+    admin_comment: str
+    comment: str
+
+
+@dataclass(frozen=True)
+class AcctJob:
+    """A job as accounting recorded it (sacct)."""
+
+    job_id: int
+    name: str
+    user: str
+    state: str
+    state_reason: str
+    partition: str
+    nodes: str
+    num_nodes: int
+    gpus: int
+    exit_code: int | None
+    signal: int | None
+    submit_time: int | None
+    start_time: int | None
+    end_time: int | None
+    restart_count: int
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A node state change recorded by slurmdbd (sacctmgr show events)."""
+
+    cluster: str
+    node: str
+    start: str
+    end: str
+    state: str
+    reason: str
+    user: str

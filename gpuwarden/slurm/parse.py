@@ -1,0 +1,214 @@
+"""Pure parsers from Slurm's output (data_parser v0.0.40-42 JSON, sacctmgr -P text) to records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpuwarden.errors import SlurmParseError
+from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{what}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise SlurmParseError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+    errors = doc.get("errors") or []
+    if errors:
+        first = errors[0] if isinstance(errors[0], Mapping) else {}
+        desc = first.get("description") or first.get("error") or str(errors[0])
+        raise SlurmParseError(f"{what}: Slurm reported an error: {desc}")
+    return doc
+
+
+def _number(value: Any) -> int | None:
+    """v0.0.40+ wraps numbers as {"set": bool, "infinite": bool, "number": n}."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        n = value.get("number")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+    return None
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v for v in value.split(",") if v)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, str))
+    return ()
+
+
+def _list(doc: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+    items = doc.get(key)
+    if not isinstance(items, list):
+        raise SlurmParseError(f"{what}: no '{key}' list in the output")
+    return [i for i in items if isinstance(i, Mapping)]
+
+
+def _exit_code(value: Any) -> tuple[int | None, int | None]:
+    """(return code, signal) from an exit_code object."""
+    if not isinstance(value, Mapping):
+        return None, None
+    rc = _number(value.get("return_code"))
+    sig = value.get("signal")
+    signal = _number(sig.get("id")) if isinstance(sig, Mapping) else None
+    return rc, signal
+
+
+def node_from_json(item: Mapping[str, Any]) -> Node:
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise SlurmParseError(f"node without a name: {dict(item)!r:.200}")
+    return Node(
+        name=name,
+        state=_strs(item.get("state")),
+        reason=_str(item.get("reason")),
+        reason_set_by=_str(item.get("reason_set_by_user")),
+        reason_changed_at=_number(item.get("reason_changed_at")) or None,
+        partitions=_strs(item.get("partitions")),
+        gres=_str(item.get("gres")),
+        features=_strs(item.get("features")),
+        boot_time=_number(item.get("boot_time")) or None,
+    )
+
+
+def parse_nodes(text: str) -> list[Node]:
+    """`scontrol show nodes --json` or `sinfo --json`'s node list."""
+    doc = load_json(text, "scontrol show nodes --json")
+    return [node_from_json(i) for i in _list(doc, "nodes", "scontrol show nodes --json")]
+
+
+def parse_sinfo_nodes(text: str) -> list[Node]:
+    """`sinfo --json` lists one entry per partition and state with the node names in a list."""
+    doc = load_json(text, "sinfo --json")
+    by_name: dict[str, Node] = {}
+    for entry in _list(doc, "sinfo", "sinfo --json"):
+        names = entry.get("nodes", {}).get("nodes", []) if isinstance(entry.get("nodes"), Mapping) else []
+        node_state = entry.get("node", {}).get("state", []) if isinstance(entry.get("node"), Mapping) else []
+        reason = entry.get("reason", {}) if isinstance(entry.get("reason"), Mapping) else {}
+        partition = entry.get("partition", {}).get("name", "") if isinstance(entry.get("partition"), Mapping) else ""
+        for name in names if isinstance(names, list) else []:
+            if not isinstance(name, str):
+                continue
+            prev = by_name.get(name)
+            parts = (*prev.partitions, partition) if prev else ((partition,) if partition else ())
+            by_name[name] = Node(
+                name=name,
+                state=_strs(node_state),
+                reason=_str(reason.get("description")),
+                reason_set_by=_str(reason.get("user")),
+                reason_changed_at=_number(reason.get("time")) or None,
+                partitions=parts,
+                gres=_str(entry.get("gres", {}).get("total")) if isinstance(entry.get("gres"), Mapping) else "",
+                features=_strs(entry.get("features", {}).get("total")) if isinstance(entry.get("features"), Mapping) else (),
+                boot_time=None,
+            )
+    return list(by_name.values())
+
+
+def job_from_json(item: Mapping[str, Any]) -> Job:
+    job_id = _number(item.get("job_id"))
+    if job_id is None:
+        raise SlurmParseError(f"job without a job_id: {dict(item)!r:.200}")
+    rc, _sig = _exit_code(item.get("exit_code"))
+    return Job(
+        job_id=job_id,
+        name=_str(item.get("name")),
+        user=_str(item.get("user_name")),
+        state=_strs(item.get("job_state")),
+        state_reason=_str(item.get("state_reason")),
+        partition=_str(item.get("partition")),
+        nodes=_str(item.get("nodes")),
+        num_nodes=_number(item.get("node_count")) or 0,
+        restart_count=_number(item.get("restart_cnt")) or 0,
+        exit_code=rc,
+        admin_comment=_str(item.get("admin_comment")),
+        comment=_str(item.get("comment")),
+    )
+
+
+def parse_jobs(text: str) -> list[Job]:
+    """`scontrol show job [N] --json`."""
+    doc = load_json(text, "scontrol show job --json")
+    return [job_from_json(i) for i in _list(doc, "jobs", "scontrol show job --json")]
+
+
+def _gpus(tres: Any) -> int:
+    if not isinstance(tres, Mapping):
+        return 0
+    total = 0
+    for t in tres.get("allocated") or []:
+        if isinstance(t, Mapping) and t.get("type") == "gres" and t.get("name") == "gpu":
+            total += _number(t.get("count")) or 0
+    return total
+
+
+def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
+    job_id = _number(item.get("job_id"))
+    if job_id is None:
+        raise SlurmParseError(f"sacct record without a job_id: {dict(item)!r:.200}")
+    state = item.get("state") if isinstance(item.get("state"), Mapping) else {}
+    time = item.get("time") if isinstance(item.get("time"), Mapping) else {}
+    rc, sig = _exit_code(item.get("exit_code"))
+    current = _strs(state.get("current"))
+    return AcctJob(
+        job_id=job_id,
+        name=_str(item.get("name")),
+        user=_str(item.get("user")),
+        state=current[0] if current else "",
+        state_reason=_str(state.get("reason")),
+        partition=_str(item.get("partition")),
+        nodes=_str(item.get("nodes")),
+        num_nodes=_number(item.get("allocation_nodes")) or 0,
+        gpus=_gpus(item.get("tres")),
+        exit_code=rc,
+        signal=sig,
+        submit_time=_number(time.get("submission")) or None,
+        start_time=_number(time.get("start")) or None,
+        end_time=_number(time.get("end")) or None,
+        restart_count=_number(item.get("restart_cnt")) or 0,
+    )
+
+
+def iter_acct_jobs(text: str) -> Iterator[AcctJob | SlurmParseError]:
+    """`sacct --json`: yields records, or the error for a malformed one (never stops the scan)."""
+    doc = load_json(text, "sacct --json")
+    for item in _list(doc, "jobs", "sacct --json"):
+        try:
+            yield acct_job_from_json(item)
+        except SlurmParseError as exc:
+            yield exc
+
+
+EVENT_FIELDS = ("Cluster", "NodeName", "TimeStart", "TimeEnd", "State", "Reason", "User")
+
+
+def parse_events(text: str) -> list[NodeEvent]:
+    """`sacctmgr -P -n show events format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User`."""
+    events: list[NodeEvent] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        # Reason is the only free-text field and may itself contain '|': split around it.
+        head = line.split("|", 5)
+        if len(head) < 6:
+            raise SlurmParseError(f"sacctmgr show events line {lineno}: expected 7 fields: {line!r}")
+        reason, sep, user = head[5].rpartition("|")
+        if not sep:
+            raise SlurmParseError(f"sacctmgr show events line {lineno}: expected 7 fields: {line!r}")
+        cluster, node, start, end, state = head[:5]
+        events.append(NodeEvent(cluster, node, start, end, state, reason, user))
+    return events

@@ -1,0 +1,58 @@
+"""Running Slurm's commands: argument lists, never a shell, always a timeout."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpuwarden.errors import SlurmError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandTimeoutError(SlurmError):
+    def __init__(self, argv: Sequence[str], timeout: float) -> None:
+        self.argv = tuple(argv)
+        self.timeout = timeout
+        super().__init__(f"`{' '.join(argv)}` did not answer within {timeout:g} s")
+
+
+class CommandRunner(Protocol):
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult: ...
+
+
+class SubprocessRunner:
+    """The real runner: subprocess with a hard timeout (the child is killed when it passes)."""
+
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        log.debug("running %s (timeout %g s)", argv, timeout)
+        try:
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            raise CommandTimeoutError(argv, timeout) from None
+        except FileNotFoundError:
+            raise SlurmError(
+                f"{argv[0]} not found: install Slurm's client commands on this host "
+                "or set [slurm] bin_dir in the gpuwarden config"
+            ) from None
+        except OSError as exc:
+            raise SlurmError(f"cannot run {argv[0]}: {exc}") from None
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)

@@ -1,0 +1,75 @@
+"""Render the slurm.conf, gres.conf and topology.conf lines for a cluster description.
+
+One description ([cluster] in the config) drives the node count and the switch layout; the
+dockerized test cluster and `gpuwarden slurm-conf` use the same templates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+
+from gpuwarden.config import ClusterConfig
+from gpuwarden.slurm.hostlist import compress
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    nodes: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+
+    @property
+    def nodes_expr(self) -> str:
+        return compress(self.nodes)
+
+    @property
+    def switches_expr(self) -> str:
+        return compress(self.switches)
+
+
+@dataclass(frozen=True)
+class Layout:
+    cluster: ClusterConfig
+    nodes: tuple[str, ...]
+    leaves: tuple[Switch, ...]
+    spine: Switch
+
+    @property
+    def nodes_expr(self) -> str:
+        return compress(self.nodes)
+
+    @property
+    def gpu_files(self) -> str:
+        n = self.cluster.gpus_per_node
+        return f"{self.cluster.gpu_device_dir}/nvidia" + ("0" if n == 1 else f"[0-{n - 1}]")
+
+
+def layout(cluster: ClusterConfig) -> Layout:
+    nodes = tuple(f"{cluster.node_prefix}{i}" for i in range(1, cluster.nodes + 1))
+    per = cluster.nodes_per_leaf
+    leaves = tuple(
+        Switch(name=f"leaf{k + 1}", nodes=nodes[k * per : (k + 1) * per])
+        for k in range((len(nodes) + per - 1) // per)
+    )
+    spine = Switch(name="spine", switches=tuple(leaf.name for leaf in leaves))
+    return Layout(cluster=cluster, nodes=nodes, leaves=leaves, spine=spine)
+
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("gpuwarden", "templates"),
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,  # noqa: S701 - renders config files, not HTML
+)
+
+PARTS = ("slurm.conf", "gres.conf", "topology.conf")
+
+
+def render(part: str, cluster: ClusterConfig, **extra: object) -> str:
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}: one of {', '.join(PARTS)}")
+    return _ENV.get_template(f"{part}.j2").render(layout=layout(cluster), **extra)
