@@ -19,13 +19,16 @@ def _client() -> object:
     try:
         client = docker.from_env(timeout=600)
         client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means the same: no usable daemon
+    except Exception as exc:
         raise click.ClickException(f"cannot reach the Docker daemon ({exc}); is it running?") from None
     return client
 
 
-def _progress(msg: str, _t0: list[float] = [time.monotonic()]) -> None:  # noqa: B006
-    click.echo(f"[{time.monotonic() - _t0[0]:6.1f}s] {msg}", err=True)
+_T0 = time.monotonic()
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"[{time.monotonic() - _T0:6.1f}s] {msg}", err=True)
 
 
 @click.group()

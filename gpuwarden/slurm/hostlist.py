@@ -16,7 +16,9 @@ class HostlistError(ValueError):
 
 def _split_top(expr: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -75,26 +77,34 @@ _TAIL_NUM = re.compile(r"^(.*?)(\d+)$")
 
 def compress(names: Iterable[str]) -> str:
     """``['c1','c2','c3','c7']`` -> ``c[1-3,7]``; names keep their first-seen prefix order."""
+    unique = list(dict.fromkeys(names))
+    # Zero-padded names fix their group's width; an unpadded number of that width joins it.
+    padded: dict[str, set[int]] = {}
+    for name in unique:
+        m = _TAIL_NUM.match(name)
+        if m and m.group(2).startswith("0") and len(m.group(2)) > 1:
+            padded.setdefault(m.group(1), set()).add(len(m.group(2)))
     groups: dict[tuple[str, int], list[int]] = {}
     order: list[tuple[str, int] | str] = []
-    for name in dict.fromkeys(names):
+    for name in unique:
         m = _TAIL_NUM.match(name)
         if not m:
             order.append(name)
             continue
         digits = m.group(2)
-        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        width = len(digits) if len(digits) in padded.get(m.group(1), ()) else 0
         key = (m.group(1), width)
         if key not in groups:
             groups[key] = []
             order.append(key)
         groups[key].append(int(digits))
     out: list[str] = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
             continue
-        prefix, width = key
+        prefix, width = item
+        key = item
         nums = sorted(set(groups[key]))
         if len(nums) == 1:
             out.append(f"{prefix}{str(nums[0]).zfill(width)}")

@@ -51,6 +51,10 @@ def _strs(value: Any) -> tuple[str, ...]:
     return ()
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _list(doc: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
     items = doc.get(key)
     if not isinstance(items, list):
@@ -91,32 +95,22 @@ def parse_nodes(text: str) -> list[Node]:
     return [node_from_json(i) for i in _list(doc, "nodes", "scontrol show nodes --json")]
 
 
-def parse_sinfo_nodes(text: str) -> list[Node]:
-    """`sinfo --json` lists one entry per partition and state with the node names in a list."""
+def parse_sinfo_partitions(text: str) -> dict[str, tuple[str, ...]]:
+    """`sinfo --json`: partition name -> its nodes.
+
+    sinfo groups nodes by state and shows one reason per group, so node reasons come from
+    `scontrol show nodes --json`, never from here.
+    """
     doc = load_json(text, "sinfo --json")
-    by_name: dict[str, Node] = {}
+    parts: dict[str, list[str]] = {}
     for entry in _list(doc, "sinfo", "sinfo --json"):
-        names = entry.get("nodes", {}).get("nodes", []) if isinstance(entry.get("nodes"), Mapping) else []
-        node_state = entry.get("node", {}).get("state", []) if isinstance(entry.get("node"), Mapping) else []
-        reason = entry.get("reason", {}) if isinstance(entry.get("reason"), Mapping) else {}
-        partition = entry.get("partition", {}).get("name", "") if isinstance(entry.get("partition"), Mapping) else ""
-        for name in names if isinstance(names, list) else []:
-            if not isinstance(name, str):
-                continue
-            prev = by_name.get(name)
-            parts = (*prev.partitions, partition) if prev else ((partition,) if partition else ())
-            by_name[name] = Node(
-                name=name,
-                state=_strs(node_state),
-                reason=_str(reason.get("description")),
-                reason_set_by=_str(reason.get("user")),
-                reason_changed_at=_number(reason.get("time")) or None,
-                partitions=parts,
-                gres=_str(entry.get("gres", {}).get("total")) if isinstance(entry.get("gres"), Mapping) else "",
-                features=_strs(entry.get("features", {}).get("total")) if isinstance(entry.get("features"), Mapping) else (),
-                boot_time=None,
-            )
-    return list(by_name.values())
+        part = entry.get("partition")
+        nodes = entry.get("nodes")
+        if not isinstance(part, Mapping) or not isinstance(nodes, Mapping):
+            raise SlurmParseError("sinfo --json: entry without partition or nodes")
+        names = parts.setdefault(_str(part.get("name")), [])
+        names.extend(n for n in _strs(nodes.get("nodes")) if n not in names)
+    return {name: tuple(nodes) for name, nodes in parts.items()}
 
 
 def job_from_json(item: Mapping[str, Any]) -> Job:
@@ -160,8 +154,8 @@ def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
     job_id = _number(item.get("job_id"))
     if job_id is None:
         raise SlurmParseError(f"sacct record without a job_id: {dict(item)!r:.200}")
-    state = item.get("state") if isinstance(item.get("state"), Mapping) else {}
-    time = item.get("time") if isinstance(item.get("time"), Mapping) else {}
+    state = _map(item.get("state"))
+    time = _map(item.get("time"))
     rc, sig = _exit_code(item.get("exit_code"))
     current = _strs(state.get("current"))
     return AcctJob(
@@ -210,5 +204,7 @@ def parse_events(text: str) -> list[NodeEvent]:
         if not sep:
             raise SlurmParseError(f"sacctmgr show events line {lineno}: expected 7 fields: {line!r}")
         cluster, node, start, end, state = head[:5]
+        # sacctmgr prints the user as "root(0)".
+        user = user.split("(", 1)[0]
         events.append(NodeEvent(cluster, node, start, end, state, reason, user))
     return events

@@ -1,0 +1,204 @@
+"""The `gpuwarden` command. Wiring only: logic lives in the modules it calls."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import NoReturn
+
+import click
+
+from gpuwarden import config as configmod
+from gpuwarden import slurmconf
+from gpuwarden.errors import ConfigError, NotOurDrainError, SlurmError
+from gpuwarden.slurm.client import CliSlurmClient, SlurmClient
+from gpuwarden.slurm.runner import SubprocessRunner
+
+log = logging.getLogger(__name__)
+
+EXIT_REFUSED = 3
+EXIT_CONFIG = 2
+
+
+@dataclass
+class Context:
+    """What commands share; tests replace the client factory with a fake."""
+
+    config_path: str | None = None
+    client_factory: Callable[[configmod.Config], SlurmClient] | None = None
+    _config: configmod.Config | None = field(default=None, repr=False)
+
+    def config(self) -> configmod.Config:
+        if self._config is None:
+            self._config = configmod.load(self.config_path)
+        return self._config
+
+    def client(self) -> SlurmClient:
+        cfg = self.config()
+        if self.client_factory is not None:
+            return self.client_factory(cfg)
+        return CliSlurmClient(cfg.slurm, SubprocessRunner())
+
+
+def _die(message: str, code: int) -> NoReturn:
+    click.echo(f"gpuwarden: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help=f"config file (default: ${configmod.ENV_VAR} or {configmod.DEFAULT_PATH})")
+@click.option("-v", "--verbose", is_flag=True, help="log debug messages")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
+    """gpuwarden: health gating, lemon-node draining, topology placement and tiered
+    checkpointing for Slurm GPU clusters."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    obj = ctx.ensure_object(Context)
+    if config_path is not None:
+        obj.config_path = config_path
+
+
+# ---- config ---------------------------------------------------------------------------------
+@cli.group("config")
+def config_group() -> None:
+    """Check or show the configuration."""
+
+
+@config_group.command("check")
+@click.argument("path", required=False)
+@click.pass_obj
+def config_check(obj: Context, path: str | None) -> None:
+    """Validate PATH (default: the configured file). Exit 2 when it is invalid."""
+    target = configmod.config_path(path or obj.config_path)
+    try:
+        configmod.load(target, missing_ok=False)
+    except ConfigError as exc:
+        _die(str(exc), EXIT_CONFIG)
+    click.echo(f"{target}: OK")
+
+
+@config_group.command("show")
+@click.pass_obj
+def config_show(obj: Context) -> None:
+    """Print the effective configuration, defaults included, as TOML."""
+    try:
+        cfg = obj.config()
+    except ConfigError as exc:
+        _die(str(exc), EXIT_CONFIG)
+    click.echo(f"# effective configuration ({configmod.config_path(obj.config_path)})")
+    click.echo(configmod.dumps(cfg), nl=False)
+
+
+# ---- nodes ----------------------------------------------------------------------------------
+def _client_or_die(obj: Context) -> SlurmClient:
+    try:
+        return obj.client()
+    except ConfigError as exc:
+        _die(str(exc), EXIT_CONFIG)
+
+
+@cli.command("nodes")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_obj
+def nodes_cmd(obj: Context, as_json: bool) -> None:
+    """List nodes with their state, reason and who set the reason."""
+    client = _client_or_die(obj)
+    try:
+        nodes = client.nodes()
+    except SlurmError as exc:
+        _die(str(exc), 1)
+    if as_json:
+        rows = [{**asdict(n), "owner": n.owner} for n in nodes]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max([4, *(len(n.name) for n in nodes)])
+    click.echo(f"{'NODE':<{width}}  {'STATE':<16} {'SET BY':<10} REASON")
+    for n in nodes:
+        click.echo(f"{n.name:<{width}}  {n.state_text:<16} {n.owner or '-':<10} {n.reason or '-'}")
+
+
+@cli.command("drain")
+@click.argument("node")
+@click.option("--reason", required=True, help="why; stored as 'gpuwarden: REASON'")
+@click.pass_obj
+def drain_cmd(obj: Context, node: str, reason: str) -> None:
+    """Drain NODE with a gpuwarden reason (refused over someone else's drain)."""
+    client = _client_or_die(obj)
+    try:
+        client.drain(node, reason)
+    except NotOurDrainError as exc:
+        _die(str(exc), EXIT_REFUSED)
+    except (SlurmError, ValueError) as exc:
+        _die(str(exc), 1)
+    click.echo(f"{node}: drained")
+
+
+@cli.command("resume")
+@click.argument("node")
+@click.pass_obj
+def resume_cmd(obj: Context, node: str) -> None:
+    """Resume NODE if gpuwarden drained it (refused otherwise, exit 3)."""
+    client = _client_or_die(obj)
+    try:
+        done = client.resume(node)
+    except NotOurDrainError as exc:
+        _die(str(exc), EXIT_REFUSED)
+    except SlurmError as exc:
+        _die(str(exc), 1)
+    click.echo(f"{node}: resumed" if done else f"{node}: not drained, nothing to do")
+
+
+# ---- slurm-conf -----------------------------------------------------------------------------
+@cli.command("slurm-conf")
+@click.option("--part", type=click.Choice([*slurmconf.PARTS, "all"]), default="all",
+              show_default=True, help="which file's lines to print")
+@click.option("--autodetect/--no-autodetect", default=True, show_default=True,
+              help="gres.conf: AutoDetect=nvml (real GPUs) or explicit File= lines")
+@click.option("--nodes", type=int, default=None, help="override [cluster] nodes")
+@click.option("--nodes-per-leaf", type=int, default=None, help="override [cluster] nodes_per_leaf")
+@click.pass_obj
+def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
+                   nodes_per_leaf: int | None) -> None:
+    """Print the slurm.conf, gres.conf and topology.conf lines for the [cluster] description."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    try:
+        cluster = obj.config().cluster
+        cluster = replace(
+            cluster,
+            nodes=cluster.nodes if nodes is None else nodes,
+            nodes_per_leaf=cluster.nodes_per_leaf if nodes_per_leaf is None else nodes_per_leaf,
+        )
+    except ConfigError as exc:
+        _die(str(exc), EXIT_CONFIG)
+    except ValueError as exc:
+        _die(f"bad option: {exc}", EXIT_CONFIG)
+    parts = slurmconf.PARTS if part == "all" else (part,)
+    for i, p in enumerate(parts):
+        if len(parts) > 1:
+            click.echo(f"{'' if i == 0 else chr(10)}### {p}")
+        click.echo(slurmconf.render(p, cluster, autodetect=autodetect), nl=False)
+
+
+def main() -> int:
+    try:
+        cli.main(standalone_mode=False, obj=Context())
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        return EXIT_CONFIG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

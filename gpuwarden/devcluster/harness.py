@@ -1,0 +1,119 @@
+"""Driving the test cluster from tests and the demo: commands, jobs, and fault injection.
+
+Every call has a deadline; nothing here can wait forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
+from gpuwarden.devcluster.exec import ExecResult
+from gpuwarden.slurm import parse
+from gpuwarden.slurm.models import AcctJob, Job
+
+JOBS_DIR = f"{FSX_PATH}/jobs"
+TERMINAL = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+
+
+class JobWaitError(AssertionError):
+    pass
+
+
+class Harness:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    # ---- commands ------------------------------------------------------------------------------
+    def exec(self, host: str, argv: list[str], timeout: float = 60.0, user: str = "") -> ExecResult:
+        return self.cluster.exec(host, argv, timeout=timeout, user=user)
+
+    def sh(self, host: str, script: str, timeout: float = 60.0, user: str = "") -> ExecResult:
+        return self.exec(host, ["bash", "-c", script], timeout=timeout, user=user)
+
+    def gpuwarden(self, host: str, *args: str, timeout: float = 60.0) -> ExecResult:
+        return self.exec(host, ["gpuwarden", *args], timeout=timeout)
+
+    # ---- jobs ----------------------------------------------------------------------------------
+    def prepare_jobs_dir(self) -> None:
+        self.exec("slurmctld", ["install", "-d", "-m", "1777", JOBS_DIR]).check("mkdir jobs dir")
+
+    def sbatch(self, *args: str, wrap: str, user: str = "alice", name: str = "e2e") -> int:
+        argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
+                f"--output={JOBS_DIR}/%x-%j.out", *args, f"--wrap={wrap}"]
+        res = self.exec("slurmctld", argv, timeout=30, user=user).check("sbatch")
+        return int(res.out.strip().split(";")[0])
+
+    def job(self, job_id: int) -> Job | None:
+        res = self.exec("slurmctld", ["scontrol", "show", "job", str(job_id), "--json"], timeout=20)
+        if res.rc != 0:
+            return None
+        jobs = parse.parse_jobs(res.out)
+        return jobs[0] if jobs else None
+
+    def acct(self, job_id: int) -> AcctJob | None:
+        res = self.exec("slurmctld", ["sacct", "-X", "-j", str(job_id), "--json"], timeout=20)
+        if res.rc != 0:
+            return None
+        recs = [r for r in parse.iter_acct_jobs(res.out) if isinstance(r, AcctJob)]
+        return recs[-1] if recs else None
+
+    def wait_job(self, job_id: int, want: Iterable[str] = ("COMPLETED",),
+                 timeout: float = 120.0) -> Job:
+        """Wait until the job reaches a terminal state; fail unless it is one of ``want``."""
+        wanted = set(want)
+        deadline = time.monotonic() + timeout
+        last: Job | None = None
+        while time.monotonic() < deadline:
+            last = self.job(job_id)
+            state = last.state[0] if last and last.state else ""
+            if state in wanted:
+                return last  # type: ignore[return-value]
+            if state in TERMINAL:
+                raise JobWaitError(f"job {job_id} ended {state}, wanted {sorted(wanted)}: {last}")
+            time.sleep(1.0)
+        raise JobWaitError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f} s: {last}")
+
+    def wait_acct(self, job_id: int, state: str, timeout: float = 60.0) -> AcctJob:
+        """Wait until accounting (slurmdbd) records the job in ``state``."""
+        deadline = time.monotonic() + timeout
+        last: AcctJob | None = None
+        while time.monotonic() < deadline:
+            last = self.acct(job_id)
+            if last is not None and last.state == state:
+                return last
+            time.sleep(1.0)
+        raise JobWaitError(f"sacct: job {job_id} not {state} after {timeout:.0f} s: {last}")
+
+    # ---- fault injection -----------------------------------------------------------------------
+    def container(self, host: str) -> Any:
+        return self.cluster.container(host)
+
+    def stop(self, host: str, timeout: int = 10) -> None:
+        self.container(host).stop(timeout=timeout)
+
+    def kill(self, host: str, signal: str = "SIGKILL") -> None:
+        self.container(host).kill(signal=signal)
+
+    def start(self, host: str) -> None:
+        self.container(host).start()
+
+    def pause(self, host: str) -> None:
+        self.container(host).pause()
+
+    def unpause(self, host: str) -> None:
+        self.container(host).unpause()
+
+    def disconnect(self, host: str) -> None:
+        """Cut the node off the cluster network (its processes keep running)."""
+        self.cluster.client.networks.get(NETWORK).disconnect(self.container(host), force=True)
+
+    def reconnect(self, host: str) -> None:
+        ip = self.cluster.spec.addresses()[host]
+        self.cluster.client.networks.get(NETWORK).connect(
+            self.container(host), ipv4_address=ip, aliases=[host])

@@ -1,0 +1,94 @@
+"""Parsers, tested on JSON captured from the real 24.11 test cluster (tests/fixtures/)."""
+
+from collections.abc import Callable
+
+import pytest
+
+from gpuwarden.errors import SlurmParseError
+from gpuwarden.slurm import parse
+from gpuwarden.slurm.models import AcctJob
+
+Read = Callable[[str], str]
+
+
+def test_nodes_from_scontrol(fixture_text: Read) -> None:
+    nodes = {n.name: n for n in parse.parse_nodes(fixture_text("scontrol_show_nodes.json"))}
+    assert sorted(nodes) == [f"c{i}" for i in range(1, 9)]
+    c4, c7, c1 = nodes["c4"], nodes["c7"], nodes["c1"]
+    assert c4.drained and c4.reason == "maintenance" and c4.owner == "root"
+    assert not c4.reason_is_ours
+    assert c7.drained and c7.reason_is_ours and c7.owner == "gpuwarden"
+    assert c7.reason == "gpuwarden: xid 79 on GPU 5"
+    assert c1.state == ("IDLE",) and not c1.drained and c1.owner == ""
+    assert c1.gres == "gpu:h100:8" and c1.partitions == ("gpu",)
+    assert c4.reason_changed_at and c4.reason_changed_at > 1_700_000_000
+
+
+def test_sinfo_partitions(fixture_text: Read) -> None:
+    parts = parse.parse_sinfo_partitions(fixture_text("sinfo.json"))
+    assert list(parts) == ["gpu"]
+    assert sorted(parts["gpu"]) == [f"c{i}" for i in range(1, 9)]
+
+
+def test_jobs_from_scontrol(fixture_text: Read) -> None:
+    jobs = {j.job_id: j for j in parse.parse_jobs(fixture_text("scontrol_show_job.json"))}
+    assert jobs[1].state == ("COMPLETED",) and jobs[1].nodes == "c[1-2]" and jobs[1].num_nodes == 2
+    assert jobs[3].state == ("FAILED",) and jobs[3].exit_code == 3
+    assert jobs[4].state == ("CANCELLED",) and jobs[4].exit_code is None
+    assert jobs[6].state == ("PENDING",) and jobs[6].state_reason == "Resources"
+    assert jobs[2].user == "alice" and jobs[1].user == "root"
+
+
+def test_sacct_records(fixture_text: Read) -> None:
+    recs = [r for r in parse.iter_acct_jobs(fixture_text("sacct.json"))]
+    assert all(isinstance(r, AcctJob) for r in recs)
+    by_id = {r.job_id: r for r in recs if isinstance(r, AcctJob)}
+    assert by_id[1].state == "COMPLETED" and by_id[1].gpus == 16 and by_id[1].num_nodes == 2
+    assert by_id[3].state == "FAILED" and by_id[3].exit_code == 3
+    assert by_id[4].state == "CANCELLED"
+    assert by_id[5].state == "TIMEOUT"
+    node_fail = [r for r in recs if isinstance(r, AcctJob) and r.job_id == 7]
+    assert node_fail[0].state == "NODE_FAIL" and node_fail[0].nodes == "c8"
+    assert by_id[1].start_time and by_id[1].end_time and by_id[1].end_time >= by_id[1].start_time
+
+
+def test_malformed_sacct_record_is_reported_not_fatal() -> None:
+    text = '{"jobs": [{"job_id": 7, "state": {"current": ["FAILED"]}}, {"name": "no id"}]}'
+    recs = list(parse.iter_acct_jobs(text))
+    assert isinstance(recs[0], AcctJob) and recs[0].state == "FAILED"
+    assert isinstance(recs[1], SlurmParseError) and "job_id" in str(recs[1])
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "JSON object"),
+        ("{}", "no 'nodes' list"),
+        ('{"nodes": [], "errors": [{"description": "Invalid node name"}]}', "Invalid node name"),
+    ],
+)
+def test_bad_node_output_gets_a_clear_error(text: str, match: str) -> None:
+    with pytest.raises(SlurmParseError, match=match):
+        parse.parse_nodes(text)
+
+
+def test_events(fixture_text: Read) -> None:
+    events = parse.parse_events(fixture_text("sacctmgr_show_events.txt"))
+    reasons = {(e.node, e.reason) for e in events}
+    assert ("c4", "maintenance") in reasons
+    assert ("c7", "gpuwarden: xid 79 on GPU 5") in reasons
+    assert all(e.cluster == "gpuwarden" for e in events)
+    assert ("c8", "DOWN*", "Not responding") in {(e.node, e.state, e.reason) for e in events}
+    assert {e.user for e in events if e.node} == {"root"}
+
+
+def test_event_reason_may_contain_the_separator() -> None:
+    line = "gpuwarden|c1|2026-11-29T09:00:00|Unknown|DRAIN|gpuwarden: a|b|root\n"
+    (e,) = parse.parse_events(line)
+    assert e.reason == "gpuwarden: a|b" and e.user == "root" and e.state == "DRAIN"
+
+
+def test_truncated_event_line_is_an_error() -> None:
+    with pytest.raises(SlurmParseError, match="line 1"):
+        parse.parse_events("gpuwarden|c1|2026\n")
