@@ -56,12 +56,13 @@ class Harness:
         jobs = parse.parse_jobs(res.out)
         return jobs[0] if jobs else None
 
-    def acct(self, job_id: int) -> AcctJob | None:
-        res = self.exec("slurmctld", ["sacct", "-X", "-j", str(job_id), "--json"], timeout=20)
+    def acct(self, job_id: int) -> list[AcctJob]:
+        """Every accounting record of the job, one per run (a requeued job has several)."""
+        res = self.exec("slurmctld", ["sacct", "-X", "--duplicates", "-j", str(job_id), "--json"],
+                        timeout=20)
         if res.rc != 0:
-            return None
-        recs = [r for r in parse.iter_acct_jobs(res.out) if isinstance(r, AcctJob)]
-        return recs[-1] if recs else None
+            return []
+        return [r for r in parse.iter_acct_jobs(res.out) if isinstance(r, AcctJob)]
 
     def wait_job(self, job_id: int, want: Iterable[str] = ("COMPLETED",),
                  timeout: float = 120.0) -> Job:
@@ -80,13 +81,14 @@ class Harness:
         raise JobWaitError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f} s: {last}")
 
     def wait_acct(self, job_id: int, state: str, timeout: float = 60.0) -> AcctJob:
-        """Wait until accounting (slurmdbd) records the job in ``state``."""
+        """Wait until accounting (slurmdbd) has a record of the job in ``state``."""
         deadline = time.monotonic() + timeout
-        last: AcctJob | None = None
+        last: list[AcctJob] = []
         while time.monotonic() < deadline:
             last = self.acct(job_id)
-            if last is not None and last.state == state:
-                return last
+            for rec in last:
+                if rec.state == state:
+                    return rec
             time.sleep(1.0)
         raise JobWaitError(f"sacct: job {job_id} not {state} after {timeout:.0f} s: {last}")
 
@@ -117,3 +119,24 @@ class Harness:
         ip = self.cluster.spec.addresses()[host]
         self.cluster.client.networks.get(NETWORK).connect(
             self.container(host), ipv4_address=ip, aliases=[host])
+
+    def heal(self, host: str) -> None:
+        """Undo any fault on ``host`` and hand it back to Slurm.
+
+        slurmctld re-pings a node it marked DOWN only every few minutes; a restarted slurmd
+        re-registers at once, so a paused or cut-off node is told to resume, as an operator
+        would after fixing it (only Slurm's own "Not responding" reason is cleared).
+        """
+        c = self.container(host)
+        c.reload()
+        if c.status == "paused":
+            c.unpause()
+        elif c.status != "running":
+            c.start()
+        if NETWORK not in c.attrs["NetworkSettings"]["Networks"]:
+            self.reconnect(host)
+        res = self.exec("slurmctld", ["scontrol", "show", "node", host, "--json"], timeout=20)
+        nodes = parse.parse_nodes(res.out) if res.rc == 0 else []
+        if nodes and nodes[0].down and nodes[0].reason == "Not responding":
+            self.exec("slurmctld", ["scontrol", "update", f"nodename={host}", "state=resume"],
+                      timeout=20)
