@@ -60,6 +60,20 @@ def down() -> None:
 
 
 @main.command()
+def demo() -> None:
+    """Run the demo scenario on the running cluster (start it with `up`)."""
+    from gpuwarden.devcluster import demo as demo_mod  # noqa: PLC0415
+    from gpuwarden.devcluster.harness import Harness  # noqa: PLC0415
+
+    cluster = _cluster()
+    try:
+        cluster.wait_ready(timeout=60)  # type: ignore[attr-defined]
+        demo_mod.run(Harness(cluster), click.echo)  # type: ignore[arg-type]
+    except GpuwardenError as exc:
+        raise click.ClickException(f"{exc}\nIs the cluster up? Run `make cluster-up`.") from None
+
+
+@main.command()
 def image() -> None:
     """Build the cluster image only (needs root and debootstrap)."""
     from pathlib import Path  # noqa: PLC0415

@@ -25,7 +25,7 @@ SUITE = "trixie"
 WEED_VERSION = "4.48"
 IMAGE_REPO = "gpuwarden-cluster"
 # Bump when the build procedure itself changes in a way the inputs do not show.
-BUILD_REVISION = "1"
+BUILD_REVISION = "2"
 
 Progress = Callable[[str], None]
 
@@ -97,15 +97,33 @@ def _check_prerequisites() -> None:
         )
 
 
+def _debootstrap_log_tail(root: Path) -> str:
+    log_file = root / "debootstrap" / "debootstrap.log"
+    if not log_file.exists():
+        return ""
+    return "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
+
+
 def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -> None:
     mirror = os.environ.get("GPUWARDEN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    progress(f"debootstrap {SUITE} from {mirror} (about 2 minutes on 2 cores)")
+    progress(f"debootstrap {SUITE} from {mirror}, first stage (downloads, about 1 minute)")
     _run(
-        ["debootstrap", "--variant=minbase", f"--include={','.join(packages(repo_root))}",
-         SUITE, str(root), mirror],
-        "debootstrap",
+        ["debootstrap", "--foreign", "--variant=minbase",
+         f"--include={','.join(packages(repo_root))}", SUITE, str(root), mirror],
+        "debootstrap (first stage)",
         timeout=1800,
     )
+    # Package scripts must not start services: a MariaDB postinst that sees the host's other
+    # mariadbd processes (say, a running test cluster) fails the whole install otherwise.
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\n# no services start inside image builds\nexit 101\n")
+    policy.chmod(0o755)
+    progress("debootstrap second stage (installs the packages, about 2 minutes)")
+    try:
+        _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"],
+             "debootstrap (second stage)", timeout=1800)
+    except ImageBuildError as exc:
+        raise ImageBuildError(f"{exc}\n--- debootstrap.log ---\n{_debootstrap_log_tail(root)}") from None
     progress("adding SeaweedFS (weed) and the gpuwarden hooks")
     shutil.copy2(_weed_binary(cache), root / "usr/local/bin/weed")
     # The script runs inside the chroot, so its path there is root-relative.
@@ -148,10 +166,17 @@ def ensure_image(client: Any, repo_root: Path, progress: Progress) -> str:
     workdir = Path(os.environ.get("GPUWARDEN_BUILD_DIR", "/var/tmp/gpuwarden-build"))  # noqa: S108
     workdir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=workdir))
+    # mkdtemp makes 0700; this directory becomes the image's "/", which every user must enter.
+    root.chmod(0o755)
     try:
         build_rootfs(repo_root, root, workdir / "cache", progress)
         import_rootfs(client, root, tag, progress)
-    finally:
+    except BaseException:
+        if os.environ.get("GPUWARDEN_KEEP_FAILED_BUILD"):
+            progress(f"kept the failed build root at {root} (GPUWARDEN_KEEP_FAILED_BUILD)")
+            raise
         _remove_rootfs(root)
+        raise
+    _remove_rootfs(root)
     progress(f"built {tag}")
     return tag
