@@ -44,6 +44,13 @@ node)
     # Fake GPUs: gres.conf's File= entries must exist (see docs/test-cluster.md).
     mkdir -p /opt/fakegpu
     for i in $(seq 0 $((${GPUWARDEN_GPUS:-8} - 1))); do : > "/opt/fakegpu/nvidia$i"; done
+    # What the fake GPU probe and the XID check read; tests inject faults here.
+    install -d -m 0755 /var/lib/gpuwarden-fake /etc/gpuwarden
+    cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
+    python3 -c "from gpuwarden.health.probe import healthy_fake; print(healthy_fake(${GPUWARDEN_GPUS:-8}))" \
+        > /var/lib/gpuwarden-fake/gpus.json
+    : > /var/lib/gpuwarden-fake/kmsg
+    install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"
     exec slurmd -D
     ;;
 s3)

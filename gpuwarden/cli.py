@@ -119,7 +119,11 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
     width = max([4, *(len(n.name) for n in nodes)])
     click.echo(f"{'NODE':<{width}}  {'STATE':<16} {'SET BY':<10} REASON")
     for n in nodes:
-        click.echo(f"{n.name:<{width}}  {n.state_text:<16} {n.owner or '-':<10} {n.reason or '-'}")
+        line = f"{n.name:<{width}}  {n.state_text:<16} {n.owner or '-':<10} {n.reason or '-'}"
+        if n.comment.startswith("gpuwarden: would drain"):
+            # Held back by the blast-radius cap: the evidence is in the node comment.
+            line += f"  [{n.comment.removeprefix('gpuwarden: ')}]"
+        click.echo(line)
 
 
 @cli.command("drain")
@@ -183,6 +187,15 @@ def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
         if len(parts) > 1:
             click.echo(f"{'' if i == 0 else chr(10)}### {p}")
         click.echo(slurmconf.render(p, cluster, autodetect=autodetect), nl=False)
+
+
+def _register() -> None:
+    from gpuwarden.health.cli import health  # noqa: PLC0415
+
+    cli.add_command(health)
+
+
+_register()
 
 
 def main() -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuwarden.configload import LoadError, build, require, to_dict
 from gpuwarden.errors import ConfigError
+from gpuwarden.health.config import HealthConfig
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 ENV_VAR = "GPUWARDEN_CONFIG"
@@ -97,6 +98,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -143,6 +145,8 @@ def _toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot render {value!r} as TOML")
 
 

@@ -53,6 +53,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, list):
             raise LoadError(key, f"expected {_describe(tp)}, got {type(value).__name__}")
         return tuple(_convert(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        key_tp, inner = typing.get_args(tp)
+        if key_tp is not str or not isinstance(value, Mapping):
+            raise LoadError(key, f"expected a table of {_describe(inner)}")
+        return {k: _convert(v, inner, f"{key}.{k}") for k, v in value.items()}
     if origin in (types.UnionType, typing.Union):
         raise TypeError(f"unions are not supported in config fields ({key})")
     if dataclasses.is_dataclass(tp):
@@ -99,7 +104,10 @@ def to_dict(obj: Any) -> dict[str, Any]:
         if dataclasses.is_dataclass(value):
             out[f.name] = to_dict(value)
         elif isinstance(value, tuple):
-            out[f.name] = list(value)
+            out[f.name] = [to_dict(v) if dataclasses.is_dataclass(v) else v for v in value]
+        elif isinstance(value, dict):
+            out[f.name] = {k: to_dict(v) if dataclasses.is_dataclass(v) else v
+                           for k, v in value.items()}
         else:
             out[f.name] = value
     return out

@@ -77,6 +77,8 @@ class Cluster:
             "cgroup.conf": (self.root / "docker-cluster/templates/cgroup.conf").read_text(),
             "slurmdbd.conf": env.get_template("slurmdbd.conf.j2").render(
                 db_password=self._secret("db.password", 12)),
+            "gpuwarden.toml": env.get_template("gpuwarden.toml.j2").render(
+                gpus=cl.gpus_per_node),
             "s3.json": json.dumps({"identities": [{
                 "name": "gpuwarden", "credentials": [{"accessKey": access, "secretKey": secret}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}),

@@ -5,6 +5,7 @@ Every call has a deadline; nothing here can wait forever.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -15,6 +16,33 @@ from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob, Job
 
 JOBS_DIR = f"{FSX_PATH}/jobs"
+FAKE_DIR = "/var/lib/gpuwarden-fake"
+
+# Run inside a node: edit the fake GPU file or append a kernel-log record in /dev/kmsg format.
+_FAULT_SCRIPT = r"""
+import json, sys, time
+args = json.loads(sys.argv[1])
+gpus_path, kmsg_path = args["dir"] + "/gpus.json", args["dir"] + "/kmsg"
+if args["op"] == "set":
+    doc = json.load(open(gpus_path))
+    for g in doc["gpus"]:
+        if g["index"] == args["gpu"]:
+            g.update(args["fields"])
+    if args.get("drop") is not None:
+        doc["gpus"] = [g for g in doc["gpus"] if g["index"] != args["drop"]]
+    open(gpus_path + ".tmp", "w").write(json.dumps(doc))
+    import os; os.replace(gpus_path + ".tmp", gpus_path)
+elif args["op"] == "xid":
+    doc = json.load(open(gpus_path))
+    bus = next(g["pci_bus_id"] for g in doc["gpus"] if g["index"] == args["gpu"])
+    dom, b, dev = bus.lower().split(":")
+    usec = int(float(open("/proc/uptime").read().split()[0]) * 1e6)
+    line = "3,%d,%d,-;NVRM: Xid (PCI:%s:%s:%s): %d, pid=4242, name=python3, %s\n" % (
+        usec % 100000, usec, dom[-4:], b, dev.split(".")[0], args["xid"], args["text"])
+    open(kmsg_path, "a").write(line)
+elif args["op"] == "raw":
+    open(args["dir"] + "/" + args["file"], "w").write(args["text"])
+"""
 TERMINAL = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE",
@@ -91,6 +119,30 @@ class Harness:
                     return rec
             time.sleep(1.0)
         raise JobWaitError(f"sacct: job {job_id} not {state} after {timeout:.0f} s: {last}")
+
+    # ---- GPU faults (fake probe and kernel log) -------------------------------------------------
+    def _fault(self, host: str, **args: object) -> None:
+        payload = json.dumps({"dir": FAKE_DIR, **args})
+        self.exec(host, ["python3", "-c", _FAULT_SCRIPT, payload], timeout=20).check("inject fault")
+
+    def set_gpu(self, host: str, gpu: int, **fields: object) -> None:
+        self._fault(host, op="set", gpu=gpu, fields=fields)
+
+    def drop_gpu(self, host: str, gpu: int) -> None:
+        self._fault(host, op="set", gpu=-1, fields={}, drop=gpu)
+
+    def inject_xid(self, host: str, gpu: int, xid: int, text: str = "GPU has fallen off the bus.") -> None:
+        self._fault(host, op="xid", gpu=gpu, xid=xid, text=text)
+
+    def write_fake(self, host: str, file: str, text: str) -> None:
+        """Overwrite gpus.json or kmsg with anything, garbage included."""
+        self._fault(host, op="raw", file=file, text=text)
+
+    def clear_gpu_faults(self, host: str) -> None:
+        gpus = self.cluster.spec.cluster.gpus_per_node
+        self.exec(host, ["sh", "-c", f"python3 -c 'from gpuwarden.health.probe import healthy_fake; "
+                         f"print(healthy_fake({gpus}))' > {FAKE_DIR}/gpus.json && : > {FAKE_DIR}/kmsg"],
+                  timeout=20).check("clear faults")
 
     # ---- fault injection -----------------------------------------------------------------------
     def container(self, host: str) -> Any:

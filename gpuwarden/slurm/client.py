@@ -46,6 +46,7 @@ class SlurmClient(Protocol):
     def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]: ...
     def events(self, start: str, end: str) -> list[NodeEvent]: ...
     def drain(self, name: str, reason: str) -> None: ...
+    def set_comment(self, name: str, text: str) -> None: ...
     def resume(self, name: str) -> bool: ...
 
 
@@ -171,6 +172,18 @@ class CliSlurmClient:
         refuse_unless_ours(node, "drain")
         log.info("draining %s: %s", name, full)
         self._update(name, "state=drain", f"reason={full}")
+
+    def set_comment(self, name: str, text: str) -> None:
+        """Set (or clear, with "") a `gpuwarden:` node comment; never over someone else's."""
+        node = self.node(check_node_name(name))
+        if node.comment and not node.comment.startswith(REASON_PREFIX):
+            raise NotOurDrainError(
+                f"refusing to change the comment of {name}: {node.comment!r} was not set by "
+                "gpuwarden")
+        full = gpuwarden_reason(text) if text else ""
+        if full == node.comment:
+            return
+        self._update(name, f"comment={full}")
 
     def resume(self, name: str) -> bool:
         """Resume a node gpuwarden drained. False when there was nothing to resume."""

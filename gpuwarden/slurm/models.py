@@ -21,6 +21,7 @@ class Node:
     gres: str
     features: tuple[str, ...]
     boot_time: int | None
+    comment: str = ""
 
     @property
     def state_text(self) -> str:

@@ -86,6 +86,7 @@ def node_from_json(item: Mapping[str, Any]) -> Node:
         gres=_str(item.get("gres")),
         features=_strs(item.get("features")),
         boot_time=_number(item.get("boot_time")) or None,
+        comment=_str(item.get("comment")),
     )
 
 
@@ -162,7 +163,8 @@ def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
         job_id=job_id,
         name=_str(item.get("name")),
         user=_str(item.get("user")),
-        state=current[0] if current else "",
+        # A requeued run is recorded as ["PENDING", "REQUEUED"]; sacct prints REQUEUED.
+        state="REQUEUED" if "REQUEUED" in current else (current[0] if current else ""),
         state_reason=_str(state.get("reason")),
         partition=_str(item.get("partition")),
         nodes=_str(item.get("nodes")),

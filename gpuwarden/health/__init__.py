@@ -1,0 +1,1 @@
+"""Health gating: GPU and node checks, verdicts, and the drain/resume state machine."""

@@ -1,0 +1,117 @@
+"""Gather observations under deadlines and turn them into one Verdict."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuwarden.health import gpuchecks, nodechecks, xid
+from gpuwarden.health.config import Expected, HealthConfig
+from gpuwarden.health.deadline import Outcome, run_all
+from gpuwarden.health.model import CheckResult, GpuSnapshot, Status, Verdict
+from gpuwarden.health.probe import FakeGpuProbe, GpuProbe
+
+_KMSG_TAIL_BYTES = 4 << 20
+
+
+def make_probe(cfg: HealthConfig) -> GpuProbe | None:
+    if cfg.gpu_probe == "fake":
+        return FakeGpuProbe(cfg.fake_gpu_file)
+    if cfg.gpu_probe == "nvml":
+        from gpuwarden.health.nvml import NvmlGpuProbe  # noqa: PLC0415 - pynvml only here
+
+        return NvmlGpuProbe()
+    return None
+
+
+def boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def read_kernel_log(path: str) -> tuple[str, float]:
+    """/dev/kmsg (every buffered record, non-blocking) or a file in the same format (its tail)."""
+    if path == "/dev/kmsg":
+        records: list[str] = []
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                try:
+                    rec = os.read(fd, 8192)
+                except BlockingIOError:
+                    break
+                except BrokenPipeError:  # records overwritten while reading: go on
+                    continue
+                if not rec:
+                    break
+                records.append(rec.decode("utf-8", errors="replace").rstrip("\n"))
+        finally:
+            os.close(fd)
+        return "\n".join(records), boot_time()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - _KMSG_TAIL_BYTES))
+        data = f.read()
+    return data.decode("utf-8", errors="replace"), boot_time()
+
+
+def _tasks(cfg: HealthConfig, exp: Expected, node: str, probe: GpuProbe | None,
+           node_checks: str) -> dict[str, Callable[[], Any]]:
+    tasks: dict[str, Callable[[], Any]] = {"kernel log": lambda: read_kernel_log(cfg.kernel_log)}
+    if probe is not None:
+        tasks["gpu"] = probe.snapshot
+    if node_checks in ("all", "mounts"):
+        for m in exp.mounts:
+            tasks[f"mount:{m.path}"] = lambda m=m: nodechecks.check_mount(m, node)  # type: ignore[misc]
+    if node_checks == "all":
+        if exp.scratch_path:
+            tasks["scratch"] = lambda: nodechecks.check_scratch(exp)
+        if exp.min_available_memory_mb:
+            tasks["memory"] = lambda: nodechecks.check_memory(exp)
+        for port in exp.ib_ports:
+            tasks[f"ib:{port}"] = lambda p=port: nodechecks.check_ib_port(p, exp.ib_rate_gbps)  # type: ignore[misc]
+    return tasks
+
+
+def _not_answered(o: Outcome, cfg: HealthConfig, deadline: float) -> CheckResult:
+    if o.timed_out:
+        status = Status.CRITICAL if cfg.timeout_is_failure else Status.UNKNOWN
+        return CheckResult(o.name, status, f"check {o.name} timed out after {deadline:g} s", None,
+                           f"check {o.name} timed out after {deadline:g} s")
+    if o.name.startswith("mount:"):
+        # A mount that errors (stale handle, EIO, missing canary) fails jobs: that is evidence.
+        return CheckResult(o.name, Status.CRITICAL, f"check {o.name} failed: {o.error}", None,
+                           f"{o.name} failed: {o.error[:60]}")
+    return CheckResult(o.name, Status.UNKNOWN, f"check {o.name} could not run: {o.error}")
+
+
+def gather(cfg: HealthConfig, node: str, context: str, budget_s: float,
+           gpus: set[int] | None = None, node_checks: str = "all",
+           probe: GpuProbe | None = None, now: Callable[[], float] = time.time) -> Verdict:
+    exp = cfg.expected_for(node)
+    deadline = min(cfg.check_timeout_s, budget_s)
+    probe = probe if probe is not None else make_probe(cfg)
+    outcomes = run_all(_tasks(cfg, exp, node, probe, node_checks), deadline)
+    results: list[CheckResult] = []
+    snapshot: GpuSnapshot | None = None
+    for name, o in outcomes.items():
+        if o.timed_out or o.error:
+            results.append(_not_answered(o, cfg, deadline))
+        elif name == "gpu":
+            snapshot = o.value
+            results.extend(gpuchecks.evaluate(o.value, exp, gpus))
+        elif name != "kernel log":
+            results.append(o.value)
+    klog = outcomes["kernel log"]
+    if not (klog.timed_out or klog.error):
+        text, booted = klog.value
+        log = xid.parse_kmsg(text, booted)
+        bus = snapshot.by_bus_id() if snapshot else {}
+        results.extend(xid.evaluate(log, bus, now(), cfg.xid_window_s, gpus))
+    return Verdict(node=node, at=now(), context=context, results=tuple(results))

@@ -1,0 +1,147 @@
+"""Issue 3's proof in the real cluster: health gating through Slurm's prolog, epilog and
+HealthCheckProgram, with fake GPUs whose faults the tests inject."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gpuwarden.devcluster.harness import FAKE_DIR, Harness
+from gpuwarden.slurm import parse
+from gpuwarden.slurm.models import Node
+from tests.e2e.test_foundation import node_state, sinfo_reasons, wait_for
+
+pytestmark = pytest.mark.timeout(420)
+NODES = [f"c{i}" for i in range(1, 9)]
+
+
+def nodes(h: Harness) -> dict[str, Node]:
+    out = h.exec("slurmctld", ["scontrol", "show", "nodes", "--json"]).check("nodes").out
+    return {n.name: n for n in parse.parse_nodes(out)}
+
+
+def periodic(h: Harness, node: str) -> None:
+    h.exec(node, ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60).check("healthcheck")
+
+
+@pytest.fixture
+def clean(cluster: Harness) -> Iterator[Harness]:
+    yield cluster
+    for node in NODES:
+        cluster.clear_gpu_faults(node)
+        cluster.sh(node, "rm -f /var/lib/gpuwarden/*.json; echo ok > /fsx/.canary/$(hostname)"
+                   " 2>/dev/null || { rm -f /fsx/.canary/$(hostname); echo ok > /fsx/.canary/$(hostname); }")
+    for n in nodes(cluster).values():
+        if n.drained or n.down:
+            cluster.exec("slurmctld", ["scontrol", "update", f"nodename={n.name}", "state=resume"])
+        if n.comment:
+            cluster.exec("slurmctld", ["scontrol", "update", f"nodename={n.name}", "comment="])
+    cluster.exec("slurmctld", ["scancel", "--user=alice"])
+
+
+def test_xid79_drains_requeues_elsewhere_and_returns_after_passing_checks(clean: Harness) -> None:
+    h = clean
+    h.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=drain",
+                         "reason=maintenance"]).check("operator drain")
+    blockers = [h.sbatch("-w", n, "--exclusive", name="blocker", wrap="sleep 300")
+                for n in ("c1", "c2")]
+    for b in blockers:
+        h.wait_job(b, want=("RUNNING",), timeout=60)
+    h.inject_xid("c3", 5, 79)
+
+    # Lowest free node is c3: the victim lands there, its prolog fails, Slurm requeues it.
+    victim = h.sbatch("-N1", "--gpus-per-node=8", name="victim", wrap="hostname")
+    h.wait_job(victim, timeout=300)
+    h.wait_acct(victim, "COMPLETED", timeout=60)
+    runs = h.acct(victim)
+    assert [(r.state, r.nodes) for r in runs][0] == ("REQUEUED", "c3")
+    assert runs[-1].state == "COMPLETED" and runs[-1].nodes not in ("c3", "c4")
+    reason = sinfo_reasons(h)["c3"]
+    assert reason.startswith("gpuwarden: xid 79 on GPU 5 at ")
+
+    # No second job on c3: a burst of jobs all goes elsewhere.
+    later = [h.sbatch("-N1", name="after", wrap="true") for _ in range(4)]
+    for j in later:
+        h.wait_job(j, timeout=120)
+    assert all(r.nodes != "c3" for j in later for r in h.acct(j))
+
+    # Still faulty: the health check keeps the drain and its evidence.
+    periodic(h, "c3")
+    assert sinfo_reasons(h)["c3"] == reason
+    # Fault cleared: back in service after resume_after_passes (2) passing checks.
+    h.clear_gpu_faults("c3")
+    periodic(h, "c3")
+    assert "DRAIN" in nodes(h)["c3"].state
+    periodic(h, "c3")
+    wait_for(lambda: node_state(h, "c3") == "idle", 30, "c3 is back in service")
+
+    # The operator's drain on c4 was never touched, even by its own health checks.
+    periodic(h, "c4")
+    periodic(h, "c4")
+    assert sinfo_reasons(h)["c4"] == "maintenance"
+    assert node_state(h, "c4") == "drained"
+    for b in blockers:
+        h.exec("slurmctld", ["scancel", str(b)])
+
+
+def test_blast_radius_cap_holds_back_drains_past_25_percent(clean: Harness) -> None:
+    h = clean
+    faulty = ["c1", "c2", "c5", "c6", "c7"]
+    for n in faulty:
+        h.set_gpu(n, 0, ecc_uncorrected_volatile=3)
+    threads = [threading.Thread(target=periodic, args=(h, n)) for n in faulty]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    state = nodes(h)
+    drained = [n for n in faulty if state[n].drained]
+    held = [n for n in faulty if state[n].comment.startswith("gpuwarden: would drain")]
+    assert len(drained) == 2, {n: (state[n].state, state[n].comment) for n in faulty}
+    assert sorted(drained + held) == faulty
+    for n in drained:
+        assert state[n].reason.startswith("gpuwarden: 3 uncorrectable ECC errors on GPU 0")
+    listing = h.gpuwarden("slurmctld", "nodes").check("gpuwarden nodes").out
+    for n in held:
+        (line,) = [ln for ln in listing.splitlines() if ln.startswith(f"{n} ")]
+        assert "would drain" in line and "blast-radius cap" in line and "IDLE" in line
+
+
+def test_hung_mount_times_out_within_the_prolog_budget(clean: Harness) -> None:
+    h = clean
+    # A FIFO as the canary: opening it blocks forever, as a read on a dead NFS server does.
+    h.sh("c2", "rm -f /fsx/.canary/c2 && mkfifo /fsx/.canary/c2").check("mkfifo")
+    t0 = time.monotonic()
+    res = h.sh("c2", "SLURMD_NODENAME=c2 SLURM_JOB_ID=4242 /opt/gpuwarden/prolog/gpuwarden-prolog",
+               timeout=60)
+    took = time.monotonic() - t0
+    assert took < 10, f"prolog took {took:.1f} s, budget 10 s"
+    assert res.rc == 1
+    assert "check mount:/fsx timed out after 3 s" in res.err
+    assert sinfo_reasons(h)["c2"] == "gpuwarden: check mount:/fsx timed out after 3 s"
+
+
+def test_garbage_inputs_give_clear_errors_and_never_drain(clean: Harness) -> None:
+    h = clean
+    h.write_fake("c6", "gpus.json", '{"gpus": [{"index": "zero"}]')
+    res = h.gpuwarden("c6", "health", "check")
+    assert res.rc == 3 and f"{FAKE_DIR}/gpus.json: not JSON" in res.out
+    h.write_fake("c7", "kmsg", "garbage that is not a record\n"
+                 "3,1,100,-;NVRM: Xid (PCI:zz:zz): seventy-nine\n")
+    res = h.gpuwarden("c7", "health", "check")
+    assert res.rc == 3 and "kernel log: 2 malformed line(s), not acted on (line 1:" in res.out
+    h.sh("c8", "cp /etc/gpuwarden/gpuwarden.toml /tmp/good.toml && "
+               "printf '[health]\\ndrian = true\\n' > /etc/gpuwarden/gpuwarden.toml").check("bad cfg")
+    try:
+        res = h.gpuwarden("c8", "health", "check")
+        assert res.rc == 3 and "health.drian: unknown key" in res.err
+        res = h.sh("c8", "SLURMD_NODENAME=c8 SLURM_JOB_ID=1 /opt/gpuwarden/prolog/gpuwarden-prolog")
+        assert res.rc == 0 and "health.drian: unknown key" in res.err and "skipped" in res.err
+    finally:
+        h.sh("c8", "cp /tmp/good.toml /etc/gpuwarden/gpuwarden.toml")
+    for n in ("c6", "c7", "c8"):
+        periodic(h, n)
+    assert not any(n in sinfo_reasons(h) for n in ("c6", "c7", "c8"))
