@@ -6,9 +6,9 @@ dockerized test cluster and `gpuwarden slurm-conf` use the same templates.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-
-import jinja2
+from typing import Any
 
 from gpuwarden.config import ClusterConfig
 from gpuwarden.slurm.hostlist import compress
@@ -57,14 +57,19 @@ def layout(cluster: ClusterConfig) -> Layout:
     return Layout(cluster=cluster, nodes=nodes, leaves=leaves, spine=spine)
 
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("gpuwarden", "templates"),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    autoescape=False,  # noqa: S701 - renders config files, not HTML
-)
+@functools.cache
+def _env() -> Any:
+    # jinja2 is imported here, not at module load: the prolog's import path stays small.
+    import jinja2  # noqa: PLC0415
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("gpuwarden", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,  # noqa: S701 - renders config files, not HTML
+    )
 
 PARTS = ("slurm.conf", "gres.conf", "topology.conf")
 
@@ -72,4 +77,5 @@ PARTS = ("slurm.conf", "gres.conf", "topology.conf")
 def render(part: str, cluster: ClusterConfig, **extra: object) -> str:
     if part not in PARTS:
         raise ValueError(f"unknown part {part!r}: one of {', '.join(PARTS)}")
-    return _ENV.get_template(f"{part}.j2").render(layout=layout(cluster), **extra)
+    text: str = _env().get_template(f"{part}.j2").render(layout=layout(cluster), **extra)
+    return text

@@ -57,7 +57,7 @@ def test_xid79_drains_requeues_elsewhere_and_returns_after_passing_checks(clean:
     h.wait_job(victim, timeout=300)
     h.wait_acct(victim, "COMPLETED", timeout=60)
     runs = h.acct(victim)
-    assert [(r.state, r.nodes) for r in runs][0] == ("REQUEUED", "c3")
+    assert (runs[0].state, runs[0].nodes) == ("REQUEUED", "c3")
     assert runs[-1].state == "COMPLETED" and runs[-1].nodes not in ("c3", "c4")
     reason = sinfo_reasons(h)["c3"]
     assert reason.startswith("gpuwarden: xid 79 on GPU 5 at ")

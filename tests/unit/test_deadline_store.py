@@ -1,0 +1,102 @@
+"""Deadlines that really fire, and state files that cannot be steered by a planted link."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.health.deadline import run_all
+from gpuwarden.health.model import CheckResult, Status, Verdict
+from gpuwarden.health.nodechecks import available_memory_mb, ib_port_result, mount_points
+from gpuwarden.health.store import StateDirError, Store, ensure_private_dir, prometheus
+
+
+def test_a_hung_check_times_out_and_the_others_still_answer() -> None:
+    t0 = time.monotonic()
+    out = run_all({"hang": lambda: time.sleep(60), "quick": lambda: 42,
+                   "boom": lambda: 1 / 0}, deadline_s=0.5)
+    assert time.monotonic() - t0 < 3
+    assert out["hang"].timed_out
+    assert out["quick"].value == 42
+    assert "ZeroDivisionError" in out["boom"].error
+
+
+def test_a_check_reading_a_fifo_is_abandoned(tmp_path: Path) -> None:
+    fifo = tmp_path / "canary"
+    os.mkfifo(fifo)
+    out = run_all({"mount": lambda: fifo.read_text()}, deadline_s=0.3)
+    assert out["mount"].timed_out
+
+
+def verdict() -> Verdict:
+    return Verdict("c1", 1.0e9, "health check", (
+        CheckResult("gpu", Status.OK, "fine"),
+        CheckResult("xid", Status.CRITICAL, "xid 79", 5, "xid 79 on GPU 5"),
+    ))
+
+
+def test_verdicts_round_trip_and_files_are_private(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "state"), str(tmp_path / "prom"))
+    store.save_verdict(verdict())
+    assert store.load_verdict() == verdict()
+    assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "state" / "verdict.json").stat().st_mode & 0o777 == 0o600
+    prom = (tmp_path / "prom" / "gpuwarden.prom").read_text()
+    assert 'gpuwarden_health_status{node="c1"} 2' in prom
+    assert 'gpuwarden_check_status{check="xid",gpu="5"} 2' in prom
+    assert not [p for p in (tmp_path / "state").iterdir() if p.name.startswith(".")]
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(StateDirError, match="not a directory"):
+        ensure_private_dir(str(tmp_path / "state"))
+
+
+def test_a_group_writable_state_dir_is_refused(tmp_path: Path) -> None:
+    d = tmp_path / "state"
+    d.mkdir()
+    d.chmod(0o777)
+    with pytest.raises(StateDirError, match="chmod go-w"):
+        ensure_private_dir(str(d))
+
+
+def test_a_planted_link_instead_of_the_verdict_is_not_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(verdict().to_json()))
+    (state / "verdict.json").symlink_to(secret)
+    with pytest.raises(OSError):
+        Store(str(state)).load_verdict()
+
+
+def test_a_corrupt_verdict_means_check_afresh(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "verdict.json").write_text("{half")
+    assert Store(str(state)).load_verdict() is None
+
+
+def test_prometheus_labels_are_escaped() -> None:
+    v = Verdict('c"1', 1.0, "x", (CheckResult('mount:/a"b', Status.OK, "ok"),))
+    assert 'check="mount:/a\\"b"' in prometheus(v)
+
+
+def test_mountinfo_parsing_decodes_escapes() -> None:
+    text = "36 35 98:0 / /fsx rw - ext4 /dev/x rw\n37 35 98:0 / /mnt/with\\040space rw - ext4 /d rw\n"
+    assert mount_points(text) == {"/fsx", "/mnt/with space"}
+
+
+def test_meminfo_and_ib_parsing() -> None:
+    assert available_memory_mb("MemTotal: 100 kB\nMemAvailable: 2048000 kB\n") == 2000
+    assert ib_port_result("mlx5_0:1", "4: ACTIVE", "200 Gb/sec (4X HDR)", 200).status == Status.OK
+    down = ib_port_result("mlx5_0:1", "1: DOWN", "0", 200)
+    assert down.status == Status.CRITICAL and down.evidence == "IB mlx5_0:1 down"
+    slow = ib_port_result("mlx5_0:1", "4: ACTIVE", "100 Gb/sec (4X EDR)", 200)
+    assert slow.status == Status.CRITICAL and "100 Gb/s" in slow.message

@@ -1,0 +1,124 @@
+"""Prolog, epilog and health check logic with a fake Slurm and the fake GPU probe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.config import Config
+from gpuwarden.health import entry
+from gpuwarden.health.config import BlastRadius, Expected, HealthConfig
+from gpuwarden.health.model import Status
+from gpuwarden.health.probe import FakeGpuProbe, healthy_fake
+from tests.unit.test_gate import NOW, FakeSlurm, fleet
+
+
+@pytest.fixture
+def node_env(tmp_path: Path) -> tuple[entry.Env, FakeSlurm, Path]:
+    gpus = tmp_path / "gpus.json"
+    gpus.write_text(healthy_fake(8))
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    health = HealthConfig(
+        state_dir=str(tmp_path / "state"), gpu_probe="fake", fake_gpu_file=str(gpus),
+        kernel_log=str(kmsg), check_timeout_s=2.0, resume_after_passes=2,
+        expected=Expected(gpu_count=8, nvlink_links=18, scratch_path=str(tmp_path)),
+        blast_radius=BlastRadius(max_drained_pct=25.0, settle_s=0))
+    slurm = FakeSlurm({n.name: n for n in fleet()})
+    env = entry.Env(config=replace(Config(), health=health), client=slurm,  # type: ignore[arg-type]
+                    environ={"SLURMD_NODENAME": "c3", "SLURM_JOB_ID": "7"},
+                    probe=FakeGpuProbe(str(gpus)), clock=lambda: NOW, sleep=lambda s: None)
+    return env, slurm, tmp_path
+
+
+def break_gpu(tmp: Path, index: int = 5) -> None:
+    import json
+
+    doc = json.loads((tmp / "gpus.json").read_text())
+    doc["gpus"][index]["ecc_uncorrected_volatile"] = 1
+    (tmp / "gpus.json").write_text(json.dumps(doc))
+
+
+def test_prolog_on_a_healthy_node_lets_the_job_run(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, _ = node_env
+    assert entry.prolog(env) == 0 and slurm.log == []
+
+
+def test_prolog_on_a_bad_gpu_drains_and_fails_the_job(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    break_gpu(tmp)
+    assert entry.prolog(env) == 1
+    assert slurm.log == ["drain c3"]
+    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5"
+
+
+def test_prolog_checks_only_the_jobs_gpus(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    entry.periodic(replace(env, probe=FakeGpuProbe(str(tmp / "gpus.json"))))  # fresh verdict
+    break_gpu(tmp, index=5)
+    env = replace(env, environ={**env.environ, "SLURM_JOB_GPUS": "0,1"})
+    assert entry.prolog(env) == 0 and slurm.log == []
+
+
+def test_prolog_past_the_cap_lets_the_job_run_and_says_would_drain(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    for name in ("c1", "c2"):
+        slurm.drain(name, "earlier")
+    slurm.log.clear()
+    break_gpu(tmp)
+    assert entry.prolog(env) == 0
+    assert slurm.log == [] and slurm.table["c3"].comment.startswith("gpuwarden: would drain")
+
+
+def test_periodic_resumes_its_drain_after_two_passes(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    break_gpu(tmp)
+    entry.periodic(env)
+    assert slurm.log == ["drain c3"]
+    (tmp / "gpus.json").write_text(healthy_fake(8))
+    entry.periodic(env)
+    assert "DRAIN" in slurm.table["c3"].state
+    entry.periodic(env)
+    assert slurm.log == ["drain c3", "resume c3"]
+
+
+def test_epilog_checks_after_a_failed_job_and_always_exits_0(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    entry.periodic(env)  # stored verdict: OK
+    assert entry.epilog(env) == 0 and slurm.log == []
+    break_gpu(tmp)
+    failed = replace(env, environ={**env.environ, "SLURM_JOB_EXIT_CODE": "256"})
+    assert entry.epilog(failed) == 0
+    assert slurm.log == ["drain c3"]
+
+
+def test_manual_check_stores_and_drains_nothing(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    break_gpu(tmp)
+    v = entry.check(env)
+    assert v.status == Status.CRITICAL and v.status.exit_code == 2
+    assert slurm.log == [] and not (tmp / "state" / "verdict.json").exists()
+
+
+def test_malformed_job_gpus_means_all_gpus() -> None:
+    assert entry.job_gpus({"SLURM_JOB_GPUS": "0,x"}) is None
+    assert entry.job_gpus({"SLURM_JOB_GPUS": "2,5"}) == {2, 5}
+
+
+def test_bad_node_names_from_the_environment_are_refused(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, _, _ = node_env
+    env = replace(env, environ={"SLURMD_NODENAME": "../../etc"})
+    with pytest.raises(Exception, match="not a valid node name"):
+        _ = env.node
+
+
+def test_the_prolog_import_path_stays_small() -> None:
+    code = ("import sys; import gpuwarden.cli, gpuwarden.health.entry; "
+            "bad = [m for m in ('boto3', 'docker', 'jinja2', 'pynvml') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -1,0 +1,169 @@
+"""The drain/resume state machine and the blast-radius cap, without Slurm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from gpuwarden.health import gate
+from gpuwarden.health.config import BlastRadius
+from gpuwarden.health.model import CheckResult, Status, Verdict
+from gpuwarden.slurm.client import gpuwarden_reason, refuse_unless_ours
+from gpuwarden.slurm.models import Node
+
+NOW = 1_800_000_000.0
+
+
+def node(name: str, state: tuple[str, ...] = ("IDLE",), reason: str = "", comment: str = "",
+         changed: float | None = None, boot: int | None = None, parts: tuple[str, ...] = ("gpu",)) -> Node:
+    return Node(name, state, reason, "root" if reason else "", int(changed) if changed else None,
+                parts, "gpu:h100:8", (), boot, comment)
+
+
+def verdict(status: Status, evidence: str = "xid 79 on GPU 5") -> Verdict:
+    return Verdict("c3", NOW, "test", (CheckResult("xid", status, evidence, 5, evidence),))
+
+
+def test_critical_on_a_healthy_node_drains_with_the_evidence() -> None:
+    d = gate.decide(verdict(Status.CRITICAL), node("c3"), passes=5, resume_after=3)
+    assert d.kind is gate.Kind.DRAIN and d.why == "xid 79 on GPU 5" and d.passes == 0
+
+
+def test_critical_on_an_operators_drain_does_nothing() -> None:
+    d = gate.decide(verdict(Status.CRITICAL), node("c4", ("IDLE", "DRAIN"), "maintenance"), 0, 3)
+    assert d.kind is gate.Kind.NOTHING and "root" in d.why
+
+
+def test_resume_only_after_n_passes_and_only_own_drains() -> None:
+    ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 100)
+    ok = verdict(Status.OK, "fine")
+    assert gate.decide(ok, ours, passes=0, resume_after=3).kind is gate.Kind.NOTHING
+    assert gate.decide(ok, ours, passes=1, resume_after=3).kind is gate.Kind.NOTHING
+    d = gate.decide(ok, ours, passes=2, resume_after=3)
+    assert d.kind is gate.Kind.RESUME and d.passes == 3
+    theirs = replace(ours, reason="maintenance")
+    assert gate.decide(ok, theirs, passes=10, resume_after=3).kind is gate.Kind.NOTHING
+
+
+def test_a_reboot_after_the_drain_resumes_at_the_first_pass() -> None:
+    ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 1000, boot=int(NOW - 10))
+    d = gate.decide(verdict(Status.OK), ours, passes=0, resume_after=3)
+    assert d.kind is gate.Kind.RESUME and "rebooted" in d.why
+
+
+def test_unknown_neither_drains_nor_resumes_and_breaks_the_streak() -> None:
+    ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: x")
+    d = gate.decide(verdict(Status.UNKNOWN), ours, passes=2, resume_after=3)
+    assert d.kind is gate.Kind.NOTHING and d.passes == 0
+
+
+def fleet(n: int = 8, drained: tuple[str, ...] = (), claims: dict[str, float] | None = None) -> list[Node]:
+    out = []
+    for i in range(1, n + 1):
+        name = f"c{i}"
+        if name in drained:
+            out.append(node(name, ("IDLE", "DRAIN"), "gpuwarden: bad", changed=NOW - 60))
+        elif claims and name in claims:
+            out.append(node(name, comment=f"gpuwarden: drain claim {claims[name]:.6f}"))
+        else:
+            out.append(node(name))
+    return out
+
+
+CAP = BlastRadius(max_drained_pct=25.0, settle_s=0)
+
+
+def test_cap_counts_gpuwarden_drains_in_the_partition() -> None:
+    assert gate.cap_allows("c3", fleet(drained=("c1",)), CAP, NOW)[0]
+    ok, why = gate.cap_allows("c3", fleet(drained=("c1", "c2")), CAP, NOW)
+    assert not ok and "2 of 8 nodes in gpu" in why and "limit 2 (25%)" in why
+
+
+def test_operator_drains_do_not_use_up_the_cap() -> None:
+    nodes = fleet(drained=("c1",))
+    nodes[1] = node("c2", ("IDLE", "DRAIN"), "maintenance")
+    assert gate.cap_allows("c3", nodes, CAP, NOW)[0]
+
+
+def test_drains_older_than_the_window_no_longer_count() -> None:
+    nodes = [replace(n, reason_changed_at=int(NOW - 200_000)) if n.drained else n
+             for n in fleet(drained=("c1", "c2"))]
+    assert gate.cap_allows("c3", nodes, CAP, NOW)[0]
+
+
+def test_earlier_claims_rank_first() -> None:
+    nodes = fleet(drained=("c1",), claims={"c5": NOW - 2, "c6": NOW - 1, "c7": NOW - 0.5})
+    assert gate.cap_allows("c5", nodes, CAP, NOW)[0]
+    assert not gate.cap_allows("c6", nodes, CAP, NOW)[0]
+    assert not gate.cap_allows("c7", nodes, CAP, NOW)[0]
+
+
+def test_stale_claims_expire() -> None:
+    nodes = fleet(drained=("c1",), claims={"c5": NOW - 600, "c6": NOW - 1})
+    assert gate.cap_allows("c6", nodes, CAP, NOW)[0]
+
+
+def test_absolute_cap_applies_across_partitions() -> None:
+    nodes = fleet(n=100, drained=("c1", "c2", "c3"))
+    assert not gate.cap_allows("c9", nodes, replace(CAP, max_drained_nodes=3), NOW)[0]
+    assert gate.cap_allows("c9", nodes, replace(CAP, max_drained_nodes=4), NOW)[0]
+
+
+def test_one_node_can_always_be_drained_in_a_small_partition() -> None:
+    assert gate.cap_allows("c1", fleet(n=3), BlastRadius(max_drained_pct=10), NOW)[0]
+
+
+@dataclass
+class FakeSlurm:
+    table: dict[str, Node]
+    log: list[str] = field(default_factory=list)
+
+    def nodes(self) -> list[Node]:
+        return list(self.table.values())
+
+    def node(self, name: str) -> Node:
+        return self.table[name]
+
+    def drain(self, name: str, reason: str) -> None:
+        refuse_unless_ours(self.table[name], "drain")
+        self.table[name] = replace(self.table[name], state=("IDLE", "DRAIN"),
+                                   reason=gpuwarden_reason(reason), reason_changed_at=int(NOW))
+        self.log.append(f"drain {name}")
+
+    def resume(self, name: str) -> bool:
+        self.table[name] = replace(self.table[name], state=("IDLE",), reason="")
+        self.log.append(f"resume {name}")
+        return True
+
+    def set_comment(self, name: str, text: str) -> None:
+        self.table[name] = replace(self.table[name], comment=gpuwarden_reason(text) if text else "")
+
+
+def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
+    slurm = FakeSlurm({n.name: n for n in fleet(drained=("c1", "c2"))})
+    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    assert applied.action == "held" and slurm.log == []
+    assert slurm.table["c3"].comment.startswith("gpuwarden: would drain: xid 79 on GPU 5")
+
+
+def test_apply_drains_and_clears_its_claim() -> None:
+    slurm = FakeSlurm({n.name: n for n in fleet()})
+    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    assert applied.action == "drained" and slurm.log == ["drain c3"]
+    assert slurm.table["c3"].reason == "gpuwarden: xid 79 on GPU 5"
+    assert slurm.table["c3"].comment == ""
+
+
+@pytest.mark.parametrize("cap_pct", [25.0, 50.0])
+def test_concurrent_claims_never_exceed_the_cap(cap_pct: float) -> None:
+    """Five nodes decide at once: each posts a claim, then all re-check (the settle step)."""
+    slurm = FakeSlurm({n.name: n for n in fleet()})
+    faulty = ["c1", "c2", "c5", "c6", "c7"]
+    cap = replace(CAP, max_drained_pct=cap_pct)
+    for i, n in enumerate(faulty):
+        slurm.set_comment(n, f"drain claim {NOW + i / 10:.6f}")
+    allowed = [n for n in faulty if gate.cap_allows(n, slurm.nodes(), cap, NOW + 1)[0]]
+    assert len(allowed) == int(8 * cap_pct / 100)
