@@ -32,8 +32,9 @@ def clean(cluster: Harness) -> Iterator[Harness]:
     yield cluster
     for node in NODES:
         cluster.clear_gpu_faults(node)
-        cluster.sh(node, "rm -f /var/lib/gpuwarden/*.json; echo ok > /fsx/.canary/$(hostname)"
-                   " 2>/dev/null || { rm -f /fsx/.canary/$(hostname); echo ok > /fsx/.canary/$(hostname); }")
+        # rm first: the hung-mount test leaves a FIFO there, and writing to it would block.
+        cluster.sh(node, "rm -f /var/lib/gpuwarden/*.json /fsx/.canary/$(hostname) && "
+                   "echo ok > /fsx/.canary/$(hostname)").check("reset node")
     for n in nodes(cluster).values():
         if n.drained or n.down:
             cluster.exec("slurmctld", ["scontrol", "update", f"nodename={n.name}", "state=resume"])
@@ -145,3 +146,16 @@ def test_garbage_inputs_give_clear_errors_and_never_drain(clean: Harness) -> Non
     for n in ("c6", "c7", "c8"):
         periodic(h, n)
     assert not any(n in sinfo_reasons(h) for n in ("c6", "c7", "c8"))
+
+
+def test_epilog_checks_a_node_after_a_failed_job_and_drains_it(clean: Harness) -> None:
+    h = clean
+    periodic(h, "c5")  # a fresh OK verdict: only the job's failure makes the epilog look
+    job = h.sbatch("-w", "c5", name="fails", wrap="sleep 5; exit 1")
+    h.wait_job(job, want=("RUNNING",), timeout=60)
+    h.set_gpu("c5", 2, ecc_uncorrected_volatile=1)  # the GPU breaks during the job
+    h.wait_job(job, want=("FAILED",), timeout=60)
+    wait_for(lambda: "c5" in sinfo_reasons(h), 30, "the epilog drains c5")
+    assert sinfo_reasons(h)["c5"] == "gpuwarden: 1 uncorrectable ECC errors on GPU 2"
+    shown = h.gpuwarden("c5", "health", "show").out
+    assert f"epilog job {job}" in shown
