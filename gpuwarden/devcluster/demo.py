@@ -44,7 +44,35 @@ def foundation(h: Harness, say: Say) -> None:
     say("")
 
 
+def health(h: Harness, say: Say) -> None:
+    say("== 4. Health gating: a GPU falls off the bus; no second job lands on that node ==")
+    blockers = [h.sbatch("-w", n, "--exclusive", name="demo-blocker", wrap="sleep 600")
+                for n in ("c1", "c2")]
+    for b in blockers:
+        h.wait_job(b, want=("RUNNING",), timeout=60)
+    say("c1 and c2 are busy, so the next job lands on c3. Injecting XID 79 on c3's GPU 5:")
+    h.inject_xid("c3", 5, 79)
+    _show(h, say, "", ["tail", "-n1", "/var/lib/gpuwarden-fake/kmsg"], host="c3")
+    job = h.sbatch("-N1", "--gpus-per-node=8", name="demo-victim", wrap="hostname")
+    say(f"submitted job {job}; its prolog on c3 fails, c3 is drained and Slurm requeues the job "
+        "(Slurm holds a requeued job back about 2 minutes)...")
+    h.wait_job(job, timeout=300)
+    h.wait_acct(job, "COMPLETED", timeout=60)
+    _show(h, say, "", ["sacct", "-X", "--duplicates", "-j", str(job), "-o",
+                       "JobID,JobName,State,NodeList,Restarts"])
+    _show(h, say, "", ["sinfo", "-R"])
+    _show(h, say, "", ["gpuwarden", "health", "check"], host="c3")
+    say("The fault is repaired; after 2 passing health checks c3 returns to service:")
+    h.clear_gpu_faults("c3")
+    for _ in range(2):
+        _show(h, say, "", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], host="c3")
+    _show(h, say, "x", ["sinfo", "-n", "c3"])
+    for b in blockers:
+        h.exec("slurmctld", ["scancel", str(b)])
+
+
 def run(h: Harness, say: Say) -> None:
     h.prepare_jobs_dir()
     foundation(h, say)
+    health(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")

@@ -43,6 +43,16 @@ def test_explicitly_named_missing_file_is_an_error(tmp_path: Path) -> None:
         ("slurm = 3\n", "slurm", "a table"),
         ("[surlm]\n", "surlm", "unknown key"),
         ("[logging]\nlevel = 'LOUD'\n", "logging.level", "one of"),
+        ("[health]\ngpu_probe = 'dcgm'\n", "health.gpu_probe", "nvml"),
+        ("[health]\ndrian = true\n", "health.drian", "unknown key"),
+        ("[health.expected]\nmounts = [{path = 'fsx'}]\n", "health.expected.mounts[0].path",
+         "absolute"),
+        ("[health.expected]\nmounts = [{path = '/fsx', canary = '../../etc/shadow'}]\n",
+         "health.expected.mounts[0].canary", "without '..'"),
+        ("[health.expected]\nib_ports = ['mlx5_0']\n", "health.expected.ib_ports", "device:port"),
+        ("[health.blast_radius]\nmax_drained_pct = 150\n", "health.blast_radius.max_drained_pct",
+         "percentage"),
+        ("[health.classes.a]\nnodes = 3\n", "health.classes.a.nodes", "a string"),
     ],
 )
 def test_bad_values_name_the_file_the_key_and_what_is_expected(
@@ -77,3 +87,10 @@ def test_config_records_are_frozen() -> None:
     cfg = config.Config()
     with pytest.raises(AttributeError):
         cfg.slurm.retries = 9  # type: ignore[misc]
+
+
+def test_node_classes_pick_expected_values_by_hostlist(tmp_path: Path) -> None:
+    cfg = config.load(write(tmp_path, "[health.classes.l40s]\nnodes = 'g[1-4]'\n"
+                                      "expected = {gpu_count = 4}\n"))
+    assert cfg.health.expected_for("g3").gpu_count == 4
+    assert cfg.health.expected_for("c1").gpu_count == 8
