@@ -44,7 +44,8 @@ test: lint $(STAMP)
 	$(PY) -m pytest tests -q
 
 bench: $(STAMP)
-	$(PY) benchmarks/slurm_client_parse.py
+	$(PY) benchmarks/slurm_parse.py
+	$(PY) benchmarks/prolog_latency.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
