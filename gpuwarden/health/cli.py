@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -11,10 +12,8 @@ import click
 from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.health import entry
 from gpuwarden.health.model import Status, Verdict
-
-
-def _env(obj: Any) -> entry.Env:
-    return entry.Env(config=obj.config(), client=obj.client(), environ=entry.environ())
+from gpuwarden.slurm.client import CliSlurmClient
+from gpuwarden.slurm.runner import SubprocessRunner
 
 
 @click.group("health")
@@ -22,13 +21,21 @@ def health() -> None:
     """GPU and node health checks (prolog, epilog, HealthCheckProgram, by hand)."""
 
 
-def _slurm_entry(obj: Any, what: str, fn: Any) -> int:
+def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
     # A broken config must never fail jobs or drain nodes fleet-wide: log it, exit 0.
     try:
-        env = _env(obj)
+        cfg = obj.config()
     except ConfigError as exc:
         click.echo(f"gpuwarden {what}: {exc}; health gating skipped", err=True)
         return 0
+    # Slurm calls on the job-start path get the budget as their deadline and one retry, so a
+    # slow controller cannot stretch the prolog past PrologEpilogTimeout.
+    budget = getattr(cfg.health, budget_key)
+    slurm = replace(cfg.slurm, command_timeout_s=min(cfg.slurm.command_timeout_s, budget),
+                    retries=min(cfg.slurm.retries, 1))
+    client = CliSlurmClient(slurm, SubprocessRunner()) if obj.client_factory is None \
+        else obj.client()
+    env = entry.Env(config=cfg, client=client, environ=entry.environ())
     return entry.safe(lambda: fn(env), what, on_error=0)
 
 
@@ -36,21 +43,21 @@ def _slurm_entry(obj: Any, what: str, fn: Any) -> int:
 @click.pass_obj
 def periodic_cmd(obj: Any) -> None:
     """HealthCheckProgram: all checks, store the verdict, drain or resume."""
-    sys.exit(_slurm_entry(obj, "health check", entry.periodic))
+    sys.exit(_slurm_entry(obj, "health check", entry.periodic, "periodic_budget_s"))
 
 
 @health.command("prolog")
 @click.pass_obj
 def prolog_cmd(obj: Any) -> None:
     """Prolog: the fast gate before a job starts (exit 1 = node drained, job requeued)."""
-    sys.exit(_slurm_entry(obj, "prolog", entry.prolog))
+    sys.exit(_slurm_entry(obj, "prolog", entry.prolog, "prolog_budget_s"))
 
 
 @health.command("epilog")
 @click.pass_obj
 def epilog_cmd(obj: Any) -> None:
     """Epilog: deeper checks after a failed job or on a suspect node."""
-    sys.exit(_slurm_entry(obj, "epilog", entry.epilog))
+    sys.exit(_slurm_entry(obj, "epilog", entry.epilog, "epilog_budget_s"))
 
 
 def _print(v: Verdict, as_json: bool) -> None:

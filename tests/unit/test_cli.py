@@ -153,3 +153,13 @@ def test_unknown_node_is_a_clear_error(fleet: FakeClient) -> None:
 def test_not_our_drain_error_is_distinct() -> None:
     assert issubclass(NotOurDrainError, SlurmError)
     assert Config().slurm.backend == "cli"
+
+
+def test_slurm_entry_points_fail_open_on_a_bad_config(fleet: FakeClient, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[health]\ncheck_timeout_s = 'soon'\n")
+    for cmd in ("prolog", "epilog", "periodic"):
+        code, _, err = run(fleet, "health", cmd, config=str(bad))
+        assert code == 0 and "health.check_timeout_s" in err and "skipped" in err
+    code, _, err = run(fleet, "health", "check", config=str(bad))
+    assert code == 3 and "UNKNOWN" in err
