@@ -48,6 +48,12 @@ class Env:
         return Store(h.state_dir, h.prom_dir)
 
 
+def job_id(environ: Mapping[str, str]) -> str:
+    """SLURM_JOB_ID for log lines and verdicts: digits (and _ for array tasks) only."""
+    raw = environ.get("SLURM_JOB_ID", "")
+    return raw if raw and len(raw) <= 20 and raw.replace("_", "").isdigit() else "?"
+
+
 def job_gpus(environ: Mapping[str, str]) -> set[int] | None:
     """The job's GPUs from SLURM_JOB_GPUS ("0,1,5"); None (all) when absent or malformed."""
     raw = environ.get("SLURM_JOB_GPUS", "").strip()
@@ -90,7 +96,7 @@ def periodic(env: Env) -> int:
 def prolog(env: Env) -> int:
     """The fast gate: the stored verdict (re-checked when stale) plus the job's GPUs."""
     h = env.config.health
-    job = env.environ.get("SLURM_JOB_ID", "?")
+    job = job_id(env.environ)
     start = env.clock()
     stored = env.store.load_verdict()
     fresh = stored is not None and 0 <= start - stored.at <= h.verdict_max_age_s
@@ -129,7 +135,7 @@ def _job_failed(environ: Mapping[str, str]) -> bool:
 def epilog(env: Env) -> int:
     """After the job: deeper checks when it failed or the node is suspect. Always exit 0."""
     h = env.config.health
-    job = env.environ.get("SLURM_JOB_ID", "?")
+    job = job_id(env.environ)
     stored = env.store.load_verdict()
     suspect = (stored is None or stored.status != Status.OK
                or env.clock() - stored.at > h.verdict_max_age_s)

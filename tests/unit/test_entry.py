@@ -122,3 +122,9 @@ def test_the_prolog_import_path_stays_small() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_job_id_from_the_environment_is_sanitised() -> None:
+    assert entry.job_id({"SLURM_JOB_ID": "1234"}) == "1234"
+    assert entry.job_id({"SLURM_JOB_ID": "12\n; rm -rf /"}) == "?"
+    assert entry.job_id({}) == "?"
