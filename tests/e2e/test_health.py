@@ -151,8 +151,11 @@ def test_garbage_inputs_give_clear_errors_and_never_drain(clean: Harness) -> Non
 def test_epilog_checks_a_node_after_a_failed_job_and_drains_it(clean: Harness) -> None:
     h = clean
     periodic(h, "c5")  # a fresh OK verdict: only the job's failure makes the epilog look
-    job = h.sbatch("-w", "c5", name="fails", wrap="sleep 5; exit 1")
-    h.wait_job(job, want=("RUNNING",), timeout=60)
+    job = h.sbatch("-w", "c5", name="fails",
+                   wrap="touch /fsx/jobs/started-$SLURM_JOB_ID; sleep 5; exit 1")
+    # RUNNING already shows while the prolog runs: wait until the job script itself has begun.
+    wait_for(lambda: h.exec("c5", ["test", "-e", f"/fsx/jobs/started-{job}"]).rc == 0, 60,
+             "the job script starts")
     h.set_gpu("c5", 2, ecc_uncorrected_volatile=1)  # the GPU breaks during the job
     h.wait_job(job, want=("FAILED",), timeout=60)
     wait_for(lambda: "c5" in sinfo_reasons(h), 30, "the epilog drains c5")
