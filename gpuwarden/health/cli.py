@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,7 @@ from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.health import entry
 from gpuwarden.health.model import Status, Verdict
 from gpuwarden.slurm.client import CliSlurmClient
-from gpuwarden.slurm.runner import SubprocessRunner
+from gpuwarden.slurm.runner import DeadlineRunner, SubprocessRunner
 
 
 @click.group("health")
@@ -28,13 +29,13 @@ def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
     except ConfigError as exc:
         click.echo(f"gpuwarden {what}: {exc}; health gating skipped", err=True)
         return 0
-    # Slurm calls on the job-start path get the budget as their deadline and one retry, so a
-    # slow controller cannot stretch the prolog past PrologEpilogTimeout.
+    # Checks get the budget; all Slurm calls together get one more budget (one retry each), so
+    # a slow controller cannot stretch an entry point past 2 x budget + settle_s.
     budget = getattr(cfg.health, budget_key)
     slurm = replace(cfg.slurm, command_timeout_s=min(cfg.slurm.command_timeout_s, budget),
                     retries=min(cfg.slurm.retries, 1))
-    client = CliSlurmClient(slurm, SubprocessRunner()) if obj.client_factory is None \
-        else obj.client()
+    runner = DeadlineRunner(SubprocessRunner(), time.monotonic() + 2 * budget)
+    client = CliSlurmClient(slurm, runner) if obj.client_factory is None else obj.client()
     env = entry.Env(config=cfg, client=client, environ=entry.environ())
     return entry.safe(lambda: fn(env), what, on_error=0)
 

@@ -68,14 +68,16 @@ class BlastRadius:
 
     max_drained_pct: float = 10.0
     max_drained_nodes: int = 0
-    window_s: float = 86_400.0
+    # 0: every node gpuwarden holds drained counts, however old its drain. Set a window to let
+    # drains older than it (nodes waiting for repair) stop counting.
+    window_s: float = 0.0
     # Time given to other nodes' drain claims to become visible before deciding.
     settle_s: float = 2.0
 
     def __post_init__(self) -> None:
         require(0 <= self.max_drained_pct <= 100, "max_drained_pct", "a percentage 0-100")
         require(self.max_drained_nodes >= 0, "max_drained_nodes", "an integer >= 0 (0: no limit)")
-        require(self.window_s > 0, "window_s", "a positive number of seconds")
+        require(self.window_s >= 0, "window_s", "seconds >= 0 (0: no window)")
         require(0 <= self.settle_s <= 30, "settle_s", "0 to 30 seconds")
 
 

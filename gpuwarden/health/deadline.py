@@ -1,15 +1,20 @@
 """Run checks in child processes with a hard deadline.
 
 A hung NFS mount or a wedged GPU driver blocks the calling thread in the kernel, where no
-timeout can reach it; a child process can be abandoned instead. Children run concurrently, so a
-batch takes as long as its slowest check, never longer than the deadline.
+timeout can reach it; a child process can be abandoned instead. Children are plain forks (not
+multiprocessing, whose exit handler would join, and so wait forever for, a child stuck in the
+kernel). They run concurrently, so a batch takes as long as its slowest check, never longer
+than the deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
+import os
+import pickle
+import select
+import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -18,7 +23,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-_CTX = multiprocessing.get_context("fork")
+_MAX_RESULT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -30,51 +35,73 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _child(conn: Any, fn: Callable[[], Any]) -> None:
+def _child(fd: int, fn: Callable[[], Any]) -> None:
+    """In the fork: run, send the pickled result, and leave without running any exit handler."""
+    code = 0
     try:
-        conn.send(("ok", fn()))
-    except BaseException as exc:  # everything must reach the parent
-        detail = f"{exc.__class__.__name__}: {exc}"
-        if not str(exc):
-            detail += " " + traceback.format_exc(limit=2)
-        conn.send(("error", detail))
+        try:
+            payload = pickle.dumps(("ok", fn()))
+        except BaseException as exc:  # everything must reach the parent
+            detail = f"{exc.__class__.__name__}: {exc}"
+            if not str(exc):
+                detail += " " + traceback.format_exc(limit=2)
+            payload = pickle.dumps(("error", detail))
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        code = 1
     finally:
-        conn.close()
+        os._exit(code)
+
+
+def _reap(pid: int) -> None:
+    # Never block: a child stuck in the kernel stays a zombie until it lets go; init reaps it
+    # after we exit.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 def run_all(tasks: dict[str, Callable[[], Any]], deadline_s: float) -> dict[str, Outcome]:
     """Run every task in its own child; whatever has not answered by the deadline times out."""
     start = time.monotonic()
-    running: dict[Any, tuple[str, Any]] = {}  # read end of each child's pipe -> (name, process)
+    running: dict[int, tuple[str, int, bytearray]] = {}  # read fd -> (name, pid, bytes so far)
     for name, fn in tasks.items():
-        parent, child = _CTX.Pipe(duplex=False)
-        proc = _CTX.Process(target=_child, args=(child, fn), daemon=True, name=f"check-{name}")
-        proc.start()
-        child.close()
-        running[parent] = (name, proc)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child leaves through os._exit
+            os.close(r)
+            _child(w, fn)
+        os.close(w)
+        running[r] = (name, pid, bytearray())
     results: dict[str, Outcome] = {}
     end = start + deadline_s
     while running:
         left = end - time.monotonic()
         if left <= 0:
             break
-        ready: list[Any] = multiprocessing.connection.wait(list(running), timeout=left)
-        for conn in ready:
-            name, proc = running.pop(conn)
+        ready, _, _ = select.select(list(running), [], [], left)
+        for fd in ready:
+            name, pid, buf = running[fd]
+            chunk = os.read(fd, 1 << 16)
+            if chunk and len(buf) < _MAX_RESULT:
+                buf.extend(chunk)
+                continue
+            del running[fd]
+            os.close(fd)
+            _reap(pid)
             took = time.monotonic() - start
             try:
-                kind, payload = conn.recv()
-            except (EOFError, OSError):
-                kind, payload = "error", f"check process died (exit {proc.exitcode})"
-            conn.close()
-            proc.join(1.0)
+                kind, payload = pickle.loads(bytes(buf))  # noqa: S301 - our own forked child
+            except Exception:
+                kind, payload = "error", "check process died without an answer"
             results[name] = (Outcome(name, value=payload, seconds=took) if kind == "ok"
                              else Outcome(name, error=str(payload), seconds=took))
-    for conn, (name, proc) in running.items():
-        # SIGKILL; a child stuck in the kernel (D state) stays until the kernel lets go, but
-        # we never wait for it.
-        proc.kill()
-        conn.close()
+    for fd, (name, pid, _) in running.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.close(fd)
+        _reap(pid)
         log.warning("check %s timed out after %.1f s", name, deadline_s)
         results[name] = Outcome(name, timed_out=True, seconds=deadline_s)
     return results

@@ -21,9 +21,12 @@ from gpuwarden.health.gather import gather
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.store import Counters, Store
-from gpuwarden.slurm.client import SlurmClient, check_node_name
+from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
 
 log = logging.getLogger(__name__)
+
+
+STORED_CHECKS = ("scratch", "memory", "ib:")
 
 
 @dataclass
@@ -70,7 +73,8 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> gate.Applied:
     store = env.store
     counters = store.load_counters()
     node = env.client.node(env.node)
-    decision = gate.decide(verdict, node, counters.passes, env.config.health.resume_after_passes)
+    decision = gate.decide(verdict, node, counters.passes, env.config.health.resume_after_passes,
+                           counters.drained_reason)
     if decision.kind is gate.Kind.RESUME and not resume_allowed:
         decision = replace(decision, kind=gate.Kind.NOTHING)
     if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
@@ -78,7 +82,12 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> gate.Applied:
     else:
         applied = gate.apply(decision, env.node, env.client, env.config.health.blast_radius,
                              env.clock, env.sleep)
-    store.save_counters(Counters(decision.passes, verdict.status.name))
+    own = counters.drained_reason
+    if applied.action == "drained":
+        own = gpuwarden_reason(applied.detail)
+    elif applied.action == "resumed":
+        own = ""
+    store.save_counters(Counters(decision.passes, verdict.status.name, own))
     log.info("%s %s: %s: %s", verdict.context, env.node, applied.action, applied.detail)
     return applied
 
@@ -103,9 +112,9 @@ def prolog(env: Env) -> int:
     if fresh and stored is not None:
         quick = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s, gpus=job_gpus(env.environ),
                        node_checks="mounts", probe=env.probe, now=env.clock)
-        rechecked = {r.check for r in quick.results}
-        kept = tuple(r for r in stored.results
-                     if r.check not in rechecked and not r.check.startswith(("gpu", "xid")))
+        # Only the node checks the fast path does not repeat are taken from the stored verdict;
+        # every GPU, XID and mount result is fresh.
+        kept = tuple(r for r in stored.results if r.check.startswith(STORED_CHECKS))
         verdict = replace(quick, results=kept + quick.results)
     else:
         verdict = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s,

@@ -41,8 +41,14 @@ class Decision:
     passes: int
 
 
-def decide(verdict: Verdict, node: Node, passes: int, resume_after: int) -> Decision:
-    """What the verdict means for this node, given its Slurm state and its passing streak."""
+def decide(verdict: Verdict, node: Node, passes: int, resume_after: int,
+           own_reason: str) -> Decision:
+    """What the verdict means for this node, given its Slurm state and its passing streak.
+
+    ``own_reason`` is the reason of the drain health gating made on this node; only a drain
+    with exactly that reason is ever resumed here (not a `gpuwarden drain` by hand, not a
+    lemon drain, not an operator's).
+    """
     status = verdict.status
     if status == Status.CRITICAL:
         if node.drained or node.down:
@@ -53,7 +59,7 @@ def decide(verdict: Verdict, node: Node, passes: int, resume_after: int) -> Deci
         # Uncertainty never drains and never resumes; it breaks the passing streak.
         return Decision(Kind.NOTHING, "verdict unknown: no action", 0)
     passes += 1
-    if (node.drained or node.down) and node.reason_is_ours:
+    if (node.drained or node.down) and own_reason and node.reason == own_reason:
         rebooted = bool(node.boot_time and node.reason_changed_at
                         and node.boot_time > node.reason_changed_at)
         if passes >= resume_after or rebooted:
@@ -69,8 +75,10 @@ def _limit(members: int, cap: BlastRadius) -> int:
 
 
 def our_recent_drains(nodes: Iterable[Node], now: float, window_s: float) -> list[Node]:
-    return [n for n in nodes if n.drained and n.reason_is_ours
-            and (n.reason_changed_at is None or now - n.reason_changed_at <= window_s)]
+    """Nodes out of service with a gpuwarden reason (drained, or down since) in the window."""
+    return [n for n in nodes if (n.drained or n.down) and n.reason_is_ours
+            and (not window_s or n.reason_changed_at is None
+                 or now - n.reason_changed_at <= window_s)]
 
 
 CLAIM_TTL_S = 60.0
@@ -104,9 +112,9 @@ def cap_allows(me: str, nodes: list[Node], cap: BlastRadius, now: float) -> tupl
         held = sum(1 for n in drained if n in members)
         queued = sum(1 for name in ahead[:rank] if by_name[name] in members)
         if held + queued >= limit:
+            within = f" within {cap.window_s / 3600:g} h" if cap.window_s else ""
             return False, (f"blast-radius cap: {held} of {len(members)} nodes in {part} drained "
-                           f"by gpuwarden within {cap.window_s / 3600:g} h, limit {limit} "
-                           f"({cap.max_drained_pct:g}%)")
+                           f"by gpuwarden{within}, limit {limit} ({cap.max_drained_pct:g}%)")
     if cap.max_drained_nodes and len(drained) + rank >= cap.max_drained_nodes:
         return False, (f"blast-radius cap: {len(drained)} nodes drained by gpuwarden, "
                        f"limit {cap.max_drained_nodes}")
@@ -145,8 +153,12 @@ def _drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadiu
     if ok:
         try:
             client.set_comment(me, f"{CLAIM} {clock():.6f}")
-        except NotOurDrainError as exc:
-            log.warning("%s; deciding without a claim", exc)
+        except NotOurDrainError:
+            # Without a visible claim other nodes cannot see us coming: the cap could be passed.
+            log.warning("%s would drain (%s) but its node comment belongs to someone else, so "
+                        "it cannot claim a place under the blast-radius cap", me, reason)
+            return Applied("held", f"would drain: {reason} (cannot post a drain claim: the node "
+                                   "comment was set by someone else)")
         sleep(cap.settle_s)
         ok, why = cap_allows(me, client.nodes(), cap, clock())
     if not ok:

@@ -56,8 +56,11 @@ def read_kernel_log(path: str) -> tuple[str, float]:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        f.seek(max(0, size - _KMSG_TAIL_BYTES))
+        offset = max(0, size - _KMSG_TAIL_BYTES)
+        f.seek(offset)
         data = f.read()
+    if offset:
+        data = data.split(b"\n", 1)[-1]  # the first line is cut: not a record
     return data.decode("utf-8", errors="replace"), boot_time()
 
 

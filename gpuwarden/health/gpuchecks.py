@@ -21,6 +21,8 @@ def _warn(check: str, gpu: GpuObs, what: str) -> CheckResult:
 
 
 def check_gpu(g: GpuObs, exp: Expected) -> list[CheckResult]:
+    if g.error:
+        return [_crit("gpu_lost", g, f"unreadable ({g.error[:80]})")]
     out: list[CheckResult] = []
     if exp.gpu_model and g.model and exp.gpu_model not in g.model:
         out.append(_crit("gpu_model", g, f"model {g.model!r}, expected {exp.gpu_model!r}"))

@@ -53,6 +53,8 @@ class GpuObs:
     inforom_valid: bool | None = True
     fabric_state: str | None = None
     recovery_action: int | None = None
+    # Set when the driver cannot read this GPU at all (lost, fallen off the bus).
+    error: str | None = None
 
 
 @dataclass(frozen=True)

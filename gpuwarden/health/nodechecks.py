@@ -7,6 +7,7 @@ gpuwarden.health.deadline. Parsing is split out into pure helpers.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from gpuwarden.health.config import Expected, MountSpec
@@ -33,6 +34,14 @@ def check_mount(spec: MountSpec, node: str) -> CheckResult:
     os.statvfs(path)  # blocks on a hung server: the deadline turns that into a verdict
     if spec.canary:
         canary = os.path.join(path, spec.canary.replace("{node}", node))
+        # Root reads this: never through a link that leaves the mount, never a device. A FIFO
+        # is allowed: opening one only blocks, and the deadline bounds that.
+        real = os.path.realpath(os.path.dirname(canary))
+        if real != path and not real.startswith(path.rstrip("/") + "/"):
+            raise OSError(f"canary directory resolves outside {path} (to {real})")
+        mode = os.lstat(canary).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise OSError(f"canary {canary} is not a regular file")
         fd = os.open(canary, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             os.read(fd, 4096)

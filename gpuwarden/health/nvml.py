@@ -66,7 +66,16 @@ class NvmlGpuProbe:
         with self._session() as nv:
             count = nv.nvmlDeviceGetCount()
             driver = _text(self._call(nv, -1, "driver version", nv.nvmlSystemGetDriverVersion) or "")
-            return GpuSnapshot(tuple(self._gpu(nv, i) for i in range(count)), driver)
+            return GpuSnapshot(tuple(self._gpu_or_lost(nv, i) for i in range(count)), driver)
+
+    def _gpu_or_lost(self, nv: Any, i: int) -> GpuObs:
+        # One unreadable GPU is evidence against the node, not a reason to see nothing.
+        try:
+            return self._gpu(nv, i)
+        except ProbeError as exc:
+            return GpuObs(index=i, error=str(exc))
+        except nv.NVMLError as exc:
+            return GpuObs(index=i, error=f"NVML: {exc}")
 
     def _nvlinks(self, nv: Any, i: int, h: Any) -> tuple[tuple[bool, ...], int | None]:
         links: list[bool] = []

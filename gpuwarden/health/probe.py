@@ -34,7 +34,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "pcie_width_max": (int, type(None)), "clock_event_reasons": (int,),
     "temperature_c": (int, type(None)), "persistence_mode": (bool, type(None)),
     "inforom_valid": (bool, type(None)), "fabric_state": (str, type(None)),
-    "recovery_action": (int, type(None)),
+    "recovery_action": (int, type(None)), "error": (str, type(None)),
 }
 
 

@@ -53,12 +53,29 @@ def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> N
         os.close(dfd)
 
 
-def read_private(path: str) -> bytes | None:
+def check_private_dir(path: str) -> bool:
+    """False when absent; raises when present but not ours alone (see ensure_private_dir)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise StateDirError(f"{path} is not a private directory of ours (a link, another "
+                            "owner, or writable by others): refusing to read it")
+    return True
+
+
+def read_private(path: str) -> bytes | None:
+    """A regular file's bytes, never through a link and never blocking on a FIFO."""
+    if not check_private_dir(os.path.dirname(path)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise StateDirError(f"{path} is not a regular file: refusing to read it")
         return f.read(_MAX_STATE_BYTES)
 
 
@@ -66,6 +83,8 @@ def read_private(path: str) -> bytes | None:
 class Counters:
     passes: int = 0
     last_status: str = ""
+    # The exact Slurm reason of the drain health gating made here: only that one it resumes.
+    drained_reason: str = ""
 
 
 class Store:
@@ -93,21 +112,23 @@ class Store:
             return None
         try:
             return Verdict.from_json(json.loads(data))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def load_counters(self) -> Counters:
         data = read_private(os.path.join(self.dir, self.COUNTERS))
         try:
             doc: dict[str, Any] = json.loads(data) if data else {}
-            return Counters(int(doc.get("passes", 0)), str(doc.get("last_status", "")))
-        except (ValueError, TypeError):
+            return Counters(int(doc.get("passes", 0)), str(doc.get("last_status", "")),
+                            str(doc.get("drained_reason", "")))
+        except (ValueError, TypeError, AttributeError):
             return Counters()
 
     def save_counters(self, counters: Counters) -> None:
         self._ready()
         atomic_write(self.dir, self.COUNTERS, json.dumps(
-            {"passes": counters.passes, "last_status": counters.last_status}).encode())
+            {"passes": counters.passes, "last_status": counters.last_status,
+             "drained_reason": counters.drained_reason}).encode())
 
 
 def _label(value: str) -> str:

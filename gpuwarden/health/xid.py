@@ -98,6 +98,11 @@ def parse_kmsg(text: str, boot_time: float) -> KernelLog:
     return KernelLog(tuple(events), tuple(malformed))
 
 
+def _fatal_once(xid_no: int) -> bool:
+    rule = POLICY.get(xid_no, UNKNOWN_RULE)
+    return rule.action in (Action.DRAIN, Action.RESET) and rule.threshold == 1
+
+
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -111,7 +116,10 @@ def evaluate(log: KernelLog, bus_to_gpu: dict[str, int], now: float, window_s: f
         results.append(CheckResult(
             "xid", Status.UNKNOWN,
             f"kernel log: {len(log.malformed)} malformed line(s), not acted on ({shown})"))
-    recent = [e for e in log.events if now - window_s <= e.at <= now + 60]
+    # Fatal XIDs (threshold 1) count since boot: the log starts afresh at a reboot, and a GPU
+    # that fell off the bus stays suspect until then, however long ago it happened.
+    recent = [e for e in log.events if e.at <= now + 60 and (
+        now - window_s <= e.at or _fatal_once(e.xid))]
     counts = Counter((e.xid, e.bus_id) for e in recent)
     last = {(e.xid, e.bus_id): e for e in recent}
     for (xid, bus), n in sorted(counts.items()):

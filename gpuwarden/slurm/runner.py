@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +31,26 @@ class CommandTimeoutError(SlurmError):
 
 class CommandRunner(Protocol):
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult: ...
+
+
+class DeadlineRunner:
+    """Wraps a runner so that every command ends by one absolute deadline (time.monotonic()).
+
+    Used on the job-start path: however many Slurm calls a prolog makes, together they cannot
+    outlast its budget.
+    """
+
+    def __init__(self, inner: CommandRunner, end: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._inner = inner
+        self._end = end
+        self._clock = clock
+
+    def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        left = self._end - self._clock()
+        if left <= 0.05:
+            raise CommandTimeoutError(argv, 0)
+        return self._inner.run(argv, min(timeout, left))
 
 
 class SubprocessRunner:

@@ -100,3 +100,32 @@ def test_meminfo_and_ib_parsing() -> None:
     assert down.status == Status.CRITICAL and down.evidence == "IB mlx5_0:1 down"
     slow = ib_port_result("mlx5_0:1", "4: ACTIVE", "100 Gb/sec (4X EDR)", 200)
     assert slow.status == Status.CRITICAL and "100 Gb/s" in slow.message
+
+
+def test_a_fifo_instead_of_the_verdict_neither_blocks_nor_is_read(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    os.mkfifo(state / "verdict.json")
+    t0 = time.monotonic()
+    with pytest.raises(StateDirError, match="not a regular file"):
+        Store(str(state)).load_verdict()
+    assert time.monotonic() - t0 < 1
+
+
+def test_reading_from_a_shared_writable_state_dir_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    with pytest.raises(StateDirError, match="not a private directory"):
+        Store(str(state)).load_counters()
+
+
+def test_the_exit_is_not_held_up_by_an_abandoned_check() -> None:
+    import subprocess
+    import sys
+
+    code = ("import time; from gpuwarden.health.deadline import run_all; "
+            "print(run_all({'x': lambda: time.sleep(60)}, 0.2)['x'].timed_out)")
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert res.stdout.strip() == "True" and time.monotonic() - t0 < 10

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
+from gpuwarden.errors import NotOurDrainError
 from gpuwarden.health import gate
 from gpuwarden.health.config import BlastRadius
 from gpuwarden.health.model import CheckResult, Status, Verdict
@@ -26,35 +27,43 @@ def verdict(status: Status, evidence: str = "xid 79 on GPU 5") -> Verdict:
 
 
 def test_critical_on_a_healthy_node_drains_with_the_evidence() -> None:
-    d = gate.decide(verdict(Status.CRITICAL), node("c3"), passes=5, resume_after=3)
+    d = gate.decide(verdict(Status.CRITICAL), node("c3"), passes=5, resume_after=3, own_reason="")
     assert d.kind is gate.Kind.DRAIN and d.why == "xid 79 on GPU 5" and d.passes == 0
 
 
 def test_critical_on_an_operators_drain_does_nothing() -> None:
-    d = gate.decide(verdict(Status.CRITICAL), node("c4", ("IDLE", "DRAIN"), "maintenance"), 0, 3)
+    d = gate.decide(verdict(Status.CRITICAL), node("c4", ("IDLE", "DRAIN"), "maintenance"), 0, 3, "")
     assert d.kind is gate.Kind.NOTHING and "root" in d.why
 
 
 def test_resume_only_after_n_passes_and_only_own_drains() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 100)
     ok = verdict(Status.OK, "fine")
-    assert gate.decide(ok, ours, passes=0, resume_after=3).kind is gate.Kind.NOTHING
-    assert gate.decide(ok, ours, passes=1, resume_after=3).kind is gate.Kind.NOTHING
-    d = gate.decide(ok, ours, passes=2, resume_after=3)
+    own = "gpuwarden: xid 79"
+    assert gate.decide(ok, ours, passes=0, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
+    assert gate.decide(ok, ours, passes=1, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
+    d = gate.decide(ok, ours, passes=2, resume_after=3, own_reason=own)
     assert d.kind is gate.Kind.RESUME and d.passes == 3
     theirs = replace(ours, reason="maintenance")
-    assert gate.decide(ok, theirs, passes=10, resume_after=3).kind is gate.Kind.NOTHING
+    assert gate.decide(ok, theirs, passes=10, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
+
+
+def test_a_gpuwarden_drain_made_elsewhere_is_not_resumed_by_health_checks() -> None:
+    by_hand = node("c3", ("IDLE", "DRAIN"), "gpuwarden: RMA ticket 1234", changed=NOW - 100)
+    d = gate.decide(verdict(Status.OK), by_hand, passes=9, resume_after=3,
+                    own_reason="gpuwarden: xid 79")
+    assert d.kind is gate.Kind.NOTHING
 
 
 def test_a_reboot_after_the_drain_resumes_at_the_first_pass() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 1000, boot=int(NOW - 10))
-    d = gate.decide(verdict(Status.OK), ours, passes=0, resume_after=3)
+    d = gate.decide(verdict(Status.OK), ours, passes=0, resume_after=3, own_reason="gpuwarden: xid 79")
     assert d.kind is gate.Kind.RESUME and "rebooted" in d.why
 
 
 def test_unknown_neither_drains_nor_resumes_and_breaks_the_streak() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: x")
-    d = gate.decide(verdict(Status.UNKNOWN), ours, passes=2, resume_after=3)
+    d = gate.decide(verdict(Status.UNKNOWN), ours, passes=2, resume_after=3, own_reason="gpuwarden: x")
     assert d.kind is gate.Kind.NOTHING and d.passes == 0
 
 
@@ -86,10 +95,26 @@ def test_operator_drains_do_not_use_up_the_cap() -> None:
     assert gate.cap_allows("c3", nodes, CAP, NOW)[0]
 
 
-def test_drains_older_than_the_window_no_longer_count() -> None:
+def test_without_a_window_old_drains_keep_counting_and_with_one_they_expire() -> None:
     nodes = [replace(n, reason_changed_at=int(NOW - 200_000)) if n.drained else n
              for n in fleet(drained=("c1", "c2"))]
-    assert gate.cap_allows("c3", nodes, CAP, NOW)[0]
+    assert not gate.cap_allows("c3", nodes, CAP, NOW)[0]
+    assert gate.cap_allows("c3", nodes, replace(CAP, window_s=86_400), NOW)[0]
+
+
+def test_nodes_down_since_our_drain_still_count() -> None:
+    nodes = [replace(n, state=("DOWN", "DRAIN")) if n.drained else n
+             for n in fleet(drained=("c1", "c2"))]
+    assert not gate.cap_allows("c3", nodes, CAP, NOW)[0]
+
+
+def test_no_claim_possible_means_hold_not_drain() -> None:
+    slurm = FakeSlurm({n.name: n for n in fleet()})
+    slurm.table["c3"] = replace(slurm.table["c3"], comment="rack 7, ticket 42")
+    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    assert applied.action == "held" and slurm.log == []
+    assert slurm.table["c3"].comment == "rack 7, ticket 42"
 
 
 def test_earlier_claims_rank_first() -> None:
@@ -137,6 +162,9 @@ class FakeSlurm:
         return True
 
     def set_comment(self, name: str, text: str) -> None:
+        current = self.table[name].comment
+        if current and not current.startswith("gpuwarden:"):
+            raise NotOurDrainError(f"comment of {name} is not ours")
         self.table[name] = replace(self.table[name], comment=gpuwarden_reason(text) if text else "")
 
 

@@ -99,5 +99,20 @@ def test_other_nvml_errors_name_the_call_and_gpu() -> None:
     class Broken(NVMLError):
         pass
 
-    with pytest.raises(ProbeError, match="GPU 0: retired pages failed"):
-        NvmlGpuProbe(fake_pynvml(retired=Broken)).snapshot()
+    snap = NvmlGpuProbe(fake_pynvml(retired=Broken)).snapshot()
+    assert snap.gpus[0].error is not None and "GPU 0: retired pages failed" in snap.gpus[0].error
+
+
+def test_a_lost_gpu_is_critical_evidence_not_an_unknown_snapshot() -> None:
+    nv = fake_pynvml()
+
+    def handle(i: int) -> int:
+        if i == 1:
+            raise NVMLError("GPU is lost")
+        return i
+
+    nv.nvmlDeviceGetHandleByIndex = handle
+    snap = NvmlGpuProbe(nv).snapshot()
+    evid = [r.evidence for r in gpuchecks.evaluate(snap, Expected(gpu_count=2, nvlink_links=18))
+            if r.status == Status.CRITICAL]
+    assert evid == ["unreadable (NVML: GPU is lost) on GPU 1"]

@@ -39,8 +39,14 @@ def test_application_xids_are_ignored_and_unknown_ones_warn() -> None:
     assert r.status == Status.WARNING and "not in gpuwarden's policy" in r.message
 
 
-def test_events_outside_the_window_are_forgotten() -> None:
-    assert [r.status for r in evaluate(rec(79, 1_000), window=3600)] == [Status.OK]
+def test_repeats_outside_the_window_are_forgotten() -> None:
+    old = [rec(94, 1_000 + i, seq=i) for i in range(3)]
+    assert [r.status for r in evaluate(*old, window=3600)] == [Status.OK]
+
+
+def test_fatal_xids_count_since_boot_whatever_the_window() -> None:
+    (r,) = evaluate(rec(79, 1_000), window=3600)
+    assert r.status == Status.CRITICAL
 
 
 def test_unknown_bus_is_reported_by_address() -> None:
