@@ -191,8 +191,10 @@ def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
 
 def _register() -> None:
     from gpuwarden.health.cli import health  # noqa: PLC0415
+    from gpuwarden.lemon.cli import lemon  # noqa: PLC0415
 
     cli.add_command(health)
+    cli.add_command(lemon)
 
 
 _register()

@@ -86,6 +86,8 @@ class Cluster:
                       f"GPUWARDEN_S3_ENDPOINT=http://s3:8333\nGPUWARDEN_S3_BUCKET={S3_BUCKET}\n",
         }
         digest = hashlib.sha256()
+        # The mounted working tree is part of the identity: never reuse another checkout's cluster.
+        digest.update(str(self.root).encode() + b"\0")
         for name, text in sorted(files.items()):
             path = self.state_dir / name
             path.write_text(text)

@@ -137,3 +137,48 @@ def test_attribution_on_accounting_captured_from_the_real_cluster(fixture_text) 
     assert [(b.node, b.job_id, b.reason) for b in att.blames] == [
         ("c8", 7, "node failure (NODE_FAIL)")]
     assert att.exposure["c3"].jobs >= 2  # the failed (user's) and the timed-out job ran there
+
+
+def sacct_export(jobs: list[AcctJob]) -> str:
+    import json
+
+    return json.dumps({"jobs": [{
+        "job_id": j.job_id, "name": j.name, "user": j.user, "nodes": j.nodes,
+        "state": {"current": [j.state], "reason": "None"},
+        "allocation_nodes": 1, "partition": "gpu",
+        "time": {"submission": j.submit_time, "start": j.start_time, "end": j.end_time},
+        "exit_code": {"status": ["SUCCESS"], "return_code": {"set": True, "infinite": False,
+                                                               "number": 0}},
+    } for j in jobs] + [{"name": "no id"}]})
+
+
+def test_lemon_scan_from_an_export_ranks_the_lemon_with_its_evidence(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import Context, cli
+
+    export = tmp_path / "sacct.json"
+    export.write_text(sacct_export(fleet_history({"n7"}, seed=3)))
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(export), "--json"],
+                             obj=Context())
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["records"] == 4000 and doc["skipped"] == {f"{export}: malformed record": 1}
+    lemons = [n for n in doc["nodes"] if n["lemon"]]
+    assert [n["node"] for n in lemons] == ["n7"]
+    assert lemons[0]["failures"] == len(lemons[0]["evidence"]) >= 3
+    text = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(export)], obj=Context()).stdout
+    assert "n7" in text and "lemon," in text and "node failure (NODE_FAIL)" in text
+
+
+def test_lemon_scan_rejects_a_file_that_is_not_sacct_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import Context, cli
+
+    bad = tmp_path / "x.json"
+    bad.write_text("hello")
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(bad)], obj=Context())
+    assert res.exit_code == 1 and "expected `sacct --json` output" in res.output
