@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
 from gpuwarden.devcluster.exec import ExecResult
+from gpuwarden.health.probe import healthy_fake
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob, Job
 
@@ -139,10 +140,8 @@ class Harness:
         self._fault(host, op="raw", file=file, text=text)
 
     def clear_gpu_faults(self, host: str) -> None:
-        gpus = self.cluster.spec.cluster.gpus_per_node
-        self.exec(host, ["sh", "-c", f"python3 -c 'from gpuwarden.health.probe import healthy_fake; "
-                         f"print(healthy_fake({gpus}))' > {FAKE_DIR}/gpus.json && : > {FAKE_DIR}/kmsg"],
-                  timeout=20).check("clear faults")
+        self.write_fake(host, "gpus.json", healthy_fake(self.cluster.spec.cluster.gpus_per_node))
+        self.write_fake(host, "kmsg", "")
 
     # ---- fault injection -----------------------------------------------------------------------
     def container(self, host: str) -> Any:

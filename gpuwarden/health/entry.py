@@ -18,10 +18,11 @@ from gpuwarden.config import Config
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.health import gate
 from gpuwarden.health.gather import gather
-from gpuwarden.health.model import CheckResult, Status, Verdict
+from gpuwarden.health.model import Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.store import Counters, Store
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
+from gpuwarden.slurm.models import Node
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def job_gpus(environ: Mapping[str, str]) -> set[int] | None:
         return None
 
 
-def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> gate.Applied:
+def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied, Node]:
+    """Decide and apply; returns what was done and the node as Slurm showed it beforehand."""
     store = env.store
     counters = store.load_counters()
     node = env.client.node(env.node)
@@ -80,7 +82,7 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> gate.Applied:
     if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
         applied = gate.Applied("held", f"would drain (drain = false): {decision.why}")
     else:
-        applied = gate.apply(decision, env.node, env.client, env.config.health.blast_radius,
+        applied = gate.apply(decision, node, env.client, env.config.health.blast_radius,
                              env.clock, env.sleep)
     own = counters.drained_reason
     if applied.action == "drained":
@@ -89,7 +91,7 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> gate.Applied:
         own = ""
     store.save_counters(Counters(decision.passes, verdict.status.name, own))
     log.info("%s %s: %s: %s", verdict.context, env.node, applied.action, applied.detail)
-    return applied
+    return applied, node
 
 
 def periodic(env: Env) -> int:
@@ -125,8 +127,7 @@ def prolog(env: Env) -> int:
             log.warning("prolog job %s: %s %s: %s", job, r.check, r.status.name, r.message)
     if verdict.status != Status.CRITICAL:
         return 0
-    applied = _act(env, verdict, resume_allowed=False)
-    node = env.client.node(env.node)
+    applied, node = _act(env, verdict, resume_allowed=False)
     if applied.action == "drained" or (node.drained and node.reason_is_ours):
         log.error("prolog job %s: failing the job so Slurm requeues it: %s", job, verdict.reason())
         return 1
@@ -176,10 +177,6 @@ def safe(fn: Callable[[], int], what: str, on_error: int) -> int:
     except Exception:
         log.exception("%s: internal error", what)
     return on_error
-
-
-def error_result(check_name: str, message: str) -> CheckResult:
-    return CheckResult(check_name, Status.UNKNOWN, message)
 
 
 def environ() -> Mapping[str, str]:

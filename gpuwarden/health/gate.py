@@ -39,6 +39,9 @@ class Decision:
     kind: Kind
     why: str
     passes: int
+    # A healthy node in service: any gpuwarden comment left on it (a stale claim, a
+    # "would drain") is cleared.
+    clear_comment: bool = False
 
 
 def decide(verdict: Verdict, node: Node, passes: int, resume_after: int,
@@ -66,7 +69,7 @@ def decide(verdict: Verdict, node: Node, passes: int, resume_after: int,
             why = "rebooted since the drain" if rebooted else f"{passes} passing checks in a row"
             return Decision(Kind.RESUME, why, passes)
         return Decision(Kind.NOTHING, f"{passes} of {resume_after} passing checks", passes)
-    return Decision(Kind.NOTHING, "healthy", passes)
+    return Decision(Kind.NOTHING, "healthy", passes, clear_comment=True)
 
 
 def _limit(members: int, cap: BlastRadius) -> int:
@@ -127,16 +130,17 @@ class Applied:
     detail: str
 
 
-def apply(decision: Decision, me: str, client: SlurmClient, cap: BlastRadius,
+def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
           clock: Callable[[], float] = time.time,
           sleep: Callable[[float], None] = time.sleep) -> Applied:
+    """Carry out ``decision`` for ``node``, as read from Slurm when the decision was made."""
+    me = node.name
     if decision.kind is Kind.RESUME:
         client.resume(me)
         _clear_comment(client, me)
         return Applied("resumed", decision.why)
     if decision.kind is Kind.NOTHING:
-        node = client.node(me) if decision.why == "healthy" else None
-        if node is not None and node.comment.startswith(REASON_PREFIX):
+        if decision.clear_comment and node.comment.startswith(REASON_PREFIX):
             _clear_comment(client, me)
         return Applied("none", decision.why)
     return _drain_within_cap(decision.why, me, client, cap, clock, sleep)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.health.model import Status, Verdict
+from gpuwarden.health.model import Verdict
 
 _MAX_STATE_BYTES = 1 << 20
 
@@ -20,17 +20,25 @@ class StateDirError(GpuwardenError):
     pass
 
 
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` 0700, or accept it only if it is a real directory we own, not writable by
-    others (a planted symlink or a world-writable directory would let users steer root)."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
+def _private_dir_problem(path: str, st: os.stat_result) -> str:
+    """Why ``path`` (lstat ``st``) is not a directory for root's state alone; "" when it is.
+
+    A planted symlink or a directory others can write would let users steer root."""
     if not stat.S_ISDIR(st.st_mode):
-        raise StateDirError(f"{path} is not a directory (a link?): refusing to use it")
+        return f"{path} is not a directory (a link?)"
     if st.st_uid != os.geteuid():
-        raise StateDirError(f"{path} is owned by uid {st.st_uid}, not by us: refusing to use it")
+        return f"{path} is owned by uid {st.st_uid}, not by us"
     if st.st_mode & 0o022:
-        raise StateDirError(f"{path} is writable by group or others: chmod go-w {path}")
+        return f"{path} is writable by group or others: chmod go-w {path}"
+    return ""
+
+
+def ensure_private_dir(path: str) -> None:
+    """Create ``path`` 0700, or accept it only if it is a real directory we alone can write."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    problem = _private_dir_problem(path, os.lstat(path))
+    if problem:
+        raise StateDirError(f"{problem}: refusing to use it")
 
 
 def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
@@ -59,9 +67,10 @@ def check_private_dir(path: str) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise StateDirError(f"{path} is not a private directory of ours (a link, another "
-                            "owner, or writable by others): refusing to read it")
+    problem = _private_dir_problem(path, st)
+    if problem:
+        raise StateDirError(f"{path} is not a private directory of ours ({problem}): "
+                            "refusing to read it")
     return True
 
 
@@ -155,7 +164,3 @@ def prometheus(v: Verdict) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def worst(verdict: Verdict | None) -> Status | None:
-    return None if verdict is None else verdict.status

@@ -112,7 +112,7 @@ def test_no_claim_possible_means_hold_not_drain() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
     slurm.table["c3"] = replace(slurm.table["c3"], comment="rack 7, ticket 42")
     d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "held" and slurm.log == []
     assert slurm.table["c3"].comment == "rack 7, ticket 42"
 
@@ -171,7 +171,7 @@ class FakeSlurm:
 def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet(drained=("c1", "c2"))})
     d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "held" and slurm.log == []
     assert slurm.table["c3"].comment.startswith("gpuwarden: would drain: xid 79 on GPU 5")
 
@@ -179,7 +179,7 @@ def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
 def test_apply_drains_and_clears_its_claim() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
     d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, "c3", slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "drained" and slurm.log == ["drain c3"]
     assert slurm.table["c3"].reason == "gpuwarden: xid 79 on GPU 5"
     assert slurm.table["c3"].comment == ""
