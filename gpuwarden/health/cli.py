@@ -70,6 +70,11 @@ def _print(v: Verdict, as_json: bool) -> None:
         click.echo(f"  {r.status.name:<8} {r.check:<16} {r.message}")
 
 
+def _local_env(obj: Any) -> entry.Env:
+    """For commands that only look at this node: no Slurm client is built or called."""
+    return entry.Env(config=obj.config(), client=None, environ=entry.environ())  # type: ignore[arg-type]
+
+
 @health.command("check")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--gpus", default="", help="limit GPU checks to these indices, e.g. 0,1")
@@ -78,7 +83,7 @@ def check_cmd(obj: Any, as_json: bool, gpus: str) -> None:
     """Run every check now; nothing is stored or drained. Exit 0 OK, 1 warning, 2 critical,
     3 unknown (Nagios)."""
     try:
-        env = entry.Env(config=obj.config(), client=None, environ=entry.environ())  # type: ignore[arg-type]
+        env = _local_env(obj)
         subset = entry.job_gpus({"SLURM_JOB_GPUS": gpus}) if gpus else None
         verdict = entry.check(env, subset)
     except (GpuwardenError, ValueError) as exc:
@@ -94,7 +99,7 @@ def check_cmd(obj: Any, as_json: bool, gpus: str) -> None:
 def show_cmd(obj: Any, as_json: bool) -> None:
     """The verdict stored by the last health check on this node."""
     try:
-        env = entry.Env(config=obj.config(), client=None, environ=entry.environ())  # type: ignore[arg-type]
+        env = _local_env(obj)
         verdict = env.store.load_verdict()
     except GpuwardenError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)

@@ -20,6 +20,7 @@ from gpuwarden.slurm.models import AcctJob, NodeEvent
 
 _SPAN = re.compile(r"^(\d+)([hdw])$")
 _UNITS = {"h": 3600, "d": 86_400, "w": 604_800}
+_SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
 
 
 def parse_span(text: str) -> timedelta:
@@ -49,8 +50,7 @@ def _from_cluster(client: Any, since: timedelta, skipped: dict[str, int]) -> Ite
     start = end - since
     while start < end:
         stop = min(start + timedelta(days=1), end)
-        fmt = "%Y-%m-%dT%H:%M:%S"
-        for r in client.acct_jobs(start.strftime(fmt), stop.strftime(fmt)):
+        for r in client.acct_jobs(start.strftime(_SLURM_TIME), stop.strftime(_SLURM_TIME)):
             if isinstance(r, AcctJob):
                 yield r
             else:
@@ -103,8 +103,7 @@ def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | N
             client = obj.client()
             jobs = list(_from_cluster(client, span, skipped))
             now = datetime.now(UTC)
-            fmt = "%Y-%m-%dT%H:%M:%S"
-            events = client.events((now - span).strftime(fmt), now.strftime(fmt))
+            events = client.events((now - span).strftime(_SLURM_TIME), now.strftime(_SLURM_TIME))
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)
