@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -48,7 +49,24 @@ def _die(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-@click.group()
+# Command groups imported only when invoked: the prolog (`health prolog`) must not pay for
+# loading the lemon scanner, nor the scanner for the health checks.
+_LAZY = {"health": ("gpuwarden.health.cli", "health"), "lemon": ("gpuwarden.lemon.cli", "lemon")}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *_LAZY])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _LAZY:
+            module, attr = _LAZY[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help=f"config file (default: ${configmod.ENV_VAR} or {configmod.DEFAULT_PATH})")
 @click.option("-v", "--verbose", is_flag=True, help="log debug messages")
@@ -187,17 +205,6 @@ def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
         if len(parts) > 1:
             click.echo(f"{'' if i == 0 else chr(10)}### {p}")
         click.echo(slurmconf.render(p, cluster, autodetect=autodetect), nl=False)
-
-
-def _register() -> None:
-    from gpuwarden.health.cli import health  # noqa: PLC0415
-    from gpuwarden.lemon.cli import lemon  # noqa: PLC0415
-
-    cli.add_command(health)
-    cli.add_command(lemon)
-
-
-_register()
 
 
 def main() -> int:
