@@ -13,25 +13,38 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
    then the node takes the whole blame.
 5. A health-gating drain not already explained by a run blamed under rules 1-4 on the same node
    within `grace_s` counts as one failure of its own.
+   In rules 1-3, when some nodes of the run have a failure event of their own in
+   `sacctmgr show events` (DOWN, or a health-gating drain) from `LEAD_S` before the run ended
+   to `grace_s` after, the blame goes to those nodes alone, 1/m each: the events name the node
+   that went down, and blaming its innocent neighbours would hide it among them.
 6. Never blamed on a node: COMPLETED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, DEADLINE
    (the user's or the scheduler's doing), nor any state not named above.
+7. A repaired lemon starts clean: once a lemon drain has ended (an operator resumed the node),
+   runs on that node that ended before then no longer count for it, nor against it.
 
-Exposure: every run with nodes and start/end times adds one job and its hours to each node.
+Exposure: every run with nodes and start/end times adds one job and its hours to each node,
+filed by the run's size (node count, in powers of two), because big runs fail more often and a
+node's expected failures depend on the sizes of the runs it took part in.
 Records that are malformed or partial are counted as skipped, with why, and never stop the scan.
+Partial results from separate files merge (`Attribution.merge`), so a long history can be read
+in pieces, in parallel.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, NodeEvent
 
 NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 LEMON_PREFIX = f"{REASON_PREFIX} lemon"
+GRACE_S = 3600.0
+LEAD_S = 300.0  # a run ends NODE_FAIL a little after its node stopped answering
 
 
 @dataclass(frozen=True)
@@ -41,12 +54,14 @@ class Blame:
     job_id: int | None
     at: float
     reason: str
+    size: int = 0  # size bucket of the run; 0 for a drain without a run (rule 5)
 
 
 @dataclass
 class Exposure:
     jobs: int = 0
     hours: float = 0.0
+    by_size: Counter[int] = field(default_factory=Counter)
 
 
 @dataclass
@@ -54,6 +69,32 @@ class Attribution:
     blames: list[Blame] = field(default_factory=list)
     exposure: dict[str, Exposure] = field(default_factory=lambda: defaultdict(Exposure))
     skipped: Counter[str] = field(default_factory=Counter)
+    runs_by_size: Counter[int] = field(default_factory=Counter)   # node-runs per bucket
+    failed_by_size: Counter[int] = field(default_factory=Counter)  # blamed node-runs per bucket
+    # Per GPU-count class (powers of two): runs, job-hours, runs blamed on the infrastructure.
+    gpu_runs: Counter[int] = field(default_factory=Counter)
+    gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    gpu_failures: Counter[int] = field(default_factory=Counter)
+    first_start: float = float("inf")
+    last_end: float = 0.0
+
+    def merge(self, other: Attribution) -> Attribution:
+        self.blames.extend(other.blames)
+        for node, e in other.exposure.items():
+            mine = self.exposure[node]
+            mine.jobs += e.jobs
+            mine.hours += e.hours
+            mine.by_size.update(e.by_size)
+        self.skipped.update(other.skipped)
+        self.runs_by_size.update(other.runs_by_size)
+        self.failed_by_size.update(other.failed_by_size)
+        self.gpu_runs.update(other.gpu_runs)
+        for g, h in other.gpu_hours.items():
+            self.gpu_hours[g] += h
+        self.gpu_failures.update(other.gpu_failures)
+        self.first_start = min(self.first_start, other.first_start)
+        self.last_end = max(self.last_end, other.last_end)
+        return self
 
 
 @dataclass(frozen=True)
@@ -63,77 +104,188 @@ class HealthDrain:
     reason: str
 
 
+def size_bucket(nodes: int) -> int:
+    """1 for one node, 2 for 2, 3 for 3-4, 4 for 5-8, ...: powers of two."""
+    return max(1, (nodes - 1).bit_length() + 1)
+
+
+def gpu_class(gpus: int) -> int:
+    """The power of two at or above ``gpus`` (0 for a run without GPUs)."""
+    return 0 if gpus <= 0 else 1 << (gpus - 1).bit_length()
+
+
+def _ts(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None  # "Unknown" or empty: the event is still open
+
+
 def health_drains(events: Iterable[NodeEvent]) -> list[HealthDrain]:
     """Drains set by health gating, from `sacctmgr show events` (lemon drains excluded)."""
     out = []
     for e in events:
         if not e.node or not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
             continue
-        try:
-            at = datetime.fromisoformat(e.start).timestamp()
-        except ValueError:
-            continue
-        out.append(HealthDrain(e.node, at, e.reason))
+        at = _ts(e.start)
+        if at is not None:
+            out.append(HealthDrain(e.node, at, e.reason))
     return out
 
 
-def _nodes(job: AcctJob) -> list[str]:
+def node_failures(events: Iterable[NodeEvent]) -> list[HealthDrain]:
+    """A node's own failure events: DOWN (Slurm's) and health-gating drains (not lemon drains,
+    not operators' drains)."""
+    out = []
+    for e in events:
+        if not e.node or e.reason.startswith(LEMON_PREFIX):
+            continue
+        if "DOWN" in e.state.upper() or e.reason.startswith(REASON_PREFIX):
+            at = _ts(e.start)
+            if at is not None:
+                out.append(HealthDrain(e.node, at, e.reason))
+    return out
+
+
+def lemon_clears(events: Iterable[NodeEvent]) -> dict[str, float]:
+    """Per node, when its last lemon drain ended (rule 7)."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e.node and e.reason.startswith(LEMON_PREFIX):
+            end = _ts(e.end)
+            if end is not None and end > out.get(e.node, 0.0):
+                out[e.node] = end
+    return out
+
+
+@lru_cache(maxsize=65_536)
+def _expand(nodes: str) -> tuple[str, ...]:
+    # Big jobs repeat the same node lists; expanding each once matters at millions of records.
+    return tuple(expand(nodes))
+
+
+def _nodes(job: AcctJob) -> tuple[str, ...]:
     if not job.nodes or job.nodes in ("None assigned", "(null)"):
-        return []
-    return expand(job.nodes)
+        return ()
+    return _expand(job.nodes)
 
 
-def attribute(jobs: Iterable[AcctJob], drains: Iterable[HealthDrain] = (),
-              grace_s: float = 3600.0) -> Attribution:
-    result = Attribution()
-    by_node: dict[str, list[HealthDrain]] = defaultdict(list)
+def by_node(drains: Iterable[HealthDrain]) -> dict[str, list[HealthDrain]]:
+    out: dict[str, list[HealthDrain]] = defaultdict(list)
     for d in drains:
-        by_node[d.node].append(d)
-    blamed_at: dict[str, list[float]] = defaultdict(list)
+        out[d.node].append(d)
+    for ds in out.values():
+        ds.sort(key=lambda d: d.at)
+    return out
+
+
+def _failed_nodes(nodes: tuple[str, ...], end: int, failures: Mapping[str, list[HealthDrain]],
+                  grace_s: float) -> list[str]:
+    hit = []
+    for n in nodes:
+        ds = failures.get(n)
+        if ds and any(end - LEAD_S <= d.at <= end + grace_s for d in ds):
+            hit.append(n)
+    return hit
+
+
+def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrain]],
+                   grace_s: float = GRACE_S,
+                   clears: Mapping[str, float] | None = None,
+                   failures: Mapping[str, list[HealthDrain]] | None = None) -> Attribution:
+    """Rules 1-4, 6 and 7 over one batch of records; mergeable with other batches.
+
+    ``drains``: health-gating drains by node; ``failures``: every node failure event by node
+    (DOWN and health drains), to pin a run's failure on the nodes that failed.
+    """
+    result = Attribution()
+    clears = clears or {}
+    failures = drains if failures is None else failures
+    exposure = result.exposure
     for job in jobs:
         try:
-            nodes = _nodes(job)
+            all_nodes = _nodes(job)
         except HostlistError:
             result.skipped["unreadable node list"] += 1
             continue
-        if not nodes:
+        if not all_nodes:
             if job.state not in ("PENDING", "CANCELLED"):
                 result.skipped["no nodes"] += 1
             continue
-        if job.start_time is None or job.end_time is None or job.end_time < job.start_time:
+        start, end = job.start_time, job.end_time
+        if start is None or end is None or end < start:
             result.skipped["no start or end time"] += 1
             continue
-        hours = (job.end_time - job.start_time) / 3600
+        nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if clears else all_nodes
+        hours = (end - start) / 3600
+        size = size_bucket(len(all_nodes))
+        gclass = gpu_class(job.gpus)
+        result.gpu_runs[gclass] += 1
+        result.gpu_hours[gclass] += hours
+        result.first_start = min(result.first_start, start)
+        result.last_end = max(result.last_end, end)
+        result.runs_by_size[size] += len(nodes)
         for n in nodes:
-            result.exposure[n].jobs += 1
-            result.exposure[n].hours += hours
-        reason = _rule(job, nodes, by_node, grace_s)
+            e = exposure[n]
+            e.jobs += 1
+            e.hours += hours
+            e.by_size[size] += 1
+        reason = _rule(job, all_nodes, drains, grace_s, start, end)
         if reason is None:
             continue
-        weight = 1.0 / len(nodes) if len(nodes) > 1 else 1.0
-        for n in nodes:
-            result.blames.append(Blame(n, weight, job.job_id, float(job.end_time), reason))
-            blamed_at[n].append(float(job.end_time))
-    for node, ds in by_node.items():
-        for d in ds:
-            if any(abs(d.at - t) <= grace_s for t in blamed_at[node]):
-                continue  # the drain explains a run already blamed: count it once
-            result.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
+        result.gpu_failures[gclass] += 1
+        culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
+        if culprits:
+            reason += f"; {', '.join(culprits[:3])} failed at the time"
+        blamed = [n for n in (culprits or all_nodes) if n in nodes] if clears else (
+            culprits or all_nodes)
+        weight = 1.0 / len(culprits or all_nodes)
+        result.failed_by_size[size] += len(blamed)
+        for n in blamed:
+            result.blames.append(Blame(n, weight, job.job_id, float(end), reason, size))
     return result
 
 
-def _rule(job: AcctJob, nodes: list[str], drains: dict[str, list[HealthDrain]],
-          grace_s: float) -> str | None:
-    if job.state in NODE_STATES:
-        return f"node failure ({job.state})"
-    if job.state == "REQUEUED":
+def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
+                    grace_s: float = GRACE_S,
+                    clears: Mapping[str, float] | None = None) -> Attribution:
+    """Rule 5, once every batch has been merged."""
+    clears = clears or {}
+    blamed_at: dict[str, list[float]] = defaultdict(list)
+    for b in att.blames:
+        if b.job_id is not None:
+            blamed_at[b.node].append(b.at)
+    for node, ds in drains.items():
+        for d in ds:
+            if d.at <= clears.get(node, 0.0):
+                continue
+            if any(abs(d.at - t) <= grace_s for t in blamed_at[node]):
+                continue  # the drain explains a run already blamed: count it once
+            att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
+    return att
+
+
+def attribute(jobs: Iterable[AcctJob], drains: Iterable[HealthDrain] = (),
+              grace_s: float = GRACE_S, clears: Mapping[str, float] | None = None,
+              failures: Iterable[HealthDrain] | None = None) -> Attribution:
+    grouped = by_node(drains)
+    fails = by_node(failures) if failures is not None else grouped
+    return add_lone_drains(attribute_runs(jobs, grouped, grace_s, clears, fails), grouped,
+                           grace_s, clears)
+
+
+def _rule(job: AcctJob, nodes: tuple[str, ...], drains: Mapping[str, list[HealthDrain]],
+          grace_s: float, start: int, end: int) -> str | None:
+    state = job.state
+    if state in NODE_STATES:
+        return f"node failure ({state})"
+    if state == "REQUEUED":
         return "requeued after a node or prolog failure"
-    if job.state != "FAILED":
+    if state != "FAILED":
         return None
     if len(nodes) > 1:
         return f"{len(nodes)}-node job failed (exit {job.exit_code})"
-    assert job.start_time is not None and job.end_time is not None
     for d in drains.get(nodes[0], ()):
-        if job.start_time <= d.at <= job.end_time + grace_s:
+        if start <= d.at <= end + grace_s:
             return f"failed on a node health gating drained ({d.reason})"
     return None

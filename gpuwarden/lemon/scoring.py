@@ -1,10 +1,13 @@
 """Score each node's failures against what the fleet's baseline rate predicts. Pure.
 
-Per node: the failure count k (runs blamed on it, whatever their weight) against its exposure
-n (runs it took part in). Fleet baseline p = all blamed node-runs / all node-runs. Under "this
-node is like the fleet", k is Poisson(p * n); the p-value is P(X >= k). Benjamini-Hochberg keeps
+Per node: the failure count k (runs blamed on it, whatever their weight) against what the fleet
+predicts for its exposure: for each run size (node count, in powers of two) the fleet's share of
+blamed node-runs of that size, times the node's runs of that size, summed (plus the fleet's rate
+of drains with no run behind them). Big runs fail more often, so a node that took part in many
+of them is expected to see more failures. Under "this node is like the fleet", k is
+Poisson(expected); the p-value is P(X >= k). Benjamini-Hochberg keeps
 the false discovery rate across the fleet at `fdr`. A lemon also needs a minimum of evidence
-(`min_failures`, `min_jobs`) and a rate at least `min_ratio` times the fleet's.
+(`min_failures`, `min_jobs`) and at least `min_ratio` times its expected failures.
 """
 
 from __future__ import annotations
@@ -80,6 +83,16 @@ def benjamini_hochberg(p_values: list[float]) -> list[float]:
     return q
 
 
+def expected_failures(att: Attribution) -> dict[str, float]:
+    """What the fleet's rates predict for each node's exposure."""
+    rate = {b: att.failed_by_size[b] / runs for b, runs in att.runs_by_size.items() if runs}
+    total_runs = sum(att.runs_by_size.values())
+    lone = sum(1 for b in att.blames if b.job_id is None)
+    lone_rate = lone / total_runs if total_runs else 0.0
+    return {n: sum(rate.get(b, 0.0) * k for b, k in e.by_size.items()) + lone_rate * e.jobs
+            for n, e in att.exposure.items()}
+
+
 def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]:
     """Every node with exposure, most suspicious first."""
     per_node: dict[str, list[Blame]] = defaultdict(list)
@@ -87,21 +100,22 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
         per_node[b.node].append(b)
     nodes = sorted(set(att.exposure) | set(per_node))
     total_runs = sum(e.jobs for e in att.exposure.values())
-    total_failures = sum(len(bs) for bs in per_node.values())
-    rate = total_failures / total_runs if total_runs else 0.0
+    rate = len(att.blames) / total_runs if total_runs else 0.0
+    expected = expected_failures(att)
     testable = [n for n in nodes if att.exposure[n].jobs >= cfg.min_jobs]
-    p_values = {n: poisson_sf(len(per_node[n]), rate * att.exposure[n].jobs) for n in testable}
+    p_values = {n: poisson_sf(len(per_node[n]), expected.get(n, 0.0)) for n in testable}
     q_values = dict(zip(testable, benjamini_hochberg([p_values[n] for n in testable]), strict=True))
     out = []
     for n in nodes:
         exp = att.exposure[n]
         k = len(per_node[n])
         q = q_values.get(n, 1.0)
+        mean = expected.get(n, 0.0)
         lemon = (n in q_values and k >= cfg.min_failures and q <= cfg.fdr
-                 and exp.jobs > 0 and k / exp.jobs >= cfg.min_ratio * rate)
+                 and k >= cfg.min_ratio * mean)
         out.append(NodeScore(
             node=n, jobs=exp.jobs, hours=exp.hours, failures=k,
-            blame=sum(b.weight for b in per_node[n]), expected=rate * exp.jobs, fleet_rate=rate,
+            blame=sum(b.weight for b in per_node[n]), expected=mean, fleet_rate=rate,
             p_value=p_values.get(n, 1.0), q_value=q, lemon=lemon,
             evidence=tuple(sorted(per_node[n], key=lambda b: b.at)),
         ))

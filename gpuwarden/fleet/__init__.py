@@ -1,0 +1,1 @@
+"""Fleet reliability: MTTF by job size from accounting, and a calibrated fleet simulator."""

@@ -1,0 +1,111 @@
+"""MTTF by job size, its projection to larger jobs, and the checkpoint interval per size. Pure.
+
+A run's failure is one the attribution rules blame on the infrastructure (node failures,
+requeues, failed gang jobs, failures on nodes health gating drained); the user's own failures
+do not count. MTTF of a size class = its job-hours / its failures.
+
+Two projections to sizes the site has not run:
+- from the history's own per-GPU rate (all classes pooled: failures per GPU-hour), times N;
+- from the fleet's node failure rate r_f (health-gating drains per node-day, the rate Meta's
+  paper projects from): MTTF(N GPUs) = 1 / (N / gpus_per_node * r_f).
+Both are "1/N" projections; they differ in which failures they count.
+
+Checkpoint interval (C = checkpoint cost, M = MTTF): Young, sqrt(2CM); Daly's higher-order
+form, sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C while C < 2M, else M.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution
+from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    gpus: int  # the class holds runs of gpus/2 < n <= gpus GPUs
+    runs: int
+    hours: float
+    failures: int
+    mttf_h: float | None  # None: no failure seen, so no estimate
+    young_h: float | None
+    daly_h: float | None
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failures / self.runs if self.runs else 0.0
+
+
+@dataclass(frozen=True)
+class Projection:
+    gpus: int
+    from_history_h: float | None
+    from_node_rate_h: float | None
+
+
+@dataclass(frozen=True)
+class MttfReport:
+    classes: tuple[SizeClass, ...]
+    gpu_hours: float
+    failures: int
+    per_gpu_mttf_h: float | None
+    node_failures: int
+    node_days: float
+    node_rate: float | None  # r_f, failures per node-day
+    projections: tuple[Projection, ...]
+    ckpt_cost_s: float
+
+
+def young(cost_h: float, mttf_h: float) -> float:
+    return math.sqrt(2 * cost_h * mttf_h)
+
+
+def daly(cost_h: float, mttf_h: float) -> float:
+    if cost_h >= 2 * mttf_h:
+        return mttf_h
+    x = cost_h / (2 * mttf_h)
+    return math.sqrt(2 * cost_h * mttf_h) * (1 + math.sqrt(x) / 3 + x / 9) - cost_h
+
+
+def node_failures(events: Iterable[NodeEvent]) -> int:
+    """Health-gating drains (lemon drains and operators' drains are not node failures)."""
+    return sum(1 for e in events if e.reason.startswith(REASON_PREFIX)
+               and not e.reason.startswith(LEMON_PREFIX) and "DRAIN" in e.state.upper())
+
+
+def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
+           ckpt_cost_s: float, project_to: Sequence[int]) -> MttfReport:
+    cost_h = ckpt_cost_s / 3600
+    classes = []
+    for g in sorted(k for k in att.gpu_runs if k > 0):
+        hours, fails = att.gpu_hours.get(g, 0.0), att.gpu_failures.get(g, 0)
+        m = hours / fails if fails else None
+        classes.append(SizeClass(g, att.gpu_runs[g], hours, fails, m,
+                                 young(cost_h, m) if m else None,
+                                 daly(cost_h, m) if m else None))
+    gpu_hours = sum(c.hours * c.gpus for c in classes)
+    failures = sum(c.failures for c in classes)
+    per_gpu = gpu_hours / failures if failures else None
+    span_days = max(0.0, att.last_end - att.first_start) / 86_400
+    node_days = span_days * len(att.exposure)
+    nf = node_failures(events)
+    rate = nf / node_days if node_days and nf else None
+    projections = tuple(
+        Projection(n, per_gpu / n if per_gpu else None,
+                   24 / (n / gpus_per_node * rate) if rate else None)
+        for n in project_to)
+    return MttfReport(tuple(classes), gpu_hours, failures, per_gpu, nf, node_days, rate,
+                      projections, ckpt_cost_s)
+
+
+def human_hours(h: float | None) -> str:
+    if h is None:
+        return "-"
+    if h >= 48:
+        return f"{h / 24:.1f} d"
+    if h >= 1:
+        return f"{h:.1f} h"
+    return f"{h * 60:.1f} min"

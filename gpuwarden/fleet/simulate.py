@@ -1,0 +1,254 @@
+"""Generate a fleet's job history in the shape of `sacct --json` and `sacctmgr show events`.
+
+The detector and the analytics read the output unchanged (`--from`, `--events`). Pure apart
+from `write_history`, which writes the files. Failure sources and their rates come from
+`calibrate.SimParams`; see there for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from bisect import bisect
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from itertools import accumulate
+from pathlib import Path
+
+from gpuwarden.fleet.calibrate import BIG_GPUS, SimParams
+from gpuwarden.slurm.hostlist import compress
+
+START = 1_767_225_600  # 2026-01-01T00:00:00Z
+CLUSTER = "sim"
+USERS = ("alice", "bob", "carol", "dave", "erin", "frank")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    nodes: int = 2000
+    days: int = 30
+    seed: int = 0
+    records: int | None = None  # None: as many as fill `util` of the fleet
+    start: int = START
+    prefix: str = "n"
+    # Nodes out of service (for example lemons the detector drained): no run lands on them.
+    exclude: frozenset[str] = field(default_factory=frozenset)
+    # Lemons are drawn from `seed` alone, so a run with `exclude` keeps the same fleet.
+    lemons: tuple[str, ...] | None = None
+
+    def names(self) -> list[str]:
+        width = max(4, len(str(self.nodes)))
+        return [f"{self.prefix}{i:0{width}d}" for i in range(1, self.nodes + 1)]
+
+
+@dataclass(frozen=True)
+class Run:
+    job_id: int
+    gpus: int
+    nodes: str
+    num_nodes: int
+    state: str
+    exit_code: int
+    signal: int
+    start: int
+    end: int
+    user: str
+
+
+@dataclass(frozen=True)
+class Event:
+    node: str
+    start: int
+    end: int | None
+    state: str
+    reason: str
+    user: str
+
+
+def pick_lemons(fleet: Fleet, fraction: float) -> tuple[str, ...]:
+    names = fleet.names()
+    k = round(fraction * len(names))
+    return tuple(sorted(random.Random(f"lemons-{fleet.seed}").sample(names, k)))
+
+
+class Generator:
+    def __init__(self, p: SimParams, fleet: Fleet) -> None:
+        self.p, self.fleet = p, fleet
+        self.rng = random.Random(f"history-{fleet.seed}-{sorted(fleet.exclude)}")
+        self.lemons = set(fleet.lemons if fleet.lemons is not None
+                          else pick_lemons(fleet, p.lemon_fraction))
+        self.avail = [n for n in fleet.names() if n not in fleet.exclude]
+        self.contiguous = not fleet.exclude
+        self.lemon_prefix = list(accumulate((1 if n in self.lemons else 0 for n in self.avail),
+                                            initial=0))
+        gpn = p.gpus_per_node
+        node_hours = sum(c.share * max(1, c.gpus // gpn) * c.mean_hours for c in p.mix)
+        capacity = p.util * len(self.avail) * fleet.days * 24
+        self.total = fleet.records or round(capacity / node_hours)
+        self.scale = capacity / (self.total * node_hours)  # stretches runs to fill `util`
+        self.cum = list(accumulate(c.share for c in p.mix))
+        self.events: list[Event] = []
+        self.next_id = 1
+
+    def runs(self) -> Iterator[tuple[int, list[Run]]]:
+        """(day, that day's runs), day by day."""
+        per_day = self.total / self.fleet.days
+        made = 0
+        for day in range(self.fleet.days):
+            want = round(per_day * (day + 1)) - made
+            made += want
+            t0 = self.fleet.start + day * 86_400
+            yield day, [self._run(t0) for _ in range(want)]
+        self._maintenance()
+
+    def _maintenance(self) -> None:
+        # Operators' drains: never evidence against a node.
+        rng = self.rng
+        for node in rng.sample(self.avail, max(1, len(self.avail) // 200)):
+            t = self.fleet.start + rng.randrange(self.fleet.days * 86_400)
+            self.events.append(Event(node, t, t + 4 * 3600, "DRAIN", "maintenance: firmware",
+                                     "admin"))
+
+    def _run(self, day_start: int) -> Run:
+        p, rng = self.p, self.rng
+        cls = p.mix[min(bisect(self.cum, rng.random() * self.cum[-1]), len(p.mix) - 1)]
+        n = max(1, cls.gpus // p.gpus_per_node)
+        dur = cls.mean_hours * self.scale * (0.5 + rng.random()) * 3600
+        start = day_start + int(rng.random() * 86_400)
+        i = rng.randrange(len(self.avail) - n + 1)
+        lemons = self.lemon_prefix[i + n] - self.lemon_prefix[i]
+        normal_w = (n - lemons) * p.normal_rate
+        transient_w = n * p.transient_rate
+        lemon_w = lemons * p.lemon_rate * (p.lemon_solo if n == 1 else 1.0)
+        fabric_w = p.fabric_rate * (n - 1)
+        hazard = normal_w + transient_w + lemon_w + fabric_w  # per day
+        t_fail = rng.expovariate(hazard) * 86_400 if hazard > 0 else float("inf")
+        user_state, t_user = self._user_outcome(cls.gpus, n, dur)
+        jid = self.next_id
+        self.next_id += 1
+        user = USERS[jid % len(USERS)]
+        nodes = self._nodelist(i, n)
+        if t_fail < min(dur, t_user):
+            end = start + max(1, int(t_fail))
+            state = self._infra_failure(i, n, end, (normal_w, transient_w, lemon_w, fabric_w))
+            code, sig = (1, 0) if state == "FAILED" else (0, 0)
+        else:
+            end = start + max(1, int(min(dur, t_user)))
+            state = user_state if t_user <= dur else "COMPLETED"
+            code, sig = {"FAILED": (1, 0), "OUT_OF_MEMORY": (0, 9), "CANCELLED": (0, 15),
+                         "TIMEOUT": (0, 0)}.get(state, (0, 0))
+        return Run(jid, cls.gpus, nodes, n, state, code, sig, start, end, user)
+
+    def _user_outcome(self, gpus: int, n: int, dur: float) -> tuple[str, float]:
+        p, rng = self.p, self.rng
+        if gpus >= BIG_GPUS:
+            return "COMPLETED", float("inf")
+        failed = p.user_failed_one_node if n == 1 else p.user_failed_gang
+        r = rng.random()
+        for state, prob in (("FAILED", failed), ("CANCELLED", p.cancelled),
+                            ("OUT_OF_MEMORY", p.oom)):
+            if r < prob:
+                return state, rng.random() * dur
+            r -= prob
+        if r < p.timeout:
+            return "TIMEOUT", dur
+        return "COMPLETED", float("inf")
+
+    def _nodelist(self, i: int, n: int) -> str:
+        if n == 1:
+            return self.avail[i]
+        if self.contiguous:
+            pre = self.fleet.prefix
+            a, b = self.avail[i][len(pre):], self.avail[i + n - 1][len(pre):]
+            return f"{pre}[{a}-{b}]"
+        return compress(self.avail[i:i + n])
+
+    def _infra_failure(self, i: int, n: int, at: int, weights: tuple[float, ...]) -> str:
+        p, rng = self.p, self.rng
+        block = self.avail[i:i + n]
+        cause = rng.choices(("normal", "transient", "lemon", "fabric"), weights)[0]
+        if cause == "fabric":
+            return "FAILED"  # an NCCL timeout: no node to blame, no node event
+        if cause == "lemon":
+            node = rng.choice([x for x in block if x in self.lemons])
+            found = rng.random() < p.lemon_detected
+        else:
+            node = rng.choice([x for x in block if x not in self.lemons] or block)
+            found = cause == "normal"
+        if found:
+            # Health gating drains it (XID 79 style); the node is away a day for repair.
+            self.events.append(Event(node, at + 30, at + 86_400, "DRAIN",
+                                     f"gpuwarden: xid 79 on GPU {rng.randrange(8)}", "root"))
+            return "FAILED" if n == 1 or rng.random() < 0.5 else "NODE_FAIL"
+        self.events.append(Event(node, at, at + 600, "DOWN*", "Not responding", "root"))
+        return "NODE_FAIL"
+
+
+_RECORD = ('{{"job_id":{id},"name":"train","user":"{user}","partition":"gpu","nodes":"{nodes}",'
+           '"allocation_nodes":{n},"state":{{"current":["{state}"],"reason":"None"}},'
+           '"exit_code":{{"status":["{status}"],"return_code":{{"set":true,"infinite":false,'
+           '"number":{code}}},"signal":{{"id":{{"set":{sigset},"infinite":false,"number":{sig}}},'
+           '"name":""}}}},"time":{{"submission":{sub},"start":{start},"end":{end},'
+           '"elapsed":{el}}},"tres":{{"allocated":[{{"type":"node","name":"","id":4,'
+           '"count":{n}}},{{"type":"gres","name":"gpu","id":1001,"count":{gpus}}}]}},'
+           '"restart_cnt":0}}')
+
+
+def sacct_record(r: Run) -> str:
+    status = "SUCCESS" if r.state == "COMPLETED" else ("SIGNALED" if r.signal else "ERROR")
+    return _RECORD.format(id=r.job_id, user=r.user, nodes=r.nodes, n=r.num_nodes,
+                          state=r.state, status=status, code=r.exit_code,
+                          sigset="true" if r.signal else "false", sig=r.signal,
+                          sub=r.start - 60, start=r.start, end=r.end, el=r.end - r.start,
+                          gpus=r.gpus)
+
+
+def _local(ts: int | None) -> str:
+    # sacctmgr prints local time without a zone.
+    return "Unknown" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def events_text(events: list[Event]) -> str:
+    uid = {"root": 0}
+    return "".join(f"{CLUSTER}|{e.node}|{_local(e.start)}|{_local(e.end)}|{e.state}|{e.reason}|"
+                   f"{e.user}({uid.get(e.user, 1000)})\n"
+                   for e in sorted(events, key=lambda e: e.start))
+
+
+@dataclass(frozen=True)
+class Written:
+    files: tuple[Path, ...]
+    events: Path
+    truth: Path
+    records: int
+    lemons: tuple[str, ...]
+
+
+def write_history(p: SimParams, fleet: Fleet, out: Path,
+                  progress: Callable[[int, int], None] | None = None) -> Written:
+    """One `sacct --json` file per day (runs by start day), the events, and the truth."""
+    out.mkdir(parents=True, exist_ok=True)
+    gen = Generator(p, fleet)
+    files, records = [], 0
+    for day, runs in gen.runs():
+        path = out / f"sacct-day{day + 1:03d}.json"
+        with path.open("w", encoding="utf-8") as fh:
+            fh.write('{"jobs":[')
+            fh.write(",".join(sacct_record(r) for r in runs))
+            fh.write('],"meta":{"plugin":{"type":"gpuwarden-simulate"}},"errors":[],'
+                     '"warnings":[]}\n')
+        files.append(path)
+        records += len(runs)
+        if progress:
+            progress(day + 1, fleet.days)
+    events = out / "events.txt"
+    events.write_text(events_text(gen.events), encoding="utf-8")
+    truth = out / "truth.json"
+    lemons = tuple(sorted(gen.lemons & set(gen.avail)))
+    truth.write_text(json.dumps({"lemons": lemons, "records": records,
+                                 "params": asdict(p), "fleet": {
+                                     "nodes": fleet.nodes, "days": fleet.days,
+                                     "seed": fleet.seed, "exclude": sorted(fleet.exclude)}},
+                                indent=1) + "\n", encoding="utf-8")
+    return Written(tuple(files), events, truth, records, lemons)

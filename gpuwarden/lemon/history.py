@@ -1,0 +1,166 @@
+"""Read a job history (exported `sacct --json` files or the live cluster) into one Attribution.
+
+Files are read one at a time per worker and only the per-node tallies are kept, so memory stays
+flat however long the history; with several files, worker processes share them out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from multiprocessing import get_context
+from pathlib import Path
+
+from gpuwarden.errors import GpuwardenError, SlurmError
+from gpuwarden.lemon.attribution import (
+    GRACE_S,
+    Attribution,
+    HealthDrain,
+    add_lone_drains,
+    attribute_runs,
+    by_node,
+    health_drains,
+    lemon_clears,
+    node_failures,
+)
+from gpuwarden.slurm import parse
+from gpuwarden.slurm.client import SlurmClient
+from gpuwarden.slurm.models import AcctJob, NodeEvent
+
+log = logging.getLogger(__name__)
+
+SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
+
+
+class HistoryError(GpuwardenError):
+    """A history file that cannot be read at all (not merely a bad record in it)."""
+
+
+@dataclass(frozen=True)
+class History:
+    attribution: Attribution
+    records: int
+    events: tuple[NodeEvent, ...]
+
+
+def read_events(path: str | None) -> list[NodeEvent]:
+    if not path:
+        return []
+    try:
+        return parse.parse_events(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except OSError as exc:
+        raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
+    except SlurmError as exc:
+        raise HistoryError(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What the events say, needed while reading runs."""
+
+    drains: Mapping[str, list[HealthDrain]]
+    failures: Mapping[str, list[HealthDrain]]
+    clears: Mapping[str, float]
+    grace_s: float
+
+    @classmethod
+    def of(cls, events: Sequence[NodeEvent], grace_s: float) -> _Known:
+        return cls(by_node(health_drains(events)), by_node(node_failures(events)),
+                   lemon_clears(events), grace_s)
+
+    def finish(self, att: Attribution) -> Attribution:
+        return add_lone_drains(att, self.drains, self.grace_s, self.clears)
+
+
+def _count(att: Attribution, records: Iterable[AcctJob | SlurmError], label: str,
+           known: _Known) -> tuple[Attribution, int]:
+    n = 0
+    good: list[AcctJob] = []
+    for r in records:
+        n += 1
+        if isinstance(r, AcctJob):
+            good.append(r)
+        else:
+            att.skipped[f"{label}malformed record"] += 1
+    return att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
+                                    known.failures)), n
+
+
+def _read_one(path: str, known: _Known) -> tuple[Attribution, int]:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        records = list(parse.iter_acct_jobs(text))
+    except OSError as exc:
+        raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
+    except SlurmError as exc:
+        raise HistoryError(f"{path}: {exc} (expected `sacct --json` output)") from None
+    return _count(Attribution(), records, f"{path}: ", known)
+
+
+def _workers(n_files: int) -> int:
+    return max(1, min(n_files, len(os.sched_getaffinity(0))))
+
+
+def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float = GRACE_S,
+               workers: int | None = None,
+               progress: Callable[[int, int], None] | None = None) -> History:
+    known = _Known.of(events, grace_s)
+    att, total = Attribution(), 0
+    workers = workers or _workers(len(paths))
+    if workers > 1 and len(paths) > 1:
+        # fork: the workers inherit the parsed events and code without re-importing.
+        with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+            futures = [pool.submit(_read_one, p, known) for p in paths]
+            for i, fut in enumerate(futures, 1):
+                part, n = fut.result()
+                att.merge(part)
+                total += n
+                if progress:
+                    progress(i, len(paths))
+    else:
+        for i, p in enumerate(paths, 1):
+            part, n = _read_one(p, known)
+            att.merge(part)
+            total += n
+            if progress:
+                progress(i, len(paths))
+    return History(known.finish(att), total, tuple(events))
+
+
+def _ended_in(records: Iterable[AcctJob | SlurmError], lo: float,
+              hi: float) -> Iterator[AcctJob | SlurmError]:
+    """sacct lists a run in every window it overlaps: count it only in the one it ended in
+    (runs still going are not finished, so not counted yet)."""
+    for r in records:
+        if not isinstance(r, AcctJob):
+            yield r
+        elif r.end_time is not None and lo <= r.end_time < hi:
+            yield r
+
+
+def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S,
+                 now: datetime | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> History:
+    """One day per sacct call, so a long scan never asks slurmdbd for everything at once."""
+    end = (now or datetime.now(UTC)).replace(microsecond=0)
+    start = end - since
+    events = client.events(start.strftime(SLURM_TIME), end.strftime(SLURM_TIME))
+    known = _Known.of(events, grace_s)
+    att, total = Attribution(), 0
+    days = max(1, -(-int(since.total_seconds()) // 86_400))
+    i = 0
+    while start < end:
+        stop = min(start + timedelta(days=1), end)
+        records = client.acct_jobs(start.strftime(SLURM_TIME), stop.strftime(SLURM_TIME))
+        att, n = _count(att, _ended_in(records, start.timestamp(), stop.timestamp()), "",
+                        known)
+        total += n
+        i += 1
+        if progress:
+            progress(i, days)
+        start = stop
+    return History(known.finish(att), total, tuple(events))
