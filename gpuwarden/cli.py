@@ -51,7 +51,12 @@ def _die(message: str, code: int) -> NoReturn:
 
 # Command groups imported only when invoked: the prolog (`health prolog`) must not pay for
 # loading the lemon scanner, nor the scanner for the health checks.
-_LAZY = {"health": ("gpuwarden.health.cli", "health"), "lemon": ("gpuwarden.lemon.cli", "lemon")}
+_LAZY = {
+    "health": ("gpuwarden.health.cli", "health"),
+    "lemon": ("gpuwarden.lemon.cli", "lemon"),
+    "fleet": ("gpuwarden.fleet.cli", "fleet"),
+    "simulate": ("gpuwarden.fleet.cli", "simulate"),
+}
 
 
 class _LazyGroup(click.Group):

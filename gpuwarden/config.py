@@ -12,6 +12,7 @@ from typing import Any
 from gpuwarden.configload import LoadError, build, require, to_dict
 from gpuwarden.errors import ConfigError
 from gpuwarden.health.config import HealthConfig
+from gpuwarden.lemon.config import LemonConfig
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 ENV_VAR = "GPUWARDEN_CONFIG"
@@ -99,6 +100,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    lemon: LemonConfig = field(default_factory=LemonConfig)
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

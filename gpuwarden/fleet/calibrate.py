@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 from gpuwarden.errors import GpuwardenError
 
@@ -181,6 +182,28 @@ def _bisect(f: Callable[[float], float], lo: float, hi: float, target: float, wh
     return lo  # f(lo) is always defined: the side that never failed
 
 
+def with_big_hours(q: SimParams, hours: float) -> SimParams:
+    return replace(q, mix=tuple(replace(c, mean_hours=hours) if c.gpus >= BIG_GPUS else c
+                                for c in q.mix))
+
+
+# What each coordinate of the fit moves (negated where the figure falls as the rate rises).
+def _neg_mttf_8(q: SimParams, transient: float) -> float:
+    return -mttf_h(replace(q, transient_rate=transient), 8)
+
+
+def _rf_of_normal(q: SimParams, normal: float) -> float:
+    return node_rate(replace(q, normal_rate=normal))
+
+
+def _neg_mttf_1024(q: SimParams, fabric: float) -> float:
+    return -mttf_h(replace(q, fabric_rate=fabric), 1024)
+
+
+def _big_clean(q: SimParams, hours: float) -> float:
+    return big_fail(with_big_hours(q, hours), False)
+
+
 def solve(fig: PaperFigures = PaperFigures(), lemon_detected: float = 0.25, util: float = 0.9,
           mix: tuple[JobClass, ...] = DEFAULT_MIX) -> SimParams:
     """Rates that reproduce ``fig`` in expectation (runs cut short by failures included)."""
@@ -192,24 +215,20 @@ def solve(fig: PaperFigures = PaperFigures(), lemon_detected: float = 0.25, util
                   util, mix)
     lemon_hi = h1 / f * 20
 
-    def with_big_hours(q: SimParams, hours: float) -> SimParams:
-        return replace(q, mix=tuple(replace(c, mean_hours=hours) if c.gpus >= BIG_GPUS else c
-                                    for c in q.mix))
-
     def fit(q: SimParams) -> SimParams:
         # Coordinate-wise: each rate mostly moves one figure; a few rounds settle them all.
         for _ in range(6):
             q = replace(q, transient_rate=_bisect(
-                lambda t: -mttf_h(replace(q, transient_rate=t), 8), 0.0, h1 * 4,
+                partial(_neg_mttf_8, q), 0.0, h1 * 4,
                 -fig.mttf_8gpu_days * 24, "the 8-GPU MTTF"))
             q = replace(q, normal_rate=_bisect(
-                lambda r: node_rate(replace(q, normal_rate=r)), 0.0, h1 * 4, fig.node_rate,
+                partial(_rf_of_normal, q), 0.0, h1 * 4, fig.node_rate,
                 "r_f, the node failure rate behind the 16k projection"))
             q = replace(q, fabric_rate=_bisect(
-                lambda c: -mttf_h(replace(q, fabric_rate=c), 1024), 0.0, h1 * 4,
+                partial(_neg_mttf_1024, q), 0.0, h1 * 4,
                 -fig.mttf_1024gpu_h, "the 1024-GPU MTTF"))
             q = with_big_hours(q, _bisect(
-                lambda h: big_fail(with_big_hours(q, h), False), 0.01, 240.0,
+                partial(_big_clean, q), 0.01, 240.0,
                 fig.big_fail_without_lemons, "the >=512-GPU failure rate without lemons"))
         return q
 

@@ -69,13 +69,15 @@ class Event:
 def pick_lemons(fleet: Fleet, fraction: float) -> tuple[str, ...]:
     names = fleet.names()
     k = round(fraction * len(names))
-    return tuple(sorted(random.Random(f"lemons-{fleet.seed}").sample(names, k)))
+    rng = random.Random(f"lemons-{fleet.seed}")  # noqa: S311 - a reproducible simulation
+    return tuple(sorted(rng.sample(names, k)))
 
 
 class Generator:
     def __init__(self, p: SimParams, fleet: Fleet) -> None:
         self.p, self.fleet = p, fleet
-        self.rng = random.Random(f"history-{fleet.seed}-{sorted(fleet.exclude)}")
+        self.rng = random.Random(  # noqa: S311 - a reproducible simulation, not a secret
+            f"history-{fleet.seed}-{sorted(fleet.exclude)}")
         self.lemons = set(fleet.lemons if fleet.lemons is not None
                           else pick_lemons(fleet, p.lemon_fraction))
         self.avail = [n for n in fleet.names() if n not in fleet.exclude]
@@ -227,12 +229,13 @@ class Written:
 
 def write_history(p: SimParams, fleet: Fleet, out: Path,
                   progress: Callable[[int, int], None] | None = None) -> Written:
-    """One `sacct --json` file per day (runs by start day), the events, and the truth."""
-    out.mkdir(parents=True, exist_ok=True)
+    """One `sacct --json` file per day (runs by start day) under ``out/sacct/``, the events
+    (``out/events.txt``) and the truth (``out/truth.json``: which nodes are lemons)."""
+    (out / "sacct").mkdir(parents=True, exist_ok=True)
     gen = Generator(p, fleet)
     files, records = [], 0
     for day, runs in gen.runs():
-        path = out / f"sacct-day{day + 1:03d}.json"
+        path = out / "sacct" / f"day{day + 1:03d}.json"
         with path.open("w", encoding="utf-8") as fh:
             fh.write('{"jobs":[')
             fh.write(",".join(sacct_record(r) for r in runs))

@@ -143,7 +143,7 @@ def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
         if decision.clear_comment and node.comment.startswith(REASON_PREFIX):
             _clear_comment(client, me)
         return Applied("none", decision.why)
-    return _drain_within_cap(decision.why, me, client, cap, clock, sleep)
+    return drain_within_cap(decision.why, me, client, cap, clock, sleep)
 
 
 def _clear_comment(client: SlurmClient, me: str) -> None:
@@ -151,8 +151,11 @@ def _clear_comment(client: SlurmClient, me: str) -> None:
         client.set_comment(me, "")
 
 
-def _drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius,
-                      clock: Callable[[], float], sleep: Callable[[float], None]) -> Applied:
+def drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius,
+                     clock: Callable[[], float] = time.time,
+                     sleep: Callable[[float], None] = time.sleep) -> Applied:
+    """Claim a place under the cap, let other claims show, then drain or say "would drain".
+    Shared by health gating and the lemon detector, so their drains count against one cap."""
     ok, why = cap_allows(me, client.nodes(), cap, clock())
     if ok:
         try:

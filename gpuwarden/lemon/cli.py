@@ -1,61 +1,82 @@
-"""`gpuwarden lemon scan`: rank nodes by how much more often than the fleet they fail jobs."""
+"""`gpuwarden lemon scan|list`: rank nodes by how much more often than the fleet they fail jobs,
+drain the lemons under the blast-radius cap, and publish the list for the placement filter."""
 
 from __future__ import annotations
 
 import json
 import re
 import sys
-from collections.abc import Iterator
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import click
 
-from gpuwarden.errors import ConfigError, GpuwardenError, SlurmError
-from gpuwarden.lemon.attribution import attribute, health_drains
+from gpuwarden.errors import ConfigError, GpuwardenError
+from gpuwarden.lemon import history, listfile
+from gpuwarden.lemon.drain import Outcome, drain_lemons
 from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
-from gpuwarden.slurm import parse
-from gpuwarden.slurm.models import AcctJob, NodeEvent
 
-_SPAN = re.compile(r"^(\d+)([hdw])$")
-_UNITS = {"h": 3600, "d": 86_400, "w": 604_800}
-_SLURM_TIME = "%Y-%m-%dT%H:%M:%S"
+_SPAN = re.compile(r"^(\d+)([mhdw])$")
+_UNITS = {"m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 
 def parse_span(text: str) -> timedelta:
     m = _SPAN.match(text.strip())
-    if not m:
-        raise click.BadParameter(f"{text!r}: expected a span like 12h, 30d or 2w")
+    if not m or int(m.group(1)) == 0:
+        raise click.BadParameter(f"{text!r}: expected a span like 90m, 12h, 30d or 2w")
     return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
 
 
-def _from_files(paths: tuple[str, ...], skipped: dict[str, int]) -> Iterator[AcctJob]:
-    for p in paths:
-        try:
-            text = Path(p).read_text(encoding="utf-8", errors="replace")
-            records = list(parse.iter_acct_jobs(text))
-        except (OSError, SlurmError) as exc:
-            raise click.ClickException(f"{p}: {exc} (expected `sacct --json` output)") from None
-        for r in records:
-            if isinstance(r, AcctJob):
-                yield r
-            else:
-                skipped[f"{p}: malformed record"] = skipped.get(f"{p}: malformed record", 0) + 1
+def progress(label: str) -> Any:
+    """A progress line on stderr for long reads (a terminal sees it update in place)."""
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int) -> None:
+        if total < 3:
+            return
+        if tty:
+            click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
+        elif done == total and total >= 10:
+            click.echo(f"{label} {done}/{total}", err=True)
+    return show
 
 
-def _from_cluster(client: Any, since: timedelta, skipped: dict[str, int]) -> Iterator[AcctJob]:
-    """One day per sacct call, so a long scan never asks slurmdbd for everything at once."""
-    end = datetime.now(UTC).replace(microsecond=0)
-    start = end - since
-    while start < end:
-        stop = min(start + timedelta(days=1), end)
-        for r in client.acct_jobs(start.strftime(_SLURM_TIME), stop.strftime(_SLURM_TIME)):
-            if isinstance(r, AcctJob):
-                yield r
-            else:
-                skipped["malformed record"] = skipped.get("malformed record", 0) + 1
-        start = stop
+def expand_paths(items: tuple[str, ...]) -> list[str]:
+    """Files as given; a directory stands for the `*.json` files in it."""
+    out: list[str] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(str(x) for x in p.glob("*.json"))
+            if not found:
+                raise click.ClickException(f"{item}: a directory without *.json files")
+            out.extend(found)
+        else:
+            out.append(item)
+    return out
+
+
+def load_history(obj: Any, since: str, from_files: tuple[str, ...],
+                 events_file: str | None, grace_s: float) -> history.History:
+    """The history from files or the live cluster; errors exit with what to do."""
+    span = parse_span(since)
+    try:
+        if from_files:
+            paths = expand_paths(from_files)
+            events = history.read_events(events_file)
+            return history.from_files(paths, events, grace_s,
+                                      progress=progress("reading file"))
+        if events_file:
+            raise click.UsageError("--events goes with --from (the cluster has its own)")
+        return history.from_cluster(obj.client(), span, grace_s,
+                                    progress=progress("reading accounting, day"))
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+    except (GpuwardenError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _row(s: NodeScore) -> dict[str, Any]:
@@ -63,6 +84,7 @@ def _row(s: NodeScore) -> dict[str, Any]:
         "node": s.node, "lemon": s.lemon, "jobs": s.jobs, "hours": round(s.hours, 2),
         "failures": s.failures, "blame": round(s.blame, 3), "expected": round(s.expected, 3),
         "fleet_rate": s.fleet_rate, "p_value": s.p_value, "q_value": s.q_value,
+        "summary": s.summary if s.lemon else "",
         "evidence": [{"job_id": b.job_id, "at": b.at, "reason": b.reason, "weight": b.weight}
                      for b in s.evidence],
     }
@@ -75,53 +97,69 @@ def lemon() -> None:
 
 @lemon.command("scan")
 @click.option("--since", "since", default="30d", show_default=True,
-              help="how far back to read accounting (12h, 30d, 2w)")
-@click.option("--from", "from_files", multiple=True, type=click.Path(dir_okay=False),
-              help="scan exported `sacct --json` output instead of asking the cluster "
-                   "(repeatable)")
+              help="how far back to read accounting (90m, 12h, 30d, 2w)")
+@click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
+              help="scan exported `sacct --json` output (a file, or a directory of *.json) "
+                   "instead of asking the cluster (repeatable)")
 @click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
-              help="exported `sacctmgr -P -n show events format=Cluster,NodeName,TimeStart,"
-                   "TimeEnd,State,Reason,User`")
+              help="with --from: exported `sacctmgr -P -n show events format=Cluster,NodeName,"
+                   "TimeStart,TimeEnd,State,Reason,User`")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-@click.option("--fdr", default=0.01, show_default=True, help="false discovery rate")
-@click.option("--min-failures", default=3, show_default=True)
-@click.option("--min-jobs", default=10, show_default=True)
+@click.option("--drain", is_flag=True,
+              help="drain the lemons (under the blast-radius cap; never over another drain)")
+@click.option("--write-list", is_flag=True,
+              help="publish the lemons to [lemon] list_file for the placement filter "
+                   "(--drain does this too)")
+@click.option("--fdr", type=float, default=None, help="false discovery rate [config: 0.01]")
+@click.option("--min-failures", type=int, default=None)
+@click.option("--min-jobs", type=int, default=None)
 @click.option("--all", "show_all", is_flag=True, help="list every node, not only suspects")
 @click.pass_obj
 def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | None,
-         as_json: bool, fdr: float, min_failures: int, min_jobs: int, show_all: bool) -> None:
+         as_json: bool, drain: bool, write_list: bool, fdr: float | None,
+         min_failures: int | None, min_jobs: int | None, show_all: bool) -> None:
     """Rank nodes by failures against what the fleet's rate predicts for their exposure."""
-    span = parse_span(since)
-    skipped: dict[str, int] = {}
     try:
-        if from_files:
-            jobs = list(_from_files(from_files, skipped))
-            events: list[NodeEvent] = []
-            if events_file:
-                events = parse.parse_events(Path(events_file).read_text(errors="replace"))
-        else:
-            client = obj.client()
-            jobs = list(_from_cluster(client, span, skipped))
-            now = datetime.now(UTC)
-            events = client.events((now - span).strftime(_SLURM_TIME), now.strftime(_SLURM_TIME))
+        cfg = obj.config()
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)
-    except (GpuwardenError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    att = attribute(jobs, health_drains(events))
-    for why, n in att.skipped.items():
-        skipped[why] = skipped.get(why, 0) + n
-    scores = score(att, ScoreConfig(fdr=fdr, min_failures=min_failures, min_jobs=min_jobs))
-    shown = scores if show_all else [s for s in scores if s.lemon or s.failures > s.expected * 2]
-    if as_json:
-        click.echo(json.dumps({"records": len(jobs), "skipped": skipped,
-                               "nodes": [_row(s) for s in shown]}, indent=2))
-        return
+    if (drain or write_list) and from_files:
+        raise click.UsageError("--drain and --write-list act on the live cluster: not with --from")
+    lc = cfg.lemon
+    hist = load_history(obj, since, from_files, events_file, lc.grace_s)
+    att = hist.attribution
+    sc = ScoreConfig(fdr=fdr if fdr is not None else lc.fdr,
+                     min_failures=min_failures if min_failures is not None else lc.min_failures,
+                     min_jobs=min_jobs if min_jobs is not None else lc.min_jobs,
+                     min_ratio=lc.min_ratio)
+    scores = score(att, sc)
     lemons = [s for s in scores if s.lemon]
-    click.echo(f"{len(jobs)} job records, {len(att.exposure)} nodes, "
-               f"fleet failure rate {100 * (scores[0].fleet_rate if scores else 0):.2f}% per "
-               f"node-run; {len(lemons)} lemon(s)")
+    outcomes: dict[str, Outcome] = {}
+    if drain:
+        client = obj.client()
+        outcomes = {o.node: o for o in drain_lemons(lemons, client, cfg.health.blast_radius)}
+    if drain or write_list:
+        entries = [listfile.LemonEntry(s.node, s.summary, s.failures, s.jobs, s.q_value,
+                                       outcomes[s.node].action if s.node in outcomes
+                                       else "not asked to drain") for s in lemons]
+        try:
+            listfile.write(lc.list_file, entries)
+        except OSError as exc:
+            raise click.ClickException(f"{lc.list_file}: cannot write the lemon list "
+                                       f"({exc.strerror}); run as root or set [lemon] "
+                                       "list_file") from None
+    shown = scores if show_all else [s for s in scores if s.lemon or (s.failures > s.expected * 2
+                                     and s.failures >= sc.min_failures)]
+    skipped = dict(att.skipped)
+    if as_json:
+        click.echo(json.dumps({
+            "records": hist.records, "skipped": skipped, "nodes": [_row(s) for s in shown],
+            "drain": [o.__dict__ for o in outcomes.values()]}, indent=2))
+        return
+    rate = scores[0].fleet_rate if scores else 0.0
+    click.echo(f"{hist.records} job records, {len(att.exposure)} nodes, fleet failure rate "
+               f"{100 * rate:.2f}% per node-run; {len(lemons)} lemon(s)")
     for why, n in sorted(skipped.items()):
         click.echo(f"  skipped {n}: {why}")
     click.echo(f"{'NODE':<10} {'JOBS':>6} {'FAILED':>6} {'EXPECTED':>8} {'Q':>9}  VERDICT")
@@ -129,10 +167,36 @@ def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | N
         verdict = s.summary if s.lemon else "-"
         click.echo(f"{s.node:<10} {s.jobs:>6} {s.failures:>6} {s.expected:>8.2f} "
                    f"{s.q_value:>9.2e}  {verdict}")
+        if s.node in outcomes:
+            o = outcomes[s.node]
+            click.echo(f"{'':<12}--drain: {o.action}: {o.detail}")
         if s.lemon:
             for b in s.evidence[:5]:
                 when = datetime.fromtimestamp(b.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
                 job = f"job {b.job_id}" if b.job_id is not None else "no job"
                 click.echo(f"{'':<12}{when}  {job}: {b.reason}")
             if len(s.evidence) > 5:
-                click.echo(f"{'':<12}(+{len(s.evidence) - 5} more)")
+                click.echo(f"{'':<12}(+{len(s.evidence) - 5} more; --json lists all)")
+
+
+@lemon.command("list")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_obj
+def list_cmd(obj: Any, as_json: bool) -> None:
+    """The published lemon list (what the placement filter keeps jobs away from)."""
+    try:
+        path = obj.config().lemon.list_file
+        current = listfile.read(path)
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+    except GpuwardenError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"generated_at": current.generated_at,
+                               "nodes": [e.__dict__ for e in current.entries]}, indent=2))
+        return
+    age = time.time() - current.generated_at
+    click.echo(f"{path}: {len(current.entries)} lemon(s), written {age / 60:.0f} min ago")
+    for e in current.entries:
+        click.echo(f"{e.node:<10} {e.summary}  [{e.action}]")

@@ -136,9 +136,7 @@ def _ended_in(records: Iterable[AcctJob | SlurmError], lo: float,
     """sacct lists a run in every window it overlaps: count it only in the one it ended in
     (runs still going are not finished, so not counted yet)."""
     for r in records:
-        if not isinstance(r, AcctJob):
-            yield r
-        elif r.end_time is not None and lo <= r.end_time < hi:
+        if not isinstance(r, AcctJob) or (r.end_time is not None and lo <= r.end_time < hi):
             yield r
 
 

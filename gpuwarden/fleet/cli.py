@@ -1,0 +1,139 @@
+"""`gpuwarden fleet mttf` and `gpuwarden simulate`."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuwarden.errors import ConfigError
+from gpuwarden.fleet.calibrate import CalibrationError, PaperFigures, solve
+from gpuwarden.fleet.compare import compare
+from gpuwarden.fleet.mttf import human_hours, report
+from gpuwarden.fleet.simulate import Fleet, write_history
+from gpuwarden.lemon.cli import load_history, progress
+
+_COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
+
+
+def parse_cost(text: str) -> float:
+    m = _COST.match(text.strip())
+    if not m:
+        raise click.BadParameter(f"{text!r}: expected a duration like 30s, 2m or 0.5h")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected GPU counts like 16384,131072") from None
+    if not sizes or min(sizes) <= 0:
+        raise click.BadParameter(f"{text!r}: expected positive GPU counts")
+    return sizes
+
+
+@click.group("fleet")
+def fleet() -> None:
+    """Fleet reliability from the site's own accounting."""
+
+
+@fleet.command("mttf")
+@click.option("--since", default="30d", show_default=True, help="how far back to read")
+@click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
+              help="exported `sacct --json` output (a file, or a directory of *.json) instead "
+                   "of the cluster (repeatable)")
+@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
+              help="with --from: exported `sacctmgr show events` (for the node failure rate)")
+@click.option("--ckpt-cost", default="30s", show_default=True,
+              help="time one checkpoint stalls the job")
+@click.option("--project", "project_to", default="16384,131072", show_default=True,
+              help="job sizes (GPUs) to project the MTTF to")
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def mttf(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | None,
+         ckpt_cost: str, project_to: str, gpus_per_node: int, as_json: bool) -> None:
+    """MTTF by job size, its 1/N projection, and the Young/Daly checkpoint interval."""
+    cost = parse_cost(ckpt_cost)
+    sizes = parse_sizes(project_to)
+    try:
+        grace = obj.config().lemon.grace_s
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+    hist = load_history(obj, since, from_files, events_file, grace)
+    rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes)
+    if as_json:
+        click.echo(json.dumps({"records": hist.records, **asdict(rep)}, indent=2, default=str))
+        return
+    click.echo(f"{hist.records} job records; failures are those the attribution rules blame on "
+               "the infrastructure (docs/lemons.md)")
+    click.echo(f"{'GPUS':>6} {'RUNS':>7} {'JOB-HOURS':>10} {'FAILED':>6} {'RATE':>6} "
+               f"{'MTTF':>9} {'YOUNG':>9} {'DALY':>9}   (checkpoint cost {cost:g} s)")
+    for c in rep.classes:
+        click.echo(f"{'<=' + str(c.gpus):>6} {c.runs:>7} {c.hours:>10.1f} {c.failures:>6} "
+                   f"{100 * c.failure_rate:>5.1f}% {human_hours(c.mttf_h):>9} "
+                   f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9}")
+    if rep.node_rate:
+        click.echo(f"node failure rate r_f: {rep.node_failures} health-gating drains in "
+                   f"{rep.node_days:.0f} node-days = {1000 * rep.node_rate:.2f} per 1000 "
+                   "node-days")
+    else:
+        click.echo("node failure rate r_f: no health-gating drains in this history")
+    click.echo("projected MTTF (1/N):")
+    for pr in rep.projections:
+        click.echo(f"  {pr.gpus:>7} GPUs: {human_hours(pr.from_node_rate_h):>9} from r_f;  "
+                   f"{human_hours(pr.from_history_h):>9} from the pooled per-GPU job failure "
+                   "rate")
+
+
+def _simulate(nodes: int, days: int, seed: int, lemon_fraction: float, records: int | None,
+              out: str | None, do_compare: bool, seeds: int) -> None:
+    if nodes < 128 or days < 1 or not 0 <= lemon_fraction < 0.5 or seeds < 1:
+        raise click.UsageError("need --nodes >= 128 (a 1024-GPU job), --days >= 1, "
+                               "--lemon-fraction in [0, 0.5), --seeds >= 1")
+    try:
+        params = solve(PaperFigures(lemon_fraction=lemon_fraction))
+    except CalibrationError as exc:
+        raise click.ClickException(f"calibration: {exc}") from None
+    click.echo(f"calibrated: normal nodes {1000 * params.normal_rate:.2f}, transient "
+               f"{1000 * params.transient_rate:.2f}, lemons {1000 * params.lemon_rate:.0f} "
+               f"failures per 1000 busy node-days ({100 * params.lemon_detected:.0f}% of a "
+               f"lemon's caught by health checks); fabric {1000 * params.fabric_rate:.2f} per "
+               f"extra node; >=512-GPU runs last {params.mix[-1].mean_hours:.2f} h on average")
+    if out:
+        w = write_history(params, Fleet(nodes=nodes, days=days, seed=seed, records=records),
+                          Path(out), progress("writing day"))
+        click.echo(f"wrote {w.records} job records in {len(w.files)} files, {w.events.name} and "
+                   f"{w.truth.name} ({len(w.lemons)} lemons) to {out}")
+        click.echo(f"scan it: gpuwarden lemon scan --from {out}/sacct --events {w.events}")
+    if do_compare:
+        rows = compare(params, nodes, days, seeds, PaperFigures(lemon_fraction=lemon_fraction),
+                       say=lambda s: click.echo(s, err=True))
+        click.echo(f"\n{nodes} nodes x {days} days, {seeds} seed(s) pooled")
+        click.echo(f"{'FIGURE':<52} {'PAPER':>22} {'SIMULATED':>12}")
+        for r in rows:
+            click.echo(f"{r.figure:<52} {r.paper:>22} {r.simulated:>12}")
+
+
+@click.command("simulate")
+@click.option("--nodes", default=2000, show_default=True)
+@click.option("--days", default=30, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--lemon-fraction", default=0.012, show_default=True)
+@click.option("--records", type=int, default=None,
+              help="job records to make (default: as many as keep 90% of the fleet busy)")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="write the history here (sacct/dayNNN.json, events.txt, truth.json)")
+@click.option("--compare/--no-compare", "do_compare", default=True, show_default=True,
+              help="simulate, scan and set the measured figures beside the paper's")
+@click.option("--seeds", default=3, show_default=True, help="fleets pooled in --compare")
+def simulate(**kwargs: Any) -> None:
+    """A fleet and its job history, calibrated to Meta's published reliability figures."""
+    _simulate(**kwargs)

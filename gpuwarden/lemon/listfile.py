@@ -1,0 +1,86 @@
+"""The current lemon list: one JSON file, replaced atomically, read by the placement filter."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuwarden.errors import GpuwardenError, SlurmError
+from gpuwarden.health.store import atomic_write
+from gpuwarden.slurm.client import check_node_name
+
+VERSION = 1
+
+
+class LemonListError(GpuwardenError):
+    """The lemon list cannot be read or is not what `lemon scan` writes."""
+
+
+@dataclass(frozen=True)
+class LemonEntry:
+    node: str
+    summary: str
+    failures: int
+    jobs: int
+    q_value: float
+    action: str  # what --drain did: drained, held (cap), already out, not asked
+
+
+@dataclass(frozen=True)
+class LemonList:
+    generated_at: float
+    entries: tuple[LemonEntry, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(e.node for e in self.entries)
+
+
+def write(path: str, entries: list[LemonEntry], now: float | None = None) -> None:
+    doc = {"version": VERSION, "generated_at": now if now is not None else time.time(),
+           "nodes": [asdict(e) for e in entries]}
+    directory, name = os.path.split(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    # World-readable: the placement daemon and operators read it; only root writes it.
+    atomic_write(directory, name, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o644)
+
+
+def _entry(item: Any, path: str, i: int) -> LemonEntry:
+    if not isinstance(item, dict):
+        raise LemonListError(f"{path}: nodes[{i}] is not an object")
+    try:
+        entry = LemonEntry(node=check_node_name(str(item["node"])), summary=str(item["summary"]),
+                           failures=int(item["failures"]), jobs=int(item["jobs"]),
+                           q_value=float(item["q_value"]), action=str(item["action"]))
+    except KeyError as exc:
+        raise LemonListError(f"{path}: nodes[{i}] has no {exc.args[0]!r}") from None
+    except (TypeError, ValueError, SlurmError) as exc:
+        raise LemonListError(f"{path}: nodes[{i}]: {exc}") from None
+    return entry
+
+
+def read(path: str) -> LemonList:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise LemonListError(f"{path}: no lemon list yet (run `gpuwarden lemon scan "
+                             "--write-list` or `--drain`)") from None
+    except OSError as exc:
+        raise LemonListError(f"{path}: cannot read ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LemonListError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        raise LemonListError(f"{path}: expected a version {VERSION} lemon list")
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        raise LemonListError(f"{path}: 'nodes' is not a list")
+    generated = doc.get("generated_at")
+    if not isinstance(generated, (int, float)):
+        raise LemonListError(f"{path}: 'generated_at' is not a time")
+    return LemonList(float(generated), tuple(_entry(x, path, i) for i, x in enumerate(nodes)))
+
