@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from gpuwarden.errors import NotOurDrainError
+from gpuwarden.slurm.client import gpuwarden_reason, refuse_unless_ours
+from gpuwarden.slurm.models import Node
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError
 
 Handler = Callable[[Sequence[str]], CommandResult]
@@ -48,3 +51,35 @@ def node_json(name: str, state: Sequence[str], reason: str = "", by: str = "") -
 
 def timeout(argv: Sequence[str]) -> CommandTimeoutError:
     return CommandTimeoutError(argv, 30)
+
+
+@dataclass
+class FakeSlurm:
+    """A SlurmClient over a table of nodes, with Slurm's drain rules."""
+
+    table: dict[str, Node]
+    now: float = 1_800_000_000.0
+    log: list[str] = field(default_factory=list)
+
+    def nodes(self) -> list[Node]:
+        return list(self.table.values())
+
+    def node(self, name: str) -> Node:
+        return self.table[name]
+
+    def drain(self, name: str, reason: str) -> None:
+        refuse_unless_ours(self.table[name], "drain")
+        self.table[name] = replace(self.table[name], state=("IDLE", "DRAIN"),
+                                   reason=gpuwarden_reason(reason), reason_changed_at=int(self.now))
+        self.log.append(f"drain {name}")
+
+    def resume(self, name: str) -> bool:
+        self.table[name] = replace(self.table[name], state=("IDLE",), reason="")
+        self.log.append(f"resume {name}")
+        return True
+
+    def set_comment(self, name: str, text: str) -> None:
+        current = self.table[name].comment
+        if current and not current.startswith("gpuwarden:"):
+            raise NotOurDrainError(f"comment of {name} is not ours")
+        self.table[name] = replace(self.table[name], comment=gpuwarden_reason(text) if text else "")

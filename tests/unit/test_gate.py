@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import pytest
 
-from gpuwarden.errors import NotOurDrainError
 from gpuwarden.health import gate
 from gpuwarden.health.config import BlastRadius
 from gpuwarden.health.model import CheckResult, Status, Verdict
-from gpuwarden.slurm.client import gpuwarden_reason, refuse_unless_ours
 from gpuwarden.slurm.models import Node
+from tests.fakes import FakeSlurm
 
 NOW = 1_800_000_000.0
 
@@ -137,35 +136,6 @@ def test_absolute_cap_applies_across_partitions() -> None:
 
 def test_one_node_can_always_be_drained_in_a_small_partition() -> None:
     assert gate.cap_allows("c1", fleet(n=3), BlastRadius(max_drained_pct=10), NOW)[0]
-
-
-@dataclass
-class FakeSlurm:
-    table: dict[str, Node]
-    log: list[str] = field(default_factory=list)
-
-    def nodes(self) -> list[Node]:
-        return list(self.table.values())
-
-    def node(self, name: str) -> Node:
-        return self.table[name]
-
-    def drain(self, name: str, reason: str) -> None:
-        refuse_unless_ours(self.table[name], "drain")
-        self.table[name] = replace(self.table[name], state=("IDLE", "DRAIN"),
-                                   reason=gpuwarden_reason(reason), reason_changed_at=int(NOW))
-        self.log.append(f"drain {name}")
-
-    def resume(self, name: str) -> bool:
-        self.table[name] = replace(self.table[name], state=("IDLE",), reason="")
-        self.log.append(f"resume {name}")
-        return True
-
-    def set_comment(self, name: str, text: str) -> None:
-        current = self.table[name].comment
-        if current and not current.startswith("gpuwarden:"):
-            raise NotOurDrainError(f"comment of {name} is not ours")
-        self.table[name] = replace(self.table[name], comment=gpuwarden_reason(text) if text else "")
 
 
 def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:

@@ -165,7 +165,7 @@ def test_lemon_scan_from_an_export_ranks_the_lemon_with_its_evidence(tmp_path) -
                              obj=Context())
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["records"] == 4000 and doc["skipped"] == {f"{export}: malformed record": 1}
+    assert doc["records"] == 4001 and doc["skipped"] == {f"{export}: malformed record": 1}
     lemons = [n for n in doc["nodes"] if n["lemon"]]
     assert [n["node"] for n in lemons] == ["n7"]
     assert lemons[0]["failures"] == len(lemons[0]["evidence"]) >= 3
@@ -182,3 +182,113 @@ def test_lemon_scan_rejects_a_file_that_is_not_sacct_json(tmp_path) -> None:  # 
     bad.write_text("hello")
     res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(bad)], obj=Context())
     assert res.exit_code == 1 and "expected `sacct --json` output" in res.output
+
+
+def ev(node: str, at: float, state: str = "DOWN*", reason: str = "Not responding",
+       end: float | None = None) -> NodeEvent:
+    from datetime import datetime
+
+    def fmt(t: float | None) -> str:
+        return "Unknown" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+    return NodeEvent("g", node, fmt(at), fmt(end), state, reason, "root")
+
+
+def test_a_gang_failure_is_pinned_on_the_node_that_went_down() -> None:
+    from gpuwarden.lemon.attribution import node_failures
+
+    run = job(1, "NODE_FAIL", "c[1-4]")
+    down = ev("c3", T0 + 3600 - 20)  # slurmctld marked c3 down just before the run ended
+    att = attribute([run], failures=node_failures([down]))
+    assert [(b.node, b.weight) for b in att.blames] == [("c3", 1.0)]
+    assert "c3 failed at the time" in att.blames[0].reason
+    # An event long before the run ended says nothing about this run: blame is spread.
+    old = ev("c3", T0 - 7200)
+    assert blamed([run], None) == {f"c{i}": 0.25 for i in range(1, 5)}
+    assert len(attribute([run], failures=node_failures([old])).blames) == 4
+
+
+def test_operator_drains_and_lemon_drains_are_not_node_failures() -> None:
+    from gpuwarden.lemon.attribution import node_failures
+
+    events = [ev("c1", T0, "DRAIN", "maintenance"), ev("c2", T0, "DRAIN", "gpuwarden: lemon, x"),
+              ev("c3", T0, "DRAIN", "gpuwarden: xid 79"), ev("c4", T0)]
+    assert sorted(d.node for d in node_failures(events)) == ["c3", "c4"]
+
+
+def test_rule7_a_repaired_lemon_starts_clean() -> None:
+    from gpuwarden.lemon.attribution import lemon_clears
+
+    history = [job(i, "NODE_FAIL", "c1", start=T0 + i * 7200) for i in range(5)]
+    resumed_at = T0 + 5 * 7200
+    drain = ev("c1", T0 + 4 * 7200 + 3700, "DRAIN", "gpuwarden: lemon, 5 of 5 jobs failed",
+               end=resumed_at)
+    clears = lemon_clears([drain])
+    assert clears == {"c1": pytest.approx(resumed_at)}
+    after = [job(10, "COMPLETED", "c1", start=resumed_at + 100)]
+    att = attribute(history + after, clears=clears)
+    assert att.blames == [] and att.exposure["c1"].jobs == 1
+    # Still drained (no end yet): the evidence stands.
+    open_drain = ev("c1", T0 + 4 * 7200 + 3700, "DRAIN", "gpuwarden: lemon, 5 of 5")
+    assert lemon_clears([open_drain]) == {}
+
+
+def test_expected_failures_follow_the_sizes_of_a_nodes_runs() -> None:
+    """A node that only runs big jobs (which fail more) is not a lemon for failing with them."""
+    from gpuwarden.lemon.scoring import expected_failures
+
+    jobs = []
+    for i in range(200):  # 16-node jobs on b1-b16 fail 20% of the time, spread
+        state = "FAILED" if i % 5 == 0 else "COMPLETED"
+        jobs.append(job(i, state, "b[1-16]", start=T0 + i * 7200, exit_code=1))
+    for i in range(200):  # one-node jobs elsewhere rarely fail
+        jobs.append(job(1000 + i, "NODE_FAIL" if i == 0 else "COMPLETED", f"s{i % 20}",
+                        start=T0 + i * 600))
+    att = attribute(jobs)
+    exp = expected_failures(att)
+    assert exp["b1"] == pytest.approx(40.0)
+    assert not [s.node for s in score(att) if s.lemon]
+
+
+def test_history_merges_files_read_in_parallel(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuwarden.lemon.history import from_files
+
+    jobs = fleet_history({"n7"}, seed=4)
+    paths = []
+    for k in range(4):
+        p = tmp_path / f"part{k}.json"
+        p.write_text(sacct_export(jobs[k::4]))
+        paths.append(str(p))
+    one = from_files(paths, [], workers=1)
+    two = from_files(paths, [], workers=2)
+    assert one.records == two.records == 4004
+    for h in (one, two):
+        assert {n: e.jobs for n, e in h.attribution.exposure.items()} == {
+            n: e.jobs for n, e in attribute(jobs).exposure.items()}
+    assert [s.node for s in score(two.attribution) if s.lemon] == ["n7"]
+
+
+def test_cluster_windows_count_each_run_once() -> None:
+    """sacct lists a run in every day window it overlaps; it must count once."""
+    from datetime import UTC, datetime, timedelta
+
+    from gpuwarden.lemon.history import from_cluster
+
+    now = datetime(2026, 11, 29, 12, tzinfo=UTC)
+    long_run = job(1, "NODE_FAIL", "c1", start=int((now - timedelta(hours=30)).timestamp()),
+                   hours=12)
+
+    class Client:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str]] = []
+
+        def events(self, start: str, end: str) -> list[NodeEvent]:
+            return []
+
+        def acct_jobs(self, start: str, end: str):  # type: ignore[no-untyped-def]
+            self.calls.append((start, end))
+            return iter([long_run])  # overlaps both windows
+
+    c = Client()
+    h = from_cluster(c, timedelta(days=2), now=now)  # type: ignore[arg-type]
+    assert len(c.calls) == 2 and h.attribution.exposure["c1"].jobs == 1
+    assert len(h.attribution.blames) == 1
