@@ -55,6 +55,9 @@ class Blame:
     at: float
     reason: str
     size: int = 0  # size bucket of the run; 0 for a drain without a run (rule 5)
+    # The evidence names this node (a one-node run, the node an event says failed, a drain),
+    # rather than spreading a gang job's failure over all of its nodes.
+    pinned: bool = True
 
 
 @dataclass
@@ -70,7 +73,9 @@ class Attribution:
     exposure: dict[str, Exposure] = field(default_factory=lambda: defaultdict(Exposure))
     skipped: Counter[str] = field(default_factory=Counter)
     runs_by_size: Counter[int] = field(default_factory=Counter)   # node-runs per bucket
-    failed_by_size: Counter[int] = field(default_factory=Counter)  # blamed node-runs per bucket
+    # Blamed node-runs per bucket: pinned on the node, or spread over a gang job's nodes.
+    pinned_by_size: Counter[int] = field(default_factory=Counter)
+    spread_by_size: Counter[int] = field(default_factory=Counter)
     # Per GPU-count class (powers of two): runs, job-hours, runs blamed on the infrastructure.
     gpu_runs: Counter[int] = field(default_factory=Counter)
     gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
@@ -87,7 +92,8 @@ class Attribution:
             mine.by_size.update(e.by_size)
         self.skipped.update(other.skipped)
         self.runs_by_size.update(other.runs_by_size)
-        self.failed_by_size.update(other.failed_by_size)
+        self.pinned_by_size.update(other.pinned_by_size)
+        self.spread_by_size.update(other.spread_by_size)
         self.gpu_runs.update(other.gpu_runs)
         for g, h in other.gpu_hours.items():
             self.gpu_hours[g] += h
@@ -202,6 +208,9 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
     clears = clears or {}
     failures = drains if failures is None else failures
     exposure = result.exposure
+    # Exposure is tallied per distinct node list and spread over its nodes once at the end:
+    # at millions of records, touching every node of every run dominated the scan.
+    tally: dict[tuple[str, int], list[float]] = {}
     for job in jobs:
         try:
             all_nodes = _nodes(job)
@@ -216,7 +225,8 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
         if start is None or end is None or end < start:
             result.skipped["no start or end time"] += 1
             continue
-        nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if clears else all_nodes
+        cleared = bool(clears) and any(n in clears for n in all_nodes)
+        nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if cleared else all_nodes
         hours = (end - start) / 3600
         size = size_bucket(len(all_nodes))
         gclass = gpu_class(job.gpus)
@@ -225,11 +235,19 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
         result.first_start = min(result.first_start, start)
         result.last_end = max(result.last_end, end)
         result.runs_by_size[size] += len(nodes)
-        for n in nodes:
-            e = exposure[n]
-            e.jobs += 1
-            e.hours += hours
-            e.by_size[size] += 1
+        if cleared:
+            for n in nodes:
+                e = exposure[n]
+                e.jobs += 1
+                e.hours += hours
+                e.by_size[size] += 1
+        else:
+            t = tally.get((job.nodes, size))
+            if t is None:
+                tally[(job.nodes, size)] = [1, hours]
+            else:
+                t[0] += 1
+                t[1] += hours
         reason = _rule(job, all_nodes, drains, grace_s, start, end)
         if reason is None:
             continue
@@ -237,12 +255,20 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
         culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
         if culprits:
             reason += f"; {', '.join(culprits[:3])} failed at the time"
-        blamed = [n for n in (culprits or all_nodes) if n in nodes] if clears else (
+        blamed = [n for n in (culprits or all_nodes) if n in nodes] if cleared else (
             culprits or all_nodes)
         weight = 1.0 / len(culprits or all_nodes)
-        result.failed_by_size[size] += len(blamed)
+        pinned = len(all_nodes) == 1 or bool(culprits)
+        (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
         for n in blamed:
-            result.blames.append(Blame(n, weight, job.job_id, float(end), reason, size))
+            result.blames.append(Blame(n, weight, job.job_id, float(end), reason, size, pinned))
+    for (text, size), (count, hours) in tally.items():
+        runs = int(count)
+        for n in _expand(text):
+            e = exposure[n]
+            e.jobs += runs
+            e.hours += hours
+            e.by_size[size] += runs
     return result
 
 
