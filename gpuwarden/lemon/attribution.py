@@ -33,7 +33,7 @@ in pieces, in parallel.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -249,19 +249,30 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
                 t[0] += 1
                 t[1] += hours
         reason = _rule(job, all_nodes, drains, grace_s, start, end)
-        if reason is None:
-            continue
-        result.gpu_failures[gclass] += 1
-        culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
-        if culprits:
-            reason += f"; {', '.join(culprits[:3])} failed at the time"
-        blamed = [n for n in (culprits or all_nodes) if n in nodes] if cleared else (
-            culprits or all_nodes)
-        weight = 1.0 / len(culprits or all_nodes)
-        pinned = len(all_nodes) == 1 or bool(culprits)
-        (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
-        for n in blamed:
-            result.blames.append(Blame(n, weight, job.job_id, float(end), reason, size, pinned))
+        if reason is not None:
+            result.gpu_failures[gclass] += 1
+            _blame(result, job.job_id, all_nodes, nodes, end, size, reason, failures, grace_s)
+    _spread_tally(exposure, tally)
+    return result
+
+
+def _blame(result: Attribution, job_id: int, all_nodes: tuple[str, ...],
+           in_scope: Sequence[str], end: int, size: int, reason: str,
+           failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
+    culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
+    if culprits:
+        reason += f"; {', '.join(culprits[:3])} failed at the time"
+    named = culprits or all_nodes
+    blamed = list(named) if in_scope is all_nodes else [n for n in named if n in set(in_scope)]
+    weight = 1.0 / len(culprits or all_nodes)
+    pinned = len(all_nodes) == 1 or bool(culprits)
+    (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
+    for n in blamed:
+        result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned))
+
+
+def _spread_tally(exposure: dict[str, Exposure],
+                  tally: dict[tuple[str, int], list[float]]) -> None:
     for (text, size), (count, hours) in tally.items():
         runs = int(count)
         for n in _expand(text):
@@ -269,7 +280,6 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
             e.jobs += runs
             e.hours += hours
             e.by_size[size] += runs
-    return result
 
 
 def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
