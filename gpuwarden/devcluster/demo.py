@@ -71,8 +71,37 @@ def health(h: Harness, say: Say) -> None:
         h.exec("slurmctld", ["scancel", str(b)])
 
 
+def lemons(h: Harness, say: Say) -> None:
+    say("== 5. Lemon nodes: c6 fails jobs now and then while its health checks pass ==")
+    nodes = [f"c{i}" for i in range(1, 9)]
+    start = h.exec("slurmctld", ["date", "-u", "+%Y-%m-%dT%H:%M:%S"]).check("date").out.strip()
+    h.make_flaky("c6", 0.95)
+    _show(h, say, "", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], host="c6")
+    jobs = h.submit_pairs(nodes, rounds=2, name="demo-pair")
+    say(f"submitted {len(jobs)} two-node jobs, one for each pair of nodes, twice; waiting...")
+    states = h.wait_finished(jobs, timeout=600)
+    failed = sum(1 for s in states.values() if s != "COMPLETED")
+    say(f"{len(jobs) - failed} COMPLETED, {failed} FAILED. Which node is to blame? Slurm's "
+        "accounting knows:")
+    _show(h, say, "", ["gpuwarden", "lemon", "scan", "--since", start, "--drain"])
+    _show(h, say, "", ["sinfo", "-R"])
+    _show(h, say, "", ["gpuwarden", "lemon", "list"])
+    say("Health gating sees c6 healthy, but leaves the lemon drain alone:")
+    h.write_fake("c6", "flaky", "0\n")
+    _show(h, say, "", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], host="c6")
+    _show(h, say, "", ["sinfo", "-n", "c6", "-o", "%N %t %E"])
+    say("MTTF by job size from the same accounting, and the checkpoint interval:")
+    _show(h, say, "", ["gpuwarden", "fleet", "mttf", "--since", start, "--ckpt-cost", "1s"])
+    _show(h, say, "x", ["gpuwarden", "resume", "c6"])
+    say("== 6. The same analytics on a simulated 2,000-node fleet, calibrated to Meta's "
+        "published figures ==")
+    _show(h, say, "x", ["gpuwarden", "simulate", "--nodes", "2000", "--days", "30",
+                        "--seeds", "1"])
+
+
 def run(h: Harness, say: Say) -> None:
     h.prepare_jobs_dir()
     foundation(h, say)
     health(h, say)
+    lemons(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")

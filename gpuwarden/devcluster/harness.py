@@ -18,6 +18,8 @@ from gpuwarden.slurm.models import AcctJob, Job
 
 JOBS_DIR = f"{FSX_PATH}/jobs"
 FAKE_DIR = "/var/lib/gpuwarden-fake"
+# A training step on fake GPUs, for jobs to `srun` (see docker-cluster/fake-gpu-job).
+FAKE_JOB = "/opt/gpuwarden/docker-cluster/fake-gpu-job"
 
 # Run inside a node: edit the fake GPU file or append a kernel-log record in /dev/kmsg format.
 _FAULT_SCRIPT = r"""
@@ -121,6 +123,37 @@ class Harness:
             time.sleep(1.0)
         raise JobWaitError(f"sacct: job {job_id} not {state} after {timeout:.0f} s: {last}")
 
+    def submit_pairs(self, nodes: list[str], rounds: int = 1, name: str = "pair") -> list[int]:
+        """Two-node GPU jobs running `fake-gpu-job` over every pair of ``nodes``, so each node
+        shares runs with every other (one always paired with the same neighbour could not be
+        told apart from it)."""
+        jobs = []
+        for _ in range(rounds):
+            for i, a in enumerate(nodes):
+                for b in nodes[i + 1:]:
+                    jobs.append(self.sbatch("-N2", f"--nodelist={a},{b}", "--gpus-per-node=8",
+                                            "--time=2", name=name, wrap=f"srun {FAKE_JOB}"))
+        return jobs
+
+    def wait_finished(self, jobs: list[int], timeout: float = 300.0) -> dict[int, str]:
+        """Wait until accounting shows every job finished; each job's final state."""
+        done: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        ids = ",".join(map(str, jobs))
+        while time.monotonic() < deadline:
+            out = self.exec("slurmctld", ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j",
+                                          ids], timeout=30).check("sacct").out
+            for line in out.splitlines():
+                jid, _, state = line.partition("|")
+                word = state.split()[0] if state.split() else ""
+                if jid.isdigit() and word in TERMINAL:
+                    done[int(jid)] = word
+            if len(done) == len(jobs):
+                return done
+            time.sleep(3.0)
+        raise JobWaitError(f"{len(jobs) - len(done)} of {len(jobs)} jobs not finished after "
+                           f"{timeout:.0f} s")
+
     # ---- GPU faults (fake probe and kernel log) -------------------------------------------------
     def _fault(self, host: str, **args: object) -> None:
         payload = json.dumps({"dir": FAKE_DIR, **args})
@@ -139,9 +172,14 @@ class Harness:
         """Overwrite gpus.json or kmsg with anything, garbage included."""
         self._fault(host, op="raw", file=file, text=text)
 
+    def make_flaky(self, host: str, probability: float) -> None:
+        """Steps of `fake-gpu-job` on ``host`` fail this often; health checks see nothing."""
+        self.write_fake(host, "flaky", f"{probability}\n")
+
     def clear_gpu_faults(self, host: str) -> None:
         self.write_fake(host, "gpus.json", healthy_fake(self.cluster.spec.cluster.gpus_per_node))
         self.write_fake(host, "kmsg", "")
+        self.write_fake(host, "flaky", "0\n")
 
     # ---- fault injection -----------------------------------------------------------------------
     def container(self, host: str) -> Any:

@@ -80,7 +80,10 @@ def mttf(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | N
         click.echo(f"{'<=' + str(c.gpus):>6} {c.runs:>7} {c.hours:>10.1f} {c.failures:>6} "
                    f"{100 * c.failure_rate:>5.1f}% {human_hours(c.mttf_h):>9} "
                    f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9}")
-    if rep.node_rate:
+    if rep.node_days < 30:
+        click.echo(f"node failure rate r_f: too little history ({rep.node_days:.1f} node-days; "
+                   "a rate needs months of node time)")
+    elif rep.node_rate:
         click.echo(f"node failure rate r_f: {rep.node_failures} health-gating drains in "
                    f"{rep.node_days:.0f} node-days = {1000 * rep.node_rate:.2f} per 1000 "
                    "node-days")

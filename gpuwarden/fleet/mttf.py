@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution
 from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
@@ -70,10 +71,23 @@ def daly(cost_h: float, mttf_h: float) -> float:
     return math.sqrt(2 * cost_h * mttf_h) * (1 + math.sqrt(x) / 3 + x / 9) - cost_h
 
 
-def node_failures(events: Iterable[NodeEvent]) -> int:
-    """Health-gating drains (lemon drains and operators' drains are not node failures)."""
-    return sum(1 for e in events if e.reason.startswith(REASON_PREFIX)
-               and not e.reason.startswith(LEMON_PREFIX) and "DRAIN" in e.state.upper())
+def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
+                  until: float = float("inf")) -> int:
+    """Health-gating drains that began in [since, until] (lemon drains and operators' drains
+    are not node failures; a drain that began before the history did is not its failure)."""
+    n = 0
+    for e in events:
+        if not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
+            continue
+        if "DRAIN" not in e.state.upper():
+            continue
+        try:
+            at = datetime.fromisoformat(e.start).timestamp()
+        except ValueError:
+            continue
+        if since <= at <= until:
+            n += 1
+    return n
 
 
 def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
@@ -91,7 +105,7 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     per_gpu = gpu_hours / failures if failures else None
     span_days = max(0.0, att.last_end - att.first_start) / 86_400
     node_days = span_days * len(att.exposure)
-    nf = node_failures(events)
+    nf = node_failures(events, att.first_start, att.last_end)
     rate = nf / node_days if node_days and nf else None
     projections = tuple(
         Projection(n, per_gpu / n if per_gpu else None,

@@ -29,6 +29,23 @@ def parse_span(text: str) -> timedelta:
     return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
 
 
+def parse_since(text: str, now: datetime) -> timedelta:
+    """A span back from now (30d), or a point in time (2026-11-29T12:00:00, UTC unless it says
+    otherwise), for example the moment a repair was finished."""
+    if _SPAN.match(text.strip()):
+        return parse_span(text)
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected a span like 90m, 12h, 30d or 2w, or a "
+                                 "time like 2026-11-29T12:00:00") from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    if at >= now:
+        raise click.BadParameter(f"{text!r} is not in the past")
+    return now - at
+
+
 def progress(label: str) -> Any:
     """A progress line on stderr for long reads (a terminal sees it update in place)."""
     tty = sys.stderr.isatty()
@@ -61,7 +78,8 @@ def expand_paths(items: tuple[str, ...]) -> list[str]:
 def load_history(obj: Any, since: str, from_files: tuple[str, ...],
                  events_file: str | None, grace_s: float) -> history.History:
     """The history from files or the live cluster; errors exit with what to do."""
-    span = parse_span(since)
+    now = datetime.now(UTC)
+    span = parse_since(since, now)
     try:
         if from_files:
             paths = expand_paths(from_files)
@@ -70,7 +88,7 @@ def load_history(obj: Any, since: str, from_files: tuple[str, ...],
                                       progress=progress("reading file"))
         if events_file:
             raise click.UsageError("--events goes with --from (the cluster has its own)")
-        return history.from_cluster(obj.client(), span, grace_s,
+        return history.from_cluster(obj.client(), span, grace_s, now=now,
                                     progress=progress("reading accounting, day"))
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
@@ -97,7 +115,8 @@ def lemon() -> None:
 
 @lemon.command("scan")
 @click.option("--since", "since", default="30d", show_default=True,
-              help="how far back to read accounting (90m, 12h, 30d, 2w)")
+              help="how far back to read accounting: 90m, 12h, 30d, 2w, or a time "
+                   "(2026-11-29T12:00:00, UTC)")
 @click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
               help="scan exported `sacct --json` output (a file, or a directory of *.json) "
                    "instead of asking the cluster (repeatable)")

@@ -160,13 +160,18 @@ def _ended_in(records: Iterable[AcctJob | SlurmError], lo: float,
             yield r
 
 
+def _slurm_time(at: datetime) -> str:
+    # sacct and sacctmgr read times without a zone as the controller's local time.
+    return at.astimezone().strftime(SLURM_TIME)
+
+
 def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S,
                  now: datetime | None = None,
                  progress: Callable[[int, int], None] | None = None) -> History:
     """One day per sacct call, so a long scan never asks slurmdbd for everything at once."""
     end = (now or datetime.now(UTC)).replace(microsecond=0)
     start = end - since
-    events = client.events(start.strftime(SLURM_TIME), end.strftime(SLURM_TIME))
+    events = client.events(_slurm_time(start), _slurm_time(end))
     known = _Known.of(events, grace_s)
     att, total = Attribution(), 0
     days = max(1, -(-int(since.total_seconds()) // 86_400))
@@ -174,7 +179,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
     while start < end:
         stop = min(start + timedelta(days=1), end)
         with gc_paused():
-            records = client.acct_jobs(start.strftime(SLURM_TIME), stop.strftime(SLURM_TIME))
+            records = client.acct_jobs(_slurm_time(start), _slurm_time(stop))
             att, n = _count(att, _ended_in(records, start.timestamp(), stop.timestamp()), "",
                             known)
         total += n

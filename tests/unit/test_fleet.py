@@ -33,14 +33,17 @@ def test_mttf_by_size_counts_only_infrastructure_failures() -> None:
     jobs = [gjob(1, "COMPLETED", "c1", 8, 10), gjob(2, "NODE_FAIL", "c2", 8, 5),
             gjob(3, "FAILED", "c3", 8, 5),  # the user's: not a failure of the fleet
             gjob(4, "FAILED", "c[1-2]", 16, 2), gjob(5, "COMPLETED", "c[3-4]", 16, 2)]
-    events = [ev("c9", T0), ev("c8", T0, "DRAIN", "gpuwarden: xid 79"),
-              ev("c7", T0, "DRAIN", "maintenance")]
+    during = T0 + 15_000
+    events = [ev("c9", during), ev("c8", during, "DRAIN", "gpuwarden: xid 79"),
+              ev("c7", during, "DRAIN", "maintenance"),
+              ev("c6", T0 - 86_400, "DRAIN", "gpuwarden: xid 48")]  # began before the history
     rep = mttf.report(attribute(jobs), events, 8, 30.0, (16_384,))
     by = {c.gpus: c for c in rep.classes}
     assert (by[8].runs, by[8].failures, by[8].mttf_h) == (3, 1, pytest.approx(20.0))
     assert (by[16].failures, by[16].mttf_h) == (1, pytest.approx(4.0))
     assert by[8].young_h == pytest.approx(mttf.young(30 / 3600, 20.0))
-    assert rep.node_failures == 1  # the health drain; not the DOWN, not the operator's drain
+    # The health drain; not the DOWN, not the operator's drain, not one older than the history.
+    assert rep.node_failures == 1
     assert rep.per_gpu_mttf_h == pytest.approx((20 * 8 + 4 * 16) / 2)
 
 

@@ -1,0 +1,100 @@
+"""Issue 4's proof in the real cluster: a node that fails jobs now and then, while its health
+checks pass, is found in Slurm's own accounting and drained with the jobs as evidence."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+
+from gpuwarden.devcluster.harness import Harness
+from gpuwarden.slurm.hostlist import expand
+from tests.e2e.test_foundation import wait_for
+from tests.e2e.test_health import NODES, nodes, periodic
+
+pytestmark = pytest.mark.timeout(600)
+LEMON = "c6"
+
+
+def scan(h: Harness, since: str, *extra: str) -> dict[str, object]:
+    res = h.gpuwarden("slurmctld", "lemon", "scan", "--since", since, "--json", *extra,
+                      timeout=120)
+    assert res.rc == 0, res.out + res.err
+    return json.loads(res.out)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def fleet(cluster: Harness) -> Iterator[Harness]:
+    for n in NODES:
+        cluster.clear_gpu_faults(n)
+    assert not [n for n in nodes(cluster).values() if n.drained or n.down], \
+        "the lemon test needs every node in service"
+    yield cluster
+    for n in NODES:
+        cluster.clear_gpu_faults(n)
+    if nodes(cluster)[LEMON].drained:
+        cluster.gpuwarden("slurmctld", "resume", LEMON).check("resume the lemon")
+    cluster.exec("slurmctld", ["scancel", "--user=alice"])
+
+
+def test_a_flaky_node_is_found_in_accounting_and_drained_with_its_jobs_as_evidence(
+        fleet: Harness) -> None:
+    h = fleet
+    # A clean history flags nothing.
+    clean_start = datetime.now(UTC).replace(microsecond=0)
+    time.sleep(1)
+    states = h.wait_finished(h.submit_pairs(NODES, rounds=1), timeout=240)
+    assert set(states.values()) == {"COMPLETED"}
+    clean = scan(h, clean_start.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert clean["records"] == 28
+    assert [n["node"] for n in clean["nodes"] if n["lemon"]] == []  # type: ignore[attr-defined]
+
+    # c6 turns flaky: its steps fail 95% of the time; its health checks still pass.
+    h.make_flaky(LEMON, 0.95)
+    periodic(h, LEMON)
+    assert not nodes(h)[LEMON].drained
+    flaky_jobs = h.submit_pairs(NODES, rounds=2)
+    states = h.wait_finished(flaky_jobs, timeout=420)
+    failed = {j for j, s in states.items() if s == "FAILED"}
+    on_lemon = {j for j in flaky_jobs if any(LEMON in expand(r.nodes) for r in h.acct(j))}
+    assert failed and failed <= on_lemon, "only jobs that ran on c6 failed"
+
+    result = scan(h, clean_start.strftime("%Y-%m-%dT%H:%M:%S"), "--drain")
+    lemons = [n for n in result["nodes"] if n["lemon"]]  # type: ignore[attr-defined]
+    assert [n["node"] for n in lemons] == [LEMON], result
+    evidence = {e["job_id"] for e in lemons[0]["evidence"]}
+    assert evidence and evidence <= failed
+    assert result["drain"] == [{"node": LEMON, "action": "drained",  # type: ignore[comparison-overlap]
+                                "detail": lemons[0]["summary"]}]
+
+    node = nodes(h)[LEMON]
+    assert node.drained
+    assert node.reason.startswith(f"gpuwarden: lemon, {lemons[0]['failures']} of "
+                                  f"{lemons[0]['jobs']} jobs failed, fleet rate ")
+    drained = [n.name for n in nodes(h).values() if n.drained or n.down]
+    assert drained == [LEMON], "no other node is drained"
+    listed = h.gpuwarden("slurmctld", "lemon", "list", "--json").check("lemon list").out
+    assert [e["node"] for e in json.loads(listed)["nodes"]] == [LEMON]
+
+    # Health gating sees a healthy node but never resumes a lemon drain.
+    h.write_fake(LEMON, "flaky", "0\n")
+    for _ in range(3):
+        periodic(h, LEMON)
+    assert nodes(h)[LEMON].reason == node.reason
+
+    # Repaired and resumed by the operator: the old evidence no longer counts against it.
+    h.gpuwarden("slurmctld", "resume", LEMON).check("resume")
+    def closed() -> bool:
+        out = h.exec("slurmctld", [
+            "sacctmgr", "-n", "-P", "show", "events", f"nodes={LEMON}",
+            f"start={clean_start.strftime('%Y-%m-%dT%H:%M:%S')}", "format=Reason,TimeEnd",
+        ]).check("events").out
+        ends = [line.rpartition("|")[2] for line in out.splitlines()
+                if line.startswith("gpuwarden: lemon")]
+        return bool(ends) and "Unknown" not in ends
+    wait_for(closed, 30, "the lemon drain's event to close")
+    again = scan(h, clean_start.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert [n["node"] for n in again["nodes"] if n["lemon"]] == []  # type: ignore[attr-defined]
