@@ -46,6 +46,8 @@ test: lint $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/slurm_parse.py
 	$(PY) benchmarks/prolog_latency.py
+	$(PY) benchmarks/lemon_detection.py
+	$(PY) benchmarks/lemon_scale.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
