@@ -44,7 +44,8 @@ def fleet() -> None:
 
 
 @fleet.command("mttf")
-@click.option("--since", default="30d", show_default=True, help="how far back to read")
+@click.option("--since", default=None,
+              help="how far back to read: 30d, 12h, or a time (UTC) [default: 30d]")
 @click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
               help="exported `sacct --json` output (a file, or a directory of *.json) instead "
                    "of the cluster (repeatable)")
@@ -57,7 +58,7 @@ def fleet() -> None:
 @click.option("--gpus-per-node", default=8, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def mttf(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | None,
+def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
          ckpt_cost: str, project_to: str, gpus_per_node: int, as_json: bool) -> None:
     """MTTF by job size, its 1/N projection, and the Young/Daly checkpoint interval."""
     cost = parse_cost(ckpt_cost)

@@ -19,9 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
-from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution
+from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution, event_time
 from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 
@@ -81,11 +80,8 @@ def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
             continue
         if "DRAIN" not in e.state.upper():
             continue
-        try:
-            at = datetime.fromisoformat(e.start).timestamp()
-        except ValueError:
-            continue
-        if since <= at <= until:
+        at = event_time(e.start)
+        if at is not None and since <= at <= until:
             n += 1
     return n
 
@@ -100,7 +96,7 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
         classes.append(SizeClass(g, att.gpu_runs[g], hours, fails, m,
                                  young(cost_h, m) if m else None,
                                  daly(cost_h, m) if m else None))
-    gpu_hours = sum(c.hours * c.gpus for c in classes)
+    gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)
     per_gpu = gpu_hours / failures if failures else None
     span_days = max(0.0, att.last_end - att.first_start) / 86_400

@@ -12,7 +12,7 @@ import random
 from bisect import bisect
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import accumulate
 from pathlib import Path
 
@@ -207,8 +207,9 @@ def sacct_record(r: Run) -> str:
 
 
 def _local(ts: int | None) -> str:
-    # sacctmgr prints local time without a zone.
-    return "Unknown" if ts is None else datetime.fromtimestamp(ts).strftime("%Y-%m-%dT%H:%M:%S")
+    # As `TZ=UTC sacctmgr` prints it: gpuwarden reads event times as UTC.
+    return "Unknown" if ts is None else datetime.fromtimestamp(ts, UTC).strftime(
+        "%Y-%m-%dT%H:%M:%S")
 
 
 def events_text(events: list[Event]) -> str:

@@ -140,10 +140,27 @@ def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
         _clear_comment(client, me)
         return Applied("resumed", decision.why)
     if decision.kind is Kind.NOTHING:
-        if decision.clear_comment and node.comment.startswith(REASON_PREFIX):
+        if decision.clear_comment and health_may_clear(node.comment, clock()):
             _clear_comment(client, me)
         return Applied("none", decision.why)
     return drain_within_cap(decision.why, me, client, cap, clock, sleep)
+
+
+def health_may_clear(comment: str, now: float) -> bool:
+    """A healthy node drops its own stale comments: a "would drain" about its health, a drain
+    claim past its TTL. Not the lemon scanner's "would drain", nor a fresh claim (the scanner
+    may be mid-claim for this node), nor anyone else's comment."""
+    if not comment.startswith(REASON_PREFIX):
+        return False
+    body = comment[len(REASON_PREFIX):].lstrip()
+    if body.startswith(f"{WOULD}: lemon"):
+        return False
+    if body.startswith(CLAIM):
+        try:
+            return now - float(body[len(CLAIM):].split()[0]) > CLAIM_TTL_S
+        except (ValueError, IndexError):
+            return True
+    return True
 
 
 def _clear_comment(client: SlurmClient, me: str) -> None:

@@ -20,7 +20,7 @@ class StateDirError(GpuwardenError):
     pass
 
 
-def _private_dir_problem(path: str, st: os.stat_result) -> str:
+def unsafe_dir_problem(path: str, st: os.stat_result) -> str:
     """Why ``path`` (lstat ``st``) is not a directory for root's state alone; "" when it is.
 
     A planted symlink or a directory others can write would let users steer root."""
@@ -36,7 +36,7 @@ def _private_dir_problem(path: str, st: os.stat_result) -> str:
 def ensure_private_dir(path: str) -> None:
     """Create ``path`` 0700, or accept it only if it is a real directory we alone can write."""
     os.makedirs(path, mode=0o700, exist_ok=True)
-    problem = _private_dir_problem(path, os.lstat(path))
+    problem = unsafe_dir_problem(path, os.lstat(path))
     if problem:
         raise StateDirError(f"{problem}: refusing to use it")
 
@@ -67,7 +67,7 @@ def check_private_dir(path: str) -> bool:
         st = os.lstat(path)
     except FileNotFoundError:
         return False
-    problem = _private_dir_problem(path, st)
+    problem = unsafe_dir_problem(path, st)
     if problem:
         raise StateDirError(f"{path} is not a private directory of ours ({problem}): "
                             "refusing to read it")

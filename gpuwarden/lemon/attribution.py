@@ -4,8 +4,10 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
 
 1. NODE_FAIL and BOOT_FAIL: Slurm itself saw the node fail. Blame every node of the run,
    1/k each for a k-node run.
-2. REQUEUED: Slurm requeues a batch job by itself only after a node failure or a failed
-   launch/prolog (for example a health-gating prolog on a bad node). Blame as in rule 1.
+2. REQUEUED, with a failure event of one of its nodes (see below): Slurm requeued the job
+   after that node failed or failed its prolog (a health-gating prolog drains first). A requeue
+   with no such event is an operator's `scontrol requeue` or the job's own (RequeueExit):
+   never blamed.
 3. FAILED on k > 1 nodes: a gang job died; the cause is on one of its nodes, so blame is
    spread, 1/k each. A node that causes many such failures accumulates blame quickly.
 4. FAILED on one node: the user's, unless health gating drained that node (a `gpuwarden:`
@@ -14,9 +16,11 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
 5. A health-gating drain not already explained by a run blamed under rules 1-4 on the same node
    within `grace_s` counts as one failure of its own.
    In rules 1-3, when some nodes of the run have a failure event of their own in
-   `sacctmgr show events` (DOWN, or a health-gating drain) from `LEAD_S` before the run ended
-   to `grace_s` after, the blame goes to those nodes alone, 1/m each: the events name the node
-   that went down, and blaming its innocent neighbours would hide it among them.
+   `sacctmgr show events` from `LEAD_S` before the run ended to `grace_s` after, the blame goes
+   to those nodes alone, 1/m each: the events name the node that went down, and blaming its
+   innocent neighbours would hide it among them. A failure event is a health-gating drain or a
+   DOWN for one of Slurm's own reasons (`SLURM_DOWN_REASONS`); an operator's down or drain is
+   not one.
 6. Never blamed on a node: COMPLETED, CANCELLED, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, DEADLINE
    (the user's or the scheduler's doing), nor any state not named above.
 7. A repaired lemon starts clean: once a lemon drain has ended (an operator resumed the node),
@@ -35,7 +39,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import lru_cache
 
 from gpuwarden.slurm.hostlist import HostlistError, expand
@@ -58,6 +62,7 @@ class Blame:
     # The evidence names this node (a one-node run, the node an event says failed, a drain),
     # rather than spreading a gang job's failure over all of its nodes.
     pinned: bool = True
+    started: float | None = None  # when the blamed run started
 
 
 @dataclass
@@ -80,6 +85,7 @@ class Attribution:
     gpu_runs: Counter[int] = field(default_factory=Counter)
     gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     gpu_failures: Counter[int] = field(default_factory=Counter)
+    gpu_hours_total: float = 0.0  # GPUs x hours, exact (the classes round GPU counts up)
     first_start: float = float("inf")
     last_end: float = 0.0
 
@@ -98,6 +104,7 @@ class Attribution:
         for g, h in other.gpu_hours.items():
             self.gpu_hours[g] += h
         self.gpu_failures.update(other.gpu_failures)
+        self.gpu_hours_total += other.gpu_hours_total
         self.first_start = min(self.first_start, other.first_start)
         self.last_end = max(self.last_end, other.last_end)
         return self
@@ -120,11 +127,14 @@ def gpu_class(gpus: int) -> int:
     return 0 if gpus <= 0 else 1 << (gpus - 1).bit_length()
 
 
-def _ts(text: str) -> float | None:
+def event_time(text: str) -> float | None:
+    """An event time as `sacctmgr` prints it under TZ=UTC (gpuwarden's client sets it; export
+    with `TZ=UTC sacctmgr ...`); None for "Unknown" (still open) or anything unreadable."""
     try:
-        return datetime.fromisoformat(text).timestamp()
+        at = datetime.fromisoformat(text)
     except ValueError:
-        return None  # "Unknown" or empty: the event is still open
+        return None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def health_drains(events: Iterable[NodeEvent]) -> list[HealthDrain]:
@@ -133,21 +143,32 @@ def health_drains(events: Iterable[NodeEvent]) -> list[HealthDrain]:
     for e in events:
         if not e.node or not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
             continue
-        at = _ts(e.start)
+        at = event_time(e.start)
         if at is not None:
             out.append(HealthDrain(e.node, at, e.reason))
     return out
 
 
+# The reasons slurmctld itself gives a node it sets DOWN or DRAIN (src/slurmctld); anything else
+# was typed by a person.
+SLURM_DOWN_REASONS = (
+    "Not responding", "Kill task failed", "Prolog error", "Epilog error",
+    "Node unexpectedly rebooted", "batch job complete failure", "NO NETWORK ADDRESS FOUND",
+    "Low RealMemory", "Low TmpDisk", "Low socket*core*thread count", "Low CPUs",
+    "Duplicate jobid", "Job credential expired", "SlurmdSpoolDir is full",
+    "Node silently failed and came back", "Health check failed",
+)
+
+
 def node_failures(events: Iterable[NodeEvent]) -> list[HealthDrain]:
-    """A node's own failure events: DOWN (Slurm's) and health-gating drains (not lemon drains,
-    not operators' drains)."""
+    """A node's own failure events: health-gating drains (not lemon drains) and Slurm's own
+    downs; never an operator's down or drain."""
     out = []
     for e in events:
         if not e.node or e.reason.startswith(LEMON_PREFIX):
             continue
-        if "DOWN" in e.state.upper() or e.reason.startswith(REASON_PREFIX):
-            at = _ts(e.start)
+        if e.reason.startswith(REASON_PREFIX) or e.reason.startswith(SLURM_DOWN_REASONS):
+            at = event_time(e.start)
             if at is not None:
                 out.append(HealthDrain(e.node, at, e.reason))
     return out
@@ -158,7 +179,7 @@ def lemon_clears(events: Iterable[NodeEvent]) -> dict[str, float]:
     out: dict[str, float] = {}
     for e in events:
         if e.node and e.reason.startswith(LEMON_PREFIX):
-            end = _ts(e.end)
+            end = event_time(e.end)
             if end is not None and end > out.get(e.node, 0.0):
                 out[e.node] = end
     return out
@@ -232,6 +253,7 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
         gclass = gpu_class(job.gpus)
         result.gpu_runs[gclass] += 1
         result.gpu_hours[gclass] += hours
+        result.gpu_hours_total += hours * max(0, job.gpus)
         result.first_start = min(result.first_start, start)
         result.last_end = max(result.last_end, end)
         result.runs_by_size[size] += len(nodes)
@@ -249,15 +271,19 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
                 t[0] += 1
                 t[1] += hours
         reason = _rule(job, all_nodes, drains, grace_s, start, end)
+        if reason is not None and job.state == "REQUEUED" and not (
+                failures and _failed_nodes(all_nodes, end, failures, grace_s)):
+            reason = None  # rule 2: a requeue no node failure explains
         if reason is not None:
             result.gpu_failures[gclass] += 1
-            _blame(result, job.job_id, all_nodes, nodes, end, size, reason, failures, grace_s)
+            _blame(result, job.job_id, all_nodes, nodes, start, end, size, reason, failures,
+                   grace_s)
     _spread_tally(exposure, tally)
     return result
 
 
 def _blame(result: Attribution, job_id: int, all_nodes: tuple[str, ...],
-           in_scope: Sequence[str], end: int, size: int, reason: str,
+           in_scope: Sequence[str], start: int, end: int, size: int, reason: str,
            failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
     culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
     if culprits:
@@ -268,7 +294,8 @@ def _blame(result: Attribution, job_id: int, all_nodes: tuple[str, ...],
     pinned = len(all_nodes) == 1 or bool(culprits)
     (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
     for n in blamed:
-        result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned))
+        result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
+                                   float(start)))
 
 
 def _spread_tally(exposure: dict[str, Exposure],
@@ -287,15 +314,17 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                     clears: Mapping[str, float] | None = None) -> Attribution:
     """Rule 5, once every batch has been merged."""
     clears = clears or {}
-    blamed_at: dict[str, list[float]] = defaultdict(list)
+    blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for b in att.blames:
         if b.job_id is not None:
-            blamed_at[b.node].append(b.at)
+            blamed[b.node].append((b.started if b.started is not None else b.at, b.at))
     for node, ds in drains.items():
         for d in ds:
             if d.at <= clears.get(node, 0.0):
                 continue
-            if any(abs(d.at - t) <= grace_s for t in blamed_at[node]):
+            if not att.first_start - grace_s <= d.at <= att.last_end + grace_s:
+                continue  # outside the history read (sacctmgr lists events that overlap it)
+            if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
                 continue  # the drain explains a run already blamed: count it once
             att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
     return att

@@ -18,6 +18,7 @@ from gpuwarden.lemon import history, listfile
 from gpuwarden.lemon.drain import Outcome, drain_lemons
 from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
 
+DEFAULT_SINCE = "30d"
 _SPAN = re.compile(r"^(\d+)([mhdw])$")
 _UNITS = {"m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
@@ -75,11 +76,14 @@ def expand_paths(items: tuple[str, ...]) -> list[str]:
     return out
 
 
-def load_history(obj: Any, since: str, from_files: tuple[str, ...],
+def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
                  events_file: str | None, grace_s: float) -> history.History:
     """The history from files or the live cluster; errors exit with what to do."""
     now = datetime.now(UTC)
-    span = parse_since(since, now)
+    if from_files and since:
+        raise click.UsageError("--since reads the live cluster; with --from the files are the "
+                               "history (export the window you want)")
+    span = parse_since(since or DEFAULT_SINCE, now)
     try:
         if from_files:
             paths = expand_paths(from_files)
@@ -114,9 +118,9 @@ def lemon() -> None:
 
 
 @lemon.command("scan")
-@click.option("--since", "since", default="30d", show_default=True,
+@click.option("--since", "since", default=None,
               help="how far back to read accounting: 90m, 12h, 30d, 2w, or a time "
-                   "(2026-11-29T12:00:00, UTC)")
+                   "(2026-11-29T12:00:00, UTC unless it gives an offset) [default: 30d]")
 @click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
               help="scan exported `sacct --json` output (a file, or a directory of *.json) "
                    "instead of asking the cluster (repeatable)")
@@ -134,7 +138,7 @@ def lemon() -> None:
 @click.option("--min-jobs", type=int, default=None)
 @click.option("--all", "show_all", is_flag=True, help="list every node, not only suspects")
 @click.pass_obj
-def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | None,
+def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
          as_json: bool, drain: bool, write_list: bool, fdr: float | None,
          min_failures: int | None, min_jobs: int | None, show_all: bool) -> None:
     """Rank nodes by failures against what the fleet's rate predicts for their exposure."""
@@ -171,10 +175,13 @@ def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | N
     shown = scores if show_all else [s for s in scores if s.lemon or (s.failures > s.expected * 2
                                      and s.failures >= sc.min_failures)]
     skipped = dict(att.skipped)
+    failed = [o for o in outcomes.values() if o.action == "error"]
     if as_json:
         click.echo(json.dumps({
             "records": hist.records, "skipped": skipped, "nodes": [_row(s) for s in shown],
             "drain": [o.__dict__ for o in outcomes.values()]}, indent=2))
+        if failed:
+            sys.exit(1)
         return
     rate = scores[0].fleet_rate if scores else 0.0
     click.echo(f"{hist.records} job records, {len(att.exposure)} nodes, fleet failure rate "
@@ -196,6 +203,10 @@ def scan(obj: Any, since: str, from_files: tuple[str, ...], events_file: str | N
                 click.echo(f"{'':<12}{when}  {job}: {b.reason}")
             if len(s.evidence) > 5:
                 click.echo(f"{'':<12}(+{len(s.evidence) - 5} more; --json lists all)")
+    if failed:
+        click.echo(f"gpuwarden: {len(failed)} lemon drain(s) failed: "
+                   + "; ".join(f"{o.node}: {o.detail}" for o in failed), err=True)
+        sys.exit(1)
 
 
 @lemon.command("list")

@@ -15,8 +15,9 @@ class LemonConfig:
     min_jobs: int = 10
     min_ratio: float = 3.0  # a lemon fails at least this many times what the fleet predicts
     grace_s: float = 3600.0  # how long after a run a health drain still explains its failure
-    # The current lemons, for the placement filter (written by `lemon scan --drain/--write-list`).
-    list_file: str = "/var/lib/gpuwarden/lemons.json"
+    # The current lemons, published for placement (written by `lemon scan --drain/--write-list`).
+    # Its own directory: health gating's state directory is root-only.
+    list_file: str = "/var/lib/gpuwarden-lemons/lemons.json"
 
     def __post_init__(self) -> None:
         require(0 < self.fdr < 1, "fdr", "a probability between 0 and 1")

@@ -11,6 +11,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -113,12 +114,33 @@ def _read_one(path: str, known: _Known) -> tuple[Attribution, int]:
 def _read_one_unpaused(path: str, known: _Known) -> tuple[Attribution, int]:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
-        records = list(parse.iter_acct_jobs(text))
+        doc = parse.load_json(text, "sacct --json")
+        del text
+        lo, hi = parse.acct_window(doc)
+        records: Iterable[AcctJob | SlurmError] = parse.acct_records(doc)
+        if lo is not None or hi is not None:
+            # Exported with a window: count only runs that ended in it, so that day files
+            # never count a run that crossed midnight twice.
+            records = _ended_in(records, lo or 0.0, hi or float("inf"))
+        return _count(Attribution(), records, f"{path}: ", known)
     except OSError as exc:
         raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
     except SlurmError as exc:
         raise HistoryError(f"{path}: {exc} (expected `sacct --json` output)") from None
-    return _count(Attribution(), records, f"{path}: ", known)
+
+
+def _refuse_repeats(paths: Sequence[str]) -> None:
+    """The same file twice (a repeated --from, overlapping globs) would count its runs twice."""
+    seen: dict[tuple[int, int], str] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError as exc:
+            raise HistoryError(f"{p}: cannot read ({exc.strerror})") from None
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise HistoryError(f"{p} is the same file as {seen[key]}: give each export once")
+        seen[key] = p
 
 
 def _workers(n_files: int) -> int:
@@ -128,19 +150,28 @@ def _workers(n_files: int) -> int:
 def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float = GRACE_S,
                workers: int | None = None,
                progress: Callable[[int, int], None] | None = None) -> History:
+    _refuse_repeats(paths)
     known = _Known.of(events, grace_s)
     att, total = Attribution(), 0
     workers = workers or _workers(len(paths))
     if workers > 1 and len(paths) > 1:
-        # fork: the workers inherit the parsed events and code without re-importing.
+        # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
             futures = [pool.submit(_read_one, p, known) for p in paths]
-            for i, fut in enumerate(futures, 1):
-                part, n = fut.result()
-                att.merge(part)
-                total += n
-                if progress:
-                    progress(i, len(paths))
+            try:
+                for i, fut in enumerate(futures, 1):
+                    part, n = fut.result()
+                    att.merge(part)
+                    total += n
+                    if progress:
+                        progress(i, len(paths))
+            except BrokenProcessPool:
+                pool.shutdown(cancel_futures=True)
+                raise HistoryError("a worker reading the history died (out of memory?): "
+                                   "split the export into smaller files") from None
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
     else:
         for i, p in enumerate(paths, 1):
             part, n = _read_one(p, known)
@@ -161,8 +192,8 @@ def _ended_in(records: Iterable[AcctJob | SlurmError], lo: float,
 
 
 def _slurm_time(at: datetime) -> str:
-    # sacct and sacctmgr read times without a zone as the controller's local time.
-    return at.astimezone().strftime(SLURM_TIME)
+    # The client runs Slurm's commands with TZ=UTC (gpuwarden.slurm.runner.SLURM_ENV).
+    return at.astimezone(UTC).strftime(SLURM_TIME)
 
 
 def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuwarden.errors import GpuwardenError, SlurmError
-from gpuwarden.health.store import atomic_write
+from gpuwarden.health.store import atomic_write, unsafe_dir_problem
 from gpuwarden.slurm.client import check_node_name
 
 VERSION = 1
@@ -39,12 +40,19 @@ class LemonList:
         return tuple(e.node for e in self.entries)
 
 
+MAX_BYTES = 4 << 20
+
+
 def write(path: str, entries: list[LemonEntry], now: float | None = None) -> None:
+    """Replace the list atomically. Its directory is ours alone to write (checked: not a link,
+    owned by us, not group- or world-writable), and readable by all, like the file."""
     doc = {"version": VERSION, "generated_at": now if now is not None else time.time(),
            "nodes": [asdict(e) for e in entries]}
     directory, name = os.path.split(path)
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    # World-readable: the placement daemon and operators read it; only root writes it.
+    problem = unsafe_dir_problem(directory, os.lstat(directory))
+    if problem:
+        raise LemonListError(f"{problem}: refusing to write the lemon list there")
     atomic_write(directory, name, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o644)
 
 
@@ -64,12 +72,21 @@ def _entry(item: Any, path: str, i: int) -> LemonEntry:
 
 def read(path: str) -> LemonList:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        # No links, no FIFOs (O_NONBLOCK: opening one must not hang), nothing huge.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise LemonListError(f"{path}: not a regular file")
+            if st.st_size > MAX_BYTES:
+                raise LemonListError(f"{path}: {st.st_size} bytes, more than a lemon list")
+            doc = json.loads(fh.read(MAX_BYTES + 1).decode("utf-8"))
     except FileNotFoundError:
         raise LemonListError(f"{path}: no lemon list yet (run `gpuwarden lemon scan "
                              "--write-list` or `--drain`)") from None
+    except PermissionError:
+        raise LemonListError(f"{path}: permission denied (run as root, or make the list "
+                             "readable: it holds no secrets)") from None
     except OSError as exc:
         raise LemonListError(f"{path}: cannot read ({exc.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.errors import SlurmParseError
@@ -181,12 +182,43 @@ def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
 
 def iter_acct_jobs(text: str) -> Iterator[AcctJob | SlurmParseError]:
     """`sacct --json`: yields records, or the error for a malformed one (never stops the scan)."""
-    doc = load_json(text, "sacct --json")
+    return acct_records(load_json(text, "sacct --json"))
+
+
+def acct_records(doc: Mapping[str, Any]) -> Iterator[AcctJob | SlurmParseError]:
     for item in _list(doc, "jobs", "sacct --json"):
         try:
             yield acct_job_from_json(item)
-        except SlurmParseError as exc:
-            yield exc
+        except (SlurmParseError, TypeError, ValueError, AttributeError) as exc:
+            # A record of the wrong shape is one bad record, never the end of a scan.
+            yield exc if isinstance(exc, SlurmParseError) else SlurmParseError(
+                f"sacct record of an unexpected shape ({exc}): {str(item)[:200]}")
+
+
+_WINDOW_FLAGS = {"-S": "start", "--starttime": "start", "-E": "end", "--endtime": "end"}
+
+
+def acct_window(doc: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """The --starttime/--endtime the export was made with, from `meta.command` (times without a
+    zone read as UTC: export with TZ=UTC). (None, None) when it does not say."""
+    meta = doc.get("meta")
+    argv = meta.get("command") if isinstance(meta, Mapping) else None
+    if not isinstance(argv, list):
+        return None, None
+    found: dict[str, float] = {}
+    args = [str(a) for a in argv]
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag not in _WINDOW_FLAGS:
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            at = datetime.fromisoformat(value)
+        except ValueError:
+            continue  # "now", "now-1days" and the like: no fixed window to hold to
+        found[_WINDOW_FLAGS[flag]] = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+    return found.get("start"), found.get("end")
 
 
 EVENT_FIELDS = ("Cluster", "NodeName", "TimeStart", "TimeEnd", "State", "Reason", "User")

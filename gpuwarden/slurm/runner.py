@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -53,6 +54,11 @@ class DeadlineRunner:
         return self._inner.run(argv, min(timeout, left))
 
 
+# Times without a zone (sacctmgr's columns, sacct's --starttime) mean UTC, whatever the host's
+# zone, daylight saving or the user's SLURM_TIME_FORMAT: one reading everywhere.
+SLURM_ENV = {**os.environ, "TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
+
+
 class SubprocessRunner:
     """The real runner: subprocess with a hard timeout (the child is killed when it passes)."""
 
@@ -66,6 +72,7 @@ class SubprocessRunner:
                 timeout=timeout,
                 check=False,
                 stdin=subprocess.DEVNULL,
+                env=SLURM_ENV,
             )
         except subprocess.TimeoutExpired:
             raise CommandTimeoutError(argv, timeout) from None

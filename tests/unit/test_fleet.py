@@ -44,7 +44,7 @@ def test_mttf_by_size_counts_only_infrastructure_failures() -> None:
     assert by[8].young_h == pytest.approx(mttf.young(30 / 3600, 20.0))
     # The health drain; not the DOWN, not the operator's drain, not one older than the history.
     assert rep.node_failures == 1
-    assert rep.per_gpu_mttf_h == pytest.approx((20 * 8 + 4 * 16) / 2)
+    assert rep.per_gpu_mttf_h == pytest.approx((20 * 8 + 4 * 16) / 2)  # GPU-hours / failures
 
 
 def test_calibration_reproduces_every_published_figure_in_expectation() -> None:

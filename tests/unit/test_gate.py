@@ -165,3 +165,11 @@ def test_concurrent_claims_never_exceed_the_cap(cap_pct: float) -> None:
         slurm.set_comment(n, f"drain claim {NOW + i / 10:.6f}")
     allowed = [n for n in faulty if gate.cap_allows(n, slurm.nodes(), cap, NOW + 1)[0]]
     assert len(allowed) == int(8 * cap_pct / 100)
+
+
+def test_a_healthy_node_clears_only_its_own_stale_comments() -> None:
+    assert gate.health_may_clear("gpuwarden: would drain: xid 79 on GPU 5 (cap)", NOW)
+    assert gate.health_may_clear(f"gpuwarden: drain claim {NOW - 120:.6f}", NOW)
+    assert not gate.health_may_clear(f"gpuwarden: drain claim {NOW - 1:.6f}", NOW)
+    assert not gate.health_may_clear("gpuwarden: would drain: lemon, 7 of 41 jobs failed", NOW)
+    assert not gate.health_may_clear("waiting for RMA 1234", NOW)

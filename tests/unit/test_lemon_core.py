@@ -32,8 +32,10 @@ def test_rule1_node_fail_blames_its_nodes_spread() -> None:
     assert blamed([job(1, "BOOT_FAIL", "c[1-4]")]) == {f"c{i}": 0.25 for i in range(1, 5)}
 
 
-def test_rule2_requeued_run_blames_its_node() -> None:
-    assert blamed([job(1, "REQUEUED", "c3")]) == {"c3": 1.0}
+def test_rule2_requeued_run_blames_the_node_that_failed_and_not_an_operators_requeue() -> None:
+    drain = HealthDrain("c3", T0 + 3600 + 5, "gpuwarden: xid 79 on GPU 5")
+    assert blamed([job(1, "REQUEUED", "c[3-4]")], [drain]) == {"c3": 1.0}
+    assert blamed([job(1, "REQUEUED", "c3")]) == {}  # `scontrol requeue` or RequeueExit
 
 
 def test_rule3_failed_gang_job_spreads_blame() -> None:
@@ -186,10 +188,11 @@ def test_lemon_scan_rejects_a_file_that_is_not_sacct_json(tmp_path) -> None:  # 
 
 def ev(node: str, at: float, state: str = "DOWN*", reason: str = "Not responding",
        end: float | None = None) -> NodeEvent:
-    from datetime import datetime
+    from datetime import UTC, datetime
 
     def fmt(t: float | None) -> str:
-        return "Unknown" if t is None else datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+        return "Unknown" if t is None else datetime.fromtimestamp(t, UTC).strftime(
+            "%Y-%m-%dT%H:%M:%S")
     return NodeEvent("g", node, fmt(at), fmt(end), state, reason, "root")
 
 
@@ -207,12 +210,25 @@ def test_a_gang_failure_is_pinned_on_the_node_that_went_down() -> None:
     assert len(attribute([run], failures=node_failures([old])).blames) == 4
 
 
-def test_operator_drains_and_lemon_drains_are_not_node_failures() -> None:
+def test_operator_downs_drains_and_lemon_drains_are_not_node_failures() -> None:
     from gpuwarden.lemon.attribution import node_failures
 
     events = [ev("c1", T0, "DRAIN", "maintenance"), ev("c2", T0, "DRAIN", "gpuwarden: lemon, x"),
-              ev("c3", T0, "DRAIN", "gpuwarden: xid 79"), ev("c4", T0)]
-    assert sorted(d.node for d in node_failures(events)) == ["c3", "c4"]
+              ev("c3", T0, "DRAIN", "gpuwarden: xid 79"), ev("c4", T0),
+              ev("c5", T0, "DOWN", "maint: swap PSU"), ev("c6", T0, "DOWN", "Kill task failed")]
+    assert sorted(d.node for d in node_failures(events)) == ["c3", "c4", "c6"]
+
+
+def test_a_drain_during_a_long_failed_run_counts_once() -> None:
+    drain = HealthDrain("c1", T0 + 3600, "gpuwarden: xid 79 on GPU 5")  # 1 h into a 10 h run
+    att = attribute([job(1, "FAILED", "c1", hours=10, exit_code=1)], [drain])
+    assert [(b.node, b.job_id) for b in att.blames] == [("c1", 1)]
+
+
+def test_a_drain_from_before_the_history_is_not_a_failure_in_it() -> None:
+    old = HealthDrain("c2", T0 - 30 * 86_400, "gpuwarden: xid 79 on GPU 5")
+    att = attribute([job(1, "COMPLETED", "c2")], [old])
+    assert att.blames == []
 
 
 def test_rule7_a_repaired_lemon_starts_clean() -> None:
@@ -292,3 +308,69 @@ def test_cluster_windows_count_each_run_once() -> None:
     h = from_cluster(c, timedelta(days=2), now=now)  # type: ignore[arg-type]
     assert len(c.calls) == 2 and h.attribution.exposure["c1"].jobs == 1
     assert len(h.attribution.blames) == 1
+
+
+def windowed_export(jobs: list[AcctJob], start: str, end: str) -> str:
+    import json
+
+    doc = json.loads(sacct_export(jobs))
+    doc["jobs"] = doc["jobs"][:-1]  # no malformed record here
+    doc["meta"] = {"command": ["sacct", "--json", "--allusers", f"--starttime={start}",
+                               "--endtime", end]}
+    return json.dumps(doc)
+
+
+def test_day_exports_count_a_run_that_crossed_midnight_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """sacct lists a run in every window it overlaps: the export's own window decides."""
+    from datetime import UTC, datetime
+
+    from gpuwarden.lemon.history import from_files
+
+    midnight = int(datetime(2027, 1, 2, tzinfo=UTC).timestamp())
+    crossing = job(1, "NODE_FAIL", "c1", start=midnight - 3600, hours=2)
+    (tmp_path / "d1.json").write_text(windowed_export([crossing], "2027-01-01T00:00:00",
+                                                      "2027-01-02T00:00:00"))
+    (tmp_path / "d2.json").write_text(windowed_export([crossing], "2027-01-02T00:00:00",
+                                                      "2027-01-03T00:00:00"))
+    h = from_files([str(tmp_path / "d1.json"), str(tmp_path / "d2.json")], [], workers=1)
+    assert h.attribution.exposure["c1"].jobs == 1 and len(h.attribution.blames) == 1
+
+
+def test_the_same_export_given_twice_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gpuwarden.lemon.history import HistoryError, from_files
+
+    p = tmp_path / "a.json"
+    p.write_text(sacct_export([job(1, "COMPLETED", "c1")]))
+    (tmp_path / "link.json").symlink_to(p)
+    with pytest.raises(HistoryError, match="same file"):
+        from_files([str(p), str(tmp_path / "link.json")], [])
+
+
+def test_a_record_of_the_wrong_shape_is_skipped_not_a_crash(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from gpuwarden.lemon.history import from_files
+
+    doc = json.loads(sacct_export([job(1, "COMPLETED", "c1")]))
+    doc["jobs"].append({"job_id": 2, "nodes": "c2", "tres": {"allocated": 5},
+                        "time": {"start": T0, "end": T0 + 5}})
+    doc["jobs"].append({"job_id": 3, "nodes": "c2", "state": "RUNNING"})
+    p = tmp_path / "odd.json"
+    p.write_text(json.dumps(doc))
+    h = from_files([str(p)], [])
+    # The export's own id-less record and the one with a number for a list are malformed; the
+    # one whose state is a string has no times either.
+    assert h.attribution.skipped == {f"{p}: malformed record": 2, "no start or end time": 1}
+    assert h.attribution.exposure["c1"].jobs == 1
+
+
+def test_scan_with_since_and_from_together_is_a_usage_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from click.testing import CliRunner
+
+    from gpuwarden.cli import Context, cli
+
+    p = tmp_path / "a.json"
+    p.write_text(sacct_export([job(1, "COMPLETED", "c1")]))
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(p), "--since", "2d"],
+                             obj=Context())
+    assert res.exit_code == 2 and "export the window you want" in res.output

@@ -163,3 +163,19 @@ def test_lemon_config_is_validated() -> None:
         parse("[lemon]\nfdr = 2\n", "t.toml")
     with pytest.raises(ConfigError, match="lemon.list_file"):
         parse('[lemon]\nlist_file = "relative/x.json"\n', "t.toml")
+
+
+def test_the_list_reader_refuses_a_fifo_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "lemons.json"
+    os.mkfifo(fifo)
+    with pytest.raises(listfile.LemonListError, match="not a regular file"):
+        listfile.read(str(fifo))
+
+
+def test_the_list_is_not_written_into_a_directory_others_can_write(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(listfile.LemonListError, match="writable by group or others"):
+        listfile.write(str(shared / "lemons.json"), [])
+    assert not (shared / "lemons.json").exists()
