@@ -56,6 +56,7 @@ _LAZY = {
     "lemon": ("gpuwarden.lemon.cli", "lemon"),
     "fleet": ("gpuwarden.fleet.cli", "fleet"),
     "simulate": ("gpuwarden.fleet.cli", "simulate"),
+    "placement": ("gpuwarden.placement.cli", "placement"),
 }
 
 

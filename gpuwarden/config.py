@@ -13,6 +13,7 @@ from gpuwarden.configload import LoadError, build, require, to_dict
 from gpuwarden.errors import ConfigError
 from gpuwarden.health.config import HealthConfig
 from gpuwarden.lemon.config import LemonConfig
+from gpuwarden.placement.config import PlacementConfig
 
 DEFAULT_PATH = Path("/etc/gpuwarden/gpuwarden.toml")
 ENV_VAR = "GPUWARDEN_CONFIG"
@@ -101,6 +102,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     lemon: LemonConfig = field(default_factory=LemonConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

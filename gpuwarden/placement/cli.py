@@ -1,0 +1,77 @@
+"""`gpuwarden placement daemon|explain`."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+
+from gpuwarden.errors import ConfigError, GpuwardenError
+from gpuwarden.placement import daemon
+from gpuwarden.placement.decide import JobRequest, decide
+
+
+def _config(obj: Any) -> Any:
+    try:
+        return obj.config()
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.group("placement")
+def placement() -> None:
+    """Gang-aware topology placement (the job_submit.lua filter and its daemon)."""
+
+
+@placement.command("daemon")
+@click.option("--once", is_flag=True, help="write one snapshot and exit (1 if it failed)")
+@click.pass_obj
+def daemon_cmd(obj: Any, once: bool) -> None:
+    """Keep the filter's snapshot current (run on the slurmctld host, as root)."""
+    cfg = _config(obj)
+    sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=once))
+
+
+@placement.command("explain")
+@click.option("-N", "--nodes", "min_nodes", type=int, required=True, help="as sbatch -N")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option("-p", "--partition", default="", help="as sbatch -p (default: the default one)")
+@click.option("--switches", type=int, default=None, help="as sbatch --switches")
+@click.option("-w", "--nodelist", default="", help="as sbatch --nodelist")
+@click.option("-x", "--exclude", default="", help="as sbatch --exclude")
+@click.option("--contiguous", is_flag=True)
+@click.pass_obj
+def explain(obj: Any, min_nodes: int, gpus_per_node: int, partition: str,
+            switches: int | None, nodelist: str, exclude: str, contiguous: bool) -> None:
+    """What the filter would do to such a job now, and why."""
+    cfg = _config(obj)
+    state = daemon.State()
+    try:
+        snap = daemon.build_once(cfg.placement, obj.client(), cfg.lemon.list_file, state,
+                                 time.time())
+    except GpuwardenError as exc:
+        raise click.ClickException(str(exc)) from None
+    job = JobRequest(min_nodes, gpus_per_node > 0, partition, switches, nodelist, exclude,
+                     contiguous)
+    d = decide(snap, job)
+    part = partition or snap.default_partition
+    view = snap.partitions.get(part)
+    if view is not None:
+        click.echo(f"partition {part}: {view.healthy} healthy nodes in {len(view.capacity)} "
+                   f"{'leaf switches' if snap.kind == 'tree' else 'blocks'} "
+                   f"(per leaf: {', '.join(map(str, view.capacity)) or 'none'}); policy "
+                   f"{view.policy.mode}, wait {view.policy.wait_s} s"
+                   f"{', shadow' if view.policy.shadow else ''}")
+        for node in view.exclude:
+            click.echo(f"  avoid {node}: {snap.why.get(node, '?')}")
+    verb = {"place": "would set", "shadow": "shadow mode: would only log", "pass": "leaves it"}
+    click.echo(f"decision: {verb[d.action]}: {d.why or 'unchanged'}")
+    if d.switches is not None:
+        click.echo(f"  --switches={d.switches}@{d.wait_s}s")
+    if d.exc_nodes is not None:
+        click.echo(f"  --exclude={d.exc_nodes}")
+    if d.user_message:
+        click.echo(f"  tells the user: {d.user_message}")

@@ -1,0 +1,81 @@
+"""`gpuwarden placement daemon`: keep the filter's snapshot current.
+
+Every `interval_s`: read topology.conf, node state (one `scontrol show nodes --json`, one
+`sinfo --json`) and the lemon list, build the snapshot, and replace the file atomically. The
+generation changes only when the content does; the header's time on every write, which is how
+the filter knows the daemon is alive. Any failure keeps the last good snapshot in place (it
+goes stale, and the filter then lets jobs through unchanged) and is logged with what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.lemon import listfile
+from gpuwarden.placement import snapshot, topology
+from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class State:
+    generation: int = 0
+    content: str = ""  # the last rendered body, without the header
+    lemons: tuple[str, ...] = ()
+
+
+def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
+               now: float) -> snapshot.Snapshot:
+    """Raises GpuwardenError (naming the file or command) when an input cannot be read."""
+    try:
+        with open(cfg.topology_file, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise topology.TopologyError(f"{cfg.topology_file}: cannot read ({exc.strerror})") from None
+    topo = topology.parse(text, cfg.topology_file)
+    try:
+        state.lemons = listfile.read(lemon_file).nodes
+    except listfile.LemonListError as exc:
+        if "no lemon list yet" in str(exc):
+            state.lemons = ()
+        else:
+            log.warning("%s; keeping the last lemons read (%s)", exc,
+                        ",".join(state.lemons) or "none")
+    return snapshot.build(cfg, topo, client.nodes(), client.partitions(), state.lemons,
+                          state.generation, now)
+
+
+def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
+         now: float) -> snapshot.Snapshot | None:
+    try:
+        snap = build_once(cfg, client, lemon_file, state, now)
+    except GpuwardenError as exc:
+        log.error("placement snapshot not updated: %s (the last good one stays, and goes stale "
+                  "after %d s)", exc, cfg.stale_after_s)
+        return None
+    body = snapshot.render(replace(snap, generation=0, generated_at=0)).split("\n", 1)[1]
+    if body != state.content:
+        state.generation = max(state.generation + 1, int(now * 1000))
+        state.content = body
+    snap = replace(snap, generation=state.generation)
+    snapshot.write(cfg.snapshot_file, snapshot.render(snap))
+    return snap
+
+
+def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_file: str,
+        once: bool = False, clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep) -> int:
+    state = State()
+    log.info("placement daemon: %s -> %s every %g s", cfg.topology_file, cfg.snapshot_file,
+             cfg.interval_s)
+    while True:
+        snap = step(cfg, client_factory(), lemon_file, state, clock())
+        if once:
+            return 0 if snap is not None else 1
+        sleep(cfg.interval_s)
