@@ -36,6 +36,12 @@ slurmdbd)
 slurmctld)
     start_munge
     install_slurm_conf
+    install -d -m 0755 /etc/gpuwarden
+    cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
+    # Placement (docs/placement.md): slurmctld loads job_submit.lua from beside slurm.conf; the
+    # daemon keeps its snapshot current. Both come from the mounted tree.
+    ln -sf /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua
+    gpuwarden placement daemon >> /var/log/gpuwarden-placement.log 2>&1 &
     exec slurmctld -D -i
     ;;
 node)

@@ -154,6 +154,35 @@ class Harness:
         raise JobWaitError(f"{len(jobs) - len(done)} of {len(jobs)} jobs not finished after "
                            f"{timeout:.0f} s")
 
+    # ---- placement -----------------------------------------------------------------------------
+    def job_fields(self, job_id: int) -> dict[str, str]:
+        """`scontrol show job` as Key=Value pairs (NodeList, ExcNodeList, AdminComment, ...)."""
+        out = self.exec("slurmctld", ["scontrol", "-o", "show", "job", str(job_id)],
+                        timeout=20).check("scontrol show job").out
+        fields: dict[str, str] = {}
+        for part in out.strip().split(" "):
+            key, eq, value = part.partition("=")
+            if eq and key[:1].isupper():
+                fields[key] = value
+            elif fields:
+                fields[list(fields)[-1]] += " " + part  # a value with spaces (AdminComment)
+        return fields
+
+    def ctld_log(self, since: float) -> str:
+        """slurmctld's log (it runs in the foreground: the container's output) since a time."""
+        data: bytes = self.container("slurmctld").logs(since=int(since), stdout=True,
+                                                       stderr=True)
+        return data.decode(errors="replace")
+
+    def stop_placement_daemon(self) -> None:
+        # "[g]": the pattern must not match the command line of this pkill's own parents.
+        self.exec("slurmctld", ["pkill", "-f", "[g]puwarden placement daemon"])
+
+    def start_placement_daemon(self) -> None:
+        self.container("slurmctld").exec_run(
+            ["bash", "-c", "gpuwarden placement daemon >> /var/log/gpuwarden-placement.log 2>&1"],
+            detach=True)
+
     # ---- GPU faults (fake probe and kernel log) -------------------------------------------------
     def _fault(self, host: str, **args: object) -> None:
         payload = json.dumps({"dir": FAKE_DIR, **args})

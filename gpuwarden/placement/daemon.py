@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.lemon import listfile
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class State:
     generation: int = 0
     content: str = ""  # the last rendered body, without the header
-    lemons: tuple[str, ...] = ()
+    lemons: dict[str, str] = field(default_factory=dict)  # node -> what --drain did
 
 
 def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
@@ -40,10 +40,10 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
         raise topology.TopologyError(f"{cfg.topology_file}: cannot read ({exc.strerror})") from None
     topo = topology.parse(text, cfg.topology_file)
     try:
-        state.lemons = listfile.read(lemon_file).nodes
+        state.lemons = {e.node: e.action for e in listfile.read(lemon_file).entries}
     except listfile.LemonListError as exc:
         if "no lemon list yet" in str(exc):
-            state.lemons = ()
+            state.lemons = {}
         else:
             log.warning("%s; keeping the last lemons read (%s)", exc,
                         ",".join(state.lemons) or "none")

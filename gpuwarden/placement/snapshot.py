@@ -39,14 +39,17 @@ class Snapshot:
     why: Mapping[str, str]  # excluded node -> why, for the audit trail and `explain`
 
 
-def suspects(nodes: Iterable[Node], lemons: Iterable[str]) -> dict[str, str]:
-    """Nodes still in service that gang jobs should avoid, and why."""
+def suspects(nodes: Iterable[Node], lemons: Mapping[str, str] | Iterable[str]) -> dict[str, str]:
+    """Nodes still in service that gang jobs should avoid, and why.
+
+    ``lemons``: node -> what `lemon scan --drain` did. A lemon it drained that is back in
+    service was resumed by an operator after repair: no longer a suspect."""
     out: dict[str, str] = {}
-    lemon_set = set(lemons)
+    actions = dict(lemons) if isinstance(lemons, Mapping) else dict.fromkeys(lemons, "")
     for n in nodes:
         if n.drained or n.down:
             continue  # Slurm keeps jobs off these already
-        if n.name in lemon_set:
+        if n.name in actions and actions[n.name] != "drained":
             out[n.name] = "lemon"
         elif n.comment.startswith(f"{REASON_PREFIX} {WOULD}"):
             out[n.name] = "suspect (would drain)"
@@ -56,7 +59,8 @@ def suspects(nodes: Iterable[Node], lemons: Iterable[str]) -> dict[str, str]:
 
 
 def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
-          partitions: Mapping[str, tuple[str, ...]], lemons: Iterable[str], generation: int,
+          partitions: Mapping[str, tuple[str, ...]], lemons: Mapping[str, str] | Iterable[str],
+          generation: int,
           now: float) -> Snapshot:
     by_name = {n.name: n for n in nodes}
     why = suspects(nodes, lemons)
