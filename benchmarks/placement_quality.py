@@ -21,6 +21,7 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass
+from itertools import accumulate
 
 LEAVES, PER_LEAF = 64, 16
 # (nodes, share of jobs, mean hours)
@@ -42,14 +43,12 @@ def stream(n: int, seed: int, load: float) -> list[Job]:
     rng = random.Random(seed)  # noqa: S311 - a reproducible simulation
     node_hours = sum(share * nodes * hours for nodes, share, hours in MIX)
     rate = load * LEAVES * PER_LEAF / node_hours  # arrivals per hour
+    cum = list(accumulate(share for _, share, _ in MIX))
     t, out = 0.0, []
     for jid in range(n):
         t += rng.expovariate(rate)
-        r, acc = rng.random(), 0.0
-        for nodes, share, hours in MIX:
-            acc += share
-            if r <= acc:
-                break
+        r = rng.random() * cum[-1]
+        nodes, _, hours = MIX[next((i for i, c in enumerate(cum) if r <= c), len(MIX) - 1)]
         out.append(Job(jid, nodes, t, rng.expovariate(1 / hours)))
     return out
 
