@@ -14,6 +14,8 @@ start_munge() {
 install_slurm_conf() {
     mkdir -p /etc/slurm
     cp "$state/slurm.conf" "$state/gres.conf" "$state/topology.conf" "$state/cgroup.conf" /etc/slurm/
+    # Every sbatch/srun runs gpuwarden's cli_filter (docs/placement.md).
+    ln -sf /opt/gpuwarden/plugins/cli_filter.lua /etc/slurm/cli_filter.lua
 }
 
 case "$role" in

@@ -265,3 +265,45 @@ def test_a_drained_lemon_back_in_service_was_repaired_and_is_no_suspect() -> Non
     nodes = [node("c5"), node("c6"), node("c7", ("IDLE", "DRAIN"), "gpuwarden: lemon, x")]
     got = snapshot.suspects(nodes, {"c5": "held", "c6": "drained", "c7": "drained"})
     assert got == {"c5": "lemon"}
+
+
+# ---- cli_filter.lua (--segment on topology/block) --------------------------------------------
+CLI_FILTER = ROOT / "plugins" / "cli_filter.lua"
+
+
+def run_cli_filter(tmp: Path, topo_text: str | None, options: dict[str, str]) -> dict[str, str]:
+    topo = tmp / "topology.conf"
+    if topo_text is not None:
+        topo.write_text(topo_text)
+    opts = ", ".join(f'["{k}"] = "{v}"' for k, v in options.items())
+    script = (f'gpuwarden_topology_path = "{topo}"\n'
+              'slurm = { SUCCESS = 0, log_debug = function() end }\n'
+              f'dofile("{CLI_FILTER}")\n'
+              f"local o = {{ {opts} }}\n"
+              "assert(slurm_cli_pre_submit(o, 0) == 0)\n"
+              "for k, v in pairs(o) do print(k .. '=' .. v) end\n")
+    out = subprocess.run([lua(), "-"], input=script, capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+BLOCKS = "BlockName=b1 Nodes=n[01-18]\nBlockName=b2 Nodes=n[19-36]\nBlockSizes=18,36\n"
+
+
+@pytest.mark.parametrize("options,segment", [
+    ({"nodes": "36", "gpus-per-node": "8"}, "18"),
+    ({"nodes": "12", "gpus-per-node": "8"}, "12"),
+    ({"nodes": "20", "gres": "gpu:8"}, "10"),  # the largest divisor that fits in a block
+    ({"nodes": "36"}, None),  # no GPUs: not a gang job
+    ({"nodes": "1", "gpus": "8"}, None),
+    ({"nodes": "36", "gpus": "288", "segment": "9"}, "9"),  # the user's own
+])
+def test_cli_filter_sets_segment_on_block_topologies(tmp_path: Path, options: dict[str, str],
+                                                     segment: str | None) -> None:
+    assert run_cli_filter(tmp_path, BLOCKS, options).get("segment") == segment
+
+
+def test_cli_filter_leaves_tree_topologies_and_missing_files_alone(tmp_path: Path) -> None:
+    opts = {"nodes": "4", "gpus-per-node": "8"}
+    assert "segment" not in run_cli_filter(tmp_path, TREE, opts)
+    assert "segment" not in run_cli_filter(tmp_path, None, opts)
