@@ -48,6 +48,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/prolog_latency.py
 	$(PY) benchmarks/lemon_detection.py
 	$(PY) benchmarks/lemon_scale.py
+	$(PY) benchmarks/placement_lua.py
+	$(PY) benchmarks/placement_quality.py
+	$(PY) benchmarks/placement_submit.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

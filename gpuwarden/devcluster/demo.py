@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from gpuwarden.devcluster.harness import JOBS_DIR, Harness
@@ -99,9 +100,33 @@ def lemons(h: Harness, say: Say) -> None:
                         "--seeds", "1"])
 
 
+def placement(h: Harness, say: Say) -> None:
+    say("== 7. Placement: gang jobs packed into one leaf switch (job_submit.lua + daemon) ==")
+    _show(h, say, "", ["scontrol", "show", "topology"])
+    c5 = h.sbatch("-w", "c5", "--exclusive", name="demo-busy", wrap="sleep 600")
+    c1 = h.sbatch("-w", "c1", "--exclusive", name="demo-busy", wrap="sleep 600")
+    for b in (c5, c1):
+        h.wait_job(b, want=("RUNNING",), timeout=60)
+    say("c1 and c5 are busy: no leaf has 4 free nodes. Slurm alone would start a 4-node job at "
+        "once across both leaves. What the filter will do:")
+    _show(h, say, "", ["gpuwarden", "placement", "explain", "-N", "4"])
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="demo-gang", wrap="srun hostname")
+    time.sleep(4)
+    _show(h, say, "", ["squeue", "-j", str(job), "-o", "%i %j %T %r %N"])
+    say("It waits for one leaf (up to the policy's 60 s here). c1's job ends:")
+    h.exec("slurmctld", ["scancel", str(c1)])
+    h.wait_job(job, timeout=120)
+    fields = h.job_fields(job)
+    say(f"    job {job}: NodeList={fields.get('NodeList')} Switches={fields.get('Switches')}")
+    say(f"    AdminComment={fields.get('AdminComment')}")
+    h.exec("slurmctld", ["scancel", str(c5)])
+    say("")
+
+
 def run(h: Harness, say: Say) -> None:
     h.prepare_jobs_dir()
     foundation(h, say)
     health(h, say)
     lemons(h, say)
+    placement(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")
