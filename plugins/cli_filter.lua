@@ -1,11 +1,12 @@
 -- gpuwarden cli_filter: --segment for multi-node GPU jobs on topology/block.
 --
 -- On Slurm 24.11 job_submit.lua cannot set the segment size, so this runs client side, in
--- sbatch/salloc/srun (Lua 5.1, like job_submit). For a job of N >= 2 nodes that asks for GPUs
--- and gives no --segment, it sets --segment to the largest divisor of N that fits in the
+-- sbatch/salloc/srun (Lua 5.1, like job_submit). For a GPU job of more nodes than a block holds
+-- that gives no --segment, it sets --segment to the largest divisor of N that fits in the
 -- smallest block size of topology.conf (BlockSizes=, or the node count of the first block), so
--- the job is cut into block-sized pieces instead of being scattered. With topology/tree (no
--- BlockName lines) it does nothing; placement there is job_submit.lua's work.
+-- the job is cut into block-sized pieces instead of being scattered. A segment is a hard
+-- constraint (no wait-and-fall-back as with --switches): jobs that fit in one block are left
+-- to Slurm. With topology/tree (no BlockName lines) it does nothing.
 --
 -- It never fails a submission: any error leaves the options as they were.
 --
@@ -67,7 +68,9 @@ end
 
 function slurm_cli_pre_submit(options, offset)
   local ok, err = pcall(function()
-    if options["segment"] ~= nil and options["segment"] ~= "" then
+    local given = options["segment"]
+    -- Slurm reports an unset --segment as "unset".
+    if given ~= nil and given ~= "" and given ~= "unset" and given ~= "0" then
       return -- the user's own
     end
     local nodes = tonumber(string.match(tostring(options["nodes"] or ""), "^(%d+)$"))
@@ -77,8 +80,10 @@ function slurm_cli_pre_submit(options, offset)
     if block_size == nil then
       block_size = read_block_size(TOPOLOGY)
     end
-    if block_size < 2 then
-      return -- not topology/block
+    if block_size < 2 or nodes <= block_size then
+      -- Not topology/block; or the job fits in one block, where Slurm's block plugin already
+      -- prefers one block, and a segment of N would forbid any other placement.
+      return
     end
     options["segment"] = tostring(segment_for(nodes, block_size))
   end)

@@ -29,8 +29,9 @@ local function read_header(path)
   if not f then
     return nil, "missing"
   end
-  local line = f:read("*l")
+  local head = f:read(256) -- a bounded read: the header is one short line
   f:close()
+  local line = head and string.match(head, "^[^\n]*")
   local gen, written
   if line then
     gen, written = string.match(line,
@@ -42,25 +43,54 @@ local function read_header(path)
   return tonumber(gen), tonumber(written)
 end
 
+local MAX_BYTES = 8 * 1024 * 1024
+local MAX_STEPS = 50000000 -- VM instructions; a real snapshot needs a tiny fraction
+
+local function evaluate(chunk)
+  -- The file is data: no globals (empty environment), no string methods (the shared string
+  -- metatable), and a budget of instructions, so that even a hostile file cannot loop or grow
+  -- without end inside slurmctld.
+  setfenv(chunk, {})
+  local co = coroutine.create(chunk)
+  debug.sethook(co, function() error("snapshot takes too long to evaluate") end, "", MAX_STEPS)
+  local strmeta = getmetatable("")
+  local index = strmeta.__index
+  strmeta.__index = nil
+  local ok, ran, value = pcall(coroutine.resume, co)
+  strmeta.__index = index
+  if not ok then
+    return false, ran
+  end
+  return ran, value
+end
+
 local function load_snapshot(path)
+  local f = io.open(path, "r")
+  if not f then
+    return nil, "missing"
+  end
+  local size = f:seek("end")
+  f:close()
+  if not size or size > MAX_BYTES then
+    return nil, "too large (" .. tostring(size) .. " bytes)"
+  end
   local chunk, err = loadfile(path)
   if not chunk then
     return nil, "cannot parse: " .. tostring(err)
   end
-  setfenv(chunk, {}) -- the file is data: no functions, no globals
-  local ok, snap = pcall(chunk)
+  local ok, snap = evaluate(chunk)
   if not ok then
     return nil, "cannot evaluate: " .. tostring(snap)
   end
   if type(snap) ~= "table" or snap.version ~= 1 or type(snap.partitions) ~= "table"
-      or type(snap.stale_after) ~= "number" then
+      or type(snap.stale_after) ~= "number" or type(snap.generation) ~= "number" then
     return nil, "not a version 1 snapshot"
   end
   return snap
 end
 
 local function current(now)
-  if cache.checked == nil or now - cache.checked >= CHECK_EVERY then
+  if cache.checked == nil or now - cache.checked >= CHECK_EVERY or now < cache.checked then
     cache.checked = now
     local gen, written = read_header(SNAPSHOT)
     if not gen then
@@ -141,6 +171,8 @@ local function decide(snap, job)
     table.insert(d.notes, "--nodelist kept")
   elseif job.contiguous == 1 then
     table.insert(d.notes, "--contiguous kept")
+  elseif snap.kind == "block" then
+    table.insert(d.notes, "topology/block: --segment is cli_filter.lua's")
   else
     d.switches = k
     d.wait = view.mode == "required" and REQUIRED_WAIT or view.wait
@@ -168,7 +200,15 @@ end
 
 local FIELDS = { "req_switch", "wait4switch", "exc_nodes", "admin_comment" }
 
+local TEXT = { exc_nodes = true, admin_comment = true }
+
 local function apply(job, d, snap)
+  -- Everything that can fail is computed before the first change.
+  local note = string.format("gpuwarden placement (snapshot %d): %s", snap.generation, d.why)
+  local prev = job.admin_comment
+  if prev ~= nil and prev ~= "" then
+    note = prev .. "; " .. note
+  end
   local before = {}
   for _, f in ipairs(FIELDS) do
     before[f] = job[f]
@@ -181,17 +221,17 @@ local function apply(job, d, snap)
     if d.exc then
       job.exc_nodes = d.exc
     end
-    local note = string.format("gpuwarden placement (snapshot %d): %s", snap.generation, d.why)
-    local prev = job.admin_comment
-    if prev ~= nil and prev ~= "" then
-      note = prev .. "; " .. note
-    end
     job.admin_comment = note
   end)
   if not ok then
-    -- All or nothing: put back what was changed before the error.
+    -- All or nothing: put back what was changed before the error (Slurm takes "" for an
+    -- unset text field, not nil).
     for _, f in ipairs(FIELDS) do
-      pcall(function() job[f] = before[f] end)
+      local v = before[f]
+      if v == nil and TEXT[f] then
+        v = ""
+      end
+      pcall(function() job[f] = v end)
     end
     error(err, 0)
   end
@@ -232,4 +272,4 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 end
 
 -- For tests and the microbenchmark (never called by slurmctld).
-gpuwarden_placement = { decide = decide, current = current, cache = cache }
+gpuwarden_placement = { decide = decide, current = current, cache = cache, load = load_snapshot }

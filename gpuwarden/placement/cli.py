@@ -21,6 +21,20 @@ def _config(obj: Any) -> Any:
         sys.exit(2)
 
 
+def _snapshot_age(path: str, stale_after_s: int) -> str:
+    """What the filter itself sees now: explain decides on fresh state, the filter on the file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(256).split("\n", 1)[0]
+        written = int(head.rsplit(" written ", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return (f"the filter's snapshot {path} is missing or unreadable: it lets every job "
+                "through unchanged (is `gpuwarden placement daemon` running?)")
+    age = time.time() - written
+    state = "stale: the filter lets every job through unchanged" if age > stale_after_s else "fresh"
+    return f"the filter's snapshot {path}: written {age:.0f} s ago ({state})"
+
+
 @click.group("placement")
 def placement() -> None:
     """Gang-aware topology placement (the job_submit.lua filter and its daemon)."""
@@ -54,6 +68,7 @@ def explain(obj: Any, min_nodes: int, gpus_per_node: int, partition: str,
                                  time.time())
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
+    click.echo(_snapshot_age(cfg.placement.snapshot_file, cfg.placement.stale_after_s))
     job = JobRequest(min_nodes, gpus_per_node > 0, partition, switches, nodelist, exclude,
                      contiguous)
     d = decide(snap, job)

@@ -75,7 +75,12 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
     log.info("placement daemon: %s -> %s every %g s", cfg.topology_file, cfg.snapshot_file,
              cfg.interval_s)
     while True:
-        snap = step(cfg, client_factory(), lemon_file, state, clock())
+        try:
+            snap = step(cfg, client_factory(), lemon_file, state, clock())
+        except Exception:  # a daemon outlives any one bad round (disk full, odd output, ...)
+            log.exception("placement snapshot not updated; the last good one stays, and goes "
+                          "stale after %d s", cfg.stale_after_s)
+            snap = None
         if once:
             return 0 if snap is not None else 1
         sleep(cfg.interval_s)

@@ -65,6 +65,8 @@ def decide(s: Snapshot, job: JobRequest) -> Decision:
         notes.append("--nodelist kept")
     elif job.contiguous:
         notes.append("--contiguous kept")
+    elif s.kind == "block":
+        notes.append("topology/block: --segment is cli_filter.lua's")
     else:
         switches = k
         wait = REQUIRED_WAIT_S if p.mode == "required" else p.wait_s

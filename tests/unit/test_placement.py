@@ -200,6 +200,9 @@ def test_shadow_mode_logs_the_decision_and_changes_nothing(tmp_path: Path) -> No
     (lambda t: t.splitlines()[0] + "\nreturn 42\n", "not a version 1 snapshot"),
     (lambda t: t.splitlines()[0] + "\nreturn os.exit(3)\n", "cannot evaluate"),
     (lambda t: t.replace("capacity = {4, 4}", 'capacity = "x"'), "error ("),
+    (lambda t: t.splitlines()[0] + "\nwhile true do end\n", "takes too long"),
+    (lambda t: t.splitlines()[0] + '\nreturn ("x"):rep(2^31)\n', "cannot evaluate"),
+    (lambda t: t.splitlines()[0] + "\n--" + "x" * (9 << 20) + "\n", "too large"),
 ])
 def test_any_snapshot_problem_lets_the_job_through_unchanged(tmp_path: Path, mangle, needle) -> None:  # type: ignore[no-untyped-def]
     text = mangle(snapshot.render(snap()))
@@ -292,7 +295,8 @@ BLOCKS = "BlockName=b1 Nodes=n[01-18]\nBlockName=b2 Nodes=n[19-36]\nBlockSizes=1
 
 @pytest.mark.parametrize("options,segment", [
     ({"nodes": "36", "gpus-per-node": "8"}, "18"),
-    ({"nodes": "12", "gpus-per-node": "8"}, "12"),
+    ({"nodes": "12", "gpus-per-node": "8"}, None),  # fits in one block: left to Slurm
+    ({"nodes": "36", "gpus-per-node": "8", "segment": "unset"}, "18"),  # Slurm's "unset"
     ({"nodes": "20", "gres": "gpu:8"}, "10"),  # the largest divisor that fits in a block
     ({"nodes": "36"}, None),  # no GPUs: not a gang job
     ({"nodes": "1", "gpus": "8"}, None),
