@@ -1,0 +1,36 @@
+"""Names that become path components (job namespaces, shard names): validated, never trusted."""
+
+from __future__ import annotations
+
+import re
+
+from gpuwarden.errors import GpuwardenError
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+MAX_STEP = 10**12
+
+
+class BadName(GpuwardenError):
+    """A name that could leave its directory, or a step that is not a step."""
+
+
+def check_name(name: str, what: str = "name") -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise BadName(f"{what} {name!r}: use 1-128 letters, digits, '_', '-', '.', not starting "
+                      "with '.' or '-' and without '..'")
+    return name
+
+
+def check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP:
+        raise BadName(f"step {step!r}: expected an integer from 0 to {MAX_STEP - 1}")
+    return step
+
+
+def step_dir(step: int) -> str:
+    return f"step-{check_step(step):012d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = re.fullmatch(r"step-(\d{12})", name)
+    return int(m.group(1)) if m else None
