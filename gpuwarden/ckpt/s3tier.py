@@ -1,0 +1,149 @@
+"""A checkpoint tier in S3 (boto3): the durable copy.
+
+Shards go up first (multipart for big ones, with bounded part size and concurrency, retries with
+jitter and hard timeouts), the manifest last: a step is visible only once its manifest object
+exists, so an upload killed at any point leaves no step behind. Nothing read back is trusted
+before its checksum matches the manifest. Leftover multipart uploads of crashed writers are
+aborted by `gc`.
+
+Keys: <prefix>/<job>/rank-NNNNN/step-NNNNNNNNNNNN/<shard> and .../MANIFEST.json.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpuwarden.ckpt.codec import checksum
+from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
+from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    bucket: str
+    prefix: str = "gpuwarden-ckpt"
+    endpoint_url: str | None = None
+    part_size: int = 64 << 20
+    concurrency: int = 8
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    retries: int = 5
+
+
+def client(settings: S3Settings) -> Any:
+    """A boto3 S3 client with bounded timeouts and jittered ("adaptive") retries."""
+    cfg = Config(connect_timeout=settings.connect_timeout_s,
+                 read_timeout=settings.read_timeout_s,
+                 retries={"max_attempts": settings.retries, "mode": "adaptive"},
+                 max_pool_connections=max(10, settings.concurrency * 2))
+    return boto3.client("s3", endpoint_url=settings.endpoint_url, config=cfg)
+
+
+class S3Tier:
+    def __init__(self, name: str, settings: S3Settings, job: str, rank: int = 0,
+                 s3: Any = None) -> None:
+        self.name = name
+        self.s = settings
+        check_name(settings.prefix, "S3 prefix")
+        self.base = f"{settings.prefix}/{check_name(job, 'job')}/rank-{int(rank):05d}"
+        self.s3 = s3 if s3 is not None else client(settings)
+
+    def _key(self, step: int, name: str) -> str:
+        return f"{self.base}/{step_dir(step)}/{name}"
+
+    def _transfer(self) -> Any:
+        return TransferConfig(multipart_threshold=self.s.part_size,
+                              multipart_chunksize=self.s.part_size,
+                              max_concurrency=self.s.concurrency, use_threads=True)
+
+    def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview],
+               progress: Callable[[int], None] | None = None) -> None:
+        try:
+            for shard in manifest.shards:
+                body = io.BytesIO(memoryview(data[shard.name]).cast("B"))
+                self.s3.upload_fileobj(body, self.s.bucket, self._key(manifest.step, shard.name),
+                                       Config=self._transfer(), Callback=progress)
+            self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MANIFEST),
+                               Body=manifest.to_json().encode())
+        except (BotoCoreError, ClientError) as exc:
+            raise TierError(f"{self.name}: cannot upload step {manifest.step} to "
+                            f"s3://{self.s.bucket}/{self.base} ({exc})") from None
+
+    def steps(self) -> list[int]:
+        out = []
+        try:
+            pages = self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.s.bucket, Prefix=f"{self.base}/")
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    rest = obj["Key"][len(self.base) + 1:]
+                    parts = rest.split("/")
+                    if len(parts) == 2 and parts[1] == MANIFEST:
+                        step = parse_step_dir(parts[0])
+                        if step is not None:
+                            out.append(step)
+        except (BotoCoreError, ClientError) as exc:
+            raise TierError(f"{self.name}: cannot list s3://{self.s.bucket}/{self.base} "
+                            f"({exc})") from None
+        return sorted(out)
+
+    def _get(self, key: str, limit: int) -> bytes:
+        try:
+            obj = self.s3.get_object(Bucket=self.s.bucket, Key=key)
+            if obj.get("ContentLength", 0) > limit:
+                raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
+            data: bytes = obj["Body"].read(limit + 1)
+        except (BotoCoreError, ClientError) as exc:
+            raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
+        return data
+
+    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+        key = self._key(step, MANIFEST)
+        try:
+            m = from_json(self._get(key, 16 << 20).decode("utf-8", "replace"),
+                          f"s3://{self.s.bucket}/{key}")
+        except ManifestError as exc:
+            raise CorruptStep(f"{self.name} step {step}: {exc}") from None
+        out = {}
+        for shard in m.shards:
+            data = self._get(self._key(step, shard.name), shard.size)
+            if len(data) != shard.size or checksum(data) != shard.checksum:
+                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: checksum "
+                                  "mismatch")
+            out[shard.name] = data
+        return m, out
+
+    def delete(self, step: int) -> None:
+        """Manifest first: a step half deleted is never taken for a whole one."""
+        self.s3.delete_object(Bucket=self.s.bucket, Key=self._key(step, MANIFEST))
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.s.bucket, Prefix=f"{self.base}/{step_dir(step)}/")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                self.s3.delete_object(Bucket=self.s.bucket, Key=obj["Key"])
+
+    def gc_uploads(self, older_than_s: float = 3600.0, now: float | None = None) -> int:
+        """Abort multipart uploads that crashed writers left under this rank's keys."""
+        now = time.time() if now is None else now
+        resp = self.s3.list_multipart_uploads(Bucket=self.s.bucket, Prefix=f"{self.base}/")
+        aborted = 0
+        for up in resp.get("Uploads", []):
+            started = up["Initiated"].timestamp()
+            if now - started > older_than_s:
+                self.s3.abort_multipart_upload(Bucket=self.s.bucket, Key=up["Key"],
+                                               UploadId=up["UploadId"])
+                aborted += 1
+        return aborted
