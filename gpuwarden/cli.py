@@ -57,6 +57,7 @@ _LAZY = {
     "fleet": ("gpuwarden.fleet.cli", "fleet"),
     "simulate": ("gpuwarden.fleet.cli", "simulate"),
     "placement": ("gpuwarden.placement.cli", "placement"),
+    "ckpt": ("gpuwarden.ckpt.cli", "ckpt"),
 }
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.configload import LoadError, build, require, to_dict
 from gpuwarden.errors import ConfigError
 from gpuwarden.health.config import HealthConfig
@@ -103,6 +104,7 @@ class Config:
     health: HealthConfig = field(default_factory=HealthConfig)
     lemon: LemonConfig = field(default_factory=LemonConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    ckpt: CkptConfig = field(default_factory=CkptConfig)
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

@@ -63,3 +63,44 @@ def test_wait_durable_times_out_while_a_tier_is_away(tmp_path: Path) -> None:
     ck.save(1, state(1))
     assert not ck.wait_durable(1, timeout=0.5)
     ck.close(timeout=5)
+
+
+def test_ckpt_commands_list_verify_clean_up_and_compute_the_interval(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.cli import Context, cli
+    from gpuwarden.config import Config
+
+    cfg = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),
+                                            shared_root=str(tmp_path / "fsx"), keep=1))
+    shm = FsTier("memory", cfg.ckpt.memory_root, "job-7")
+    fsx = FsTier("shared", cfg.ckpt.shared_root, "job-7")
+    ck = Checkpointer("job-7", shm, [fsx], keep=3)
+    for step in (1, 2, 3):
+        ck.save(step, state(step))
+    assert ck.wait_durable(3, timeout=30)
+    ck.close(timeout=30)
+    ctx = Context()
+    ctx._config = cfg
+
+    def run(*args: str) -> tuple[int, str]:
+        res = CliRunner().invoke(cli, list(args), obj=ctx)
+        return res.exit_code, res.output
+
+    code, out = run("ckpt", "ls", "job-7")
+    assert code == 0 and "memory   3 step(s): 1, 2, 3" in out and "shared   3 step(s)" in out
+    shard = Path(shm.dir) / "step-000000000002" / "w"
+    raw = bytearray(shard.read_bytes())
+    raw[7] ^= 1
+    shard.write_bytes(bytes(raw))
+    code, out = run("ckpt", "verify", "job-7")
+    assert code == 1 and "memory   step 2: CORRUPT" in out and "shared   step 2: ok" in out
+    code, out = run("ckpt", "gc", "job-7")
+    assert code == 0 and shm.steps() == [3] and fsx.steps() == [3]
+    code, out = run("ckpt", "interval", "--gpus", "1024", "--mttf", "7.9h", "--cost", "30s")
+    assert code == 0 and "Young: every 21.8 min" in out
+    code, out = run("ckpt", "ls", "../etc")
+    assert code == 1 and "job '../etc'" in out

@@ -1,0 +1,159 @@
+"""`gpuwarden ckpt ls|verify|gc|interval`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
+from gpuwarden.ckpt.names import BadName
+from gpuwarden.errors import ConfigError, GpuwardenError
+from gpuwarden.fleet.cli import parse_cost
+from gpuwarden.fleet.mttf import daly, human_hours, young
+
+
+def _cfg(obj: Any) -> Any:
+    try:
+        return obj.config()
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+
+
+def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
+    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank)]
+    if cfg.shared_root:
+        out.append(FsTier("shared", cfg.shared_root, job, rank))
+    if cfg.s3_bucket:
+        from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
+
+        out.append(S3Tier("s3", S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
+                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank))
+    return out
+
+
+def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
+    try:
+        return tiers(_cfg(obj).ckpt, job, rank)
+    except BadName as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group("ckpt")
+def ckpt() -> None:
+    """Tiered checkpoints: list, verify, clean up, and the interval to take them at."""
+
+
+@ckpt.command("ls")
+@click.argument("job")
+@click.option("--rank", default=0, show_default=True)
+@click.pass_obj
+def ls(obj: Any, job: str, rank: int) -> None:
+    """Committed steps of JOB on every configured tier."""
+    for t in _tiers_or_exit(obj, job, rank):
+        try:
+            steps = t.steps()
+        except TierError as exc:
+            click.echo(f"{t.name:<8} unavailable: {exc}")
+            continue
+        shown = ", ".join(map(str, steps[-10:])) or "none"
+        click.echo(f"{t.name:<8} {len(steps)} step(s): {shown}")
+
+
+@ckpt.command("verify")
+@click.argument("job")
+@click.option("--rank", default=0, show_default=True)
+@click.pass_obj
+def verify(obj: Any, job: str, rank: int) -> None:
+    """Read every step back and check every shard; exit 1 when any copy is corrupt."""
+    bad = 0
+    for t in _tiers_or_exit(obj, job, rank):
+        try:
+            steps = t.steps()
+        except TierError as exc:
+            click.echo(f"{t.name:<8} unavailable: {exc}")
+            continue
+        for step in steps:
+            try:
+                m, _ = t.load(step)
+                click.echo(f"{t.name:<8} step {step}: ok ({len(m.shards)} shards, "
+                           f"{m.total_bytes} bytes)")
+            except CorruptStep as exc:
+                bad += 1
+                click.echo(f"{t.name:<8} step {step}: CORRUPT: {exc}")
+    if bad:
+        sys.exit(1)
+
+
+@ckpt.command("gc")
+@click.argument("job")
+@click.option("--rank", default=0, show_default=True)
+@click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
+@click.pass_obj
+def gc(obj: Any, job: str, rank: int, keep: int | None) -> None:
+    """Apply retention (never a tier's newest step), drop crashed temp files and uploads."""
+    keep = keep if keep is not None else _cfg(obj).ckpt.keep
+    if keep < 1:
+        raise click.BadParameter("--keep must be at least 1")
+    for t in _tiers_or_exit(obj, job, rank):
+        try:
+            steps = t.steps()
+            for s in steps[:-keep]:
+                t.delete(s)
+            extra = t.gc_temp() if isinstance(t, FsTier) else t.gc_uploads()
+        except (TierError, GpuwardenError, OSError) as exc:
+            click.echo(f"{t.name:<8} skipped: {exc}")
+            continue
+        click.echo(f"{t.name:<8} kept {min(keep, len(steps))}, deleted "
+                   f"{max(0, len(steps) - keep)}, removed {extra} leftover(s)")
+
+
+@ckpt.command("interval")
+@click.option("--gpus", type=int, required=True, help="the job's GPU count")
+@click.option("--cost", default=None, help="measured stall per checkpoint (30s, 2m)")
+@click.option("--mttf", "mttf_text", default=None, help="MTTF for this size (7.9h); default: "
+              "measured from accounting (`fleet mttf`), else [ckpt] mttf_h")
+@click.option("--since", default="30d", show_default=True)
+@click.pass_obj
+def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since: str) -> None:
+    """The Young/Daly checkpoint interval for a job of this size."""
+    cfg = _cfg(obj).ckpt
+    cost_s = parse_cost(cost) if cost else cfg.ckpt_cost_s
+    measured: float | None
+    if mttf_text:
+        measured, source = parse_cost(mttf_text) / 3600, "--mttf"
+    else:
+        measured, source = _measured_mttf(obj, gpus, since)
+    if measured is None:
+        if not cfg.mttf_h:
+            raise click.ClickException("no failures of this size in the accounting history "
+                                       "and no [ckpt] mttf_h: give --mttf")
+        measured, source = cfg.mttf_h, "[ckpt] mttf_h"
+    mttf_h: float = measured
+    c = cost_s / 3600
+    click.echo(f"{gpus} GPUs: MTTF {human_hours(mttf_h)} ({source}), checkpoint cost "
+               f"{cost_s:g} s")
+    click.echo(f"Young: every {human_hours(young(c, mttf_h))}; Daly: every "
+               f"{human_hours(daly(c, mttf_h))}")
+
+
+def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
+    # Only `interval` without --mttf reads the accounting history.
+    from gpuwarden.fleet.mttf import report  # noqa: PLC0415
+    from gpuwarden.lemon.attribution import gpu_class  # noqa: PLC0415
+    from gpuwarden.lemon.cli import load_history  # noqa: PLC0415
+
+    try:
+        hist = load_history(obj, since, (), None, _cfg(obj).lemon.grace_s)
+    except click.ClickException:
+        return None, ""
+    rep = report(hist.attribution, hist.events, 8, 30.0, (gpus,))
+    for c in rep.classes:
+        if c.gpus == gpu_class(gpus) and c.mttf_h:
+            return c.mttf_h, f"measured: {c.failures} failures in {c.hours:.0f} job-hours"
+    if rep.per_gpu_mttf_h:
+        return rep.per_gpu_mttf_h / gpus, "projected 1/N from the fleet's per-GPU rate"
+    return None, ""
