@@ -26,6 +26,8 @@ Progress = Callable[[str], None]
 NETWORK = f"{PREFIX}-net"
 FSX_VOLUME = f"{PREFIX}-fsx"
 FSX_PATH = "/fsx"
+# /dev/shm of each node (checkpoint tier 0); part of the config hash.
+NODE_SHM = "1g"
 S3_BUCKET = "gpuwarden"
 
 
@@ -88,6 +90,7 @@ class Cluster:
         digest = hashlib.sha256()
         # The mounted working tree is part of the identity: never reuse another checkout's cluster.
         digest.update(str(self.root).encode() + b"\0")
+        digest.update(f"shm={NODE_SHM}".encode() + b"\0")
         for name, text in sorted(files.items()):
             path = self.state_dir / name
             path.write_text(text)
@@ -133,6 +136,8 @@ class Cluster:
             networking_config={NETWORK: docker.types.EndpointConfig(
                 version=self.client.api.api_version, ipv4_address=ip, aliases=[host])},
             init=True,
+            # Tier 0 of checkpoints is /dev/shm: Docker's 64 MB default holds no real state.
+            shm_size=NODE_SHM if role == "node" else None,
         )
 
     # ---- lifecycle ----------------------------------------------------------------------------

@@ -80,4 +80,6 @@ else:
     got = restore([s3])
     out = {"steps": s3.steps(), "restored": got.step if got else None,
            "aborted_uploads": s3.gc_uploads(older_than_s=0)}
+    for step in shm.steps():  # leave node memory as it was
+        shm.delete(step)
 print(json.dumps(out))
