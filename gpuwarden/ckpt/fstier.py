@@ -85,7 +85,8 @@ class FsTier:
         self.dir = os.path.join(root, check_name(job, "job"), f"rank-{int(rank):05d}")
         self._ready = False
 
-    def _ensure_dir(self) -> None:
+    def ensure_dir(self) -> None:
+        """Create (or check) this rank's directory and the job's; idempotent."""
         if self._ready:
             return
         parent = os.path.dirname(self.dir)
@@ -112,7 +113,7 @@ class FsTier:
 
     def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview]) -> None:
         """Write the step and make it visible at once, or raise and leave nothing behind."""
-        self._ensure_dir()
+        self.ensure_dir()
         final = os.path.join(self.dir, step_dir(manifest.step))
         if os.path.lexists(final):
             return  # already committed here (a retry after a crash past the rename)

@@ -18,6 +18,7 @@ from gpuwarden.slurm.models import AcctJob, Job
 
 JOBS_DIR = f"{FSX_PATH}/jobs"
 FAKE_DIR = "/var/lib/gpuwarden-fake"
+CKPT_DIR = "/fsx/gpuwarden-ckpt"
 # A training step on fake GPUs, for jobs to `srun` (see docker-cluster/fake-gpu-job).
 FAKE_JOB = "/opt/gpuwarden/docker-cluster/fake-gpu-job"
 
@@ -73,6 +74,8 @@ class Harness:
     # ---- jobs ----------------------------------------------------------------------------------
     def prepare_jobs_dir(self) -> None:
         self.exec("slurmctld", ["install", "-d", "-m", "1777", JOBS_DIR]).check("mkdir jobs dir")
+        # The shared checkpoint tier's spool: sticky, like /tmp; each job's directory is private.
+        self.exec("slurmctld", ["install", "-d", "-m", "1777", CKPT_DIR]).check("mkdir ckpt")
 
     def sbatch(self, *args: str, wrap: str, user: str = "alice", name: str = "e2e") -> int:
         argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
