@@ -37,6 +37,14 @@ class Context:
             self._config = configmod.load(self.config_path)
         return self._config
 
+    def config_or_exit(self) -> configmod.Config:
+        """The config, or exit 2 naming the file, key and what is expected. For commands; the
+        Slurm entry points (prolog, epilog, health check) fail open instead."""
+        try:
+            return self.config()
+        except ConfigError as exc:
+            _die(str(exc), EXIT_CONFIG)
+
     def client(self) -> SlurmClient:
         cfg = self.config()
         if self.client_factory is not None:

@@ -10,17 +10,9 @@ import click
 from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.names import BadName
-from gpuwarden.errors import ConfigError, GpuwardenError
+from gpuwarden.errors import GpuwardenError
 from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.fleet.mttf import daly, human_hours, young
-
-
-def _cfg(obj: Any) -> Any:
-    try:
-        return obj.config()
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
 
 
 def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
@@ -37,7 +29,7 @@ def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
 
 def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
     try:
-        return tiers(_cfg(obj).ckpt, job, rank)
+        return tiers(obj.config_or_exit().ckpt, job, rank)
     except BadName as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -95,7 +87,7 @@ def verify(obj: Any, job: str, rank: int) -> None:
 @click.pass_obj
 def gc(obj: Any, job: str, rank: int, keep: int | None) -> None:
     """Apply retention (never a tier's newest step), drop crashed temp files and uploads."""
-    keep = keep if keep is not None else _cfg(obj).ckpt.keep
+    keep = keep if keep is not None else obj.config_or_exit().ckpt.keep
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1")
     for t in _tiers_or_exit(obj, job, rank):
@@ -120,7 +112,7 @@ def gc(obj: Any, job: str, rank: int, keep: int | None) -> None:
 @click.pass_obj
 def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since: str) -> None:
     """The Young/Daly checkpoint interval for a job of this size."""
-    cfg = _cfg(obj).ckpt
+    cfg = obj.config_or_exit().ckpt
     cost_s = parse_cost(cost) if cost else cfg.ckpt_cost_s
     measured: float | None
     if mttf_text:
@@ -147,7 +139,7 @@ def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
     from gpuwarden.lemon.cli import load_history  # noqa: PLC0415
 
     try:
-        hist = load_history(obj, since, (), None, _cfg(obj).lemon.grace_s)
+        hist = load_history(obj, since, (), None, obj.config_or_exit().lemon.grace_s)
     except click.ClickException:
         return None, ""
     rep = report(hist.attribution, hist.events, 8, 30.0, (gpus,))

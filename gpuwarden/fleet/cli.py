@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
-from gpuwarden.errors import ConfigError
 from gpuwarden.fleet.calibrate import CalibrationError, PaperFigures, solve
 from gpuwarden.fleet.compare import compare
 from gpuwarden.fleet.mttf import human_hours, report
@@ -63,11 +61,7 @@ def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
     """MTTF by job size, its 1/N projection, and the Young/Daly checkpoint interval."""
     cost = parse_cost(ckpt_cost)
     sizes = parse_sizes(project_to)
-    try:
-        grace = obj.config().lemon.grace_s
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
+    grace = obj.config_or_exit().lemon.grace_s
     hist = load_history(obj, since, from_files, events_file, grace)
     rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes)
     if as_json:

@@ -142,11 +142,7 @@ def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
          as_json: bool, drain: bool, write_list: bool, fdr: float | None,
          min_failures: int | None, min_jobs: int | None, show_all: bool) -> None:
     """Rank nodes by failures against what the fleet's rate predicts for their exposure."""
-    try:
-        cfg = obj.config()
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
+    cfg = obj.config_or_exit()
     if (drain or write_list) and from_files:
         raise click.UsageError("--drain and --write-list act on the live cluster: not with --from")
     lc = cfg.lemon
@@ -214,12 +210,9 @@ def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
 @click.pass_obj
 def list_cmd(obj: Any, as_json: bool) -> None:
     """The published lemon list (what the placement filter keeps jobs away from)."""
+    path = obj.config_or_exit().lemon.list_file
     try:
-        path = obj.config().lemon.list_file
         current = listfile.read(path)
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:

@@ -8,17 +8,9 @@ from typing import Any
 
 import click
 
-from gpuwarden.errors import ConfigError, GpuwardenError
+from gpuwarden.errors import GpuwardenError
 from gpuwarden.placement import daemon
 from gpuwarden.placement.decide import JobRequest, decide
-
-
-def _config(obj: Any) -> Any:
-    try:
-        return obj.config()
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
 
 
 def _snapshot_age(path: str, stale_after_s: int) -> str:
@@ -45,7 +37,7 @@ def placement() -> None:
 @click.pass_obj
 def daemon_cmd(obj: Any, once: bool) -> None:
     """Keep the filter's snapshot current (run on the slurmctld host, as root)."""
-    cfg = _config(obj)
+    cfg = obj.config_or_exit()
     sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=once))
 
 
@@ -61,7 +53,7 @@ def daemon_cmd(obj: Any, once: bool) -> None:
 def explain(obj: Any, min_nodes: int, gpus_per_node: int, partition: str,
             switches: int | None, nodelist: str, exclude: str, contiguous: bool) -> None:
     """What the filter would do to such a job now, and why."""
-    cfg = _config(obj)
+    cfg = obj.config_or_exit()
     state = daemon.State()
     try:
         snap = daemon.build_once(cfg.placement, obj.client(), cfg.lemon.list_file, state,
