@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -39,18 +40,22 @@ def ckpt() -> None:
     """Tiered checkpoints: list, verify, clean up, and the interval to take them at."""
 
 
+def _listed(tiers_: list[Any]) -> Iterator[tuple[Any, list[int]]]:
+    """Each tier with its steps; a tier that cannot be listed is reported and skipped."""
+    for t in tiers_:
+        try:
+            yield t, t.steps()
+        except TierError as exc:
+            click.echo(f"{t.name:<8} unavailable: {exc}")
+
+
 @ckpt.command("ls")
 @click.argument("job")
 @click.option("--rank", default=0, show_default=True)
 @click.pass_obj
 def ls(obj: Any, job: str, rank: int) -> None:
     """Committed steps of JOB on every configured tier."""
-    for t in _tiers_or_exit(obj, job, rank):
-        try:
-            steps = t.steps()
-        except TierError as exc:
-            click.echo(f"{t.name:<8} unavailable: {exc}")
-            continue
+    for t, steps in _listed(_tiers_or_exit(obj, job, rank)):
         shown = ", ".join(map(str, steps[-10:])) or "none"
         click.echo(f"{t.name:<8} {len(steps)} step(s): {shown}")
 
@@ -62,12 +67,7 @@ def ls(obj: Any, job: str, rank: int) -> None:
 def verify(obj: Any, job: str, rank: int) -> None:
     """Read every step back and check every shard; exit 1 when any copy is corrupt."""
     bad = 0
-    for t in _tiers_or_exit(obj, job, rank):
-        try:
-            steps = t.steps()
-        except TierError as exc:
-            click.echo(f"{t.name:<8} unavailable: {exc}")
-            continue
+    for t, steps in _listed(_tiers_or_exit(obj, job, rank)):
         for step in steps:
             try:
                 m, _ = t.load(step)

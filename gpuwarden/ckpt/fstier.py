@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 from gpuwarden.ckpt.codec import checksum
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, Shard, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.health.store import unsafe_dir_problem
@@ -43,6 +43,12 @@ class TierFull(TierError):
 
 class CorruptStep(GpuwardenError):
     """A committed step whose bytes do not match its manifest."""
+
+
+def check_shard(tier: str, step: int, shard: Shard, data: bytes) -> None:
+    """Every tier's rule: nothing read back is used before size and checksum match."""
+    if len(data) != shard.size or checksum(data) != shard.checksum:
+        raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
 
 
 def _fsync_dir(path: str) -> None:
@@ -177,9 +183,7 @@ class FsTier:
             except OSError as exc:
                 raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
                                   f"{exc.strerror}") from None
-            if len(data) != shard.size or checksum(data) != shard.checksum:
-                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: checksum "
-                                  "mismatch")
+            check_shard(self.name, step, shard, data)
             out[shard.name] = data
         return m, out
 

@@ -23,8 +23,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gpuwarden.ckpt.codec import checksum
-from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError
+from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 
@@ -60,14 +59,12 @@ class S3Tier:
         check_name(settings.prefix, "S3 prefix")
         self.base = f"{settings.prefix}/{check_name(job, 'job')}/rank-{int(rank):05d}"
         self.s3 = s3 if s3 is not None else client(settings)
+        self._transfer = TransferConfig(multipart_threshold=settings.part_size,
+                                        multipart_chunksize=settings.part_size,
+                                        max_concurrency=settings.concurrency, use_threads=True)
 
     def _key(self, step: int, name: str) -> str:
         return f"{self.base}/{step_dir(step)}/{name}"
-
-    def _transfer(self) -> Any:
-        return TransferConfig(multipart_threshold=self.s.part_size,
-                              multipart_chunksize=self.s.part_size,
-                              max_concurrency=self.s.concurrency, use_threads=True)
 
     def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview],
                progress: Callable[[int], None] | None = None) -> None:
@@ -75,7 +72,7 @@ class S3Tier:
             for shard in manifest.shards:
                 body = io.BytesIO(memoryview(data[shard.name]).cast("B"))
                 self.s3.upload_fileobj(body, self.s.bucket, self._key(manifest.step, shard.name),
-                                       Config=self._transfer(), Callback=progress)
+                                       Config=self._transfer, Callback=progress)
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MANIFEST),
                                Body=manifest.to_json().encode())
         except (BotoCoreError, ClientError) as exc:
@@ -120,9 +117,7 @@ class S3Tier:
         out = {}
         for shard in m.shards:
             data = self._get(self._key(step, shard.name), shard.size)
-            if len(data) != shard.size or checksum(data) != shard.checksum:
-                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: checksum "
-                                  "mismatch")
+            check_shard(self.name, step, shard, data)
             out[shard.name] = data
         return m, out
 
