@@ -119,9 +119,10 @@ local function set(v)
   return type(v) == "number" and v < NO_VAL
 end
 
+local GPU_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
+
 local function wants_gpus(job)
-  local fields = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
-  for _, f in ipairs(fields) do
+  for _, f in ipairs(GPU_FIELDS) do
     local v = job[f]
     if type(v) == "string" and string.find(v, "gpu", 1, true) then
       return true
