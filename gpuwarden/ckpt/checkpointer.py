@@ -4,8 +4,14 @@
 step, read back and verified from tier 0, to each durable tier in order (shared filesystem,
 S3). While a tier is unreachable the writer retries with backoff and training goes on; when it
 comes back, the newest pending step goes first (older pending steps are superseded: only the
-newest matters to a restart). Extra host memory stays at one copy of the state, the one being
-written back. Retention keeps `keep` steps per tier and never deletes a tier's newest step.
+newest matters to a restart). A tier that fails does not hold back the tiers after it: the
+shared filesystem still gets the step while S3 is away, or while a peer is gone. Extra host
+memory stays at one copy of the state, the one being written back.
+
+Replicas (tier 1, peers) are written first but are not durable: `wait_durable` waits for the
+durable tiers only. Retention keeps `keep` steps per durable tier, never deletes a tier's newest
+step, and never deletes a step that some rank may still need to restore from: everything from
+the oldest of the ranks' newest durable steps on is kept (the coordinator knows it).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuwarden.ckpt.codec import encode
+from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
@@ -29,16 +36,19 @@ log = logging.getLogger(__name__)
 class Checkpointer:
     def __init__(self, job: str, tier0: FsTier, durable: Sequence[Any], rank: int = 0,
                  world_size: int = 1, keep: int = 2,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 replicas: Sequence[Any] = (), coord: Coordinator | None = None) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1: a tier's newest step is never deleted")
         self.job, self.rank, self.world_size, self.keep = job, rank, world_size, keep
         self.tier0 = tier0
+        self.replicas = list(replicas)
         self.durable = list(durable)
+        self.coord: Coordinator = coord or SoloCoordinator()
         self._sleep = sleep
         self._cv = threading.Condition()
         self._pending: list[int] = []
-        self._done: dict[str, set[int]] = {t.name: set() for t in self.durable}
+        self._done: dict[str, set[int]] = {t.name: set() for t in (*self.replicas, *self.durable)}
         self._closed = False
         self._thread = threading.Thread(target=self._writeback, name="gpuwarden-ckpt",
                                         daemon=True)
@@ -55,27 +65,40 @@ class Checkpointer:
         with self._cv:
             self._pending.append(step)
             self._cv.notify_all()
-        self._retain(self.tier0, protect=set(self._pending))
+        self._retain(self.tier0, protect=set(self._pending), floor=None)
         return m
 
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
         """True once ``step`` (or a newer one) is on every durable tier."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            while not all(any(s >= step for s in done) for done in self._done.values()):
+            while not all(any(s >= step for s in self._done[t.name]) for t in self.durable):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 self._cv.wait(left)
         return True
 
-    def latest(self) -> int | None:
-        steps = [s for t in (self.tier0, *self.durable) for s in t.steps()]
-        return max(steps) if steps else None
+    def tiers(self) -> list[Tier]:
+        """Fastest first: what restore tries."""
+        return [self.tier0, *self.replicas, *self.durable]
 
-    def restore(self) -> Restored | None:
-        tiers: list[Tier] = [self.tier0, *self.durable]
-        return restore(tiers)
+    def held(self) -> list[int]:
+        """Every step this rank could restore from some tier (unverified: listing only)."""
+        out: set[int] = set()
+        for t in self.tiers():
+            try:
+                out.update(t.steps())
+            except TierError as exc:
+                log.warning("cannot list %s: %s", t.name, exc)
+        return sorted(out)
+
+    def latest(self) -> int | None:
+        steps = self.held()
+        return steps[-1] if steps else None
+
+    def restore(self, at_most: int | None = None) -> Restored | None:
+        return restore(self.tiers(), at_most=at_most)
 
     def close(self, timeout: float | None = None) -> None:
         with self._cv:
@@ -104,34 +127,67 @@ class Checkpointer:
         except CorruptStep as exc:
             log.error("step %d cannot be written back: %s", step, exc)
             return
-        for tier in self.durable:
-            delay = 1.0
-            while True:
+        todo = [*self.replicas, *self.durable]
+        delay = 1.0
+        while True:
+            failed = []
+            for tier in todo:
                 try:
                     tier.commit(manifest, data)
-                    break
                 except TierError as exc:
-                    if self._closed_now():
-                        log.error("closing with step %d not on %s: %s", step, tier.name, exc)
-                        return
-                    log.warning("%s; retrying in %.0f s (training goes on)", exc, delay)
-                    self._sleep(delay * (0.5 + random.random() / 2))  # noqa: S311 - jitter
-                    delay = min(delay * 2, 60.0)
+                    log.warning("%s; will retry (training goes on)", exc)
+                    failed.append(tier)
+                    continue
+                self._committed(tier, step)
+            if not failed:
+                return
             with self._cv:
-                self._done[tier.name].add(step)
-                self._cv.notify_all()
-            self._retain(tier, protect={step})
+                newer = any(s > step for s in self._pending)
+                closing = self._closed and not self._pending
+            names = ", ".join(t.name for t in failed)
+            if newer:
+                log.warning("step %d not written to %s: a newer step supersedes it", step, names)
+                return
+            if closing:
+                log.error("closing with step %d not on %s", step, names)
+                return
+            self._sleep(delay * (0.5 + random.random() / 2))  # noqa: S311 - jitter
+            delay = min(delay * 2, 60.0)
+            todo = failed
 
-    def _closed_now(self) -> bool:
+    def _committed(self, tier: Any, step: int) -> None:
         with self._cv:
-            return self._closed and not self._pending
+            first_durable = tier in self.durable and not any(
+                s >= step for t in self.durable for s in self._done[t.name])
+            self._done[tier.name].add(step)
+            self._cv.notify_all()
+        if tier not in self.durable:
+            return  # replicas keep their own few steps
+        if first_durable:
+            try:
+                self.coord.publish_durable(step)
+            except OSError as exc:
+                log.warning("cannot publish step %d as durable: %s", step, exc)
+        self._retain(tier, protect={step}, floor=self._floor())
 
-    def _retain(self, tier: Any, protect: set[int]) -> None:
+    def _floor(self) -> int | None:
+        try:
+            return self.coord.durable_floor()
+        except OSError as exc:
+            log.warning("cannot read the ranks' durable steps (%s): deleting nothing", exc)
+            return None
+
+    def _retain(self, tier: Any, protect: set[int], floor: int | None) -> None:
+        """Delete all but the newest ``keep`` steps, except protected ones and, on durable
+        tiers, any step from ``floor`` on (None there: floor unknown, delete nothing)."""
+        if tier in self.durable and floor is None:
+            return
         try:
             steps = tier.steps()
         except TierError as exc:
             log.warning("retention skipped on %s: %s", tier.name, exc)
             return
         for s in steps[:-self.keep]:
-            if s not in protect:
-                tier.delete(s)
+            if s in protect or (floor is not None and s >= floor):
+                continue
+            tier.delete(s)

@@ -8,24 +8,12 @@ from typing import Any
 
 import click
 
-from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.names import BadName
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.fleet.mttf import daly, human_hours, young
-
-
-def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
-    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank)]
-    if cfg.shared_root:
-        out.append(FsTier("shared", cfg.shared_root, job, rank))
-    if cfg.s3_bucket:
-        from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
-
-        out.append(S3Tier("s3", S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
-                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank))
-    return out
 
 
 def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:

@@ -45,9 +45,9 @@ class CorruptStep(GpuwardenError):
     """A committed step whose bytes do not match its manifest."""
 
 
-def check_shard(tier: str, step: int, shard: Shard, data: bytes) -> None:
+def check_shard(tier: str, step: int, shard: Shard, data: bytes | memoryview) -> None:
     """Every tier's rule: nothing read back is used before size and checksum match."""
-    if len(data) != shard.size or checksum(data) != shard.checksum:
+    if memoryview(data).nbytes != shard.size or checksum(data) != shard.checksum:
         raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
 
 
@@ -85,6 +85,23 @@ def _read_file(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def _check_spool(tier: str, root: str) -> None:
+    """The spool holding every job's directory: a real directory of root's (or ours), and if
+    others may write to it, sticky, so that no other user can rename or delete our job's."""
+    try:
+        st = os.lstat(root)
+    except OSError as exc:
+        raise TierError(f"{tier}: cannot use {root} ({exc.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise TierError(f"{tier}: {root} is not a directory (a link?): refusing it")
+    if st.st_uid not in (0, os.geteuid()):
+        raise TierError(f"{tier}: {root} belongs to uid {st.st_uid}, not root: refusing it; "
+                        "an admin should recreate it as root, mode 1777")
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise TierError(f"{tier}: {root} is world-writable without the sticky bit: refusing "
+                        "it; chmod 1777 it")
+
+
 class FsTier:
     def __init__(self, name: str, root: str, job: str, rank: int = 0) -> None:
         self.name = name
@@ -105,6 +122,7 @@ class FsTier:
                 os.chmod(root, 0o1777)  # noqa: S103 - sticky, like /tmp; job dirs are 0700
             except OSError as exc:
                 raise TierError(f"{self.name}: cannot create {root} ({exc.strerror})") from None
+        _check_spool(self.name, root)
         for path in (parent, self.dir):
             try:
                 os.mkdir(path, 0o700)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
@@ -77,9 +77,14 @@ class Harness:
         # The shared checkpoint tier's spool: sticky, like /tmp; each job's directory is private.
         self.exec("slurmctld", ["install", "-d", "-m", "1777", CKPT_DIR]).check("mkdir ckpt")
 
-    def sbatch(self, *args: str, wrap: str, user: str = "alice", name: str = "e2e") -> int:
+    def sbatch(self, *args: str, wrap: str = "", script: Sequence[str] = (), user: str = "alice",
+               name: str = "e2e") -> int:
+        """Submit ``--wrap=wrap``, or ``script`` (a batch script's path and its arguments)."""
+        if bool(wrap) == bool(script):
+            raise ValueError("sbatch: give wrap or script, not both")
+        tail = [f"--wrap={wrap}"] if wrap else list(script)
         argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
-                f"--output={JOBS_DIR}/%x-%j.out", *args, f"--wrap={wrap}"]
+                f"--output={JOBS_DIR}/%x-%j.out", *args, *tail]
         res = self.exec("slurmctld", argv, timeout=30, user=user).check("sbatch")
         return int(res.out.strip().split(";")[0])
 

@@ -105,7 +105,18 @@ def periodic(env: Env) -> int:
 
 
 def prolog(env: Env) -> int:
-    """The fast gate: the stored verdict (re-checked when stale) plus the job's GPUs."""
+    """The fast gate; when it lets the job run, stage in the job's checkpoint (if requeued)."""
+    rc = _prolog_gate(env)
+    if rc == 0:
+        # Imported only here: a prolog that fails the job never pays for it.
+        from gpuwarden.ckpt import stagein  # noqa: PLC0415
+
+        stagein.for_prolog(env.config, env.environ)
+    return rc
+
+
+def _prolog_gate(env: Env) -> int:
+    """The stored verdict (re-checked when stale) plus the job's GPUs; 0 lets the job run."""
     h = env.config.health
     job = job_id(env.environ)
     start = env.clock()

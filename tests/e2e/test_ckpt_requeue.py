@@ -1,10 +1,15 @@
-"""Issue 6, scenario 1: a 4-node training job loses a node mid-run; Slurm requeues it, it
-resumes on healthy nodes from the shared-filesystem tier (node memory died with the node), and
-its final state is bit-identical to an uninterrupted run's."""
+"""Issue 6 through Slurm: a 4-node training job submitted with ckpt/train.sbatch.
+
+Scenario 1: a node is killed mid-run; Slurm requeues the job, the prolog stages the newest
+checkpoint every rank holds into the new nodes' memory, the job resumes from there and ends
+bit-identical to an uninterrupted run. And the time limit: Slurm's `--signal=B:USR1@N` makes
+the ranks save at once, the template requeues the job, and it finishes from that step.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -15,27 +20,47 @@ from tests.e2e.test_health import nodes
 
 pytestmark = pytest.mark.timeout(600)
 TRAIN = "/opt/gpuwarden/ckpt/train_example.py"
-# Long enough that the surviving ranks are still training when Slurm notices the dead node
-# (SlurmdTimeout=30 s) and stops them.
-ARGS = ["--steps", "90", "--every", "5", "--mb", "8"]
+TEMPLATE = "/opt/gpuwarden/ckpt/train.sbatch"
+
+
+def reference(h: Harness, args: list[str]) -> list[str]:
+    ref = h.exec("c1", ["python3", TRAIN, "--reference", "4", *args], timeout=120)
+    return list(json.loads(ref.check("reference run").out.strip().splitlines()[-1]))
+
+
+def finals(h: Harness, job: int) -> list[str]:
+    return [h.exec("slurmctld", ["cat", f"/fsx/gpuwarden-ckpt/job-{job}/final-rank-{r}.txt"])
+            .check("final checksum").out.strip() for r in range(4)]
+
+
+def output(h: Harness, job: int) -> str:
+    return h.exec("slurmctld", ["cat", f"/fsx/jobs/train-{job}.out"]).out
+
+
+def hostnames(h: Harness, expr: str) -> list[str]:
+    return h.exec("slurmctld", ["scontrol", "show", "hostnames", expr]).out.split()
 
 
 def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> None:
     h = cluster
-    ref = h.exec("c1", ["python3", TRAIN, "--reference", "4", *ARGS], timeout=120)
-    expected = json.loads(ref.check("reference run").out.strip().splitlines()[-1])
-    job = h.sbatch("-N4", "--gpus-per-node=8", "--requeue", name="train",
-                   wrap=f"srun python3 {TRAIN} {' '.join(ARGS)}")
+    # Long enough that the surviving ranks are still training when Slurm notices the dead node
+    # (SlurmdTimeout=30 s) and stops them.
+    args = ["--steps", "90", "--every", "5", "--mb", "8"]
+    expected = reference(h, args)
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[TEMPLATE, *args])
     shared = f"/fsx/gpuwarden-ckpt/job-{job}"
 
     def durable_step() -> int:
         out = h.sh("slurmctld", f"ls {shared}/rank-00003 2>/dev/null || true").out.split()
-        steps = [int(n[5:]) for n in out if n.startswith("step-")]
-        return max(steps, default=0)
+        return max((int(n[5:]) for n in out if n.startswith("step-")), default=0)
     wait_for(lambda: durable_step() >= 10, 180, "step 10 durable on the shared filesystem")
-    victim = sorted(h.job_fields(job)["NodeList"] and h.exec(
-        "slurmctld", ["scontrol", "show", "hostnames", h.job_fields(job)["NodeList"]]
-    ).out.split())[-1]
+    first = hostnames(h, h.job_fields(job)["NodeList"])
+    # Peer replicas: every rank's steps are also in another node's memory, pushed with the
+    # job's key.
+    held = {n: h.sh(n, f"ls /dev/shm/gpuwarden-ckpt/job-{job}.peer 2>/dev/null || true").out
+            .split() for n in first}
+    assert sorted(r for rs in held.values() for r in rs) == [f"rank-0000{r}" for r in range(4)]
+    victim = first[-1]
     h.kill(victim)
     try:
         wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 180,
@@ -43,13 +68,36 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
         h.wait_job(job, timeout=400)
     finally:
         h.heal(victim)
-    fields = h.job_fields(job)
-    assert victim not in h.exec("slurmctld", ["scontrol", "show", "hostnames",
-                                              fields["NodeList"]]).out.split()
-    finals = [h.exec("slurmctld", ["cat", f"{shared}/final-rank-{r}.txt"]).check("final").out
-              .strip() for r in range(4)]
-    assert finals == expected, "the resumed run ends bit-identical to an uninterrupted one"
-    log = h.exec("slurmctld", ["bash", "-c", f"cat /fsx/jobs/train-{job}.out"]).out
-    assert "restored step" in log and "from shared" in log, log[-1500:]
+    assert victim not in hostnames(h, h.job_fields(job)["NodeList"])
+    assert finals(h, job) == expected, "the resumed run ends bit-identical to an uninterrupted one"
+    log = output(h, job)
+    restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
+    assert len(restored) == 4, log[-2000:]
+    assert len({step for _, step, _ in restored}) == 1, "every rank resumed from the same step"
+    assert int(restored[0][1]) >= 10
+    # The prolog staged that step into the new nodes' memory before the job started.
+    assert {tier for _, _, tier in restored} == {"memory"}, restored
     wait_for(lambda: not nodes(h)[victim].down, 120, f"{victim} back in service")
     time.sleep(1)
+
+
+def test_the_time_limit_warning_saves_requeues_and_loses_nothing(cluster: Harness) -> None:
+    """Slurm signals USR1 up to a minute before `--signal`'s 60 s; the training (0.5 s/step,
+    300 steps) always outlives the first 2-minute allocation."""
+    h = cluster
+    args = ["--steps", "300", "--every", "100", "--mb", "4", "--step-s", "0.5"]
+    expected = reference(h, args)
+    job = h.sbatch("-N4", "--gpus-per-node=8", "--time=2", "--signal=B:USR1@60", name="train",
+                   script=[TEMPLATE, *args])
+    wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 240,
+             "the time-limit warning to requeue the job")
+    h.wait_job(job, timeout=420)
+    log = output(h, job)
+    saved = re.findall(r"rank (\d): emergency save of step (\d+) durable", log)
+    assert len(saved) >= 4, log[-2000:]
+    step = int(saved[0][1])
+    assert {int(s) for _, s in saved[:4]} == {step}, "the ranks agreed on one step to stop at"
+    assert step % 100 != 0, "saved on the warning, not at a regular checkpoint"
+    assert f"restored step {step} from" in log
+    assert "requeueing job" in log
+    assert finals(h, job) == expected

@@ -148,3 +148,27 @@ def test_state_of_the_wrong_kind_is_refused() -> None:
         codec.encode({"x": [1, 2, 3]})
     with pytest.raises(codec.StateError, match="Python objects"):
         codec.encode({"x": np.array([object()])})
+
+
+def test_a_spool_another_user_planted_is_refused(tmp_path: Path) -> None:
+    """A user who creates the shared spool first would own it, and with it everyone's job
+    directories (sticky does not bind a directory's owner)."""
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o1777)
+    os.chmod(spool, 0o1777)
+    if os.geteuid() == 0:
+        os.chown(spool, 12345, 12345)
+    tier = FsTier("shared", str(spool), "job-1")
+    if os.geteuid() == 0:
+        with pytest.raises(TierError, match="belongs to uid 12345"):
+            tier.ensure_dir()
+        os.chown(spool, 0, 0)
+    os.chmod(spool, 0o777)
+    with pytest.raises(TierError, match="sticky"):
+        FsTier("shared", str(spool), "job-1").ensure_dir()
+    os.chmod(spool, 0o1777)
+    FsTier("shared", str(spool), "job-1").ensure_dir()
+    link = tmp_path / "link"
+    link.symlink_to(spool)
+    with pytest.raises(TierError, match="not a directory"):
+        FsTier("shared", str(link), "job-1").ensure_dir()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.config import Config
 from gpuwarden.health import entry
 from gpuwarden.health.config import BlastRadius, Expected, HealthConfig
@@ -29,7 +30,10 @@ def node_env(tmp_path: Path) -> tuple[entry.Env, FakeSlurm, Path]:
         expected=Expected(gpu_count=8, nvlink_links=18, scratch_path=str(tmp_path)),
         blast_radius=BlastRadius(max_drained_pct=25.0, settle_s=0))
     slurm = FakeSlurm({n.name: n for n in fleet()})
-    env = entry.Env(config=replace(Config(), health=health), client=slurm,  # type: ignore[arg-type]
+    # Tier 0's spool in the test's own directory: the prolog creates it on every job.
+    ckpt = CkptConfig(memory_root=str(tmp_path / "shm"))
+    env = entry.Env(config=replace(Config(), health=health, ckpt=ckpt),  # type: ignore[arg-type]
+                    client=slurm,
                     environ={"SLURMD_NODENAME": "c3", "SLURM_JOB_ID": "7"},
                     probe=FakeGpuProbe(str(gpus)), clock=lambda: NOW, sleep=lambda s: None)
     return env, slurm, tmp_path

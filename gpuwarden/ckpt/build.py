@@ -1,0 +1,21 @@
+"""The storage tiers the `[ckpt]` config names, fastest first: node memory, the shared
+filesystem, S3 (peers are added by a running job, see `job`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.fstier import FsTier
+
+
+def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
+    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank)]
+    if cfg.shared_root:
+        out.append(FsTier("shared", cfg.shared_root, job, rank))
+    if cfg.s3_bucket:
+        from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
+
+        out.append(S3Tier("s3", S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
+                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank))
+    return out

@@ -1,0 +1,150 @@
+"""How a job's ranks learn about each other without a network service: small files in the job's
+private directory on the shared filesystem.
+
+Three uses: the ranks' peer addresses at start, agreement on the step to restore (the newest
+step every rank holds: one rank restoring a newer step than the others would silently diverge),
+and each rank's newest durable step, so that retention never deletes a step some other rank
+still needs (a rank that died at step 10 needs step 10 from every rank on restart, however far
+the survivors got before Slurm stopped them).
+
+Every file is written to a temp name and renamed, so a reader sees a whole value or none; every
+value read is checked, and a rank that does not report in time is an error naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from gpuwarden.ckpt.names import check_name
+from gpuwarden.errors import GpuwardenError
+
+log = logging.getLogger(__name__)
+
+_MAX_FILE = 1 << 20
+
+
+class CoordError(GpuwardenError):
+    """The ranks could not agree (one did not report in time, or reported garbage)."""
+
+
+class Coordinator(Protocol):
+    rank: int
+    world_size: int
+
+    def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]: ...
+    def publish_durable(self, step: int) -> None: ...
+    def durable_floor(self) -> int | None: ...
+
+
+def newest_common(held: Sequence[Sequence[int]]) -> int | None:
+    """The newest step every rank holds. Pure."""
+    if not held:
+        return None
+    common = set(held[0]).intersection(*held[1:])
+    return max(common) if common else None
+
+
+def agree(coord: Coordinator, round_name: str, mine: Sequence[int], timeout: float) -> int | None:
+    held = coord.exchange(round_name, sorted(set(mine)), timeout)
+    for r, steps in enumerate(held):
+        if not (isinstance(steps, list)
+                and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)):
+            raise CoordError(f"rank {r} reported {str(steps)[:80]!r} as its steps: not a list "
+                             "of integers")
+    return newest_common(held)
+
+
+class SoloCoordinator:
+    """A job of one rank: nothing to agree on."""
+
+    rank, world_size = 0, 1
+
+    def __init__(self) -> None:
+        self._durable: int | None = None
+
+    def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]:
+        return [value]
+
+    def publish_durable(self, step: int) -> None:
+        self._durable = step
+
+    def durable_floor(self) -> int | None:
+        return self._durable
+
+
+class FileCoordinator:
+    """Files under ``<job dir>/coord`` (the job's 0700 directory on the shared filesystem)."""
+
+    def __init__(self, job_dir: str, rank: int, world_size: int,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not 0 <= rank < world_size:
+            raise CoordError(f"rank {rank} is outside a world of {world_size}")
+        self.dir = os.path.join(job_dir, "coord")
+        self.rank, self.world_size = rank, world_size
+        self._sleep = sleep
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+
+    def _write(self, name: str, value: Any) -> None:
+        path = os.path.join(self.dir, name)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(value, fh)
+        os.replace(tmp, path)
+
+    def _read(self, name: str) -> Any:
+        path = os.path.join(self.dir, name)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(_MAX_FILE + 1)
+        if len(raw) > _MAX_FILE:
+            raise CoordError(f"{path}: larger than {_MAX_FILE} bytes")
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise CoordError(f"{path}: not JSON ({exc})") from None
+
+    def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]:
+        """Publish this rank's value for the round and return every rank's, in rank order."""
+        check_name(round_name, "round")
+        self._write(f"{round_name}.rank-{self.rank}", value)
+        deadline = time.monotonic() + timeout
+        out: dict[int, Any] = {}
+        while True:
+            for r in range(self.world_size):
+                if r not in out:
+                    with contextlib.suppress(FileNotFoundError):
+                        out[r] = self._read(f"{round_name}.rank-{r}")
+            if len(out) == self.world_size:
+                return [out[r] for r in range(self.world_size)]
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.world_size) if r not in out]
+                raise CoordError(f"{round_name}: ranks {_ranges(missing)} did not report within "
+                                 f"{timeout:.0f} s (in {self.dir}); are they running?")
+            self._sleep(0.1)
+
+    def publish_durable(self, step: int) -> None:
+        self._write(f"durable.rank-{self.rank}", step)
+
+    def durable_floor(self) -> int | None:
+        """The oldest of the ranks' newest durable steps; None while some rank has none."""
+        floor: int | None = None
+        for r in range(self.world_size):
+            try:
+                v = self._read(f"durable.rank-{r}")
+            except (FileNotFoundError, CoordError):
+                return None
+            if not isinstance(v, int) or isinstance(v, bool):
+                return None
+            floor = v if floor is None else min(floor, v)
+        return floor
+
+
+def _ranges(ranks: list[int]) -> str:
+    shown = ",".join(str(r) for r in ranks[:16])
+    return shown + (f",... ({len(ranks)} in all)" if len(ranks) > 16 else "")

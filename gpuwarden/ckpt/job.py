@@ -1,0 +1,235 @@
+"""What a training job under Slurm calls: the tiers from `[ckpt]`, peers, agreement, signals.
+
+    ck = JobCheckpointer.from_slurm()           # one per rank, under srun
+    got = ck.restore()                           # every rank gets the same step, or None
+    for step in ...:
+        ...
+        stop = ck.stop_step(step)                # SIGUSR1: the time limit is near
+        if step % every == 0 or stop == step:
+            ck.save(step, state)
+        if stop == step:                         # every rank stops at the same step
+            ck.finish(step); sys.exit(EXIT_REQUEUE)
+    ck.finish(last_step)
+
+The namespace is ``job-<SLURM_JOB_ID>``, the same across requeues (SLURM_RESTART_COUNT only
+names the agreement round), so a requeued job finds its own checkpoints and nobody else's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from gpuwarden.ckpt.build import tiers
+from gpuwarden.ckpt.checkpointer import Checkpointer
+from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloCoordinator, agree
+from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
+from gpuwarden.ckpt.restore import Restored
+from gpuwarden.errors import GpuwardenError
+
+log = logging.getLogger(__name__)
+
+# The training script's exit status after an emergency save: the sbatch template requeues on it.
+EXIT_REQUEUE = 75  # EX_TEMPFAIL
+
+
+class JobEnvError(GpuwardenError):
+    """The Slurm environment a rank needs is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    job_id: str
+    rank: int
+    world_size: int
+    restarts: int
+    step_id: str
+    node: str
+
+    @property
+    def job(self) -> str:
+        return f"job-{self.job_id}"
+
+
+def _int(environ: Mapping[str, str], key: str, default: str | None = None) -> int:
+    raw = environ.get(key, default)
+    if raw is None:
+        raise JobEnvError(f"{key} is not set: run this under srun inside a Slurm job")
+    if not raw.isdigit() or len(raw) > 9:
+        raise JobEnvError(f"{key}={raw[:20]!r}: expected a non-negative integer")
+    return int(raw)
+
+
+def job_env(environ: Mapping[str, str]) -> JobEnv:
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit() or len(job_id) > 12:
+        raise JobEnvError(f"SLURM_JOB_ID={job_id[:20]!r}: expected digits (run inside a Slurm job)")
+    rank = _int(environ, "SLURM_PROCID")
+    world = _int(environ, "SLURM_NTASKS", "1")
+    if not 0 <= rank < world:
+        raise JobEnvError(f"SLURM_PROCID={rank} is outside SLURM_NTASKS={world}")
+    step = environ.get("SLURM_STEP_ID", "0")
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return JobEnv(job_id, rank, world, _int(environ, "SLURM_RESTART_COUNT", "0"),
+                  step if step.isdigit() else "0", node)
+
+
+def _leaves(path: str) -> dict[str, str]:
+    from gpuwarden.placement.topology import TopologyError, parse  # noqa: PLC0415 - optional
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return parse(fh.read(), path).leaf_of()
+    except (OSError, TopologyError) as exc:
+        log.info("no leaf switches for peer placement (%s): partners on other nodes only", exc)
+        return {}
+
+
+class JobCheckpointer:
+    def __init__(self, cfg: CkptConfig, env: JobEnv, coord: Coordinator | None = None,
+                 host: str | None = None) -> None:
+        self.cfg, self.env = cfg, env
+        self.stop_requested = threading.Event()
+        self._stop_at: int | None = None
+        storage = tiers(cfg, env.job, env.rank)
+        tier0: FsTier = storage[0]
+        shared = next((t for t in storage if t.name == "shared"), None)
+        if coord is None:
+            if shared is not None:
+                shared.ensure_dir()
+                coord = FileCoordinator(os.path.dirname(shared.dir), env.rank, env.world_size)
+            elif env.world_size > 1:
+                raise JobEnvError("a job of several ranks needs [ckpt] shared_root: the ranks "
+                                  "agree on the step to restore through it")
+            else:
+                coord = SoloCoordinator()
+        self.coord = coord
+        self.server: PeerServer | None = None
+        replicas: list[Any] = []
+        if cfg.peer_replicas > 0 and env.world_size > 1 and shared is not None:
+            replicas.append(self._start_peers(os.path.dirname(shared.dir), host))
+        self.ck = Checkpointer(env.job, tier0, storage[1:], rank=env.rank,
+                               world_size=env.world_size, keep=cfg.keep, replicas=replicas,
+                               coord=coord)
+
+    @classmethod
+    def from_slurm(cls, config_path: str | None = None,
+                   environ: Mapping[str, str] | None = None) -> JobCheckpointer:
+        from gpuwarden.config import load  # noqa: PLC0415 - keeps `import gpuwarden.ckpt` light
+
+        cfg = load(config_path).ckpt
+        return cls(cfg, job_env(os.environ if environ is None else environ))
+
+    def _start_peers(self, job_dir: str, host: str | None) -> PeerTier:
+        env, cfg = self.env, self.cfg
+        key = job_key(job_dir)
+        self.server = PeerServer(key, env.job, cfg.memory_root, keep=cfg.keep,
+                                 port=cfg.peer_port)
+        me = {"host": host or socket.gethostname(), "port": self.server.port, "node": env.node}
+        every = self.coord.exchange(f"peers-r{env.restarts}-s{env.step_id}", me,
+                                    self.cfg.agree_timeout_s)
+        addrs, nodes = [], []
+        for r, p in enumerate(every):
+            if not (isinstance(p, dict) and isinstance(p.get("host"), str)
+                    and isinstance(p.get("port"), int) and isinstance(p.get("node"), str)):
+                raise CoordError(f"rank {r} published {str(p)[:80]!r} as its peer address")
+            addrs.append(Address(p["host"], p["port"]))
+            nodes.append(p["node"])
+        leaf = _leaves(cfg.topology_conf) if cfg.peer_partner == "other-leaf" else {}
+        mine = partners(env.rank, nodes, leaf, cfg.peer_replicas, cfg.peer_partner)
+        if not mine:
+            log.warning("rank %d: no partner on another node: no peer replicas", env.rank)
+        else:
+            log.info("rank %d: replicas on ranks %s (%s)", env.rank, mine,
+                     ", ".join(nodes[r] for r in mine))
+        others = [a for r, a in enumerate(addrs) if r != env.rank]
+        return PeerTier(key, env.job, env.rank, [addrs[r] for r in mine], others)
+
+    # ---- the training loop's side -----------------------------------------------------------
+    def restore(self) -> Restored | None:
+        """The newest step every rank can restore, the same on all ranks; None: start fresh.
+
+        Agreement is on what the tiers list; a rank whose copies of the agreed step all fail
+        their checksums walks back, and then every rank takes that older step too.
+        """
+        env = self.env
+        base = f"r{env.restarts}-s{env.step_id}"
+        target = agree(self.coord, f"agree-{base}", self.ck.held(), self.cfg.agree_timeout_s)
+        for attempt in range(4):
+            if target is None:
+                return None
+            got = self.ck.restore(at_most=target)
+            reached = -1 if got is None else got.step
+            every = self.coord.exchange(f"restored-{base}-{attempt}", reached,
+                                        self.cfg.agree_timeout_s)
+            if not all(isinstance(s, int) for s in every):
+                raise CoordError(f"a rank reported {every!r} as its restored step")
+            low = min(every)
+            if low == target:
+                assert got is not None
+                log.info("rank %d: restored step %d from %s", env.rank, got.step, got.tier)
+                return got
+            log.warning("rank %d: some rank could not restore step %d; all take step %s",
+                        env.rank, target, low if low >= 0 else "none")
+            target = low if low >= 0 else None
+        raise CoordError("the ranks could not agree on a step to restore after 4 rounds")
+
+    def save(self, step: int, state: Mapping[str, Any]) -> Manifest:
+        return self.ck.save(step, state)
+
+    def wait_durable(self, step: int, timeout: float | None = None) -> bool:
+        return self.ck.wait_durable(step, timeout)
+
+    def install_signal(self, signum: int = signal.SIGUSR1) -> None:
+        """Slurm's warning before the time limit (``--signal=USR1@N``, forwarded by the
+        template): the loop sees ``stop_requested`` at its next step and saves."""
+        def on_signal(_sig: int, _frame: FrameType | None) -> None:
+            self.stop_requested.set()
+        signal.signal(signum, on_signal)
+
+    def stop_step(self, step: int) -> int | None:
+        """None while no stop was requested; then the step every rank stops and saves at (the
+        newest step any rank had reached when it noticed: the others train on to it)."""
+        if not self.stop_requested.is_set():
+            return None
+        if self._stop_at is None:
+            env = self.env
+            every = self.coord.exchange(f"stop-r{env.restarts}-s{env.step_id}", step,
+                                        self.cfg.agree_timeout_s)
+            if not all(isinstance(s, int) and not isinstance(s, bool) for s in every):
+                raise CoordError(f"a rank reported {every!r} as its step at the stop request")
+            self._stop_at = max(every)
+            log.info("rank %d: stop requested at step %d; every rank saves step %d", env.rank,
+                     step, self._stop_at)
+        return self._stop_at
+
+    def finish(self, step: int | None = None, timeout: float | None = 600.0) -> bool:
+        """Wait until ``step`` is durable (if given), then stop the writer and the peer server.
+        False when the step did not become durable in time."""
+        ok = True
+        if step is not None:
+            ok = self.ck.wait_durable(step, timeout)
+            if not ok:
+                log.error("rank %d: step %d is not durable after %s s", self.env.rank, step,
+                          timeout)
+        self.ck.close(timeout=60)
+        if self.server is not None:
+            # Serve the partners' last pushes until every rank is done writing.
+            env = self.env
+            try:
+                self.coord.exchange(f"finish-r{env.restarts}-s{env.step_id}", env.rank,
+                                    self.cfg.agree_timeout_s)
+            except CoordError as exc:
+                log.warning("rank %d: not every rank finished: %s", env.rank, exc)
+            self.server.stop()
+        return ok

@@ -1,0 +1,400 @@
+"""Tier 1: each rank's tier 0 replicated into other nodes' memory, over TCP, per-job authenticated.
+
+Every rank runs a small server (a thread) that stores replicas pushed by its partners in its
+own node's tier 0 (under ``<job>.peer``) and serves, to the job's ranks only, any rank's steps
+this node holds (replicas, and tier-0 steps left by a rank that ran here before). A node that
+replaces a dead one, or a rank restarted elsewhere, restores from a peer's memory instead of
+the shared filesystem or S3.
+
+Authentication: a random 256-bit key per job, in a 0600 file in the job's private directory
+on the shared filesystem (so other users cannot read it). Each connection starts with a fresh
+nonce from each side; the request header is authenticated with HMAC-SHA256 before the server
+reads anything large, the request body and the response each carry their own HMAC over both
+nonces, so nothing can be replayed, read or written without the key. Nothing received is used
+before its HMAC and then its manifest checksums match.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import socketserver
+import stat
+import struct
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
+from gpuwarden.ckpt.names import BadName, check_name, check_step
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"GPWPEER1"
+KEY_FILE = "peer.key"
+_NONCE = 32
+_MAX_HEADER = 1 << 20
+_MAX_CONNECTIONS = 16
+
+
+class PeerError(TierError):
+    """A peer that cannot be reached, refuses us, or sends something unauthenticated."""
+
+
+# ---- the per-job key ------------------------------------------------------------------------
+def job_key(job_dir: str) -> bytes:
+    """The job's key, created by whichever rank gets there first (a whole file or none)."""
+    path = os.path.join(job_dir, KEY_FILE)
+    if not os.path.lexists(path):
+        tmp = os.path.join(job_dir, f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)  # the first rank's key wins; the others read it
+        os.unlink(tmp)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PeerError(f"{path}: not a private regular file of ours: refusing it as a key")
+        key = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    if len(key) != 32:
+        raise PeerError(f"{path}: {len(key)} bytes, expected a 32-byte key")
+    return key
+
+
+# ---- partners -------------------------------------------------------------------------------
+def partners(rank: int, hosts: Sequence[str], leaf_of: Mapping[str, str], replicas: int,
+             mode: str = "other-leaf") -> list[int]:
+    """The ranks that hold this rank's replicas: on other nodes, and by default on another leaf
+    switch (a switch failure then takes out no rank together with its replica). Pure."""
+    world = len(hosts)
+    mine = hosts[rank]
+    others = [(rank + k) % world for k in range(1, world)]
+    others = [r for r in others if hosts[r] != mine]
+    if mode == "other-leaf" and mine in leaf_of:
+        far = [r for r in others if leaf_of.get(hosts[r]) != leaf_of[mine]]
+        near = [r for r in others if r not in far]
+        others = far + near
+    out: list[int] = []
+    seen: set[str] = set()
+    for r in others:
+        if hosts[r] not in seen:
+            out.append(r)
+            seen.add(hosts[r])
+        if len(out) == replicas:
+            break
+    return out
+
+
+# ---- wire -----------------------------------------------------------------------------------
+def _send_frame(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    while view:
+        got = sock.recv_into(view)
+        if not got:
+            raise PeerError("connection closed mid-message")
+        view = view[got:]
+    return buf
+
+
+def _recv_frame(sock: socket.socket, limit: int = _MAX_HEADER) -> bytes:
+    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+    if n > limit:
+        raise PeerError(f"a {n}-byte frame, more than {limit}")
+    return bytes(_recv_exact(sock, n))
+
+
+def _mac(key: bytes, label: bytes, *parts: bytes | bytearray | memoryview) -> Any:
+    m = hmac.new(key, label, "sha256")
+    for p in parts:
+        m.update(p)
+    return m
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# ---- the server -----------------------------------------------------------------------------
+class PeerServer:
+    """Serves one job's replicas from this node's tier 0. ``stop()`` when the rank exits."""
+
+    def __init__(self, key: bytes, job: str, memory_root: str, keep: int = 2,
+                 host: str = "0.0.0.0", port: int = 0, timeout: float = 60.0) -> None:  # noqa: S104 - every rank must reach it; the key guards it
+        self.key, self.job, self.root, self.keep = key, check_name(job, "job"), memory_root, keep
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                outer._handle(self.request, self.client_address)
+
+        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self._srv = socketserver.ThreadingTCPServer((host, port), Handler)
+        self._srv.daemon_threads = True
+        self.port = self._srv.server_address[1]
+        self._thread = threading.Thread(target=self._srv.serve_forever, name="gpuwarden-peer",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._srv.shutdown()
+        self._srv.server_close()
+
+    def _own(self, rank: int) -> FsTier:
+        return FsTier("memory", self.root, self.job, rank)
+
+    def _replica(self, rank: int) -> FsTier:
+        return FsTier("peer", self.root, f"{self.job}.peer", rank)
+
+    def _handle(self, sock: socket.socket, client: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            return  # too many at once: the client retries later
+        try:
+            sock.settimeout(self.timeout)
+            nonce_s = secrets.token_bytes(_NONCE)
+            _send_frame(sock, MAGIC + nonce_s)
+            nonce_c = _recv_frame(sock, _NONCE)
+            header = _recv_frame(sock)
+            mac = _recv_frame(sock, 64)
+            if len(nonce_c) != _NONCE or not hmac.compare_digest(
+                    mac, _mac(self.key, b"hdr", nonce_s, nonce_c, header).digest()):
+                log.warning("peer %s: refused a request without this job's key", client[0])
+                return
+            req = json.loads(header)
+            resp, body = self._serve(req, sock, nonce_s, nonce_c)
+            text = json.dumps(resp).encode()
+            out = _mac(self.key, b"resp", nonce_s, nonce_c, text)
+            _send_frame(sock, text)
+            for part in body:
+                out.update(part)
+                sock.sendall(part)
+            _send_frame(sock, out.digest())
+        except (OSError, PeerError, ValueError) as exc:
+            log.warning("peer %s: %s", client[0], exc)
+        finally:
+            self._slots.release()
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _serve(self, req: Any, sock: socket.socket, nonce_s: bytes,
+               nonce_c: bytes) -> tuple[dict[str, Any], list[bytes]]:
+        if not isinstance(req, dict):
+            return {"ok": False, "error": "request is not an object"}, []
+        op = req.get("op")
+        try:
+            if op == "put":
+                return self._put(req, sock, nonce_s, nonce_c), []
+            rank = req.get("rank")
+            if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+                raise PeerError("rank: expected an integer >= 0")
+            if op == "list":
+                steps = sorted(set(self._own(rank).steps()) | set(self._replica(rank).steps()))
+                return {"ok": True, "steps": steps}, []
+            if op == "get":
+                return self._get(rank, check_step(req.get("step", -1)))
+            raise PeerError(f"unknown op {str(op)[:20]!r}")
+        except (BadName, TierError) as exc:
+            return {"ok": False, "error": str(exc)}, []
+
+    def _get(self, rank: int, step: int) -> tuple[dict[str, Any], list[bytes]]:
+        for tier in (self._own(rank), self._replica(rank)):
+            if step in tier.steps():
+                try:
+                    m, data = tier.load(step)
+                except CorruptStep as exc:
+                    log.warning("peer: not serving %s", exc)
+                    continue
+                return {"ok": True, "manifest": m.to_json()}, [data[s.name] for s in m.shards]
+        raise PeerError(f"no verified step {step} of rank {rank} here")
+
+    def _put(self, req: dict[str, Any], sock: socket.socket, nonce_s: bytes,
+             nonce_c: bytes) -> dict[str, Any]:
+        try:
+            m = from_json(str(req.get("manifest", "")), "pushed manifest")
+        except ManifestError as exc:
+            raise PeerError(str(exc)) from None
+        if m.job != self.job:
+            raise PeerError(f"a replica of {m.job!r} sent to {self.job!r}")
+        tier = self._replica(m.rank)
+        tier.ensure_dir()
+        free = os.statvfs(tier.dir)
+        if m.total_bytes > free.f_bavail * free.f_frsize:
+            raise PeerError(f"no room for {m.total_bytes} bytes of rank {m.rank} step {m.step}")
+        mac = _mac(self.key, b"body", nonce_s, nonce_c)
+        data: dict[str, bytes | memoryview] = {}
+        for shard in m.shards:
+            buf = _recv_exact(sock, shard.size)
+            mac.update(buf)
+            data[shard.name] = memoryview(buf)
+        if not hmac.compare_digest(_recv_frame(sock, 64), mac.digest()):
+            raise PeerError(f"rank {m.rank} step {m.step}: body without this job's key")
+        for shard in m.shards:
+            check_shard("pushed replica", m.step, shard, data[shard.name])
+        tier.commit(m, data)
+        for old in tier.steps()[:-self.keep]:
+            tier.delete(old)
+        return {"ok": True}
+
+
+# ---- the client: a tier like the others ----------------------------------------------------
+def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any] = (),
+             timeout: float = 30.0) -> tuple[dict[str, Any], socket.socket, Any]:
+    """Send an authenticated request; returns the response header, the socket (positioned at
+    the response body) and the running response MAC."""
+    try:
+        sock = socket.create_connection((addr.host, addr.port), timeout=timeout)
+    except OSError as exc:
+        raise PeerError(f"peer {addr}: cannot connect ({exc})") from None
+    try:
+        hello = _recv_frame(sock, len(MAGIC) + _NONCE)
+        if not hello.startswith(MAGIC) or len(hello) != len(MAGIC) + _NONCE:
+            raise PeerError(f"peer {addr}: not a gpuwarden peer")
+        nonce_s, nonce_c = hello[len(MAGIC):], secrets.token_bytes(_NONCE)
+        header = json.dumps(req).encode()
+        _send_frame(sock, nonce_c)
+        _send_frame(sock, header)
+        _send_frame(sock, _mac(key, b"hdr", nonce_s, nonce_c, header).digest())
+        if req.get("op") == "put":
+            mac = _mac(key, b"body", nonce_s, nonce_c)
+            for part in body:
+                mac.update(part)
+                sock.sendall(part)
+            _send_frame(sock, mac.digest())
+        text = _recv_frame(sock)
+        resp = json.loads(text)
+        if not isinstance(resp, dict):
+            raise PeerError(f"peer {addr}: a response that is not an object")
+        return resp, sock, _mac(key, b"resp", nonce_s, nonce_c, text)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise PeerError(f"peer {addr}: {exc}") from None
+    except PeerError:
+        sock.close()
+        raise
+
+
+def _finish(addr: Address, sock: socket.socket, mac: Any) -> None:
+    try:
+        if not hmac.compare_digest(_recv_frame(sock, 64), mac.digest()):
+            raise PeerError(f"peer {addr}: a response without this job's key: ignored")
+    except OSError as exc:
+        raise PeerError(f"peer {addr}: {exc}") from None
+    finally:
+        sock.close()
+
+
+class PeerTier:
+    """Pushes this rank's steps to its partners; restores them from any peer that holds them."""
+
+    def __init__(self, key: bytes, job: str, rank: int, partners: Sequence[Address],
+                 everyone: Sequence[Address], timeout: float = 30.0, name: str = "peer") -> None:
+        self.name, self.key, self.job, self.rank = name, key, job, rank
+        self.partners, self.everyone = list(partners), list(everyone)
+        self.timeout = timeout
+        self._where: dict[int, list[Address]] = {}
+
+    def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview]) -> None:
+        errors = []
+        for addr in self.partners:
+            try:
+                resp, sock, mac = _request(
+                    self.key, addr, {"op": "put", "manifest": manifest.to_json()},
+                    [data[s.name] for s in manifest.shards], self.timeout)
+                _finish(addr, sock, mac)
+                if not resp.get("ok"):
+                    raise PeerError(f"peer {addr}: {str(resp.get('error'))[:200]}")
+            except PeerError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise PeerError(f"{self.name}: step {manifest.step} not replicated: "
+                            + "; ".join(errors))
+
+    def steps(self) -> list[int]:
+        self._where = {}
+        for addr in self.everyone:
+            try:
+                resp, sock, mac = _request(self.key, addr, {"op": "list", "rank": self.rank},
+                                           timeout=min(self.timeout, 10.0))
+                _finish(addr, sock, mac)
+            except PeerError as exc:
+                log.info("%s: %s", self.name, exc)
+                continue
+            steps = resp.get("steps")
+            if not resp.get("ok") or not isinstance(steps, list):
+                continue
+            for s in steps:
+                if isinstance(s, int) and not isinstance(s, bool):
+                    self._where.setdefault(s, []).append(addr)
+        return sorted(self._where)
+
+    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+        problems = []
+        for addr in self._where.get(step, []):
+            try:
+                return self._get(addr, step)
+            except (PeerError, CorruptStep) as exc:
+                problems.append(str(exc))
+        raise CorruptStep(f"{self.name} step {step}: no peer served a verified copy"
+                          + (f" ({'; '.join(problems)})" if problems else ""))
+
+    def _get(self, addr: Address, step: int) -> tuple[Manifest, dict[str, bytes]]:
+        started = time.monotonic()
+        resp, sock, mac = _request(self.key, addr,
+                                   {"op": "get", "rank": self.rank, "step": step}, (),
+                                   self.timeout)
+        try:
+            if not resp.get("ok"):
+                raise PeerError(f"peer {addr}: {str(resp.get('error'))[:200]}")
+            try:
+                m = from_json(str(resp.get("manifest", "")), f"peer {addr}")
+            except ManifestError as exc:
+                raise PeerError(str(exc)) from None
+            if (m.job, m.rank, m.step) != (self.job, self.rank, step):
+                raise PeerError(f"peer {addr}: sent {m.job} rank {m.rank} step {m.step}")
+            data = {}
+            for shard in m.shards:
+                buf = _recv_exact(sock, shard.size)
+                mac.update(buf)
+                data[shard.name] = bytes(buf)
+        except OSError as exc:
+            sock.close()
+            raise PeerError(f"peer {addr}: {exc}") from None
+        except PeerError:
+            sock.close()
+            raise
+        _finish(addr, sock, mac)
+        for shard in m.shards:
+            check_shard(f"peer {addr}", step, shard, data[shard.name])
+        log.info("%s: step %d of rank %d from %s: %.1f MiB in %.2f s", self.name, step,
+                 self.rank, addr, m.total_bytes / 2**20, time.monotonic() - started)
+        return m, data
+
+    def delete(self, step: int) -> None:
+        """Replicas are retained by the peers that hold them."""

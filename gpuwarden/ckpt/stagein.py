@@ -1,0 +1,385 @@
+"""Prolog stage-in: on a requeued job, copy the newest step every rank holds on the shared tier
+into this node's tier 0, so the job restores from node memory instead of the parallel filesystem.
+
+The prolog runs as root, but the shared tier's job directories belong to the user: every read of
+them and every write into tier 0 happens in a forked child that has become the job's user, under
+a deadline. Root itself only creates (or checks) the tier-0 spool. Stage-in is an optimisation:
+whatever goes wrong is logged and skipped, and the job's own restore falls back to the shared tier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import re
+import signal
+import socket
+import stat
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.slurm.client import check_node_name
+from gpuwarden.slurm.hostlist import HostlistError, expand
+
+if TYPE_CHECKING:
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.config import Config
+
+log = logging.getLogger(__name__)
+
+_DIGITS = re.compile(r"^[0-9]{1,20}$")
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\$?$")
+_MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to setuid
+_RANK_DIR = re.compile(r"^rank-(\d{5,})$")
+PROGRESS_AFTER_S = 2.0  # per-rank lines go to INFO only once a copy has taken this long
+_MIB = float(1 << 20)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated stage-in request for one node of one job."""
+
+    job_id: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    node: str
+    nodes: tuple[str, ...]
+    memory_root: str
+    shared_root: str
+    budget_s: float
+
+    @property
+    def job(self) -> str:
+        return f"job-{self.job_id}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    step: int | None  # newest step every rank holds; None: none
+    ranks: range  # this node's ranks (a range: the world size comes from a user's manifest)
+    why: str = ""  # non-empty: staging is impossible, and why
+
+
+class Runner(Protocol):
+    """Runs ``work`` as the job's user; its exit code, or None when it did not finish in time."""
+
+    def __call__(self, work: Callable[[], int], req: Request) -> int | None: ...
+
+
+# ---- pure ------------------------------------------------------------------------------------
+def select(steps_by_rank: Mapping[int, Sequence[int]], world_size: int, nodes: Sequence[str],
+           node: str) -> Selection:
+    """The newest step held by all ``world_size`` ranks, and this node's block of ranks."""
+    if node not in nodes:
+        return Selection(None, range(0), f"node {node} is not in the job's nodelist")
+    n = len(nodes)
+    if world_size < 1 or world_size % n:
+        why = f"{world_size} ranks do not divide evenly over {n} nodes: which run here is unknown"
+        return Selection(None, range(0), why)
+    i = nodes.index(node)
+    per = world_size // n
+    ranks = range(i * per, (i + 1) * per)
+    # Checked before ranging over world_size: it comes from a manifest the user wrote.
+    if len(steps_by_rank) < world_size:
+        return Selection(None, ranks)
+    common: set[int] | None = None
+    for r in range(world_size):
+        held = set(steps_by_rank.get(r, ()))
+        common = held if common is None else common & held
+        if not common:
+            return Selection(None, ranks)
+    return Selection(max(common) if common else None, ranks)
+
+
+def span(ranks: Sequence[int]) -> str:
+    """``(2, 3)`` -> ``2-3``; ``(5,)`` -> ``5`` (ranks here are always one contiguous block)."""
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
+# ---- the request, from the prolog's environment ------------------------------------------------
+class _Malformed(Exception):
+    """A variable of the prolog's environment that cannot be trusted; the message names it."""
+
+
+def _field(environ: Mapping[str, str], name: str, pattern: re.Pattern[str], expected: str) -> str:
+    raw = environ.get(name, "")
+    if not pattern.match(raw):
+        raise _Malformed(f"{name}={raw[:40]!r} is malformed (expected {expected})")
+    return raw
+
+
+def _id(environ: Mapping[str, str], name: str) -> int:
+    value = int(_field(environ, name, _DIGITS, "a numeric id"))
+    if value > _MAX_ID:
+        raise _Malformed(f"{name}={value} is out of range")
+    return value
+
+
+def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
+    job = _field(environ, "SLURM_JOB_ID", _DIGITS, "digits")
+    uid = _id(environ, "SLURM_JOB_UID")
+    try:
+        pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    if "SLURM_JOB_GID" in environ:
+        gid = _id(environ, "SLURM_JOB_GID")
+    elif pw is not None:
+        gid = pw.pw_gid
+    else:
+        raise _Malformed(f"SLURM_JOB_GID is not set and uid {uid} has no passwd entry to take "
+                         "its primary group from")
+    user = environ.get("SLURM_JOB_USER", "")
+    if user:
+        _field(environ, "SLURM_JOB_USER", _USER, "a user name")
+        if pw is not None and pw.pw_name != user:
+            raise _Malformed(f"SLURM_JOB_USER={user!r} is not uid {uid}'s name ({pw.pw_name!r})")
+    user = user or (pw.pw_name if pw else "")
+    # The user's own groups, as the job will have them; none but the primary without a name.
+    groups = tuple(os.getgrouplist(user, gid)) if user else (gid,)
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        check_node_name(node)
+    except GpuwardenError:
+        raise _Malformed(f"SLURMD_NODENAME={node[:40]!r} is malformed (expected a node name)") \
+            from None
+    raw_nodes = environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = tuple(expand(raw_nodes))
+    except HostlistError:
+        nodes = ()
+    if not nodes:
+        raise _Malformed(f"SLURM_JOB_NODELIST={raw_nodes[:40]!r} is malformed (expected a hostlist)")
+    return Request(job, uid, gid, groups, node, nodes, cfg.memory_root, cfg.shared_root,
+                   cfg.stage_in_budget_s)
+
+
+def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None:
+    """A request when stage-in applies and the environment is well-formed; else None (logged)."""
+    if not cfg.stage_in or not cfg.shared_root:
+        return None
+    raw = environ.get("SLURM_JOB_ID", "")
+    shown = raw if _DIGITS.match(raw) else "?"
+    try:
+        restarts = environ.get("SLURM_JOB_RESTART_COUNT") or "0"
+        if not _DIGITS.match(restarts):
+            raise _Malformed(f"SLURM_JOB_RESTART_COUNT={restarts[:40]!r} is malformed "
+                             "(expected an integer)")
+        if int(restarts) == 0:
+            return None  # a first start: nothing of this job's is checkpointed anywhere yet
+        return _request(cfg, environ)
+    except _Malformed as exc:
+        log.warning("stage-in job %s: skipped: %s", shown, exc)
+        return None
+
+
+# ---- root's part: the tier-0 spool ---------------------------------------------------------------
+def prepare_memory_root(path: str, owner: int | None = None) -> str:
+    """Create ``path`` (sticky, world-writable, like /tmp) or check it; "" when usable, else why.
+
+    Only the last component is created. Checks and chmod go through one descriptor opened
+    without following links, so a planted link or directory is refused, never changed."""
+    owner = os.geteuid() if owner is None else owner
+    try:
+        os.mkdir(path, 0o700)  # 0700 until the chmod below: never briefly open and unsticky
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        return f"cannot create {path} ({exc.strerror})"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return f"{path} is not a directory (a link?) ({exc.strerror})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory"
+        if st.st_uid != owner:
+            return f"{path} is owned by uid {st.st_uid}, not {owner}: someone else made it"
+        if stat.S_IMODE(st.st_mode) != 0o1777:
+            os.fchmod(fd, 0o1777)
+    except OSError as exc:
+        return f"cannot set the mode of {path} ({exc.strerror})"
+    finally:
+        os.close(fd)
+    return ""
+
+
+def run_as(work: Callable[[], int], req: Request) -> int | None:
+    """Fork, become the job's user in the child, run ``work`` there; kill it at the budget."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - measured in the child, which leaves through os._exit
+        _child(work, req)
+    deadline = time.monotonic() + req.budget_s
+    pause = 0.01
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+    # A killed commit leaves only its temp directory, which no reader sees as a step.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(20):
+        # Never block: a child stuck in a hung filesystem dies only once the kernel lets go;
+        # then init reaps it.
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        time.sleep(0.05)
+    return None
+
+
+def _child(work: Callable[[], int], req: Request) -> None:  # pragma: no cover - see run_as
+    code = 3
+    try:
+        os.setgroups(list(req.groups))
+        os.setgid(req.gid)
+        os.setuid(req.uid)
+        if os.getuid() != req.uid or os.geteuid() != req.uid or os.getegid() != req.gid:
+            raise OSError("privileges were not dropped")
+        os.umask(0o077)
+        os.chdir("/")
+        code = work()
+    except BaseException:
+        log.exception("stage-in job %s: the copy as uid %d failed", req.job_id, req.uid)
+        code = 2
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+# ---- the user's part: read the shared tier, fill tier 0 ------------------------------------------
+def _discover(req: Request) -> tuple[int, list[int]] | None:
+    """World size from the newest manifest of the lowest rank that has one, and the ranks with a
+    directory on the shared tier; None when there is no checkpoint at all."""
+    from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415 - prolog stays light
+
+    try:
+        names = os.listdir(os.path.join(req.shared_root, req.job))
+    except OSError:
+        return None
+    ranks = sorted(int(m.group(1)) for m in map(_RANK_DIR.match, names) if m)
+    for r in ranks:
+        tier = FsTier("shared", req.shared_root, req.job, r)
+        for step in reversed(tier.steps()):
+            try:
+                return tier.manifest(step).world_size, ranks
+            except CorruptStep as exc:
+                log.warning("stage-in job %s: %s", req.job_id, exc)
+    return None
+
+
+def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
+    log.warning("stage-in job %s: rank %d step %d not staged (the job will read it from the "
+                "shared tier): %s", req.job_id, rank, step, exc)
+
+
+def stage(req: Request) -> int:
+    """Copy this node's ranks of the newest common step; 0 when all went well (or nothing to do)."""
+    from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError  # noqa: PLC0415
+
+    found = _discover(req)
+    if found is None:
+        log.info("stage-in job %s: no checkpoint of %s in %s: nothing to stage", req.job_id,
+                 req.job, req.shared_root)
+        return 0
+    world, present = found
+    held = {r: FsTier("shared", req.shared_root, req.job, r).steps() for r in present if r < world}
+    sel = select(held, world, req.nodes, req.node)
+    if sel.why:
+        log.warning("stage-in job %s: skipped: %s", req.job_id, sel.why)
+        return 0
+    if sel.step is None:
+        log.info("stage-in job %s: no step is held by all %d ranks in %s: nothing to stage",
+                 req.job_id, world, req.shared_root)
+        return 0
+    step, failed, there = sel.step, 0, 0
+    todo: dict[int, int] = {}  # rank -> bytes, read from the manifests first for a total
+    for r in sel.ranks:
+        try:
+            if step in FsTier("memory", req.memory_root, req.job, r).steps():
+                there += 1
+                continue
+            todo[r] = FsTier("shared", req.shared_root, req.job, r).manifest(step).total_bytes
+        except (CorruptStep, OSError) as exc:
+            _fail(req, r, step, exc)
+            failed += 1
+    total, copied, start = sum(todo.values()) / _MIB, 0, time.monotonic()
+    for r in todo:
+        try:
+            manifest, data = FsTier("shared", req.shared_root, req.job, r).load(step)
+            if manifest.rank != r or manifest.world_size != world:
+                raise CorruptStep(f"shared step {step}: the manifest says rank {manifest.rank} of "
+                                  f"{manifest.world_size}, expected rank {r} of {world}")
+            FsTier("memory", req.memory_root, req.job, r).commit(manifest, data)
+        except (CorruptStep, TierError, OSError) as exc:
+            _fail(req, r, step, exc)
+            failed += 1
+            continue
+        copied += manifest.total_bytes
+        took = time.monotonic() - start
+        log.log(logging.INFO if took >= PROGRESS_AFTER_S else logging.DEBUG,
+                "stage-in job %s: rank %d done: %.1f of %.1f MiB in %.1f s, %.0f MiB/s",
+                req.job_id, r, copied / _MIB, total, took, copied / _MIB / max(took, 1e-6))
+    notes = [f"{n} of {len(sel.ranks)} ranks {what}" for n, what in
+             ((there, "already there"), (failed, "failed, see above")) if n]
+    log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
+             req.job_id, step, span(sel.ranks), req.memory_root, req.shared_root, copied / _MIB,
+             time.monotonic() - start, f" ({'; '.join(notes)})" if notes else "")
+    return 1 if failed else 0
+
+
+# ---- the prolog's entry ------------------------------------------------------------------------
+def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_as) -> None:
+    """Stage in for the job in ``environ`` if it is a requeued one; logs, never raises on purpose."""
+    req = parse_request(cfg, environ)
+    if req is None:
+        return
+    problem = prepare_memory_root(req.memory_root)
+    if problem:
+        log.error("stage-in job %s: skipped: tier 0: %s", req.job_id, problem)
+        return
+    try:
+        # Loaded by root before the fork: the child then needs nothing but the two tiers.
+        import gpuwarden.ckpt.fstier  # noqa: F401, PLC0415
+    except ImportError as exc:
+        log.warning("stage-in job %s: skipped: the checkpoint extra is not installed (%s)",
+                    req.job_id, exc)
+        return
+    code = runner(lambda: stage(req), req)
+    if code is None:
+        log.warning("stage-in job %s: not done within stage_in_budget_s = %.0f s: stopped it "
+                    "(the job will read its checkpoint from the shared tier)", req.job_id,
+                    req.budget_s)
+    elif code != 0:
+        log.debug("stage-in job %s: the copy exited with %d", req.job_id, code)
+
+
+def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
+    """The prolog's hook: stage-in must never change the prolog's exit status.
+
+    Every job's prolog also makes sure tier 0's spool exists as root's, mode 1777: a spool
+    created by the first user's job would belong to that user, and so would everyone's job
+    directories in it (the tiers refuse such a spool).
+    """
+    try:
+        problem = prepare_memory_root(config.ckpt.memory_root)
+        if problem:
+            log.error("checkpoint tier 0 %s: %s", config.ckpt.memory_root, problem)
+            return
+        stage_in(config.ckpt, environ)
+    except Exception:
+        log.exception("stage-in: internal error: skipped")

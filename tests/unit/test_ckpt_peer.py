@@ -1,0 +1,274 @@
+"""Tier 1 (peer replicas), the ranks' coordination, and the job-level checkpointer."""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwarden.ckpt import codec
+from gpuwarden.ckpt.checkpointer import Checkpointer
+from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.coord import CoordError, FileCoordinator, agree, newest_common
+from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.ckpt.job import JobCheckpointer, JobEnv, JobEnvError, job_env
+from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.ckpt.peer import (
+    MAGIC,
+    Address,
+    PeerError,
+    PeerServer,
+    PeerTier,
+    _send_frame,
+    job_key,
+    partners,
+)
+
+KEY = b"k" * 32
+
+
+def state(step: int, rank: int = 0) -> dict[str, object]:
+    return {"w": np.full((128, 64), step + rank / 10, dtype=np.float32), "tag": f"{step}".encode()}
+
+
+def manifest(step: int, rank: int = 0, world: int = 2) -> tuple[Manifest, dict[str, memoryview]]:
+    shards, data = codec.encode(state(step, rank))
+    return Manifest("job-7", step, world, rank, tuple(shards), time.time(), {}), data
+
+
+@pytest.fixture
+def server(tmp_path: Path):  # type: ignore[no-untyped-def]
+    srv = PeerServer(KEY, "job-7", str(tmp_path / "nodeB"), keep=2, host="127.0.0.1")
+    yield srv
+    srv.stop()
+
+
+def addr(srv: PeerServer) -> Address:
+    return Address("127.0.0.1", srv.port)
+
+
+# ---- partners ---------------------------------------------------------------------------------
+def test_partners_sit_on_another_node_and_by_default_another_leaf_switch() -> None:
+    hosts = ["c1", "c2", "c5", "c6"]
+    leaf = {"c1": "s1", "c2": "s1", "c5": "s2", "c6": "s2"}
+    assert partners(0, hosts, leaf, 1) == [2]  # c5, not c2 next door on s1
+    assert partners(0, hosts, leaf, 1, "next-node") == [1]
+    assert partners(3, hosts, leaf, 2) == [0, 1]
+    assert partners(0, ["c1", "c1", "c2"], {}, 1) == [2]  # never the rank's own node
+    assert partners(0, ["c1", "c1"], {}, 1) == []  # one node: no replica possible
+    assert partners(1, hosts, {}, 1) == [2]  # no topology: the next node
+
+
+# ---- the wire ---------------------------------------------------------------------------------
+def test_a_pushed_replica_is_restored_bit_identical_by_a_rank_on_a_new_node(
+        server: PeerServer, tmp_path: Path) -> None:
+    m, data = manifest(10, rank=1)
+    PeerTier(KEY, "job-7", 1, [addr(server)], []).commit(m, data)
+    newcomer = PeerTier(KEY, "job-7", 1, [], [addr(server)])
+    assert newcomer.steps() == [10]
+    got, shards = newcomer.load(10)
+    assert got == m and {k: bytes(v) for k, v in data.items()} == shards
+    # Held in node B's memory under the job's replica namespace, private like tier 0.
+    held = tmp_path / "nodeB" / "job-7.peer" / "rank-00001"
+    assert (held / "step-000000000010" / "MANIFEST.json").is_file()
+    assert os.stat(held).st_mode & 0o777 == 0o700
+
+
+def test_peers_keep_only_the_newest_replicas(server: PeerServer) -> None:
+    tier = PeerTier(KEY, "job-7", 0, [addr(server)], [addr(server)])
+    for step in (1, 2, 3, 4):
+        tier.commit(*manifest(step))
+    assert tier.steps() == [3, 4]
+
+
+def test_another_job_cannot_write_or_read_replicas(server: PeerServer, tmp_path: Path) -> None:
+    PeerTier(KEY, "job-7", 0, [addr(server)], []).commit(*manifest(5))
+    intruder = PeerTier(b"x" * 32, "job-7", 0, [addr(server)], [addr(server)])
+    with pytest.raises(PeerError):
+        intruder.commit(*manifest(6))
+    assert intruder.steps() == []  # its list requests are refused: it learns nothing
+    owner = PeerTier(KEY, "job-7", 0, [], [addr(server)])
+    assert owner.steps() == [5]  # nothing was overwritten or added
+
+
+def test_a_rogue_listener_cannot_feed_a_rank_fake_steps() -> None:
+    class Rogue(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            _send_frame(self.request, MAGIC + b"n" * 32)
+            for _ in range(3):
+                self.request.recv(1 << 16)
+            _send_frame(self.request, b'{"ok": true, "steps": [999]}')
+            _send_frame(self.request, b"\0" * 32)  # no key, no valid MAC
+    srv = socketserver.TCPServer(("127.0.0.1", 0), Rogue)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        tier = PeerTier(KEY, "job-7", 0, [], [Address("127.0.0.1", srv.server_address[1])])
+        assert tier.steps() == []
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_dead_peer_is_an_error_naming_it_not_a_hang() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tier = PeerTier(KEY, "job-7", 0, [Address("127.0.0.1", port)], [], timeout=2)
+    with pytest.raises(PeerError, match=f"127.0.0.1:{port}"):
+        tier.commit(*manifest(1))
+
+
+def test_job_key_is_one_private_key_for_all_ranks(tmp_path: Path) -> None:
+    keys = [job_key(str(tmp_path)) for _ in range(3)]
+    assert len(set(keys)) == 1 and len(keys[0]) == 32
+    assert os.stat(tmp_path / "peer.key").st_mode & 0o777 == 0o600
+    os.chmod(tmp_path / "peer.key", 0o644)
+    with pytest.raises(PeerError, match="private"):
+        job_key(str(tmp_path))
+    os.unlink(tmp_path / "peer.key")
+    os.symlink("/etc/hostname", tmp_path / "peer.key")
+    with pytest.raises(OSError):
+        job_key(str(tmp_path))
+
+
+# ---- coordination -----------------------------------------------------------------------------
+def test_ranks_agree_on_the_newest_step_all_of_them_hold(tmp_path: Path) -> None:
+    assert newest_common([[5, 10, 15], [5, 10], [10, 15]]) == 10
+    assert newest_common([[5], [6]]) is None
+    held = {0: [5, 10, 15], 1: [5, 10], 2: [10, 15, 20]}
+    results: dict[int, int | None] = {}
+
+    def rank(r: int) -> None:
+        results[r] = agree(FileCoordinator(str(tmp_path), r, 3), "agree-r1-s0", held[r], 10)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {0: 10, 1: 10, 2: 10}
+
+
+def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
+    coord = FileCoordinator(str(tmp_path), 0, 3)
+    with pytest.raises(CoordError, match=r"ranks 1,2 did not report"):
+        coord.exchange("agree-r0-s0", [1], timeout=0.3)
+    (tmp_path / "coord" / "bad-r0.rank-1").write_text("{not json")
+    with pytest.raises(CoordError, match="not JSON"):
+        FileCoordinator(str(tmp_path), 0, 2).exchange("bad-r0", [], timeout=1)
+
+
+def test_retention_keeps_the_step_a_dead_rank_needs(tmp_path: Path) -> None:
+    """Rank 1 dies after step 10 is durable; rank 0 trains on to step 50 with keep=2. Step 10
+    must survive on rank 0's shared tier: the restart restores it on every rank."""
+    cks = [Checkpointer("job-7", FsTier("shm", str(tmp_path / f"shm{r}"), "job-7", r),
+                        [FsTier("fsx", str(tmp_path / "fsx"), "job-7", r)], rank=r,
+                        world_size=2, keep=2,
+                        coord=FileCoordinator(str(tmp_path / "fsx" / "job-7"), r, 2))
+           for r in range(2)]
+    for step in (5, 10):
+        for r, ck in enumerate(cks):
+            ck.save(step, state(step, r))
+            assert ck.wait_durable(step, timeout=30)
+    cks[1].close()  # rank 1's node is gone
+    for step in range(15, 55, 5):
+        cks[0].save(step, state(step))
+        assert cks[0].wait_durable(step, timeout=30)
+    survivor = FsTier("fsx", str(tmp_path / "fsx"), "job-7", 0)
+    assert 10 in survivor.steps() and survivor.steps()[-1] == 50
+    assert 5 not in survivor.steps()  # older than what every rank holds: gone
+    cks[0].close()
+
+
+# ---- the job level ----------------------------------------------------------------------------
+def test_job_env_names_what_is_wrong() -> None:
+    env = job_env({"SLURM_JOB_ID": "42", "SLURM_PROCID": "3", "SLURM_NTASKS": "4",
+                   "SLURM_RESTART_COUNT": "1", "SLURMD_NODENAME": "c5"})
+    assert (env.job, env.rank, env.world_size, env.restarts, env.node) == ("job-42", 3, 4, 1, "c5")
+    with pytest.raises(JobEnvError, match="SLURM_JOB_ID"):
+        job_env({"SLURM_JOB_ID": "../x", "SLURM_PROCID": "0"})
+    with pytest.raises(JobEnvError, match="SLURM_PROCID=4"):
+        job_env({"SLURM_JOB_ID": "1", "SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
+    with pytest.raises(JobEnvError, match="srun"):
+        job_env({"SLURM_JOB_ID": "1"})
+
+
+def _ranks(tmp_path: Path, world: int, restarts: int, nodes: list[str],
+           body: dict[int, object]) -> dict[int, object]:
+    """Run ``world`` ranks as threads, rank r with tier 0 in ``<tmp>/<nodes[r]>``."""
+    out: dict[int, object] = {}
+
+    def run(r: int) -> None:
+        cfg = CkptConfig(memory_root=str(tmp_path / nodes[r]), shared_root=str(tmp_path / "fsx"),
+                         agree_timeout_s=20, keep=2)
+        ck = JobCheckpointer(cfg, JobEnv("7", r, world, restarts, "0", nodes[r]),
+                             host="127.0.0.1")
+        try:
+            out[r] = body[r](ck)  # type: ignore[operator]
+        finally:
+            ck.finish(timeout=30)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_a_replaced_node_restores_from_its_peer_and_all_ranks_take_the_same_step(
+        tmp_path: Path) -> None:
+    def train(ck: JobCheckpointer) -> int:
+        for step in (10, 20):
+            ck.save(step, state(step, ck.env.rank))
+            assert ck.wait_durable(step, timeout=30)
+        return step
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: train, 1: train})
+    # nodeB's rank never reached step 20 on the shared tier for rank 1 ... simulate: the
+    # shared tier lost rank 1's step 20, and nodeB itself is replaced by nodeC.
+    import shutil
+    shutil.rmtree(tmp_path / "fsx" / "job-7" / "rank-00001" / "step-000000000020")
+    shutil.rmtree(tmp_path / "nodeB")
+
+    def resume(ck: JobCheckpointer) -> tuple[int, str, bool]:
+        got = ck.restore()
+        assert got is not None
+        return got.step, got.tier, bool(np.array_equal(got.state["w"],
+                                                         state(got.step, ck.env.rank)["w"]))
+    out = _ranks(tmp_path, 2, 1, ["nodeA", "nodeC"], {0: resume, 1: resume})
+    # Rank 1's step 20 lives on only in nodeA's memory, as rank 1's replica.
+    assert out == {0: (20, "memory", True), 1: (20, "peer", True)}
+
+
+def test_without_a_common_step_every_rank_starts_fresh(tmp_path: Path) -> None:
+    def first(ck: JobCheckpointer) -> None:
+        if ck.env.rank == 0:
+            ck.save(5, state(5))
+            ck.wait_durable(5, timeout=30)
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: first, 1: first})
+    out = _ranks(tmp_path, 2, 1, ["nodeA", "nodeB"],
+                 {0: lambda ck: ck.restore(), 1: lambda ck: ck.restore()})
+    assert out == {0: None, 1: None}
+
+
+def test_a_multi_rank_job_without_a_shared_filesystem_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(JobEnvError, match="shared_root"):
+        JobCheckpointer(CkptConfig(memory_root=str(tmp_path / "m")),
+                        JobEnv("7", 0, 2, 0, "0", "c1"))
+
+
+def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path) -> None:
+    """The time-limit signal reaches the ranks at slightly different steps: they agree on the
+    newest of those, and the ones behind train on to it, so one common step is saved."""
+    noticed = {0: 130, 1: 131}
+
+    def body(ck: JobCheckpointer) -> tuple[int | None, int | None]:
+        before = ck.stop_step(noticed[ck.env.rank])
+        ck.stop_requested.set()
+        return before, ck.stop_step(noticed[ck.env.rank])
+    out = _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: body, 1: body})
+    assert out == {0: (None, 131), 1: (None, 131)}
