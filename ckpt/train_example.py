@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuwarden.ckpt.codec import checksum
+from gpuwarden.ckpt.fstier import TierFull
 from gpuwarden.ckpt.job import EXIT_REQUEUE, JobCheckpointer
 
 
@@ -72,7 +73,13 @@ def main() -> int:
         time.sleep(args.step_s)
         stop = ck.stop_step(step) == step  # every rank stops at the same step
         if step % args.every == 0 or step == args.steps or stop:
-            ck.save(step, state)
+            try:
+                ck.save(step, state)
+            except TierFull as exc:  # node memory is full: stop cleanly, nothing is lost
+                print(f"rank {rank}: {exc}; stopping: the newest durable step is "
+                      f"{ck.ck.durable_step()}", file=sys.stderr, flush=True)
+                ck.finish(None)
+                return 1
             print(f"rank {rank}: step {step} saved", flush=True)
         if stop and step < args.steps:
             durable = ck.finish(step, timeout=120)

@@ -79,6 +79,15 @@ class Checkpointer:
                 self._cv.wait(left)
         return True
 
+    def durable_step(self) -> int | None:
+        """The newest step this rank has on every durable tier (None: none yet)."""
+        if not self.durable:
+            return None
+        with self._cv:
+            newest = [max(self._done[t.name], default=-1) for t in self.durable]
+        low = min(newest)
+        return low if low >= 0 else None
+
     def tiers(self) -> list[Tier]:
         """Fastest first: what restore tries."""
         return [self.tier0, *self.replicas, *self.durable]

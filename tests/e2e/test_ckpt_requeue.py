@@ -82,10 +82,11 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
 
 
 def test_the_time_limit_warning_saves_requeues_and_loses_nothing(cluster: Harness) -> None:
-    """Slurm signals USR1 up to a minute before `--signal`'s 60 s; the training (0.5 s/step,
-    300 steps) always outlives the first 2-minute allocation."""
+    """Slurm signals USR1 up to a minute before `--signal`'s 60 s (so 0-60 s into a 2-minute
+    job; the template forwards it no earlier than 15 s in); 70 s of training always outlives
+    the first warning."""
     h = cluster
-    args = ["--steps", "300", "--every", "100", "--mb", "4", "--step-s", "0.5"]
+    args = ["--steps", "100", "--every", "100", "--mb", "4", "--step-s", "0.7"]
     expected = reference(h, args)
     job = h.sbatch("-N4", "--gpus-per-node=8", "--time=2", "--signal=B:USR1@60", name="train",
                    script=[TEMPLATE, *args])
