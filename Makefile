@@ -51,6 +51,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/placement_lua.py
 	$(PY) benchmarks/placement_quality.py
 	$(PY) benchmarks/placement_submit.py
+	@# Exits 1 while the restore goal (>= 13x vs S3) is not met against the local S3 server.
+	-$(PY) benchmarks/ckpt_tiers.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -4,9 +4,11 @@ Runs inside node c1 (Debian's numpy, boto3, xxhash; /dev/shm is tier 0), with a 
 `--mb` MiB of float32:
 - stall: the training loop's wait in `Checkpointer.save` (tier 0, write-back behind) against
   a synchronous S3 save of the same state. Goal: <= 0.1.
-- restore: from S3 against from tier 0 (read, verify, rebuild arrays). Goal: >= 13x (Gemini's
-  figure, against remote object storage; here S3 is SeaweedFS on the same machine, so the
-  ratio measured is a floor, not the figure a site with remote S3 would see).
+- restore: from S3 against from tier 0, and against from a peer (a replica in node c2's memory,
+  read over the cluster network with the job's HMAC checks); each reads, verifies and
+  rebuilds the arrays. Goal: >= 13x (Gemini's figure, against remote object storage; here S3
+  is SeaweedFS on the same machine, so the ratio measured is a floor, not the figure a site
+  with remote S3 would see).
 - upload: gpuwarden's S3 tier against boto3's own `upload_file` of the same bytes. Goal >= 0.9.
 - memory: peak extra RSS during save + write-back, over the state size. Goal <= 1.25.
 Needs `make cluster-up`.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 import time
 
@@ -59,9 +62,22 @@ else:
     ck = Checkpointer(job, shm, [s3], keep=2)
     t = time.perf_counter(); ck.save(2, state); stall_s = time.perf_counter() - t
     ck.wait_durable(2); ck.close()
-    t = time.perf_counter(); shm.load(2); t0_s = time.perf_counter() - t
-    t = time.perf_counter(); m, d = s3.load(2); [codec.decode(x, d[x.name]) for x in m.shards]
-    s3_s = time.perf_counter() - t
+    def timed_restore(tier):
+        t = time.perf_counter(); m, d = tier.load(2)
+        [codec.decode(x, d[x.name]) for x in m.shards]
+        return time.perf_counter() - t
+    t0_s = timed_restore(shm)
+    s3_s = timed_restore(s3)
+    # Tier 1: a replica in node c2's memory, served by a peer server there (started by the
+    # caller with the same key), read over the cluster network with the job's HMAC checks.
+    from gpuwarden.ckpt.peer import Address, PeerTier
+    addr = Address("c2", int(sys.argv[5]))
+    peer = PeerTier(bytes.fromhex(sys.argv[4]), job, 0, [addr], [addr], timeout=120)
+    m2, d2 = shm.load(2)
+    t = time.perf_counter(); peer.commit(m2, d2); push_s = time.perf_counter() - t
+    del m2, d2
+    peer.steps()
+    peer_s = timed_restore(peer)
     with tempfile.NamedTemporaryFile(dir="/var/tmp") as f:
         f.write(memoryview(state["w"]).cast("B")); f.flush()
         from boto3.s3.transfer import TransferConfig
@@ -75,13 +91,25 @@ else:
     ours_s = time.perf_counter() - t
     for s in shm.steps(): shm.delete(s)
     out = {"sync_s": sync_s, "stall_s": stall_s, "t0_s": t0_s, "s3_s": s3_s, "boto_s": boto_s,
-           "ours_s": ours_s}
+           "ours_s": ours_s, "peer_s": peer_s, "push_s": push_s}
 print(json.dumps(out))
 '''
 
 
-def inside(cluster: Cluster, mb: int, mode: str, job: str) -> dict[str, float]:
-    res = cluster.exec("c1", ["python3", "-c", _INSIDE, str(mb), mode, job], timeout=600)
+_PEER_SERVER = r'''
+import sys, time
+from gpuwarden.ckpt.peer import PeerServer
+srv = PeerServer(bytes.fromhex(sys.argv[1]), sys.argv[2], "/dev/shm/gpuwarden-bench",
+                 port=int(sys.argv[3]))
+time.sleep(float(sys.argv[4]))
+srv.stop()
+'''
+PEER_PORT = 47311
+
+
+def inside(cluster: Cluster, mb: int, mode: str, job: str, key: str) -> dict[str, float]:
+    res = cluster.exec("c1", ["python3", "-c", _INSIDE, str(mb), mode, job, key,
+                              str(PEER_PORT)], timeout=600)
     res.check("benchmark")
     return json.loads(res.out.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -92,8 +120,16 @@ def main() -> int:
     args = ap.parse_args()
     cluster = Cluster(docker.from_env(timeout=600), from_env(), progress=lambda m: None)
     job = f"bench-{int(time.time())}"
-    r = inside(cluster, args.mb, "speed", job)
-    mem = inside(cluster, args.mb, "memory", job + "-m")
+    key = secrets.token_hex(32)
+    cluster.container("c2").exec_run(
+        ["python3", "-c", _PEER_SERVER, key, job, str(PEER_PORT), "600"], detach=True)
+    time.sleep(2)
+    try:
+        r = inside(cluster, args.mb, "speed", job, key)
+        mem = inside(cluster, args.mb, "memory", job + "-m", key)
+    finally:
+        cluster.exec("c2", ["bash", "-c", f"pkill -f 'PeerServer' ; rm -rf "
+                            f"/dev/shm/gpuwarden-bench/{job}.peer"], timeout=30)  # noqa: S108 - in the node
     stall = r["stall_s"] / r["sync_s"]
     restore = r["s3_s"] / r["t0_s"]
     upload = r["boto_s"] / r["ours_s"]
@@ -103,6 +139,8 @@ def main() -> int:
           f"{stall:.3f} (goal <= 0.1)")
     print(f"restore          tier 0 {r['t0_s']:6.2f} s vs S3 {r['s3_s']:6.2f} s: "
           f"{restore:.1f}x faster (goal >= 13)")
+    print(f"restore          peer (c2 -> c1) {r['peer_s']:6.2f} s vs S3 {r['s3_s']:6.2f} s: "
+          f"{r['s3_s'] / r['peer_s']:.1f}x faster; replica push {r['push_s']:.2f} s")
     print(f"S3 upload        ours {r['ours_s']:6.2f} s vs boto3 upload_file {r['boto_s']:6.2f} "
           f"s: throughput {upload:.2f}x (goal >= 0.9)")
     print(f"peak extra RSS   {mem['extra_mb']:.0f} MiB for a {mem['state_mb']} MiB state: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
@@ -123,10 +124,59 @@ def placement(h: Harness, say: Say) -> None:
     say("")
 
 
+TRAIN = "/opt/gpuwarden/ckpt/train_example.py"
+
+
+def checkpointing(h: Harness, say: Say) -> None:
+    say("== 8. Tiered checkpointing: a 4-node training job loses a node and loses nothing ==")
+    args = ["--steps", "60", "--every", "5", "--mb", "8"]
+    ref = h.exec("c1", ["python3", TRAIN, "--reference", "4", *args], timeout=120)
+    expected = json.loads(ref.check("reference run").out.strip().splitlines()[-1])
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train",
+                   script=["/opt/gpuwarden/ckpt/train.sbatch", *args])
+    say(f"$ sbatch -N4 --gpus-per-node=8 ckpt/train.sbatch {' '.join(args)}    # job {job}")
+    spool = f"/fsx/gpuwarden-ckpt/job-{job}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        held = h.sh("slurmctld", f"ls {spool}/rank-00003 2>/dev/null || true").out.split()
+        if "step-000000000010" in held:
+            break
+        time.sleep(1)
+    first = h.exec("slurmctld", ["scontrol", "show", "hostnames",
+                                 h.job_fields(job)["NodeList"]]).out.split()
+    say(f"Running on {','.join(first)}; every rank saves to node memory, a partner node's "
+        "memory and /fsx:")
+    _show(h, say, "", ["gpuwarden", "ckpt", "ls", f"job-{job}", "--rank", "3"], host=first[-1])
+    victim = first[-1]
+    say(f"$ docker kill {victim}    # the node dies, and its memory with it")
+    h.kill(victim)
+    try:
+        deadline = time.monotonic() + 180
+        while h.job_fields(job).get("Restarts", "0") == "0" and time.monotonic() < deadline:
+            time.sleep(2)
+        say("Slurm notices (SlurmdTimeout), requeues the job; the prolog on the new nodes "
+            "stages the newest step every rank holds into their memory; the ranks resume:")
+        h.wait_job(job, timeout=400)
+    finally:
+        h.heal(victim)
+    out = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
+    for line in out.splitlines():
+        if line.startswith(("gpuwarden:", "srun: error")) or (
+                "restored step" in line and "rank" in line and "INFO" not in line
+                and " gpuwarden." not in line):
+            say(f"    {line}")
+    finals = [h.exec("slurmctld", ["cat", f"{spool}/final-rank-{r}.txt"]).out.strip()
+              for r in range(4)]
+    same = "yes" if finals == expected else f"NO: {finals} vs {expected}"
+    say(f"Final state bit-identical to an uninterrupted run: {same}")
+    say("")
+
+
 def run(h: Harness, say: Say) -> None:
     h.prepare_jobs_dir()
     foundation(h, say)
     health(h, say)
     lemons(h, say)
     placement(h, say)
+    checkpointing(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
@@ -78,12 +78,18 @@ class Harness:
         self.exec("slurmctld", ["install", "-d", "-m", "1777", CKPT_DIR]).check("mkdir ckpt")
 
     def sbatch(self, *args: str, wrap: str = "", script: Sequence[str] = (), user: str = "alice",
-               name: str = "e2e") -> int:
-        """Submit ``--wrap=wrap``, or ``script`` (a batch script's path and its arguments)."""
+               name: str = "e2e", env: Mapping[str, str] | None = None) -> int:
+        """Submit ``--wrap=wrap``, or ``script`` (a batch script's path and its arguments).
+
+        ``env`` goes into sbatch's own environment, which the job inherits: in these containers
+        ``--export=ALL,VAR=value`` makes slurmd die (clone() is refused under docker's seccomp
+        profile), so variables are never passed that way.
+        """
         if bool(wrap) == bool(script):
             raise ValueError("sbatch: give wrap or script, not both")
         tail = [f"--wrap={wrap}"] if wrap else list(script)
-        argv = ["sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
+        argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
+                "sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
                 f"--output={JOBS_DIR}/%x-%j.out", *args, *tail]
         res = self.exec("slurmctld", argv, timeout=30, user=user).check("sbatch")
         return int(res.out.strip().split(";")[0])

@@ -57,9 +57,9 @@ EOF
 chmod 0644 {config}""").check("job config")
     args = ["--steps", "80", "--every", "5", "--mb", "4", "--step-s", "1", "--config", config]
     expected = reference(h, 2, args)
-    creds = f"--export=ALL,AWS_ACCESS_KEY_ID={env['AWS_ACCESS_KEY_ID']}," \
-            f"AWS_SECRET_ACCESS_KEY={env['AWS_SECRET_ACCESS_KEY']}"
-    job = h.sbatch("-N2", "--gpus-per-node=8", creds, name="train", script=[TEMPLATE, *args])
+    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TEMPLATE, *args],
+                   env=creds)
     wait_for(lambda: max(shared_steps(h, job, 1), default=0) >= 10, 180, "step 10 durable")
     h.stop("s3", timeout=2)
     away_at = max(shared_steps(h, job, 1))
