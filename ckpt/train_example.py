@@ -58,8 +58,7 @@ def main() -> int:
         print(json.dumps([checksum(memoryview(s["w"]).cast("B")) for s in states]))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    ck = JobCheckpointer.from_slurm(args.config)
-    ck.install_signal()  # SIGUSR1 from the sbatch template: save now and requeue
+    ck = JobCheckpointer.from_slurm(args.config)  # also handles SIGUSR1: save now, requeue
     rank, restarts = ck.env.rank, ck.env.restarts
     state = initial(rank, args.mb)
     got = ck.restore()  # the same step on every rank, or None

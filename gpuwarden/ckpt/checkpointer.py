@@ -132,6 +132,12 @@ class Checkpointer:
 
     def _write_everywhere(self, step: int) -> None:
         try:
+            self._write_step(step)
+        except Exception:  # a bug must not end write-back for the rest of the job
+            log.exception("write-back of step %d failed; going on with the next step", step)
+
+    def _write_step(self, step: int) -> None:
+        try:
             manifest, data = self.tier0.load(step)
         except CorruptStep as exc:
             log.error("step %d cannot be written back: %s", step, exc)
@@ -166,37 +172,54 @@ class Checkpointer:
 
     def _committed(self, tier: Any, step: int) -> None:
         with self._cv:
-            first_durable = tier in self.durable and not any(
-                s >= step for t in self.durable for s in self._done[t.name])
             self._done[tier.name].add(step)
             self._cv.notify_all()
         if tier not in self.durable:
             return  # replicas keep their own few steps
-        if first_durable:
-            try:
-                self.coord.publish_durable(step)
-            except OSError as exc:
-                log.warning("cannot publish step %d as durable: %s", step, exc)
-        self._retain(tier, protect={step}, floor=self._floor())
-
-    def _floor(self) -> int | None:
         try:
-            return self.coord.durable_floor()
+            self.coord.publish_durable(tier.name, step)
+        except OSError as exc:
+            log.warning("cannot publish step %d as durable on %s: %s", step, tier.name, exc)
+        self._retain(tier, protect={step}, floor=self._floor(tier.name))
+
+    def _floor(self, tier: str) -> int | None:
+        try:
+            return self.coord.durable_floor(tier)
         except OSError as exc:
             log.warning("cannot read the ranks' durable steps (%s): deleting nothing", exc)
             return None
 
     def _retain(self, tier: Any, protect: set[int], floor: int | None) -> None:
         """Delete all but the newest ``keep`` steps, except protected ones and, on durable
-        tiers, any step from ``floor`` on (None there: floor unknown, delete nothing)."""
+        tiers, any step from ``floor`` on (None there: floor unknown, delete nothing). A
+        failure is logged and retried at the next step: it must never stop the writer."""
         if tier in self.durable and floor is None:
             return
         try:
-            steps = tier.steps()
-        except TierError as exc:
-            log.warning("retention skipped on %s: %s", tier.name, exc)
-            return
-        for s in steps[:-self.keep]:
-            if s in protect or (floor is not None and s >= floor):
-                continue
-            tier.delete(s)
+            for s in tier.steps()[:-self.keep]:
+                if s in protect or (floor is not None and s >= floor):
+                    continue
+                tier.delete(s)
+        except Exception as exc:
+            log.warning("retention on %s failed (%s); retrying after the next save",
+                        tier.name, exc)
+
+    def forget_newer(self, step: int | None) -> None:
+        """After a restore of ``step``: delete this rank's steps newer than it on every tier
+        it writes, so that a step of an abandoned run (saved before a requeue, never held by
+        every rank) cannot be taken for this run's step of the same number, and publish what
+        is durable now (stale values from the abandoned run would move retention's floor)."""
+        for tier in (self.tier0, *self.durable):
+            try:
+                newer = [s for s in tier.steps() if step is None or s > step]
+                for s in newer:
+                    tier.delete(s)
+                if newer:
+                    log.info("%s: dropped steps %s of an earlier run, newer than step %s",
+                             tier.name, newer, step)
+                if tier in self.durable:
+                    held = step is not None and step in tier.steps()
+                    self.coord.publish_durable(tier.name, step if held and step is not None
+                                               else -1)
+            except Exception as exc:
+                log.warning("%s: cannot drop newer steps of an earlier run: %s", tier.name, exc)

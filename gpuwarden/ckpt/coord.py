@@ -38,8 +38,8 @@ class Coordinator(Protocol):
     world_size: int
 
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]: ...
-    def publish_durable(self, step: int) -> None: ...
-    def durable_floor(self) -> int | None: ...
+    def publish_durable(self, tier: str, step: int) -> None: ...
+    def durable_floor(self, tier: str) -> int | None: ...
 
 
 def newest_common(held: Sequence[Sequence[int]]) -> int | None:
@@ -66,16 +66,16 @@ class SoloCoordinator:
     rank, world_size = 0, 1
 
     def __init__(self) -> None:
-        self._durable: int | None = None
+        self._durable: dict[str, int] = {}
 
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]:
         return [value]
 
-    def publish_durable(self, step: int) -> None:
-        self._durable = step
+    def publish_durable(self, tier: str, step: int) -> None:
+        self._durable[tier] = step
 
-    def durable_floor(self) -> int | None:
-        return self._durable
+    def durable_floor(self, tier: str) -> int | None:
+        return self._durable.get(tier)
 
 
 class FileCoordinator:
@@ -128,15 +128,33 @@ class FileCoordinator:
                                  f"{timeout:.0f} s (in {self.dir}); are they running?")
             self._sleep(0.1)
 
-    def publish_durable(self, step: int) -> None:
-        self._write(f"durable.rank-{self.rank}", step)
+    def propose(self, name: str, value: int) -> int:
+        """The first proposal for ``name`` wins; returns it (ours or an earlier rank's)."""
+        path = os.path.join(self.dir, check_name(name, "proposal"))
+        tmp = f"{path}.{self.rank}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(value, fh)
+        try:
+            os.link(tmp, path)  # atomic and exclusive, on NFS and Lustre too
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        won = self._read(name)
+        if not isinstance(won, int) or isinstance(won, bool):
+            raise CoordError(f"{path}: {won!r} is not a step")
+        return won
 
-    def durable_floor(self) -> int | None:
-        """The oldest of the ranks' newest durable steps; None while some rank has none."""
+    def publish_durable(self, tier: str, step: int) -> None:
+        self._write(f"durable-{check_name(tier, 'tier')}.rank-{self.rank}", step)
+
+    def durable_floor(self, tier: str) -> int | None:
+        """The oldest of the ranks' newest steps on ``tier``; None while some rank has none.
+        Per tier: a step on the shared filesystem does not make S3's older copies spare."""
         floor: int | None = None
         for r in range(self.world_size):
             try:
-                v = self._read(f"durable.rank-{r}")
+                v = self._read(f"durable-{check_name(tier, 'tier')}.rank-{r}")
             except (FileNotFoundError, CoordError):
                 return None
             if not isinstance(v, int) or isinstance(v, bool):

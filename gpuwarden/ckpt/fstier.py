@@ -97,9 +97,9 @@ def _check_spool(tier: str, root: str) -> None:
     if st.st_uid not in (0, os.geteuid()):
         raise TierError(f"{tier}: {root} belongs to uid {st.st_uid}, not root: refusing it; "
                         "an admin should recreate it as root, mode 1777")
-    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-        raise TierError(f"{tier}: {root} is world-writable without the sticky bit: refusing "
-                        "it; chmod 1777 it")
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise TierError(f"{tier}: {root} is writable by others without the sticky bit: "
+                        "refusing it; chmod 1777 it")
 
 
 class FsTier:
@@ -119,7 +119,11 @@ class FsTier:
             # job's own directory inside it is private.
             try:
                 os.makedirs(root, exist_ok=True)
-                os.chmod(root, 0o1777)  # noqa: S103 - sticky, like /tmp; job dirs are 0700
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                try:
+                    os.fchmod(fd, 0o1777)  # sticky, like /tmp; job dirs are 0700
+                finally:
+                    os.close(fd)
             except OSError as exc:
                 raise TierError(f"{self.name}: cannot create {root} ({exc.strerror})") from None
         _check_spool(self.name, root)
@@ -139,18 +143,29 @@ class FsTier:
         """Write the step and make it visible at once, or raise and leave nothing behind."""
         self.ensure_dir()
         final = os.path.join(self.dir, step_dir(manifest.step))
+        stale = None
         if os.path.lexists(final):
-            return  # already committed here (a retry after a crash past the rename)
+            if self._same(manifest):
+                return  # already committed here (a retry after a crash past the rename)
+            # A step of the same number from another run (a replica pushed before a requeue):
+            # replaced whole, never mixed.
+            stale = tempfile.mkdtemp(prefix=f".{step_dir(manifest.step)}.stale.", dir=self.dir)
         tmp = tempfile.mkdtemp(prefix=f".{step_dir(manifest.step)}.", dir=self.dir)
         try:
             for shard in manifest.shards:
                 _write_file(os.path.join(tmp, shard.name), data[shard.name])
             _write_file(os.path.join(tmp, MANIFEST), manifest.to_json().encode())
             _fsync_dir(tmp)
+            if stale is not None:
+                os.rename(final, os.path.join(stale, "old"))
             os.rename(tmp, final)
             _fsync_dir(self.dir)
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if stale is not None:
+                shutil.rmtree(stale, ignore_errors=True)
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 free = shutil.disk_usage(self.dir).free
                 raise TierFull(f"{self.name}: out of space writing step {manifest.step} "
@@ -158,6 +173,14 @@ class FsTier:
                                "the previous steps are intact") from None
             raise TierError(f"{self.name}: cannot write step {manifest.step} "
                             f"({exc.strerror})") from None
+
+    def _same(self, manifest: Manifest) -> bool:
+        try:
+            held = self.manifest(manifest.step)
+        except CorruptStep:
+            return False
+        return (held.shards, held.world_size, held.rank) == (manifest.shards,
+                                                             manifest.world_size, manifest.rank)
 
     def steps(self) -> list[int]:
         """Committed steps (those whose manifest is in place), oldest first."""

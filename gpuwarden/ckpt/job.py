@@ -1,6 +1,6 @@
 """What a training job under Slurm calls: the tiers from `[ckpt]`, peers, agreement, signals.
 
-    ck = JobCheckpointer.from_slurm()           # one per rank, under srun
+    ck = JobCheckpointer.from_slurm()           # one per rank, under srun; handles SIGUSR1
     got = ck.restore()                           # every rank gets the same step, or None
     for step in ...:
         ...
@@ -95,12 +95,21 @@ def _leaves(path: str) -> dict[str, str]:
         return {}
 
 
+def install_stop_signal(stop: threading.Event, signum: int = signal.SIGUSR1) -> None:
+    """Slurm's warning before the time limit (``--signal=B:USR1@N``, passed on by the
+    template) sets ``stop``: the loop sees it at its next step and saves."""
+    def on_signal(_sig: int, _frame: FrameType | None) -> None:
+        stop.set()
+    signal.signal(signum, on_signal)
+
+
 class JobCheckpointer:
     def __init__(self, cfg: CkptConfig, env: JobEnv, coord: Coordinator | None = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, stop: threading.Event | None = None) -> None:
         self.cfg, self.env = cfg, env
-        self.stop_requested = threading.Event()
+        self.stop_requested = stop if stop is not None else threading.Event()
         self._stop_at: int | None = None
+        self.stop_margin = 2
         storage = tiers(cfg, env.job, env.rank)
         tier0: FsTier = storage[0]
         shared = next((t for t in storage if t.name == "shared"), None)
@@ -127,8 +136,12 @@ class JobCheckpointer:
                    environ: Mapping[str, str] | None = None) -> JobCheckpointer:
         from gpuwarden.config import load  # noqa: PLC0415 - keeps `import gpuwarden.ckpt` light
 
+        # The handler goes in first: Slurm may send the time-limit warning while the ranks
+        # are still meeting each other, and USR1's default action would kill them.
+        stop = threading.Event()
+        install_stop_signal(stop)
         cfg = load(config_path).ckpt
-        return cls(cfg, job_env(os.environ if environ is None else environ))
+        return cls(cfg, job_env(os.environ if environ is None else environ), stop=stop)
 
     def _start_peers(self, job_dir: str, host: str | None) -> PeerTier:
         env, cfg = self.env, self.cfg
@@ -167,6 +180,7 @@ class JobCheckpointer:
         target = agree(self.coord, f"agree-{base}", self.ck.held(), self.cfg.agree_timeout_s)
         for attempt in range(4):
             if target is None:
+                self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
                 return None
             got = self.ck.restore(at_most=target)
             reached = -1 if got is None else got.step
@@ -178,6 +192,7 @@ class JobCheckpointer:
             if low == target:
                 assert got is not None
                 log.info("rank %d: restored step %d from %s", env.rank, got.step, got.tier)
+                self.ck.forget_newer(got.step)
                 return got
             log.warning("rank %d: some rank could not restore step %d; all take step %s",
                         env.rank, target, low if low >= 0 else "none")
@@ -190,28 +205,34 @@ class JobCheckpointer:
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
         return self.ck.wait_durable(step, timeout)
 
-    def install_signal(self, signum: int = signal.SIGUSR1) -> None:
-        """Slurm's warning before the time limit (``--signal=USR1@N``, forwarded by the
-        template): the loop sees ``stop_requested`` at its next step and saves."""
-        def on_signal(_sig: int, _frame: FrameType | None) -> None:
-            self.stop_requested.set()
-        signal.signal(signum, on_signal)
-
     def stop_step(self, step: int) -> int | None:
-        """None while no stop was requested; then the step every rank stops and saves at (the
-        newest step any rank had reached when it noticed: the others train on to it)."""
+        """None while no stop was requested; then the step every rank stops and saves at.
+
+        Never blocks: the first rank to notice the request proposes ``step + stop_margin``
+        in a file (created exclusively: one proposal wins), and every rank that notices reads
+        it. A rank blocked in a collective (an all-reduce) until its peers arrive is then
+        never waited for. A rank already past the proposal (ranks far out of step) saves
+        where it is and says so; the restart then agrees on an older common step.
+        """
         if not self.stop_requested.is_set():
             return None
         if self._stop_at is None:
             env = self.env
-            every = self.coord.exchange(f"stop-r{env.restarts}-s{env.step_id}", step,
-                                        self.cfg.agree_timeout_s)
-            if not all(isinstance(s, int) and not isinstance(s, bool) for s in every):
-                raise CoordError(f"a rank reported {every!r} as its step at the stop request")
-            self._stop_at = max(every)
+            self._stop_at = self._propose_stop(f"stop-r{env.restarts}-s{env.step_id}",
+                                               step + self.stop_margin)
+            if step > self._stop_at:
+                log.error("rank %d: already at step %d, past the agreed stop step %d: saving "
+                          "here (the restart falls back to a step every rank holds)", env.rank,
+                          step, self._stop_at)
+                self._stop_at = step
             log.info("rank %d: stop requested at step %d; every rank saves step %d", env.rank,
                      step, self._stop_at)
         return self._stop_at
+
+    def _propose_stop(self, name: str, proposal: int) -> int:
+        if isinstance(self.coord, FileCoordinator):
+            return self.coord.propose(name, proposal)
+        return proposal
 
     def finish(self, step: int | None = None, timeout: float | None = 600.0) -> bool:
         """Wait until ``step`` is durable (if given), then stop the writer and the peer server.
@@ -228,7 +249,7 @@ class JobCheckpointer:
             env = self.env
             try:
                 self.coord.exchange(f"finish-r{env.restarts}-s{env.step_id}", env.rank,
-                                    self.cfg.agree_timeout_s)
+                                    min(self.cfg.agree_timeout_s, 30.0))
             except CoordError as exc:
                 log.warning("rank %d: not every rank finished: %s", env.rank, exc)
             self.server.stop()

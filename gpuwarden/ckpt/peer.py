@@ -8,10 +8,12 @@ the shared filesystem or S3.
 
 Authentication: a random 256-bit key per job, in a 0600 file in the job's private directory
 on the shared filesystem (so other users cannot read it). Each connection starts with a fresh
-nonce from each side; the request header is authenticated with HMAC-SHA256 before the server
-reads anything large, the request body and the response each carry their own HMAC over both
-nonces, so nothing can be replayed, read or written without the key. Nothing received is used
-before its HMAC and then its manifest checksums match.
+nonce from each side. The request header is authenticated with HMAC-SHA256 before the server
+reads anything large; the server then proves the key too, before the client sends any data;
+the request body, the response header and the whole response each carry their own HMAC over
+both nonces. So nothing can be replayed, read or written without the key, and nothing
+received is used before its HMAC and then its manifest checksums match. Transfers are
+authenticated, not encrypted: root on the network path can read them.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ MAGIC = b"GPWPEER1"
 KEY_FILE = "peer.key"
 _NONCE = 32
 _MAX_HEADER = 1 << 20
-_MAX_CONNECTIONS = 16
+_MAX_CONNECTIONS = 64
+_HANDSHAKE_S = 10.0
 
 
 class PeerError(TierError):
@@ -156,7 +159,11 @@ class PeerServer:
                 outer._handle(self.request, self.client_address)
 
         socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._srv = socketserver.ThreadingTCPServer((host, port), Handler)
+        try:
+            self._srv = socketserver.ThreadingTCPServer((host, port), Handler)
+        except OSError as exc:
+            raise PeerError(f"peer server: cannot listen on {host}:{port} ({exc.strerror}); "
+                            "with several ranks per node, leave [ckpt] peer_port = 0") from None
         self._srv.daemon_threads = True
         self.port = self._srv.server_address[1]
         self._thread = threading.Thread(target=self._srv.serve_forever, name="gpuwarden-peer",
@@ -177,21 +184,27 @@ class PeerServer:
         if not self._slots.acquire(blocking=False):
             return  # too many at once: the client retries later
         try:
-            sock.settimeout(self.timeout)
+            # Until the client has shown the key it gets a short deadline and small frames:
+            # a stranger cannot hold a slot for long or make us allocate.
+            sock.settimeout(_HANDSHAKE_S)
             nonce_s = secrets.token_bytes(_NONCE)
             _send_frame(sock, MAGIC + nonce_s)
             nonce_c = _recv_frame(sock, _NONCE)
-            header = _recv_frame(sock)
+            header = _recv_frame(sock, 64 << 10)
             mac = _recv_frame(sock, 64)
             if len(nonce_c) != _NONCE or not hmac.compare_digest(
                     mac, _mac(self.key, b"hdr", nonce_s, nonce_c, header).digest()):
                 log.warning("peer %s: refused a request without this job's key", client[0])
                 return
+            sock.settimeout(self.timeout)
+            # Our proof of the key: the client sends no data before it has seen it.
+            _send_frame(sock, _mac(self.key, b"ready", nonce_s, nonce_c).digest())
             req = json.loads(header)
             resp, body = self._serve(req, sock, nonce_s, nonce_c)
             text = json.dumps(resp).encode()
-            out = _mac(self.key, b"resp", nonce_s, nonce_c, text)
             _send_frame(sock, text)
+            _send_frame(sock, _mac(self.key, b"rhdr", nonce_s, nonce_c, text).digest())
+            out = _mac(self.key, b"resp", nonce_s, nonce_c, text)
             for part in body:
                 out.update(part)
                 sock.sendall(part)
@@ -220,7 +233,7 @@ class PeerServer:
             if op == "get":
                 return self._get(rank, check_step(req.get("step", -1)))
             raise PeerError(f"unknown op {str(op)[:20]!r}")
-        except (BadName, TierError) as exc:
+        except (BadName, TierError, CorruptStep) as exc:
             return {"ok": False, "error": str(exc)}, []
 
     def _get(self, rank: int, step: int) -> tuple[dict[str, Any], list[bytes]]:
@@ -281,6 +294,9 @@ def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any]
         _send_frame(sock, nonce_c)
         _send_frame(sock, header)
         _send_frame(sock, _mac(key, b"hdr", nonce_s, nonce_c, header).digest())
+        if not hmac.compare_digest(_recv_frame(sock, 64),
+                                   _mac(key, b"ready", nonce_s, nonce_c).digest()):
+            raise PeerError(f"peer {addr}: does not hold this job's key: sending it nothing")
         if req.get("op") == "put":
             mac = _mac(key, b"body", nonce_s, nonce_c)
             for part in body:
@@ -288,6 +304,9 @@ def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any]
                 sock.sendall(part)
             _send_frame(sock, mac.digest())
         text = _recv_frame(sock)
+        if not hmac.compare_digest(_recv_frame(sock, 64),
+                                   _mac(key, b"rhdr", nonce_s, nonce_c, text).digest()):
+            raise PeerError(f"peer {addr}: a response without this job's key: ignored")
         resp = json.loads(text)
         if not isinstance(resp, dict):
             raise PeerError(f"peer {addr}: a response that is not an object")
@@ -295,9 +314,9 @@ def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any]
     except (OSError, ValueError) as exc:
         sock.close()
         raise PeerError(f"peer {addr}: {exc}") from None
-    except PeerError:
+    except PeerError as exc:
         sock.close()
-        raise
+        raise exc if str(addr) in str(exc) else PeerError(f"peer {addr}: {exc}") from None
 
 
 def _finish(addr: Address, sock: socket.socket, mac: Any) -> None:

@@ -262,8 +262,9 @@ def test_a_multi_rank_job_without_a_shared_filesystem_is_refused(tmp_path: Path)
 
 
 def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path) -> None:
-    """The time-limit signal reaches the ranks at slightly different steps: they agree on the
-    newest of those, and the ones behind train on to it, so one common step is saved."""
+    """The time-limit signal reaches the ranks at slightly different steps: the first to
+    notice proposes a step a little ahead, without waiting for anyone (a rank stuck in an
+    all-reduce must not be waited for), and every rank stops and saves at that one step."""
     noticed = {0: 130, 1: 131}
 
     def body(ck: JobCheckpointer) -> tuple[int | None, int | None]:
@@ -271,4 +272,74 @@ def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path) -> N
         ck.stop_requested.set()
         return before, ck.stop_step(noticed[ck.env.rank])
     out = _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: body, 1: body})
-    assert out == {0: (None, 131), 1: (None, 131)}
+    assert out[0] == out[1] and out[0][0] is None and out[0][1] in (132, 133)
+
+
+def test_the_first_stop_proposal_wins(tmp_path: Path) -> None:
+    ranks = [FileCoordinator(str(tmp_path), r, 3) for r in range(3)]
+    assert [c.propose("stop-r0-s0", 100 + r) for r, c in enumerate(ranks)] == [100, 100, 100]
+    assert sorted(os.listdir(tmp_path / "coord")) == ["stop-r0-s0"]
+
+
+def test_a_listener_without_the_key_receives_no_replica_bytes() -> None:
+    """Another user binding a dead rank's port gets the request header, never the state."""
+    got = bytearray()
+
+    class Thief(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            _send_frame(self.request, MAGIC + b"n" * 32)
+            self.request.settimeout(2)
+            try:
+                while chunk := self.request.recv(1 << 16):
+                    got.extend(chunk)
+            except OSError:
+                pass
+    srv = socketserver.TCPServer(("127.0.0.1", 0), Thief)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    secret = b"S" * (1 << 20)
+    shards, data = codec.encode({"secret": secret})
+    m = Manifest("job-7", 1, 2, 0, tuple(shards), time.time(), {})
+    try:
+        tier = PeerTier(KEY, "job-7", 0, [Address("127.0.0.1", srv.server_address[1])], [],
+                        timeout=5)
+        with pytest.raises(PeerError, match="127.0.0.1"):
+            tier.commit(m, data)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert b"SSSSSSSS" not in got and len(got) < 16 << 10
+
+
+def test_a_restart_never_mixes_in_steps_of_an_abandoned_run(tmp_path: Path) -> None:
+    """Run 1: rank 0 reaches step 20, rank 1 dies after step 10. Run 2 restores step 10 on
+    both, trains again and saves a new step 20. Rank 0's old step 20 must not stand in for it
+    on any tier."""
+    def run1(ck: JobCheckpointer) -> None:
+        for step in (10, 20) if ck.env.rank == 0 else (10,):
+            ck.save(step, state(step, ck.env.rank))
+            assert ck.wait_durable(step, timeout=30)
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: run1, 1: run1})
+
+    def run2(ck: JobCheckpointer) -> int | None:
+        got = ck.restore()
+        new = {"w": np.full((128, 64), -1.0, dtype=np.float32), "tag": b"run2"}
+        ck.save(20, new)
+        assert ck.wait_durable(20, timeout=30)
+        return None if got is None else got.step
+    assert _ranks(tmp_path, 2, 1, ["nodeA", "nodeB"], {0: run2, 1: run2}) == {0: 10, 1: 10}
+    for tier in (FsTier("fsx", str(tmp_path / "fsx"), "job-7", 0),
+                 FsTier("shm", str(tmp_path / "nodeA"), "job-7", 0)):
+        _, data = tier.load(20)
+        assert data["tag"] == b"run2", f"{tier.name} still holds run 1's step 20"
+
+
+def test_a_step_committed_again_with_other_bytes_replaces_the_old_one_whole(
+        tmp_path: Path) -> None:
+    tier = FsTier("peer", str(tmp_path), "job-7.peer", 0)
+    tier.commit(*manifest(5))
+    shards, data = codec.encode({"w": np.zeros(3, dtype=np.float32)})
+    newer = Manifest("job-7", 5, 2, 0, tuple(shards), time.time(), {})
+    tier.commit(newer, data)
+    got, _ = tier.load(5)
+    assert got.shards == newer.shards and tier.steps() == [5]
+    assert not [n for n in os.listdir(tier.dir) if n.startswith(".")]
