@@ -21,7 +21,10 @@ class StateError(GpuwardenError):
     """A state value that cannot be checkpointed."""
 
 
-def checksum(data: bytes | memoryview) -> str:
+Buf = bytes | bytearray | memoryview  # a shard's bytes, wherever they came from
+
+
+def checksum(data: Buf) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
@@ -47,7 +50,9 @@ def encode(state: Mapping[str, Any]) -> tuple[list[Shard], dict[str, memoryview]
     return shards, data
 
 
-def decode(shard: Shard, data: bytes) -> Any:
+def decode(shard: Shard, data: Buf) -> Any:
     if shard.kind == "bytes":
-        return data
-    return np.frombuffer(data, dtype=np.dtype(shard.dtype)).reshape(shard.shape).copy()
+        return bytes(data)
+    arr = np.frombuffer(data, dtype=np.dtype(shard.dtype)).reshape(shard.shape)
+    # A bytearray was read for this restore alone: the array can own it, writable, no copy.
+    return arr if isinstance(data, bytearray) else arr.copy()

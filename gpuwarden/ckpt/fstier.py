@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 
-from gpuwarden.ckpt.codec import checksum
+from gpuwarden.ckpt.codec import Buf, checksum
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, Shard, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.errors import GpuwardenError
@@ -45,7 +45,8 @@ class CorruptStep(GpuwardenError):
     """A committed step whose bytes do not match its manifest."""
 
 
-def check_shard(tier: str, step: int, shard: Shard, data: bytes | memoryview) -> None:
+def check_shard(tier: str, step: int, shard: Shard,
+                data: Buf) -> None:
     """Every tier's rule: nothing read back is used before size and checksum match."""
     if memoryview(data).nbytes != shard.size or checksum(data) != shard.checksum:
         raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
@@ -59,7 +60,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _write_file(path: str, data: bytes | memoryview) -> None:
+def _write_file(path: str, data: Buf) -> None:
     fd = os.open(path, _CREATE, 0o600)
     try:
         view = memoryview(data).cast("B")
@@ -102,6 +103,27 @@ def _check_spool(tier: str, root: str) -> None:
                         "refusing it; chmod 1777 it")
 
 
+def _read_shard(path: str, size: int) -> bytearray:
+    """Exactly ``size`` bytes, read once into one buffer (restores are read-bound)."""
+    fd = os.open(path, _READ)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptStep(f"{path}: not a regular file")
+        if st.st_size != size:
+            raise CorruptStep(f"{path}: {st.st_size} bytes, the manifest says {size}")
+        buf = bytearray(size)
+        view = memoryview(buf)
+        while view:
+            n = os.readv(fd, [view])
+            if n == 0:
+                raise CorruptStep(f"{path}: shorter than the manifest says")
+            view = view[n:]
+        return buf
+    finally:
+        os.close(fd)
+
+
 class FsTier:
     def __init__(self, name: str, root: str, job: str, rank: int = 0) -> None:
         self.name = name
@@ -139,7 +161,7 @@ class FsTier:
                 raise TierError(f"{self.name}: {problem}: refusing to keep checkpoints there")
         self._ready = True
 
-    def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview]) -> None:
+    def commit(self, manifest: Manifest, data: Mapping[str, Buf]) -> None:
         """Write the step and make it visible at once, or raise and leave nothing behind."""
         self.ensure_dir()
         final = os.path.join(self.dir, step_dir(manifest.step))
@@ -213,14 +235,14 @@ class FsTier:
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
 
-    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         """Every shard, each checked against the manifest; CorruptStep names the first bad one."""
         m = self.manifest(step)
-        out = {}
+        out: dict[str, Buf] = {}
         for shard in m.shards:
             path = os.path.join(self.dir, step_dir(step), shard.name)
             try:
-                data = _read_file(path, shard.size)
+                data = _read_shard(path, shard.size)
             except OSError as exc:
                 raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
                                   f"{exc.strerror}") from None

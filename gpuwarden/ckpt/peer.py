@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
@@ -217,7 +218,7 @@ class PeerServer:
                 sock.close()
 
     def _serve(self, req: Any, sock: socket.socket, nonce_s: bytes,
-               nonce_c: bytes) -> tuple[dict[str, Any], list[bytes]]:
+               nonce_c: bytes) -> tuple[dict[str, Any], list[Buf]]:
         if not isinstance(req, dict):
             return {"ok": False, "error": "request is not an object"}, []
         op = req.get("op")
@@ -236,7 +237,7 @@ class PeerServer:
         except (BadName, TierError, CorruptStep) as exc:
             return {"ok": False, "error": str(exc)}, []
 
-    def _get(self, rank: int, step: int) -> tuple[dict[str, Any], list[bytes]]:
+    def _get(self, rank: int, step: int) -> tuple[dict[str, Any], list[Buf]]:
         for tier in (self._own(rank), self._replica(rank)):
             if step in tier.steps():
                 try:
@@ -339,7 +340,7 @@ class PeerTier:
         self.timeout = timeout
         self._where: dict[int, list[Address]] = {}
 
-    def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview]) -> None:
+    def commit(self, manifest: Manifest, data: Mapping[str, Buf]) -> None:
         errors = []
         for addr in self.partners:
             try:
@@ -373,7 +374,7 @@ class PeerTier:
                     self._where.setdefault(s, []).append(addr)
         return sorted(self._where)
 
-    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         problems = []
         for addr in self._where.get(step, []):
             try:
@@ -383,7 +384,7 @@ class PeerTier:
         raise CorruptStep(f"{self.name} step {step}: no peer served a verified copy"
                           + (f" ({'; '.join(problems)})" if problems else ""))
 
-    def _get(self, addr: Address, step: int) -> tuple[Manifest, dict[str, bytes]]:
+    def _get(self, addr: Address, step: int) -> tuple[Manifest, dict[str, Buf]]:
         started = time.monotonic()
         resp, sock, mac = _request(self.key, addr,
                                    {"op": "get", "rank": self.rank, "step": step}, (),
@@ -397,11 +398,11 @@ class PeerTier:
                 raise PeerError(str(exc)) from None
             if (m.job, m.rank, m.step) != (self.job, self.rank, step):
                 raise PeerError(f"peer {addr}: sent {m.job} rank {m.rank} step {m.step}")
-            data = {}
+            data: dict[str, Buf] = {}
             for shard in m.shards:
                 buf = _recv_exact(sock, shard.size)
                 mac.update(buf)
-                data[shard.name] = bytes(buf)
+                data[shard.name] = buf  # a bytearray: the restored array owns it, no copy
         except OSError as exc:
             sock.close()
             raise PeerError(f"peer {addr}: {exc}") from None

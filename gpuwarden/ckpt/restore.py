@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpuwarden.ckpt.codec import decode
+from gpuwarden.ckpt.codec import Buf, decode
 from gpuwarden.ckpt.fstier import CorruptStep
 from gpuwarden.ckpt.manifest import Manifest
 
@@ -24,7 +24,7 @@ class Tier(Protocol):
     name: str
 
     def steps(self) -> list[int]: ...
-    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]: ...
+    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]: ...
 
 
 @dataclass(frozen=True)

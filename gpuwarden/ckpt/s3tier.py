@@ -23,6 +23,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
@@ -66,7 +67,7 @@ class S3Tier:
     def _key(self, step: int, name: str) -> str:
         return f"{self.base}/{step_dir(step)}/{name}"
 
-    def commit(self, manifest: Manifest, data: Mapping[str, bytes | memoryview],
+    def commit(self, manifest: Manifest, data: Mapping[str, Buf],
                progress: Callable[[int], None] | None = None) -> None:
         try:
             for shard in manifest.shards:
@@ -107,14 +108,14 @@ class S3Tier:
             raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
         return data
 
-    def load(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         key = self._key(step, MANIFEST)
         try:
             m = from_json(self._get(key, 16 << 20).decode("utf-8", "replace"),
                           f"s3://{self.s.bucket}/{key}")
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
-        out = {}
+        out: dict[str, Buf] = {}
         for shard in m.shards:
             data = self._get(self._key(step, shard.name), shard.size)
             check_shard(self.name, step, shard, data)
