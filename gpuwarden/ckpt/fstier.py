@@ -72,20 +72,6 @@ def _write_file(path: str, data: Buf) -> None:
         os.close(fd)
 
 
-def _read_file(path: str, limit: int) -> bytes:
-    fd = os.open(path, _READ)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptStep(f"{path}: not a regular file")
-        if st.st_size > limit:
-            raise CorruptStep(f"{path}: {st.st_size} bytes, more than the manifest says")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read(limit + 1)
-    finally:
-        os.close(fd)
-
-
 def _check_spool(tier: str, root: str) -> None:
     """The spool holding every job's directory: a real directory of root's (or ours), and if
     others may write to it, sticky, so that no other user can rename or delete our job's."""
@@ -103,16 +89,17 @@ def _check_spool(tier: str, root: str) -> None:
                         "refusing it; chmod 1777 it")
 
 
-def _read_shard(path: str, size: int) -> bytearray:
-    """Exactly ``size`` bytes, read once into one buffer (restores are read-bound)."""
+def _read_file(path: str, limit: int, exact: bool = False) -> bytearray:
+    """The whole file, read once into one buffer (restores are read-bound), never through a
+    link; at most ``limit`` bytes, or exactly that many when ``exact``."""
     fd = os.open(path, _READ)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise CorruptStep(f"{path}: not a regular file")
-        if st.st_size != size:
-            raise CorruptStep(f"{path}: {st.st_size} bytes, the manifest says {size}")
-        buf = bytearray(size)
+        if st.st_size > limit or (exact and st.st_size != limit):
+            raise CorruptStep(f"{path}: {st.st_size} bytes, the manifest says {limit}")
+        buf = bytearray(st.st_size)
         view = memoryview(buf)
         while view:
             n = os.readv(fd, [view])
@@ -242,7 +229,7 @@ class FsTier:
         for shard in m.shards:
             path = os.path.join(self.dir, step_dir(step), shard.name)
             try:
-                data = _read_shard(path, shard.size)
+                data = _read_file(path, shard.size, exact=True)
             except OSError as exc:
                 raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
                                   f"{exc.strerror}") from None
