@@ -27,6 +27,7 @@ from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
+from gpuwarden.ckpt.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,9 @@ class S3Tier:
 
     def commit(self, manifest: Manifest, data: Mapping[str, Buf],
                progress: Callable[[int], None] | None = None) -> None:
+        if progress is None:
+            progress = Progress(f"{self.name}: uploading step {manifest.step}",
+                                manifest.total_bytes)
         try:
             for shard in manifest.shards:
                 body = io.BytesIO(memoryview(data[shard.name]).cast("B"))
@@ -98,26 +102,38 @@ class S3Tier:
                             f"({exc})") from None
         return sorted(out)
 
-    def _get(self, key: str, limit: int) -> bytes:
+    def _get(self, key: str, limit: int, progress: Progress | None = None) -> Buf:
+        """The object, at most ``limit`` bytes; read in chunks into one buffer that the
+        restored array then owns, reporting progress on the way."""
         try:
             obj = self.s3.get_object(Bucket=self.s.bucket, Key=key)
-            if obj.get("ContentLength", 0) > limit:
+            size = int(obj.get("ContentLength", limit))
+            if size > limit:
                 raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
-            data: bytes = obj["Body"].read(limit + 1)
+            buf = bytearray(size)
+            pos = 0
+            while chunk := obj["Body"].read(8 << 20):
+                if pos + len(chunk) > size:
+                    raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
+                buf[pos:pos + len(chunk)] = chunk
+                pos += len(chunk)
+                if progress is not None:
+                    progress(len(chunk))
         except (BotoCoreError, ClientError) as exc:
             raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
-        return data
+        return buf if pos == size else buf[:pos]
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         key = self._key(step, MANIFEST)
         try:
-            m = from_json(self._get(key, 16 << 20).decode("utf-8", "replace"),
+            m = from_json(bytes(self._get(key, 16 << 20)).decode("utf-8", "replace"),
                           f"s3://{self.s.bucket}/{key}")
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
         out: dict[str, Buf] = {}
+        progress = Progress(f"{self.name}: downloading step {step}", m.total_bytes)
         for shard in m.shards:
-            data = self._get(self._key(step, shard.name), shard.size)
+            data = self._get(self._key(step, shard.name), shard.size, progress)
             check_shard(self.name, step, shard, data)
             out[shard.name] = data
         return m, out

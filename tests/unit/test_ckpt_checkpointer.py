@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.fstier import FsTier
@@ -105,3 +106,17 @@ def test_ckpt_commands_list_verify_clean_up_and_compute_the_interval(tmp_path: P
     assert code == 0 and "Young: every 21.8 min" in out
     code, out = run("ckpt", "ls", "../etc")
     assert code == 1 and "job '../etc'" in out
+
+
+def test_long_transfers_report_progress_at_most_every_few_seconds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gpuwarden.ckpt.progress import Progress
+
+    now = [0.0]
+    p = Progress("s3: uploading step 7", 400 << 20, every_s=5.0, clock=lambda: now[0])
+    caplog.set_level("INFO", "gpuwarden.ckpt.progress")
+    for _ in range(4):
+        now[0] += 2.0
+        p(100 << 20)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["s3: uploading step 7: 300 of 400 MiB (75%), 50 MiB/s"]

@@ -1,0 +1,69 @@
+"""The S3 tier's callers' side, against a dict-backed fake client (the real SeaweedFS is in
+tests/e2e/test_ckpt_core.py and test_ckpt_outages.py)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gpuwarden.ckpt import codec
+from gpuwarden.ckpt.fstier import CorruptStep
+from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.ckpt.restore import restore
+from gpuwarden.ckpt.s3tier import S3Settings, S3Tier
+
+
+class FakeS3:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    def upload_fileobj(self, body: Any, bucket: str, key: str, Config: Any = None,
+                       Callback: Any = None) -> None:
+        data = body.read()
+        self.objects[key] = data
+        if Callback:
+            Callback(len(data))
+
+    def put_object(self, Bucket: str, Key: str, Body: bytes) -> None:
+        self.objects[Key] = Body
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        data = self.objects[Key]
+        return {"ContentLength": len(data), "Body": io.BytesIO(data)}
+
+    def get_paginator(self, _op: str) -> Any:
+        objects = self.objects
+
+        class Pages:
+            def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
+                return [{"Contents": [{"Key": k} for k in sorted(objects)
+                                      if k.startswith(Prefix)]}]
+        return Pages()
+
+
+def test_a_large_step_downloads_in_chunks_bit_identical(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeS3()
+    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake)
+    w = np.arange(5 << 20, dtype=np.float32)  # 20 MiB: several 8 MiB chunks
+    shards, data = codec.encode({"w": w, "tag": b"x"})
+    tier.commit(Manifest("job-1", 3, 1, 0, tuple(shards), time.time(), {}), data)
+    caplog.set_level(logging.INFO)
+    got = restore([tier])
+    assert got is not None and got.step == 3 and np.array_equal(got.state["w"], w)
+    assert got.state["w"].flags.writeable and got.state["tag"] == b"x"
+
+
+def test_an_object_larger_than_its_manifest_says_is_corrupt() -> None:
+    fake = FakeS3()
+    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake)
+    shards, data = codec.encode({"tag": b"abc"})
+    tier.commit(Manifest("job-1", 1, 1, 0, tuple(shards), time.time(), {}), data)
+    key = next(k for k in fake.objects if k.endswith("/tag"))
+    fake.objects[key] = b"abcd"
+    with pytest.raises(CorruptStep, match="larger than the manifest says"):
+        tier.load(1)
