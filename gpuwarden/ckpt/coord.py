@@ -88,6 +88,8 @@ class FileCoordinator:
         self.dir = os.path.join(job_dir, "coord")
         self.rank, self.world_size = rank, world_size
         self._sleep = sleep
+        self.floor_ttl_s = 10.0
+        self._floors: dict[str, tuple[float, int]] = {}
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
 
     def _write(self, name: str, value: Any) -> None:
@@ -150,7 +152,21 @@ class FileCoordinator:
 
     def durable_floor(self, tier: str) -> int | None:
         """The oldest of the ranks' newest steps on ``tier``; None while some rank has none.
-        Per tier: a step on the shared filesystem does not make S3's older copies spare."""
+        Per tier: a step on the shared filesystem does not make S3's older copies spare.
+
+        Read at most every ``floor_ttl_s``: it is one file per rank on the parallel
+        filesystem, and within a run floors only rise, so a cached one deletes less, never
+        more."""
+        now = time.monotonic()
+        cached = self._floors.get(tier)
+        if cached is not None and now - cached[0] < self.floor_ttl_s:
+            return cached[1]
+        floor = self._read_floor(tier)
+        if floor is not None:
+            self._floors[tier] = (now, floor)
+        return floor
+
+    def _read_floor(self, tier: str) -> int | None:
         floor: int | None = None
         for r in range(self.world_size):
             try:

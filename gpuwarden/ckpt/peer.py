@@ -85,24 +85,24 @@ def job_key(job_dir: str) -> bytes:
 def partners(rank: int, hosts: Sequence[str], leaf_of: Mapping[str, str], replicas: int,
              mode: str = "other-leaf") -> list[int]:
     """The ranks that hold this rank's replicas: on other nodes, and by default on another leaf
-    switch (a switch failure then takes out no rank together with its replica). Pure."""
+    switch (a switch failure then takes out no rank together with its replica). With several
+    ranks per node, the i-th rank of a node pairs with the i-th rank of the partner node, so
+    the replicas of one node spread over as many processes as it has ranks. Pure."""
     world = len(hosts)
     mine = hosts[rank]
-    others = [(rank + k) % world for k in range(1, world)]
-    others = [r for r in others if hosts[r] != mine]
+    on: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        on.setdefault(h, []).append(r)
+    local = on[mine].index(rank)
+    order: list[str] = []  # other nodes, nearest after this rank first
+    for k in range(1, world):
+        h = hosts[(rank + k) % world]
+        if h != mine and h not in order:
+            order.append(h)
     if mode == "other-leaf" and mine in leaf_of:
-        far = [r for r in others if leaf_of.get(hosts[r]) != leaf_of[mine]]
-        near = [r for r in others if r not in far]
-        others = far + near
-    out: list[int] = []
-    seen: set[str] = set()
-    for r in others:
-        if hosts[r] not in seen:
-            out.append(r)
-            seen.add(hosts[r])
-        if len(out) == replicas:
-            break
-    return out
+        far = [h for h in order if leaf_of.get(h) != leaf_of[mine]]
+        order = far + [h for h in order if h not in far]
+    return [on[h][local % len(on[h])] for h in order[:replicas]]
 
 
 # ---- wire -----------------------------------------------------------------------------------

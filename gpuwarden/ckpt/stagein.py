@@ -18,10 +18,11 @@ import signal
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.client import check_node_name
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from gpuwarden.config import Config
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DIGITS = re.compile(r"^[0-9]{1,20}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\$?$")
@@ -122,11 +124,35 @@ def _id(environ: Mapping[str, str], name: str) -> int:
     return value
 
 
+_NSS_S = 5.0
+
+
+def _nss(fn: Callable[[], T], what: str) -> T:
+    """A user database lookup (LDAP, SSSD...) with a deadline: in a daemon thread, given up on
+    after ``_NSS_S`` (the thread dies with the prolog)."""
+    box: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+    t = threading.Thread(target=run, name="gpuwarden-nss", daemon=True)
+    t.start()
+    t.join(_NSS_S)
+    if t.is_alive():
+        raise _Malformed(f"{what}: the user database did not answer within {_NSS_S:.0f} s")
+    if errors:
+        raise errors[0]
+    return box[0]
+
+
 def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
     job = _field(environ, "SLURM_JOB_ID", _DIGITS, "digits")
     uid = _id(environ, "SLURM_JOB_UID")
     try:
-        pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+        pw: pwd.struct_passwd | None = _nss(lambda: pwd.getpwuid(uid), f"uid {uid}")
     except KeyError:
         pw = None
     if "SLURM_JOB_GID" in environ:
@@ -143,7 +169,8 @@ def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
             raise _Malformed(f"SLURM_JOB_USER={user!r} is not uid {uid}'s name ({pw.pw_name!r})")
     user = user or (pw.pw_name if pw else "")
     # The user's own groups, as the job will have them; none but the primary without a name.
-    groups = tuple(os.getgrouplist(user, gid)) if user else (gid,)
+    groups = tuple(_nss(lambda: os.getgrouplist(user, gid), f"groups of {user}")) if user \
+        else (gid,)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     try:
         check_node_name(node)

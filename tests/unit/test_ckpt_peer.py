@@ -166,10 +166,12 @@ def test_a_rank_that_never_reports_is_named(tmp_path: Path) -> None:
 def test_retention_keeps_the_step_a_dead_rank_needs(tmp_path: Path) -> None:
     """Rank 1 dies after step 10 is durable; rank 0 trains on to step 50 with keep=2. Step 10
     must survive on rank 0's shared tier: the restart restores it on every rank."""
+    coords = [FileCoordinator(str(tmp_path / "fsx" / "job-7"), r, 2) for r in range(2)]
+    for c in coords:
+        c.floor_ttl_s = 0  # no caching: the test runs in less than its 10 s
     cks = [Checkpointer("job-7", FsTier("shm", str(tmp_path / f"shm{r}"), "job-7", r),
                         [FsTier("fsx", str(tmp_path / "fsx"), "job-7", r)], rank=r,
-                        world_size=2, keep=2,
-                        coord=FileCoordinator(str(tmp_path / "fsx" / "job-7"), r, 2))
+                        world_size=2, keep=2, coord=coords[r])
            for r in range(2)]
     for step in (5, 10):
         for r, ck in enumerate(cks):
@@ -343,3 +345,9 @@ def test_a_step_committed_again_with_other_bytes_replaces_the_old_one_whole(
     got, _ = tier.load(5)
     assert got.shards == newer.shards and tier.steps() == [5]
     assert not [n for n in os.listdir(tier.dir) if n.startswith(".")]
+
+
+def test_ranks_of_one_node_spread_their_replicas_over_the_partner_nodes_ranks() -> None:
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    assert [partners(r, hosts, {}, 1) for r in range(6)] == [[2], [3], [4], [5], [0], [1]]
+    assert partners(1, hosts, {}, 2) == [3, 5]

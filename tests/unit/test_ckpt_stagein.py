@@ -367,3 +367,14 @@ def test_stage_in_keeps_the_prolog_import_path_light() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_user_database_that_does_not_answer_skips_stage_in_in_bounded_time(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """LDAP down must not hang the prolog: the lookup is given up on, staging is skipped."""
+    monkeypatch.setattr(stagein, "_NSS_S", 0.2)
+    monkeypatch.setattr(stagein.pwd, "getpwuid", lambda uid: time.sleep(5))
+    start = time.monotonic()
+    assert stagein.parse_request(CkptConfig(shared_root="/fsx/x"), env_for()) is None
+    assert time.monotonic() - start < 2
+    assert "did not answer" in caplog.text
