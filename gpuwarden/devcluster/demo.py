@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
-from gpuwarden.devcluster.harness import JOBS_DIR, Harness
+from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
 
 Say = Callable[[str], None]
 
@@ -124,23 +123,14 @@ def placement(h: Harness, say: Say) -> None:
     say("")
 
 
-TRAIN = "/opt/gpuwarden/ckpt/train_example.py"
-
-
 def checkpointing(h: Harness, say: Say) -> None:
     say("== 8. Tiered checkpointing: a 4-node training job loses a node and loses nothing ==")
     args = ["--steps", "60", "--every", "5", "--mb", "8"]
-    ref = h.exec("c1", ["python3", TRAIN, "--reference", "4", *args], timeout=120)
-    expected = json.loads(ref.check("reference run").out.strip().splitlines()[-1])
-    job = h.sbatch("-N4", "--gpus-per-node=8", name="train",
-                   script=["/opt/gpuwarden/ckpt/train.sbatch", *args])
+    expected = h.train_reference(4, args)
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args])
     say(f"$ sbatch -N4 --gpus-per-node=8 ckpt/train.sbatch {' '.join(args)}    # job {job}")
-    spool = f"/fsx/gpuwarden-ckpt/job-{job}"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        held = h.sh("slurmctld", f"ls {spool}/rank-00003 2>/dev/null || true").out.split()
-        if "step-000000000010" in held:
-            break
+    while 10 not in h.shared_steps(job, 3) and time.monotonic() < deadline:
         time.sleep(1)
     first = h.exec("slurmctld", ["scontrol", "show", "hostnames",
                                  h.job_fields(job)["NodeList"]]).out.split()
@@ -165,8 +155,7 @@ def checkpointing(h: Harness, say: Say) -> None:
                 "restored step" in line and "rank" in line and "INFO" not in line
                 and " gpuwarden." not in line):
             say(f"    {line}")
-    finals = [h.exec("slurmctld", ["cat", f"{spool}/final-rank-{r}.txt"]).out.strip()
-              for r in range(4)]
+    finals = h.train_finals(job, 4)
     same = "yes" if finals == expected else f"NO: {finals} vs {expected}"
     say(f"Final state bit-identical to an uninterrupted run: {same}")
     say("")

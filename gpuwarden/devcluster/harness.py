@@ -21,6 +21,8 @@ FAKE_DIR = "/var/lib/gpuwarden-fake"
 CKPT_DIR = "/fsx/gpuwarden-ckpt"
 # A training step on fake GPUs, for jobs to `srun` (see docker-cluster/fake-gpu-job).
 FAKE_JOB = "/opt/gpuwarden/docker-cluster/fake-gpu-job"
+TRAIN_EXAMPLE = "/opt/gpuwarden/ckpt/train_example.py"
+TRAIN_SBATCH = "/opt/gpuwarden/ckpt/train.sbatch"
 
 # Run inside a node: edit the fake GPU file or append a kernel-log record in /dev/kmsg format.
 _FAULT_SCRIPT = r"""
@@ -167,6 +169,24 @@ class Harness:
             time.sleep(3.0)
         raise JobWaitError(f"{len(jobs) - len(done)} of {len(jobs)} jobs not finished after "
                            f"{timeout:.0f} s")
+
+    # ---- checkpointing (ckpt/train_example.py) ----------------------------------------------
+    def train_reference(self, world: int, args: Sequence[str]) -> list[str]:
+        """Per-rank checksums of an uninterrupted, checkpoint-free run of the same training."""
+        res = self.exec("c1", ["python3", TRAIN_EXAMPLE, "--reference", str(world), *args],
+                        timeout=120)
+        return list(json.loads(res.check("reference run").out.strip().splitlines()[-1]))
+
+    def train_finals(self, job: int, world: int) -> list[str]:
+        """Per-rank checksums the job wrote when it finished."""
+        return [self.exec("slurmctld", ["cat", f"{CKPT_DIR}/job-{job}/final-rank-{r}.txt"])
+                .check("final checksum").out.strip() for r in range(world)]
+
+    def shared_steps(self, job: int, rank: int) -> list[int]:
+        """Steps of one rank on the shared tier (committed or being committed: a listing)."""
+        out = self.sh("slurmctld", f"ls {CKPT_DIR}/job-{job}/rank-{rank:05d} 2>/dev/null "
+                      "|| true").out.split()
+        return sorted(int(n[5:]) for n in out if n.startswith("step-"))
 
     # ---- placement -----------------------------------------------------------------------------
     def job_fields(self, job_id: int) -> dict[str, str]:

@@ -8,34 +8,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_foundation import wait_for
 
 pytestmark = pytest.mark.timeout(600)
-TRAIN = "/opt/gpuwarden/ckpt/train_example.py"
-TEMPLATE = "/opt/gpuwarden/ckpt/train.sbatch"
-
-
-def reference(h: Harness, world: int, args: list[str]) -> list[str]:
-    ref = h.exec("c1", ["python3", TRAIN, "--reference", str(world), *args], timeout=120)
-    return list(json.loads(ref.check("reference run").out.strip().splitlines()[-1]))
-
-
-def finals(h: Harness, job: int, world: int) -> list[str]:
-    return [h.exec("slurmctld", ["cat", f"/fsx/gpuwarden-ckpt/job-{job}/final-rank-{r}.txt"])
-            .check("final checksum").out.strip() for r in range(world)]
-
-
-def shared_steps(h: Harness, job: int, rank: int) -> list[int]:
-    out = h.sh("slurmctld", f"ls /fsx/gpuwarden-ckpt/job-{job}/rank-{rank:05d} 2>/dev/null "
-               "|| true").out.split()
-    return sorted(int(n[5:]) for n in out if n.startswith("step-"))
 
 
 def s3_env(h: Harness) -> dict[str, str]:
@@ -46,7 +27,7 @@ def s3_env(h: Harness) -> dict[str, str]:
 def test_s3_away_for_a_minute_costs_no_training_and_loses_nothing(cluster: Harness) -> None:
     h = cluster
     env = s3_env(h)
-    config = f"/fsx/jobs/ckpt-s3-{int(time.time())}.toml"
+    config = f"{JOBS_DIR}/ckpt-s3-{int(time.time())}.toml"
     h.sh("slurmctld", f"""cat > {config} <<'EOF'
 [ckpt]
 shared_root = "/fsx/gpuwarden-ckpt"
@@ -56,23 +37,23 @@ part_size_mb = 5
 EOF
 chmod 0644 {config}""").check("job config")
     args = ["--steps", "80", "--every", "5", "--mb", "4", "--step-s", "1", "--config", config]
-    expected = reference(h, 2, args)
+    expected = h.train_reference(2, args)
     creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TEMPLATE, *args],
+    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
                    env=creds)
-    wait_for(lambda: max(shared_steps(h, job, 1), default=0) >= 10, 180, "step 10 durable")
+    wait_for(lambda: max(h.shared_steps(job, 1), default=0) >= 10, 180, "step 10 durable")
     h.stop("s3", timeout=2)
-    away_at = max(shared_steps(h, job, 1))
+    away_at = max(h.shared_steps(job, 1))
     try:
         time.sleep(60)
-        during = max(shared_steps(h, job, 1))
+        during = max(h.shared_steps(job, 1))
     finally:
         h.start("s3")
     # Training went on and the shared filesystem kept every step while S3 was away.
     assert during >= away_at + 30, (away_at, during)
     h.wait_job(job, timeout=400)
-    assert finals(h, job, 2) == expected
-    log = h.exec("slurmctld", ["cat", f"/fsx/jobs/train-{job}.out"]).out
+    assert h.train_finals(job, 2) == expected
+    log = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
     assert "will retry (training goes on)" in log, log[-2000:]
     for rank in range(2):
         listed = h.sh("c1", f"env $(cat /etc/gpuwarden-cluster/s3.env | xargs) gpuwarden "
@@ -85,10 +66,10 @@ def test_tier0_out_of_space_is_a_clear_error_and_the_durable_step_survives(
         cluster: Harness) -> None:
     h = cluster
     args = ["--steps", "20", "--every", "5", "--mb", "8", "--step-s", "1"]
-    expected = reference(h, 1, args)
+    expected = h.train_reference(1, args)
     job = h.sbatch("-N1", "-w", "c3", "--gpus-per-node=8", name="train",
-                   script=[TEMPLATE, *args])
-    wait_for(lambda: 5 in shared_steps(h, job, 0), 120, "step 5 durable")
+                   script=[TRAIN_SBATCH, *args])
+    wait_for(lambda: 5 in h.shared_steps(job, 0), 120, "step 5 durable")
     # Leave 4 MiB of node memory: the next 8 MiB step cannot fit.
     fill = h.sh("c3", "avail=$(df --output=avail -B1 /dev/shm | tail -1); "
                 "fallocate -l $((avail - 4*1024*1024)) /dev/shm/filler && df -h /dev/shm")
@@ -97,7 +78,7 @@ def test_tier0_out_of_space_is_a_clear_error_and_the_durable_step_survives(
         h.wait_job(job, want=("FAILED",), timeout=120)
     finally:
         h.sh("c3", "rm -f /dev/shm/filler")
-    log = h.exec("slurmctld", ["cat", f"/fsx/jobs/train-{job}.out"]).out
+    log = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
     assert re.search(r"memory: out of space writing step 10 .*the previous steps are intact",
                      log), log[-2000:]
     assert "Traceback" not in log
@@ -107,5 +88,5 @@ def test_tier0_out_of_space_is_a_clear_error_and_the_durable_step_survives(
     h.exec("slurmctld", ["scontrol", "requeue", str(job)]).check("requeue")
     h.wait_job(job, timeout=240)
     assert "restored step 5 from" in h.exec("slurmctld",
-                                             ["cat", f"/fsx/jobs/train-{job}.out"]).out
-    assert finals(h, job, 1) == expected
+                                             ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
+    assert h.train_finals(job, 1) == expected

@@ -8,33 +8,20 @@ the ranks save at once, the template requeues the job, and it finishes from that
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes
 
 pytestmark = pytest.mark.timeout(600)
-TRAIN = "/opt/gpuwarden/ckpt/train_example.py"
-TEMPLATE = "/opt/gpuwarden/ckpt/train.sbatch"
-
-
-def reference(h: Harness, args: list[str]) -> list[str]:
-    ref = h.exec("c1", ["python3", TRAIN, "--reference", "4", *args], timeout=120)
-    return list(json.loads(ref.check("reference run").out.strip().splitlines()[-1]))
-
-
-def finals(h: Harness, job: int) -> list[str]:
-    return [h.exec("slurmctld", ["cat", f"/fsx/gpuwarden-ckpt/job-{job}/final-rank-{r}.txt"])
-            .check("final checksum").out.strip() for r in range(4)]
 
 
 def output(h: Harness, job: int) -> str:
-    return h.exec("slurmctld", ["cat", f"/fsx/jobs/train-{job}.out"]).out
+    return h.exec("slurmctld", ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
 
 
 def hostnames(h: Harness, expr: str) -> list[str]:
@@ -46,14 +33,10 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
     # Long enough that the surviving ranks are still training when Slurm notices the dead node
     # (SlurmdTimeout=30 s) and stops them.
     args = ["--steps", "90", "--every", "5", "--mb", "8"]
-    expected = reference(h, args)
-    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[TEMPLATE, *args])
-    shared = f"/fsx/gpuwarden-ckpt/job-{job}"
-
-    def durable_step() -> int:
-        out = h.sh("slurmctld", f"ls {shared}/rank-00003 2>/dev/null || true").out.split()
-        return max((int(n[5:]) for n in out if n.startswith("step-")), default=0)
-    wait_for(lambda: durable_step() >= 10, 180, "step 10 durable on the shared filesystem")
+    expected = h.train_reference(4, args)
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args])
+    wait_for(lambda: max(h.shared_steps(job, 3), default=0) >= 10, 180,
+             "step 10 durable on the shared filesystem")
     first = hostnames(h, h.job_fields(job)["NodeList"])
     # Peer replicas: every rank's steps are also in another node's memory, pushed with the
     # job's key.
@@ -69,7 +52,8 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
     finally:
         h.heal(victim)
     assert victim not in hostnames(h, h.job_fields(job)["NodeList"])
-    assert finals(h, job) == expected, "the resumed run ends bit-identical to an uninterrupted one"
+    assert h.train_finals(job, 4) == expected, \
+        "the resumed run ends bit-identical to an uninterrupted one"
     log = output(h, job)
     restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
     assert len(restored) == 4, log[-2000:]
@@ -87,9 +71,9 @@ def test_the_time_limit_warning_saves_requeues_and_loses_nothing(cluster: Harnes
     the first warning."""
     h = cluster
     args = ["--steps", "100", "--every", "100", "--mb", "4", "--step-s", "0.7"]
-    expected = reference(h, args)
+    expected = h.train_reference(4, args)
     job = h.sbatch("-N4", "--gpus-per-node=8", "--time=2", "--signal=B:USR1@60", name="train",
-                   script=[TEMPLATE, *args])
+                   script=[TRAIN_SBATCH, *args])
     wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 240,
              "the time-limit warning to requeue the job")
     h.wait_job(job, timeout=420)
@@ -101,4 +85,4 @@ def test_the_time_limit_warning_saves_requeues_and_loses_nothing(cluster: Harnes
     assert step % 100 != 0, "saved on the warning, not at a regular checkpoint"
     assert f"restored step {step} from" in log
     assert "requeueing job" in log
-    assert finals(h, job) == expected
+    assert h.train_finals(job, 4) == expected
