@@ -211,15 +211,15 @@ class Checkpointer:
         is durable now (stale values from the abandoned run would move retention's floor)."""
         for tier in (self.tier0, *self.durable):
             try:
-                newer = [s for s in tier.steps() if step is None or s > step]
+                steps = tier.steps()
+                newer = [s for s in steps if step is None or s > step]
                 for s in newer:
                     tier.delete(s)
                 if newer:
                     log.info("%s: dropped steps %s of an earlier run, newer than step %s",
                              tier.name, newer, step)
                 if tier in self.durable:
-                    held = step is not None and step in tier.steps()
-                    self.coord.publish_durable(tier.name, step if held and step is not None
-                                               else -1)
+                    self.coord.publish_durable(
+                        tier.name, step if step is not None and step in steps else -1)
             except Exception as exc:
                 log.warning("%s: cannot drop newer steps of an earlier run: %s", tier.name, exc)

@@ -38,6 +38,7 @@ class Coordinator(Protocol):
     world_size: int
 
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]: ...
+    def propose(self, name: str, value: int) -> int: ...
     def publish_durable(self, tier: str, step: int) -> None: ...
     def durable_floor(self, tier: str) -> int | None: ...
 
@@ -70,6 +71,9 @@ class SoloCoordinator:
 
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]:
         return [value]
+
+    def propose(self, name: str, value: int) -> int:
+        return value
 
     def publish_durable(self, tier: str, step: int) -> None:
         self._durable[tier] = step

@@ -60,6 +60,12 @@ class JobEnv:
     def job(self) -> str:
         return f"job-{self.job_id}"
 
+    @property
+    def run(self) -> str:
+        """This run of the job's ranks (a requeue or a new srun step is another): names the
+        coordination rounds, so a round of an earlier run is never read as this one's."""
+        return f"r{self.restarts}-s{self.step_id}"
+
 
 def _int(environ: Mapping[str, str], key: str, default: str | None = None) -> int:
     raw = environ.get(key, default)
@@ -149,7 +155,7 @@ class JobCheckpointer:
         self.server = PeerServer(key, env.job, cfg.memory_root, keep=cfg.keep,
                                  port=cfg.peer_port)
         me = {"host": host or socket.gethostname(), "port": self.server.port, "node": env.node}
-        every = self.coord.exchange(f"peers-r{env.restarts}-s{env.step_id}", me,
+        every = self.coord.exchange(f"peers-{env.run}", me,
                                     self.cfg.agree_timeout_s)
         addrs, nodes = [], []
         for r, p in enumerate(every):
@@ -176,15 +182,14 @@ class JobCheckpointer:
         their checksums walks back, and then every rank takes that older step too.
         """
         env = self.env
-        base = f"r{env.restarts}-s{env.step_id}"
-        target = agree(self.coord, f"agree-{base}", self.ck.held(), self.cfg.agree_timeout_s)
+        target = agree(self.coord, f"agree-{env.run}", self.ck.held(), self.cfg.agree_timeout_s)
         for attempt in range(4):
             if target is None:
                 self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
                 return None
             got = self.ck.restore(at_most=target)
             reached = -1 if got is None else got.step
-            every = self.coord.exchange(f"restored-{base}-{attempt}", reached,
+            every = self.coord.exchange(f"restored-{env.run}-{attempt}", reached,
                                         self.cfg.agree_timeout_s)
             if not all(isinstance(s, int) for s in every):
                 raise CoordError(f"a rank reported {every!r} as its restored step")
@@ -218,8 +223,7 @@ class JobCheckpointer:
             return None
         if self._stop_at is None:
             env = self.env
-            self._stop_at = self._propose_stop(f"stop-r{env.restarts}-s{env.step_id}",
-                                               step + self.stop_margin)
+            self._stop_at = self.coord.propose(f"stop-{env.run}", step + self.stop_margin)
             if step > self._stop_at:
                 log.error("rank %d: already at step %d, past the agreed stop step %d: saving "
                           "here (the restart falls back to a step every rank holds)", env.rank,
@@ -228,11 +232,6 @@ class JobCheckpointer:
             log.info("rank %d: stop requested at step %d; every rank saves step %d", env.rank,
                      step, self._stop_at)
         return self._stop_at
-
-    def _propose_stop(self, name: str, proposal: int) -> int:
-        if isinstance(self.coord, FileCoordinator):
-            return self.coord.propose(name, proposal)
-        return proposal
 
     def finish(self, step: int | None = None, timeout: float | None = 600.0) -> bool:
         """Wait until ``step`` is durable (if given), then stop the writer and the peer server.
@@ -248,7 +247,7 @@ class JobCheckpointer:
             # Serve the partners' last pushes until every rank is done writing.
             env = self.env
             try:
-                self.coord.exchange(f"finish-r{env.restarts}-s{env.step_id}", env.rank,
+                self.coord.exchange(f"finish-{env.run}", env.rank,
                                     min(self.cfg.agree_timeout_s, 30.0))
             except CoordError as exc:
                 log.warning("rank %d: not every rank finished: %s", env.rank, exc)

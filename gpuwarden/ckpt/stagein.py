@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from gpuwarden.ckpt.coord import newest_common
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.client import check_node_name
 from gpuwarden.slurm.hostlist import HostlistError, expand
@@ -91,13 +92,8 @@ def select(steps_by_rank: Mapping[int, Sequence[int]], world_size: int, nodes: S
     # Checked before ranging over world_size: it comes from a manifest the user wrote.
     if len(steps_by_rank) < world_size:
         return Selection(None, ranks)
-    common: set[int] | None = None
-    for r in range(world_size):
-        held = set(steps_by_rank.get(r, ()))
-        common = held if common is None else common & held
-        if not common:
-            return Selection(None, ranks)
-    return Selection(max(common) if common else None, ranks)
+    return Selection(newest_common([steps_by_rank.get(r, ()) for r in range(world_size)]),
+                     ranks)
 
 
 def span(ranks: Sequence[int]) -> str:
