@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from gpuwarden.ckpt.coord import newest_common
+from gpuwarden.ckpt.progress import Progress
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.client import check_node_name
 from gpuwarden.slurm.hostlist import HostlistError, expand
@@ -40,7 +41,7 @@ _DIGITS = re.compile(r"^[0-9]{1,20}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\$?$")
 _MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to setuid
 _RANK_DIR = re.compile(r"^rank-(\d{5,})$")
-PROGRESS_AFTER_S = 2.0  # per-rank lines go to INFO only once a copy has taken this long
+PROGRESS_AFTER_S = 2.0  # a progress line at most this often, none for a quicker copy
 _MIB = float(1 << 20)
 
 
@@ -340,7 +341,9 @@ def stage(req: Request) -> int:
         except (CorruptStep, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
-    total, copied, start = sum(todo.values()) / _MIB, 0, time.monotonic()
+    start = time.monotonic()
+    progress = Progress(f"stage-in job {req.job_id}: step {step}", sum(todo.values()),
+                        every_s=PROGRESS_AFTER_S)
     for r in todo:
         try:
             manifest, data = FsTier("shared", req.shared_root, req.job, r).load(step)
@@ -352,15 +355,12 @@ def stage(req: Request) -> int:
             _fail(req, r, step, exc)
             failed += 1
             continue
-        copied += manifest.total_bytes
-        took = time.monotonic() - start
-        log.log(logging.INFO if took >= PROGRESS_AFTER_S else logging.DEBUG,
-                "stage-in job %s: rank %d done: %.1f of %.1f MiB in %.1f s, %.0f MiB/s",
-                req.job_id, r, copied / _MIB, total, took, copied / _MIB / max(took, 1e-6))
+        progress(manifest.total_bytes)
     notes = [f"{n} of {len(sel.ranks)} ranks {what}" for n, what in
              ((there, "already there"), (failed, "failed, see above")) if n]
     log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
-             req.job_id, step, span(sel.ranks), req.memory_root, req.shared_root, copied / _MIB,
+             req.job_id, step, span(sel.ranks), req.memory_root, req.shared_root,
+             progress.done / _MIB,
              time.monotonic() - start, f" ({'; '.join(notes)})" if notes else "")
     return 1 if failed else 0
 
