@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -37,25 +37,31 @@ def _listed(tiers_: list[Any]) -> Iterator[tuple[Any, list[int]]]:
             click.echo(f"{t.name:<8} unavailable: {exc}")
 
 
+def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
+    """The JOB argument and --rank option, handed to the command as that rank's tiers."""
+    def command(obj: Any, /, job: str, rank: int, **options: Any) -> None:
+        fn(obj, _tiers_or_exit(obj, job, rank), **options)
+    command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+    command.__dict__.update(fn.__dict__)  # the command's own options (click keeps them there)
+    with_obj = click.pass_obj(command)
+    return click.argument("job")(click.option("--rank", default=0, show_default=True)(with_obj))
+
+
 @ckpt.command("ls")
-@click.argument("job")
-@click.option("--rank", default=0, show_default=True)
-@click.pass_obj
-def ls(obj: Any, job: str, rank: int) -> None:
+@_job_tiers
+def ls(obj: Any, tiers_: list[Any]) -> None:
     """Committed steps of JOB on every configured tier."""
-    for t, steps in _listed(_tiers_or_exit(obj, job, rank)):
+    for t, steps in _listed(tiers_):
         shown = ", ".join(map(str, steps[-10:])) or "none"
         click.echo(f"{t.name:<8} {len(steps)} step(s): {shown}")
 
 
 @ckpt.command("verify")
-@click.argument("job")
-@click.option("--rank", default=0, show_default=True)
-@click.pass_obj
-def verify(obj: Any, job: str, rank: int) -> None:
+@_job_tiers
+def verify(obj: Any, tiers_: list[Any]) -> None:
     """Read every step back and check every shard; exit 1 when any copy is corrupt."""
     bad = 0
-    for t, steps in _listed(_tiers_or_exit(obj, job, rank)):
+    for t, steps in _listed(tiers_):
         for step in steps:
             try:
                 m, _ = t.load(step)
@@ -69,16 +75,14 @@ def verify(obj: Any, job: str, rank: int) -> None:
 
 
 @ckpt.command("gc")
-@click.argument("job")
-@click.option("--rank", default=0, show_default=True)
+@_job_tiers
 @click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
-@click.pass_obj
-def gc(obj: Any, job: str, rank: int, keep: int | None) -> None:
+def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
     """Apply retention (never a tier's newest step), drop crashed temp files and uploads."""
     keep = keep if keep is not None else obj.config_or_exit().ckpt.keep
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1")
-    for t in _tiers_or_exit(obj, job, rank):
+    for t in tiers_:
         try:
             steps = t.steps()
             for s in steps[:-keep]:
