@@ -56,13 +56,17 @@ def main() -> int:
         print("lua5.1 is not installed: apt-get install lua5.1", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        snap_file = Path(tmp) / "snapshot.lua"
+        # As slurmctld loads it: the filter reads its snapshot only from beside itself.
+        snap_file = Path(tmp) / "gpuwarden-placement.lua"
         snap_file.write_text(big_snapshot())
+        snap_file.chmod(0o644)
+        ours_file = Path(tmp) / "job_submit.lua"
+        shutil.copy(FILTER, ours_file)
         trivial = Path(tmp) / "trivial.lua"
         trivial.write_text("function slurm_job_submit(j, p, u) return slurm.SUCCESS end\n")
         size = snap_file.stat().st_size
         base, _ = run(lua, trivial, snap_file, args.calls)
-        ours, reload_ms = run(lua, FILTER, snap_file, args.calls)
+        ours, reload_ms = run(lua, ours_file, snap_file, args.calls)
     print(f"snapshot: {NODES} nodes, {NODES // PER_LEAF} leaf switches, {size / 1024:.0f} KiB")
     print(f"baseline filter (returns SUCCESS): {base:8.2f} us/call")
     print(f"gpuwarden job_submit.lua:          {ours:8.2f} us/call ({ours / base:.1f}x the "

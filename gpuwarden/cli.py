@@ -6,17 +6,19 @@ import importlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import NoReturn
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NoReturn
 
 import click
 
 from gpuwarden import config as configmod
-from gpuwarden import slurmconf
+from gpuwarden import logsetup, slurmconf
 from gpuwarden.errors import ConfigError, NotOurDrainError, SlurmError
-from gpuwarden.slurm.client import CliSlurmClient, SlurmClient
-from gpuwarden.slurm.runner import SubprocessRunner
+from gpuwarden.slurm import bindir
+from gpuwarden.slurm.client import CliSlurmClient, NodeBusyError, SlurmClient
+from gpuwarden.slurm.runner import CommandRunner, DeadlineRunner, SubprocessRunner
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,21 @@ class Context:
     client_factory: Callable[[configmod.Config], SlurmClient] | None = None
     _config: configmod.Config | None = field(default=None, repr=False)
 
+    _from_file: bool = field(default=False, repr=False)
+
     def config(self) -> configmod.Config:
+        """The config; a missing default file means defaults (for the offline commands)."""
         if self._config is None:
             self._config = configmod.load(self.config_path)
+        return self._config
+
+    def config_required(self) -> configmod.Config:
+        """The config for anything that acts on nodes (the hooks, health, nodes, drain,
+        resume): a missing file is as broken as an invalid one (ConfigError)."""
+        if not self._from_file:
+            self._config = configmod.load(self.config_path, missing_ok=False)
+            self._from_file = True
+        assert self._config is not None
         return self._config
 
     def config_or_exit(self) -> configmod.Config:
@@ -46,10 +60,21 @@ class Context:
             _die(str(exc), EXIT_CONFIG)
 
     def client(self) -> SlurmClient:
-        cfg = self.config()
+        return self.client_for(self.config())
+
+    def client_for(self, cfg: configmod.Config, *, use_path: bool = True,
+                   end: float | None = None) -> SlurmClient:
+        """A Slurm client for ``cfg``. Commands are run from the directory bindir.locate finds
+        (checked, at the first call); ``use_path=False`` for what slurmd starts (it passes no
+        PATH); ``end``: one time.monotonic() deadline for every call together."""
         if self.client_factory is not None:
             return self.client_factory(cfg)
-        return CliSlurmClient(cfg.slurm, SubprocessRunner())
+        configured = cfg.slurm.bin_dir
+        runner: CommandRunner = SubprocessRunner(
+            lambda: bindir.locate(configured, use_path=use_path).path)
+        if end is not None:
+            runner = DeadlineRunner(runner, end)
+        return CliSlurmClient(replace(cfg.slurm, bin_dir=""), runner)
 
 
 def _die(message: str, code: int) -> NoReturn:
@@ -89,8 +114,7 @@ class _LazyGroup(click.Group):
 def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
     """gpuwarden: health gating, lemon-node draining, topology placement and tiered
     checkpointing for Slurm GPU clusters."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logsetup.setup_stderr(verbose)
     obj = ctx.ensure_object(Context)
     if config_path is not None:
         obj.config_path = config_path
@@ -106,31 +130,39 @@ def config_group() -> None:
 @click.argument("path", required=False)
 @click.pass_obj
 def config_check(obj: Context, path: str | None) -> None:
-    """Validate PATH (default: the configured file). Exit 2 when it is invalid."""
+    """Validate PATH (default: the configured file), and that Slurm's commands can be found
+    without PATH (as slurmd runs the hooks). Exit 2 when it is invalid."""
     target = configmod.config_path(path or obj.config_path)
     try:
-        configmod.load(target, missing_ok=False)
+        cfg = configmod.load(target, missing_ok=False)
     except ConfigError as exc:
         _die(str(exc), EXIT_CONFIG)
-    click.echo(f"{target}: OK")
+    try:
+        place = bindir.locate(cfg.slurm.bin_dir, use_path=False)
+    except SlurmError as exc:
+        _die(f"{target}: slurm.bin_dir: {exc}", EXIT_CONFIG)
+    click.echo(f"{target}: OK (Slurm commands: {place.path}, {place.how})")
 
 
 @config_group.command("show")
 @click.pass_obj
 def config_show(obj: Context) -> None:
-    """Print the effective configuration, defaults included, as TOML."""
+    """Print the effective configuration, defaults included, as TOML (all defaults when the
+    file does not exist yet: how the admin guide makes the first one)."""
     try:
         cfg = obj.config()
     except ConfigError as exc:
         _die(str(exc), EXIT_CONFIG)
-    click.echo(f"# effective configuration ({configmod.config_path(obj.config_path)})")
+    where = configmod.config_path(obj.config_path)
+    absent = "" if where.exists() else ": absent, these are the defaults"
+    click.echo(f"# effective configuration ({where}{absent})")
     click.echo(configmod.dumps(cfg), nl=False)
 
 
 # ---- nodes ----------------------------------------------------------------------------------
 def _client_or_die(obj: Context) -> SlurmClient:
     try:
-        return obj.client()
+        return obj.client_for(obj.config_required())
     except ConfigError as exc:
         _die(str(exc), EXIT_CONFIG)
 
@@ -139,35 +171,71 @@ def _client_or_die(obj: Context) -> SlurmClient:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_obj
 def nodes_cmd(obj: Context, as_json: bool) -> None:
-    """List nodes with their state, reason and who set the reason."""
+    """List nodes with their state, reason and who set the reason, and the nodes whose health
+    gating is off or whose health verdict is stale (from each node's marker in Slurm)."""
+    from gpuwarden.health import marker  # noqa: PLC0415
+
     client = _client_or_die(obj)
     try:
         nodes = client.nodes()
     except SlurmError as exc:
         _die(str(exc), 1)
+    now = time.time()
     if as_json:
-        rows = [{**asdict(n), "owner": n.owner} for n in nodes]
+        rows = [{**asdict(n), "owner": n.owner, "health": _health_json(marker, n.extra, now)}
+                for n in nodes]
         click.echo(json.dumps(rows, indent=2))
         return
     width = max([4, *(len(n.name) for n in nodes)])
     click.echo(f"{'NODE':<{width}}  {'STATE':<16} {'SET BY':<10} REASON")
+    flagged = 0
     for n in nodes:
         line = f"{n.name:<{width}}  {n.state_text:<16} {n.owner or '-':<10} {n.reason or '-'}"
         if n.comment.startswith("gpuwarden: would drain"):
             # Held back by the blast-radius cap: the evidence is in the node comment.
             line += f"  [{n.comment.removeprefix('gpuwarden: ')}]"
+        note = marker.describe(marker.decode(n.extra), now)
+        if note:
+            flagged += 1
+            line += f"  [{note}]"
         click.echo(line)
+    if flagged:
+        click.echo(f"gpuwarden: health gating is off or stale on {flagged} node(s): see "
+                   "`gpuwarden health selftest` and the node's syslog", err=True)
+
+
+def _health_json(marker: Any, extra: str, now: float) -> dict[str, Any] | None:
+    m = marker.decode(extra)
+    if m is None:
+        return None
+    return {**m.to_json(), "note": marker.describe(m, now)}
 
 
 @cli.command("drain")
 @click.argument("node")
 @click.option("--reason", required=True, help="why; stored as 'gpuwarden: REASON'")
+@click.option("--replace", is_flag=True,
+              help="replace the reason of a drain gpuwarden already made (default: keep it)")
 @click.pass_obj
-def drain_cmd(obj: Context, node: str, reason: str) -> None:
-    """Drain NODE with a gpuwarden reason (refused over someone else's drain)."""
+def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
+    """Drain NODE with a gpuwarden reason (refused over someone else's drain).
+
+    A node gpuwarden already drained keeps its reason, the first evidence, unless --replace."""
+    from gpuwarden.health.reasons import HEALTH_TAG, names_the_tag  # noqa: PLC0415
+
+    if names_the_tag(reason):
+        # Health gating auto-resumes drains whose reason ends with its tag.
+        _die(f"a reason ending in {HEALTH_TAG} is reserved for health gating's own drains",
+             EXIT_CONFIG)
     client = _client_or_die(obj)
     try:
-        client.drain(node, reason)
+        client.drain(node, reason, in_service_only=not replace)
+    except NodeBusyError:
+        # Only gpuwarden's own drains get here (anyone else's is NotOurDrainError below).
+        kept = client.node(node).reason
+        click.echo(f"{node}: already drained by gpuwarden, reason kept (the first evidence): "
+                   f"{kept}; use --replace to change it")
+        return
     except NotOurDrainError as exc:
         _die(str(exc), EXIT_REFUSED)
     except (SlurmError, ValueError) as exc:
@@ -223,6 +291,9 @@ def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
 
 
 def main() -> int:
+    # Errors also to syslog/the journal: what slurmd starts exits 0 on them, and Slurm shows
+    # the stderr of a hook only when it fails.
+    logsetup.add_syslog()
     try:
         cli.main(standalone_mode=False, obj=Context())
     except click.exceptions.Abort:

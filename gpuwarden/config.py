@@ -39,7 +39,7 @@ class SlurmConfig:
         require(
             self.bin_dir == "" or self.bin_dir.startswith("/"),
             "bin_dir",
-            "an absolute directory, or empty to use PATH",
+            "an absolute directory, or empty to find Slurm's commands without PATH",
         )
         require(0 < self.command_timeout_s <= 600, "command_timeout_s", "a number in (0, 600]")
         require(0 <= self.retries <= 10, "retries", "an integer from 0 to 10")

@@ -2,28 +2,101 @@
 --
 -- slurmctld runs this under its locks, one call at a time (Lua 5.1). So it does no subprocess,
 -- no network, no Slurm call: it reads a snapshot file that `gpuwarden placement daemon` writes
--- (a Lua table, replaced atomically), at most once every CHECK_EVERY seconds and only when its
--- generation line changed, and looks things up in it.
+-- (replaced atomically), at most once every CHECK_EVERY seconds and only when its generation
+-- line changed, and looks things up in it.
 --
 -- For a multi-node GPU job it sets req_switch to the fewest leaf switches that can hold the
 -- job and wait4switch from the partition's policy, adds suspect and lemon nodes to exc_nodes
--- (merged with the user's own), and records the decision in admin_comment. What the user asked
--- for explicitly (--switches, --nodelist, --contiguous, --exclude) is kept.
+-- (merged with the user's own) when the job can still run without them, and records the
+-- decision in admin_comment. What the user asked for explicitly (--switches, --nodelist,
+-- --contiguous, --exclude, --reservation) is kept.
 --
--- It never rejects a job: any error, a missing, corrupt or stale snapshot, and the job goes
--- through unchanged, with one log line.
+-- It never rejects a job: any error, a missing, corrupt, stale or unsafe snapshot, and the job
+-- goes through unchanged, with one log line.
+--
+-- The snapshot is data, never code: it is parsed line by line with anchored patterns, under a
+-- byte cap and an item cap, so no file can make slurmctld allocate without bound. It is read
+-- only from this file's own directory (the one slurmctld already trusts for the code it runs),
+-- and with lua-filesystem only if it and that directory are owned by root or by slurmctld's
+-- user and writable by no one else; a link, FIFO or device is never opened.
 --
 -- Install: copy or link as job_submit.lua beside slurm.conf; JobSubmitPlugins=lua.
 
-local SNAPSHOT = gpuwarden_snapshot_path or "/etc/slurm/gpuwarden-placement.lua"
+-- The directory Slurm loaded this file from ("@/etc/slurm/job_submit.lua"): slurm.conf's.
+local HERE = string.match(debug.getinfo(1, "S").source, "^@(/.*)/[^/]+$")
+local SNAPSHOT = gpuwarden_snapshot_path or (HERE and HERE .. "/gpuwarden-placement.lua")
 local CHECK_EVERY = gpuwarden_check_every or 2
 local NO_VAL = 4294967294
 local REQUIRED_WAIT = 604800 -- "required": as long as Slurm's max_switch_wait allows
+local MAX_BYTES = 4 * 1024 * 1024 -- snapshot.MAX_BYTES; 10,000 nodes take about 8 KiB
+local MAX_ITEMS = 100000 -- partitions + capacity entries + exclusion groups
+local FORMAT_LINE = "format 2"
 
-local cache = { snap = nil, generation = nil, written = 0, checked = nil, err = "not read yet" }
+local cache = { snap = nil, generation = nil, written = 0, checked = nil, err = "not read yet",
+                warned = false }
+
+local lfs = nil
+if not gpuwarden_no_lfs then
+  local ok, mod = pcall(require, "lfs")
+  lfs = ok and type(mod) == "table" and mod or nil
+end
+
+local function my_uid()
+  local f = io.open("/proc/self/status", "r")
+  if not f then
+    return nil
+  end
+  local status = f:read(4096) or ""
+  f:close()
+  return tonumber(string.match(status, "\nUid:%s+%d+%s+(%d+)")) -- the effective uid
+end
+local MY_UID = my_uid()
+
+local function unsafe_attrs(what, a, kind)
+  if not a then
+    return what .. " is missing"
+  end
+  if a.mode ~= kind then
+    return string.format("%s is a %s, not a %s", what, tostring(a.mode), kind)
+  end
+  if a.uid ~= 0 and a.uid ~= MY_UID then
+    return string.format("%s is owned by uid %s, not by root or slurmctld's user", what,
+      tostring(a.uid))
+  end
+  local perm = a.permissions or ""
+  if string.sub(perm, 5, 5) ~= "-" or string.sub(perm, 8, 8) ~= "-" then
+    return string.format("%s is writable by group or others (%s)", what, perm)
+  end
+  return nil
+end
+
+-- Why the snapshot at `path` must not be trusted, or nil.
+local function path_problem(path)
+  if not path then
+    return "cannot be found: job_submit.lua was not loaded from an absolute path"
+  end
+  local dir = string.match(path, "^(/.*)/[^/]+$")
+  if dir == nil or dir ~= HERE then
+    return "is not beside job_submit.lua (" .. tostring(HERE) .. "); refused"
+  end
+  if not lfs then
+    return nil
+  end
+  local problem = unsafe_attrs("its directory", lfs.attributes(dir), "directory")
+  if problem then
+    return problem
+  end
+  local a = lfs.symlinkattributes(path) -- lstat: a link or FIFO is refused, never opened
+  if not a then
+    return "missing"
+  end
+  return unsafe_attrs("the file", a, "file")
+end
 
 -- The first line: "-- gpuwarden placement snapshot generation G written T". The daemon
 -- rewrites the file every few seconds; G changes only when the content does, T every time.
+local HEADER = "^%-%- gpuwarden placement snapshot generation (%d+) written (%d+)\n"
+
 local function read_header(path)
   local f = io.open(path, "r")
   if not f then
@@ -31,76 +104,150 @@ local function read_header(path)
   end
   local head = f:read(256) -- a bounded read: the header is one short line
   f:close()
-  local line = head and string.match(head, "^[^\n]*")
-  local gen, written
-  if line then
-    gen, written = string.match(line,
-      "^%-%- gpuwarden placement snapshot generation (%d+) written (%d+)$")
-  end
+  local gen, written = string.match(head or "", HEADER)
   if not gen then
     return nil, "has no generation line (corrupt?)"
   end
   return tonumber(gen), tonumber(written)
 end
 
-local MAX_BYTES = 8 * 1024 * 1024
-local MAX_STEPS = 50000000 -- VM instructions; a real snapshot needs a tiny fraction
+local MODES = { required = true, preferred = true, off = true }
+local NAMES = "^[%w_.@+%-]+$" -- a node or partition name as the daemon writes it
 
-local function evaluate(chunk)
-  -- The file is data: no globals (empty environment), no string methods (the shared string
-  -- metatable), and a budget of instructions, so that even a hostile file cannot loop or grow
-  -- without end inside slurmctld.
-  setfenv(chunk, {})
-  local co = coroutine.create(chunk)
-  debug.sethook(co, function() error("snapshot takes too long to evaluate") end, "", MAX_STEPS)
-  local strmeta = getmetatable("")
-  local index = strmeta.__index
-  strmeta.__index = nil
-  local ok, ran, value = pcall(coroutine.resume, co)
-  strmeta.__index = index
-  if not ok then
-    return false, ran
+local function parse_partition(line, snap, budget)
+  local name, mode, wait, min_nodes, shadow, healthy, cap = string.match(line,
+    "^partition (%S+) mode=(%a+) wait=(%d+) min_nodes=(%d+) shadow=([01]) healthy=(%d+) "
+    .. "capacity=([%d,]*)$")
+  if not name or not MODES[mode] or not string.match(name, NAMES) or snap.partitions[name] then
+    return nil, "not a valid partition line"
   end
-  return ran, value
+  local capacity = {}
+  for c in string.gmatch(cap, "%d+") do
+    if #capacity >= budget then
+      return nil, string.format("more than %d items", MAX_ITEMS)
+    end
+    capacity[#capacity + 1] = tonumber(c)
+  end
+  if table.concat(capacity, ",") ~= cap then
+    return nil, "capacity is not a list of numbers"
+  end
+  snap.partitions[name] = { mode = mode, wait = tonumber(wait), min_nodes = tonumber(min_nodes),
+    shadow = shadow == "1", healthy = tonumber(healthy), capacity = capacity, avoid = {} }
+  return 1 + #capacity
+end
+
+local function parse_avoid(line, snap)
+  local part, keep, nodes = string.match(line, "^avoid (%S+) keep=(%d+) nodes=(%S+)$")
+  local view = part and snap.partitions[part]
+  if not view or string.find(nodes, "[^%w_.@+%-,]") or string.find(nodes, ",,")
+      or string.find(nodes, "^,") or string.find(nodes, ",$") then
+    return nil, "not a valid avoid line (after its partition)"
+  end
+  view.avoid[#view.avoid + 1] = { keep = tonumber(keep), nodes = nodes }
+  return 1
+end
+
+-- One record a line after the two comment lines; "end" last. Nothing is executed, only
+-- anchored patterns (linear in the line) run, and what is kept is capped by MAX_ITEMS.
+local function parse(data)
+  local gen, written = string.match(data, HEADER)
+  if not gen then
+    return nil, "has no generation line (corrupt?)"
+  end
+  if string.sub(data, -5) ~= "\nend\n" then
+    return nil, "cannot parse: incomplete (no end line)"
+  end
+  local snap = { generation = tonumber(gen), written = tonumber(written), partitions = {} }
+  local items, lineno = 0, 0
+  for line in string.gmatch(data, "([^\n]*)\n") do
+    lineno = lineno + 1
+    local n, err = 0, nil
+    if lineno <= 2 then
+      n = string.match(line, "^%-%- ") and 0 or nil
+      err = "not a comment line"
+    elseif lineno == 3 then
+      n = line == FORMAT_LINE and 0 or nil
+      err = "not a " .. FORMAT_LINE .. " snapshot (from another gpuwarden version?)"
+    elseif string.sub(line, 1, 10) == "partition " then
+      n, err = parse_partition(line, snap, MAX_ITEMS - items)
+    elseif string.sub(line, 1, 6) == "avoid " then
+      n, err = parse_avoid(line, snap)
+    elseif string.match(line, "^why [%w_.@+%-]+ ") then
+      n = 0 -- for people and `explain`; the filter needs none of it
+    elseif string.match(line, "^stale_after %d+$") then
+      snap.stale_after = tonumber(string.sub(line, 13))
+    elseif string.match(line, "^kind %a+$") then
+      snap.kind = string.sub(line, 6)
+    elseif string.match(line, "^default_partition [%w_.@+%-]+$") then
+      snap.default_partition = string.sub(line, 19)
+      if snap.default_partition == "-" then
+        snap.default_partition = ""
+      end
+    elseif line == "end" then
+      n = 0
+    else
+      n, err = nil, "not a snapshot record"
+    end
+    if not n then
+      return nil, string.format("cannot parse: line %d: %s", lineno, err)
+    end
+    items = items + n
+    if items > MAX_ITEMS then
+      return nil, string.format("cannot parse: more than %d items", MAX_ITEMS)
+    end
+  end
+  if not snap.stale_after or not snap.kind or not snap.default_partition then
+    return nil, "cannot parse: stale_after, kind or default_partition is missing"
+  end
+  return snap
 end
 
 local function load_snapshot(path)
+  local problem = path_problem(path)
+  if problem then
+    return nil, problem
+  end
   local f = io.open(path, "r")
   if not f then
     return nil, "missing"
   end
-  local size = f:seek("end")
+  local data = f:read(MAX_BYTES + 1) or "" -- never more than the cap, whatever the file does
   f:close()
-  if not size or size > MAX_BYTES then
-    return nil, "too large (" .. tostring(size) .. " bytes)"
+  if #data > MAX_BYTES then
+    return nil, string.format("too large (over %d bytes)", MAX_BYTES)
   end
-  local chunk, err = loadfile(path)
-  if not chunk then
-    return nil, "cannot parse: " .. tostring(err)
+  return parse(data)
+end
+
+local function unverified_note()
+  if lfs or cache.warned then
+    return
   end
-  local ok, snap = evaluate(chunk)
-  if not ok then
-    return nil, "cannot evaluate: " .. tostring(snap)
-  end
-  if type(snap) ~= "table" or snap.version ~= 1 or type(snap.partitions) ~= "table"
-      or type(snap.stale_after) ~= "number" or type(snap.generation) ~= "number" then
-    return nil, "not a version 1 snapshot"
-  end
-  return snap
+  cache.warned = true
+  slurm.log_info("gpuwarden placement: lua-filesystem is not installed, so the owner and mode "
+    .. "of %s are not checked here (only that it is beside job_submit.lua); the daemon "
+    .. "checks them when it writes. Install lua-filesystem for Lua 5.1 to check both.",
+    tostring(SNAPSHOT))
 end
 
 local function current(now)
   if cache.checked == nil or now - cache.checked >= CHECK_EVERY or now < cache.checked then
     cache.checked = now
-    local gen, written = read_header(SNAPSHOT)
+    local problem = path_problem(SNAPSHOT)
+    local gen, written = nil, problem
+    if not problem then
+      gen, written = read_header(SNAPSHOT)
+    end
     if not gen then
       cache.snap, cache.generation, cache.err = nil, nil, written
     else
       cache.written = written
       if gen ~= cache.generation then
+        unverified_note()
         local snap, err = load_snapshot(SNAPSHOT)
         cache.snap, cache.err = snap, err
-        cache.generation = snap and gen or nil
+        cache.generation = snap and snap.generation or nil
+        cache.written = snap and snap.written or written
       end
     end
   end
@@ -131,6 +278,100 @@ local function wants_gpus(job)
   return false
 end
 
+-- How many names a hostlist ("c[1-4,7],d5") names at most, or nil when it cannot tell.
+-- Mirrors decide.py's count_names; duplicates count, which only makes the check stricter.
+local function count_names(expr)
+  if expr == "" then
+    return 0
+  end
+  if not string.find(expr, "[%[%]]") then -- plain names: the common case, per submit
+    if string.find(expr, ",,", 1, true) or string.sub(expr, 1, 1) == "," then
+      return nil
+    end
+    local _, commas = string.gsub(expr, ",", ",")
+    return string.sub(expr, -1) == "," and commas or commas + 1
+  end
+  local total, pos, n = 0, 1, #expr
+  while pos <= n do
+    local count, seen = 1, false
+    while pos <= n and string.sub(expr, pos, pos) ~= "," do
+      seen = true
+      local c = string.sub(expr, pos, pos)
+      if c == "]" then
+        return nil
+      elseif c ~= "[" then
+        pos = pos + 1
+      else
+        local close = string.find(expr, "]", pos, true)
+        if not close then
+          return nil
+        end
+        local width = 0
+        for part in string.gmatch(string.sub(expr, pos + 1, close - 1) .. ",", "([^,]*),") do
+          local lo, hi = string.match(part, "^(%d+)%-(%d+)$")
+          if lo then
+            if tonumber(hi) < tonumber(lo) then
+              return nil
+            end
+            width = width + tonumber(hi) - tonumber(lo) + 1
+          elseif string.match(part, "^%d+$") then
+            width = width + 1
+          else
+            return nil
+          end
+        end
+        count = count * width
+        pos = close + 1
+      end
+    end
+    if not seen then
+      return nil
+    end
+    total = total + count
+    pos = pos + 1
+  end
+  return total
+end
+
+-- The merged exc_nodes, or nil: never a set that could leave the job unrunnable. A group of
+-- suspects (one node kind) is excluded only if that kind keeps enough nodes for the job even
+-- with every node the user excluded taken from it too.
+local function exclusions(view, job, min_nodes, notes)
+  if job.partition ~= nil and string.find(job.partition, ",", 1, true) then
+    table.insert(notes, "several partitions: suspects not excluded")
+    return nil
+  end
+  local user = job.exc_nodes
+  if user == nil then
+    user = ""
+  end
+  local mine = count_names(user)
+  if mine == nil then
+    table.insert(notes, "--exclude not understood: suspects not excluded")
+    return nil
+  end
+  local take, kept = {}, {}
+  for _, g in ipairs(view.avoid) do
+    if g.keep - mine >= min_nodes then
+      take[#take + 1] = g.nodes
+    else
+      kept[#kept + 1] = g.nodes
+    end
+  end
+  if #kept > 0 then
+    table.insert(notes, "not excluded " .. table.concat(kept, ",") .. ": too few nodes like them")
+  end
+  if #take == 0 then
+    return nil
+  end
+  local ours = #take == 1 and take[1] or table.concat(take, ",")
+  table.insert(notes, "exclude " .. ours)
+  if user ~= "" then
+    return user .. "," .. ours
+  end
+  return ours
+end
+
 -- The same decision as gpuwarden/placement/decide.py (tests run both on the same cases).
 local function decide(snap, job)
   local part = job.partition
@@ -153,12 +394,19 @@ local function decide(snap, job)
   if min_nodes < view.min_nodes or not wants_gpus(job) then
     return { action = "pass", why = "not a gang job" }
   end
-  local k, total = nil, 0
-  for i, c in ipairs(view.capacity) do
-    total = total + c
-    if total >= min_nodes then
-      k = i
-      break
+  if job.reservation ~= nil and job.reservation ~= "" then
+    -- Its nodes are the reservation's: an exclusion could leave too few of them for good.
+    return { action = "pass", why = "--reservation kept" }
+  end
+  local k = nil
+  if min_nodes <= view.healthy then
+    local total = 0
+    for i, c in ipairs(view.capacity) do
+      total = total + c
+      if total >= min_nodes then
+        k = i
+        break
+      end
     end
   end
   local d = { notes = {} }
@@ -179,14 +427,8 @@ local function decide(snap, job)
     d.wait = view.mode == "required" and REQUIRED_WAIT or view.wait
     table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait))
   end
-  if view.exclude ~= "" and (job.req_nodes == nil or job.req_nodes == "") and k ~= nil then
-    local mine = job.exc_nodes
-    if mine ~= nil and mine ~= "" then
-      d.exc = mine .. "," .. view.exclude
-    else
-      d.exc = view.exclude
-    end
-    table.insert(d.notes, "exclude " .. view.exclude)
+  if #view.avoid > 0 and (job.req_nodes == nil or job.req_nodes == "") and k ~= nil then
+    d.exc = exclusions(view, job, min_nodes, d.notes)
   end
   d.why = table.concat(d.notes, "; ")
   if d.switches == nil and d.exc == nil then
@@ -273,4 +515,5 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
 end
 
 -- For tests and the microbenchmark (never called by slurmctld).
-gpuwarden_placement = { decide = decide, current = current, cache = cache, load = load_snapshot }
+gpuwarden_placement = { decide = decide, current = current, cache = cache, load = load_snapshot,
+  count_names = count_names }

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuwarden.errors import NotOurDrainError
-from gpuwarden.slurm.client import gpuwarden_reason, refuse_unless_ours
-from gpuwarden.slurm.models import Node
+from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
+from gpuwarden.slurm.models import Node, NodeView
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError
 
 Handler = Callable[[Sequence[str]], CommandResult]
@@ -67,16 +67,34 @@ class FakeSlurm:
     def node(self, name: str) -> Node:
         return self.table[name]
 
-    def drain(self, name: str, reason: str) -> None:
+    def out_of_service(self, also: Sequence[str] = ()) -> NodeView:
+        return NodeView(tuple(n for n in self.table.values() if n.unavailable or n.name in also),
+                        int(self.now))
+
+    def partition_sizes(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for n in self.table.values():
+            for p in n.partitions:
+                sizes[p] = sizes.get(p, 0) + 1
+        return sizes
+
+    def drain(self, name: str, reason: str, *, in_service_only: bool = False) -> None:
         refuse_unless_ours(self.table[name], "drain")
+        if in_service_only and (self.table[name].drained or self.table[name].down):
+            raise NodeBusyError(f"{name} is already out of service")
         self.table[name] = replace(self.table[name], state=("IDLE", "DRAIN"),
                                    reason=gpuwarden_reason(reason), reason_changed_at=int(self.now))
         self.log.append(f"drain {name}")
 
-    def resume(self, name: str) -> bool:
+    def resume(self, name: str, *, expect_reason: str | None = None) -> bool:
+        if expect_reason is not None and self.table[name].reason != expect_reason:
+            raise NotOurDrainError(f"reason of {name} is not {expect_reason!r}")
         self.table[name] = replace(self.table[name], state=("IDLE",), reason="")
         self.log.append(f"resume {name}")
         return True
+
+    def set_extra(self, name: str, text: str) -> None:
+        self.table[name] = replace(self.table[name], extra=text)
 
     def set_comment(self, name: str, text: str) -> None:
         current = self.table[name].comment

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import time
+import tomllib
 from dataclasses import replace
 from typing import Any
 
 import click
 
+from gpuwarden.config import Config
 from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.health import entry
 from gpuwarden.health.model import Status, Verdict
-from gpuwarden.slurm.client import CliSlurmClient
-from gpuwarden.slurm.runner import DeadlineRunner, SubprocessRunner
+from gpuwarden.health.store import Store
+
+log = logging.getLogger(__name__)
+
+# slurmd kills a HealthCheckProgram after 60 s: the whole run, Slurm calls included, ends by
+# this, and a watchdog stops it a few seconds later wherever it is stuck.
+HEALTHCHECK_LIMIT_S = 45.0
+WATCHDOG_GRACE_S = 5.0
+# A node whose config is broken still says so in Slurm, within this.
+CONFIG_OFF_LIMIT_S = 10.0
 
 
 @click.group("health")
@@ -22,22 +34,69 @@ def health() -> None:
     """GPU and node health checks (prolog, epilog, HealthCheckProgram, by hand)."""
 
 
+def run_limit(what: str, budget: float) -> float:
+    """Seconds the whole entry point may take: checks get up to the budget, all Slurm calls
+    together one more budget; the health check also ends well before Slurm's 60 s kill."""
+    limit = 2 * budget
+    return min(limit, HEALTHCHECK_LIMIT_S) if what == "health check" else limit
+
+
 def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
-    # A broken config must never fail jobs or drain nodes fleet-wide: log it, exit 0.
+    start = time.monotonic()
+    # Missing or broken config: one rule for the hooks. Fail open (exit 0, never fail a job
+    # or drain a node on it), but loudly: syslog error, self-error metric, marker in Slurm.
     try:
-        cfg = obj.config()
+        cfg = obj.config_required()
     except ConfigError as exc:
-        click.echo(f"gpuwarden {what}: {exc}; health gating skipped", err=True)
-        return 0
-    # Checks get the budget; all Slurm calls together get one more budget (one retry each), so
-    # a slow controller cannot stretch an entry point past 2 x budget + settle_s.
+        return _config_failed(obj, what, exc)
     budget = getattr(cfg.health, budget_key)
+    end = start + run_limit(what, budget)
     slurm = replace(cfg.slurm, command_timeout_s=min(cfg.slurm.command_timeout_s, budget),
                     retries=min(cfg.slurm.retries, 1))
-    runner = DeadlineRunner(SubprocessRunner(), time.monotonic() + 2 * budget)
-    client = CliSlurmClient(slurm, runner) if obj.client_factory is None else obj.client()
-    env = entry.Env(config=cfg, client=client, environ=entry.environ())
-    return entry.safe(lambda: fn(env), what, on_error=0)
+    client = obj.client_for(replace(cfg, slurm=slurm), use_path=False, end=end)
+    env = entry.Env(config=cfg, client=client, environ=entry.environ(), end=end)
+    return entry.run(env, fn, what, watchdog_s=end - time.monotonic() + WATCHDOG_GRACE_S)
+
+
+def salvage_prom_dir(path: str) -> str:
+    """`[health] prom_dir` from a config that failed validation elsewhere, if it can be read:
+    the self-error metric should reach node_exporter even then."""
+    try:
+        with open(path, "rb") as f:
+            value = tomllib.load(f).get("health", {}).get("prom_dir", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return value if isinstance(value, str) and os.path.isabs(value) else ""
+
+
+def _config_failed(obj: Any, what: str, exc: ConfigError) -> int:
+    log.error("gpuwarden %s: %s; health gating skipped: it is OFF on this node until the "
+              "config is fixed (run `gpuwarden config check`)", what, exc)
+    prom = salvage_prom_dir(exc.path)
+    if prom:
+        try:
+            Store("", prom).save_self({"config": str(exc)}, time.time())
+        except GpuwardenError as err:
+            log.error("%s", err)
+    if what == "health check":
+        _mark_config_off(obj, exc)
+    return 0
+
+
+def _mark_config_off(obj: Any, exc: ConfigError) -> None:
+    """Say in the node's Slurm marker that gating is off, with the default Slurm settings."""
+    cfg = Config()
+    end = time.monotonic() + CONFIG_OFF_LIMIT_S
+    slurm = replace(cfg.slurm, command_timeout_s=CONFIG_OFF_LIMIT_S / 2, retries=0)
+    env = entry.Env(config=cfg, client=obj.client_for(replace(cfg, slurm=slurm), use_path=False,
+                                                      end=end),
+                    environ=entry.environ(), end=end)
+    env.problems["config"] = str(exc)
+    try:
+        with entry.watchdog(CONFIG_OFF_LIMIT_S + WATCHDOG_GRACE_S):
+            entry.publish_marker(env, env.client.node(env.node), Status.UNKNOWN.name, time.time())
+    except (GpuwardenError, entry.DeadlineExceeded) as err:
+        log.error("cannot say in Slurm that health gating is off here: %s", err)
 
 
 @health.command("periodic")
@@ -72,7 +131,8 @@ def _print(v: Verdict, as_json: bool) -> None:
 
 def _local_env(obj: Any) -> entry.Env:
     """For commands that only look at this node: no Slurm client is built or called."""
-    return entry.Env(config=obj.config(), client=None, environ=entry.environ())  # type: ignore[arg-type]
+    return entry.Env(config=obj.config_required(), client=None,  # type: ignore[arg-type]
+                     environ=entry.environ())
 
 
 @health.command("check")
@@ -108,3 +168,22 @@ def show_cmd(obj: Any, as_json: bool) -> None:
         click.echo("no stored verdict yet (run `gpuwarden health periodic`)", err=True)
         sys.exit(Status.UNKNOWN.exit_code)
     _print(verdict, as_json)
+
+
+@health.command("selftest")
+@click.pass_obj
+def selftest_cmd(obj: Any) -> None:
+    """What to run on a node before enabling Prolog=/Epilog=/HealthCheckProgram=: imports,
+    config, Slurm commands, state directory, kernel log, GPU probe, and a dry run of the
+    three entry points that changes nothing. Exit 1 when anything needs fixing."""
+    from gpuwarden.health import selftest  # noqa: PLC0415 - never on a hook's path
+
+    findings = selftest.run_all(obj, entry.environ())
+    for f in findings:
+        click.echo(f"{'OK  ' if f.ok else 'FAIL'} {f.name}: {f.detail}")
+        if not f.ok and f.fix:
+            click.echo(f"     fix: {f.fix}")
+    bad = [f for f in findings if not f.ok]
+    click.echo(f"{len(findings) - len(bad)} of {len(findings)} checks passed"
+               + ("" if not bad else "; do not enable the hooks until the FAIL lines are fixed"))
+    sys.exit(1 if bad else 0)

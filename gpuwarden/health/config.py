@@ -71,7 +71,8 @@ class BlastRadius:
     # 0: every node gpuwarden holds drained counts, however old its drain. Set a window to let
     # drains older than it (nodes waiting for repair) stop counting.
     window_s: float = 0.0
-    # Time given to other nodes' drain claims to become visible before deciding.
+    # Time waited after a drain before ranking it against the others (at least 1.1 s whatever
+    # this says: slurmctld stamps reasons in whole seconds, see gate.TIE_S).
     settle_s: float = 2.0
 
     def __post_init__(self) -> None:

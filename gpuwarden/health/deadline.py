@@ -62,9 +62,13 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def run_all(tasks: dict[str, Callable[[], Any]], deadline_s: float) -> dict[str, Outcome]:
-    """Run every task in its own child; whatever has not answered by the deadline times out."""
+def run_all(tasks: dict[str, Callable[[], Any]], deadline_s: float,
+            limits: dict[str, float] | None = None) -> dict[str, Outcome]:
+    """Run every task in its own child; whatever has not answered by the deadline times out.
+
+    ``limits`` gives some tasks their own deadline instead (the GPU probe: a slow nvmlInit)."""
     start = time.monotonic()
+    ends = {name: start + (limits or {}).get(name, deadline_s) for name in tasks}
     running: dict[int, tuple[str, int, bytearray]] = {}  # read fd -> (name, pid, bytes so far)
     for name, fn in tasks.items():
         r, w = os.pipe()
@@ -75,11 +79,14 @@ def run_all(tasks: dict[str, Callable[[], Any]], deadline_s: float) -> dict[str,
         os.close(w)
         running[r] = (name, pid, bytearray())
     results: dict[str, Outcome] = {}
-    end = start + deadline_s
     while running:
-        left = end - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        for fd in [fd for fd, (name, _, _) in running.items() if ends[name] <= now]:
+            name, pid, _ = running.pop(fd)
+            results[name] = _abandon(fd, name, pid, ends[name] - start)
+        if not running:
             break
+        left = min(ends[name] for name, _, _ in running.values()) - now
         ready, _, _ = select.select(list(running), [], [], left)
         for fd in ready:
             name, pid, buf = running[fd]
@@ -97,11 +104,13 @@ def run_all(tasks: dict[str, Callable[[], Any]], deadline_s: float) -> dict[str,
                 kind, payload = "error", "check process died without an answer"
             results[name] = (Outcome(name, value=payload, seconds=took) if kind == "ok"
                              else Outcome(name, error=str(payload), seconds=took))
-    for fd, (name, pid, _) in running.items():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        os.close(fd)
-        _reap(pid)
-        log.warning("check %s timed out after %.1f s", name, deadline_s)
-        results[name] = Outcome(name, timed_out=True, seconds=deadline_s)
     return results
+
+
+def _abandon(fd: int, name: str, pid: int, limit_s: float) -> Outcome:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.close(fd)
+    _reap(pid)
+    log.warning("check %s timed out after %.1f s", name, limit_s)
+    return Outcome(name, timed_out=True, seconds=limit_s)

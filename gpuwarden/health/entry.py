@@ -3,24 +3,32 @@
 Each returns an exit status. Slurm-facing rules: the prolog exits non-zero only after draining
 the node itself (so Slurm requeues the job elsewhere and keeps gpuwarden's reason); the epilog
 always exits 0 (it drains by itself, so Slurm never adds "Epilog error" on top).
+
+Never silently off: every failure of gpuwarden itself (state, Slurm, deadline) is logged at
+error level (syslog), filed in Env.problems for the node_exporter textfile, and never stops an
+action: the node is drained first, state is saved after.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import signal
 import socket
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 
 from gpuwarden.config import Config
-from gpuwarden.errors import GpuwardenError
-from gpuwarden.health import gate
+from gpuwarden.errors import GpuwardenError, SlurmError
+from gpuwarden.health import gate, marker
 from gpuwarden.health.gather import gather
-from gpuwarden.health.model import Status, Verdict
+from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
-from gpuwarden.health.store import Counters, Store
+from gpuwarden.health.reasons import health_reason, is_health_drain
+from gpuwarden.health.store import Counters, StateDirError, Store
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
 from gpuwarden.slurm.models import Node
 
@@ -40,6 +48,23 @@ class Env:
     probe: GpuProbe | None = None
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    # One deadline (on `mono`) for the whole run, Slurm calls and settle waits included.
+    end: float = math.inf
+    mono: Callable[[], float] = time.monotonic
+    # gpuwarden's own failures in this run, by reason (store.SELF_REASONS).
+    problems: dict[str, str] = field(default_factory=dict)
+
+    def fail(self, reason: str, message: str) -> None:
+        """Record a failure of gpuwarden itself: error level (syslog), and the metric."""
+        log.error("%s", message)
+        self.problems.setdefault(reason, message)
+
+    def left(self) -> float:
+        return self.end - self.mono()
+
+    def bounded_sleep(self, seconds: float) -> None:
+        # A settle wait never eats the time the drain itself needs.
+        self.sleep(max(0.0, min(seconds, self.left() - 2.0)))
 
     @property
     def node(self) -> str:
@@ -70,43 +95,129 @@ def job_gpus(environ: Mapping[str, str]) -> set[int] | None:
         return None
 
 
+def _load_counters(env: Env) -> Counters:
+    try:
+        return env.store.load_counters()
+    except (GpuwardenError, OSError) as exc:
+        env.fail("state", f"cannot read the pass counters ({exc}): counting from 0")
+        return Counters()
+
+
+def own_reason(counters: Counters, node: Node) -> str:
+    """The drain health gating made here: recognised from Slurm's reason alone (its tag), so a
+    kill between the drain and saving the counters never strands the node; an older drain is
+    still known from the counters."""
+    if node.reason and is_health_drain(node.reason):
+        return node.reason
+    return counters.drained_reason
+
+
 def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied, Node]:
-    """Decide and apply; returns what was done and the node as Slurm showed it beforehand."""
-    store = env.store
-    counters = store.load_counters()
+    """Decide and apply; returns what was done and the node as Slurm showed it beforehand.
+
+    Acts first, saves after: a state directory that cannot be written never stops a drain."""
+    counters = _load_counters(env)
     node = env.client.node(env.node)
+    own = own_reason(counters, node)
     decision = gate.decide(verdict, node, counters.passes, env.config.health.resume_after_passes,
-                           counters.drained_reason)
+                           own)
     if decision.kind is gate.Kind.RESUME and not resume_allowed:
         decision = replace(decision, kind=gate.Kind.NOTHING)
+    if decision.kind is gate.Kind.DRAIN:
+        decision = replace(decision, why=health_reason(decision.why))
     if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
         applied = gate.Applied("held", f"would drain (drain = false): {decision.why}")
     else:
         applied = gate.apply(decision, node, env.client, env.config.health.blast_radius,
-                             env.clock, env.sleep)
-    own = counters.drained_reason
+                             env.clock, env.bounded_sleep)
     if applied.action == "drained":
         own = gpuwarden_reason(applied.detail)
     elif applied.action == "resumed":
         own = ""
-    store.save_counters(Counters(decision.passes, verdict.status.name, own))
     log.info("%s %s: %s: %s", verdict.context, env.node, applied.action, applied.detail)
+    try:
+        env.store.save_counters(Counters(decision.passes, verdict.status.name, own))
+    except GpuwardenError as exc:
+        env.fail("state", f"{verdict.context} {env.node}: {exc} (the action stands; the drain "
+                          "is still recognised from its Slurm reason)")
     return applied, node
 
 
+def _act_or_report(env: Env, verdict: Verdict, resume_allowed: bool
+                   ) -> tuple[gate.Applied, Node] | None:
+    try:
+        return _act(env, verdict, resume_allowed)
+    except SlurmError as exc:
+        env.fail("slurm", f"{verdict.context} {env.node}: cannot act on {verdict.status.name}: "
+                          f"{exc}")
+        return None
+
+
+def _save(env: Env, verdict: Verdict) -> None:
+    try:
+        env.store.save_verdict(verdict)
+    except GpuwardenError as exc:
+        env.fail("state", f"{verdict.context} {env.node}: {exc}")
+
+
+def report_self(env: Env, always: bool) -> None:
+    """gpuwarden's own health into the textfile: every periodic run, else only on failures
+    (the prolog's fast path writes nothing when all is well)."""
+    if not (always or env.problems):
+        return
+    try:
+        env.store.save_self(env.problems, env.clock())
+    except GpuwardenError as exc:
+        log.error("%s", exc)
+
+
+def checks_budget(env: Env, budget: float) -> float:
+    # The checks get at most half of what is left: the Slurm calls need the rest.
+    return min(budget, max(0.5, env.left() / 2))
+
+
 def periodic(env: Env) -> int:
-    """HealthCheckProgram: every check, store the verdict, drain or resume."""
+    """HealthCheckProgram: every check; drain or resume; then store the verdict and publish
+    the node's health marker in Slurm."""
     h = env.config.health
-    verdict = gather(h, env.node, "health check", h.periodic_budget_s, probe=env.probe,
-                     now=env.clock)
-    env.store.save_verdict(verdict)
-    _act(env, verdict, resume_allowed=True)
+    verdict = gather(h, env.node, "health check", checks_budget(env, h.periodic_budget_s),
+                     probe=env.probe, now=env.clock)
+    acted = _act_or_report(env, verdict, resume_allowed=True)
+    _save(env, verdict)
+    if acted is not None:
+        publish_marker(env, acted[1], verdict.status.name, verdict.at)
+    report_self(env, always=True)
     return 0
+
+
+def off_reason(env: Env) -> str:
+    """Why gating is off or failing on this node now ("" when it works)."""
+    if env.problems:
+        return ",".join(sorted(env.problems))
+    return "" if env.config.health.drain else "drain = false"
+
+
+def publish_marker(env: Env, node: Node, status: str, at: float) -> None:
+    """Keep the node's marker in Slurm's Extra current (rate-limited, see health.marker)."""
+    previous = marker.decode(node.extra)
+    off = off_reason(env)
+    new = marker.Marker(int(at), status, off, marker.carry_since(previous, off, env.clock()))
+    if not marker.due(previous, new):
+        return
+    text = marker.encode_into(node.extra, new)
+    if text is None:
+        log.warning("%s: the node's Extra holds other text: health marker not published, so "
+                    "`gpuwarden nodes` cannot tell if gating works here", env.node)
+        return
+    try:
+        env.client.set_extra(env.node, text)
+    except SlurmError as exc:
+        env.fail("slurm", f"cannot publish the health marker of {env.node}: {exc}")
 
 
 def prolog(env: Env) -> int:
     """The fast gate; when it lets the job run, stage in the job's checkpoint (if requeued)."""
-    rc = _prolog_gate(env)
+    rc = prolog_gate(env)
     if rc == 0:
         # Imported only here: a prolog that fails the job never pays for it.
         from gpuwarden.ckpt import stagein  # noqa: PLC0415
@@ -115,7 +226,7 @@ def prolog(env: Env) -> int:
     return rc
 
 
-def _prolog_gate(env: Env) -> int:
+def prolog_gate(env: Env) -> int:
     """The stored verdict (re-checked when stale) plus the job's GPUs; 0 lets the job run."""
     h = env.config.health
     job = job_id(env.environ)
@@ -132,13 +243,16 @@ def _prolog_gate(env: Env) -> int:
     else:
         verdict = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s,
                          gpus=job_gpus(env.environ), probe=env.probe, now=env.clock)
-        env.store.save_verdict(verdict)
     for r in verdict.results:
         if r.status != Status.OK:
             log.warning("prolog job %s: %s %s: %s", job, r.check, r.status.name, r.message)
-    if verdict.status != Status.CRITICAL:
+    acted = _act_or_report(env, verdict, False) if verdict.status == Status.CRITICAL else None
+    if not fresh:
+        _save(env, verdict)
+    report_self(env, always=False)
+    if acted is None:
         return 0
-    applied, node = _act(env, verdict, resume_allowed=False)
+    applied, node = acted
     if applied.action == "drained" or (node.drained and node.reason_is_ours):
         log.error("prolog job %s: failing the job so Slurm requeues it: %s", job, verdict.reason())
         return 1
@@ -153,20 +267,46 @@ def _job_failed(environ: Mapping[str, str]) -> bool:
     return False
 
 
+# A job can fill scratch or leave memory in use, and its leftovers can slow a check past its
+# deadline: none of that is evidence about the hardware, so none of it drains in the epilog.
+JOB_INFLUENCED = ("scratch", "memory")
+
+
+def epilog_evidence(verdict: Verdict) -> Verdict:
+    """The verdict the epilog may act on: CRITICAL only from the checks' own hardware evidence
+    (XID, GPU, mounts, links), never from what the job left behind or from its exit code."""
+    def judged(r: CheckResult) -> CheckResult:
+        timed_out = r.message.startswith(f"check {r.check} timed out")
+        if r.status != Status.CRITICAL or not (r.check in JOB_INFLUENCED or timed_out):
+            return r
+        return replace(r, status=Status.WARNING,
+                       message=f"{r.message} (not drain evidence after a job: the periodic "
+                               "check and the next prolog judge it)")
+    return replace(verdict, results=tuple(judged(r) for r in verdict.results))
+
+
 def epilog(env: Env) -> int:
-    """After the job: deeper checks when it failed or the node is suspect. Always exit 0."""
+    """After the job: deeper checks when it failed or the node is suspect. Always exit 0.
+
+    The job's failure only decides whether to look; a drain needs the checks' own evidence."""
     h = env.config.health
     job = job_id(env.environ)
-    stored = env.store.load_verdict()
+    try:
+        stored = env.store.load_verdict()
+    except GpuwardenError as exc:
+        env.fail("state", f"epilog job {job}: {exc}")
+        stored = None
     suspect = (stored is None or stored.status != Status.OK
                or env.clock() - stored.at > h.verdict_max_age_s)
     if not (suspect or _job_failed(env.environ)):
         return 0
-    verdict = gather(h, env.node, f"epilog job {job}", h.epilog_budget_s, probe=env.probe,
-                     now=env.clock)
-    env.store.save_verdict(verdict)
+    verdict = epilog_evidence(gather(h, env.node, f"epilog job {job}",
+                                     checks_budget(env, h.epilog_budget_s), probe=env.probe,
+                                     now=env.clock))
     if verdict.status == Status.CRITICAL:
-        _act(env, verdict, resume_allowed=False)
+        _act_or_report(env, verdict, resume_allowed=False)
+    _save(env, verdict)
+    report_self(env, always=False)
     return 0
 
 
@@ -177,17 +317,69 @@ def check(env: Env, gpus: set[int] | None = None) -> Verdict:
                   now=env.clock)
 
 
+class DeadlineExceeded(BaseException):
+    """The whole run passed its deadline; raised in the main thread by the watchdog."""
+
+
+@contextmanager
+def watchdog(seconds: float) -> Iterator[None]:
+    """Raise DeadlineExceeded after ``seconds``, wherever the run is stuck (a hung write, a
+    slow syscall): the hook then ends before Slurm kills it. Main thread only."""
+    if not math.isfinite(seconds) or seconds <= 0:
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise DeadlineExceeded(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def safe(fn: Callable[[], int], what: str, on_error: int) -> int:
-    """Slurm entry points never crash with a traceback; an internal error is logged and
-    answered with ``on_error`` (0 for the prolog and epilog: fail open, never fail a job or
-    drain a node on gpuwarden's own bug)."""
+    """Slurm entry points never crash with a traceback; an internal error is logged (error
+    level: syslog) and answered with ``on_error`` (0 for the prolog and epilog: fail open,
+    never fail a job or drain a node on gpuwarden's own bug)."""
     try:
         return fn()
     except GpuwardenError as exc:
         log.error("%s: %s", what, exc)
+    except DeadlineExceeded as exc:
+        log.error("%s: stopped: %s (Slurm would kill it next)", what, exc)
     except Exception:
         log.exception("%s: internal error", what)
     return on_error
+
+
+def run(env: Env, fn: Callable[[Env], int], what: str, watchdog_s: float) -> int:
+    """A Slurm entry point, start to end: never a traceback, never past the deadline, and
+    every failure of gpuwarden itself filed (syslog + self-error metric). Fails open: an
+    internal failure answers 0, so no job fails and no node drains on gpuwarden's own bug."""
+    try:
+        with watchdog(watchdog_s):
+            return fn(env)
+    except DeadlineExceeded as exc:
+        env.fail("deadline", f"{what}: stopped: {exc} (Slurm would kill it next)")
+    except StateDirError as exc:
+        env.fail("state", f"{what}: {exc}")
+    except SlurmError as exc:
+        env.fail("slurm", f"{what}: {exc}")
+    except GpuwardenError as exc:
+        env.fail("internal", f"{what}: {exc}")
+    except Exception as exc:
+        log.exception("%s: internal error", what)
+        env.problems.setdefault("internal", f"{what}: {exc.__class__.__name__}: {exc}")
+    try:
+        with watchdog(3.0):
+            report_self(env, always=True)
+    except DeadlineExceeded:
+        log.error("%s: cannot write the self-error metric in time", what)
+    return 0
 
 
 def environ() -> Mapping[str, str]:

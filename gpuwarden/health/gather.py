@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from gpuwarden.health.model import CheckResult, GpuSnapshot, Status, Verdict
 from gpuwarden.health.probe import FakeGpuProbe, GpuProbe
 
 _KMSG_TAIL_BYTES = 4 << 20
+GPU_PROBE_ALLOWANCE_S = 20.0
 
 
 def make_probe(cfg: HealthConfig) -> GpuProbe | None:
@@ -35,33 +37,52 @@ def boot_time() -> float:
 
 
 def read_kernel_log(path: str) -> tuple[str, float]:
-    """/dev/kmsg (every buffered record, non-blocking) or a file in the same format (its tail)."""
+    """/dev/kmsg (every buffered record, non-blocking) or a saved log in any rendering kernlog
+    reads (its tail). A file must be one only root (or this user) can write: anyone else could
+    write an Xid into it."""
     if path == "/dev/kmsg":
-        records: list[str] = []
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                try:
-                    rec = os.read(fd, 8192)
-                except BlockingIOError:
-                    break
-                except BrokenPipeError:  # records overwritten while reading: go on
-                    continue
-                if not rec:
-                    break
-                records.append(rec.decode("utf-8", errors="replace").rstrip("\n"))
-        finally:
-            os.close(fd)
-        return "\n".join(records), boot_time()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return _read_kmsg(path), boot_time()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        offset = max(0, size - _KMSG_TAIL_BYTES)
+        st = os.fstat(f.fileno())
+        _check_log_file(path, st)
+        offset = max(0, st.st_size - _KMSG_TAIL_BYTES)
         f.seek(offset)
-        data = f.read()
+        data = f.read(_KMSG_TAIL_BYTES)
     if offset:
         data = data.split(b"\n", 1)[-1]  # the first line is cut: not a record
     return data.decode("utf-8", errors="replace"), boot_time()
+
+
+def _check_log_file(path: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"kernel_log {path}: not a regular file")
+    if st.st_uid not in (0, os.geteuid()):
+        raise OSError(f"kernel_log {path}: owned by uid {st.st_uid}, not root")
+    if st.st_mode & 0o022:
+        raise OSError(f"kernel_log {path}: writable by group or others "
+                      f"(mode {stat.S_IMODE(st.st_mode):04o}); anyone could forge an Xid")
+
+
+def _read_kmsg(path: str) -> str:
+    records: list[str] = []
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a character device")
+        while True:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten while reading: go on
+                continue
+            if not rec:
+                break
+            records.append(rec.decode("utf-8", errors="replace").rstrip("\n"))
+    finally:
+        os.close(fd)
+    return "\n".join(records)
 
 
 def _tasks(cfg: HealthConfig, exp: Expected, node: str, probe: GpuProbe | None,
@@ -100,12 +121,16 @@ def gather(cfg: HealthConfig, node: str, context: str, budget_s: float,
     exp = cfg.expected_for(node)
     deadline = min(cfg.check_timeout_s, budget_s)
     probe = probe if probe is not None else make_probe(cfg)
-    outcomes = run_all(_tasks(cfg, exp, node, probe, node_checks), deadline)
+    # nvmlInit without persistence mode initialises every GPU (seconds each): slow is not
+    # broken, so the probe may use the budget up to GPU_PROBE_ALLOWANCE_S.
+    gpu_deadline = max(deadline, min(budget_s, GPU_PROBE_ALLOWANCE_S))
+    outcomes = run_all(_tasks(cfg, exp, node, probe, node_checks), deadline,
+                       limits={"gpu": gpu_deadline})
     results: list[CheckResult] = []
     snapshot: GpuSnapshot | None = None
     for name, o in outcomes.items():
         if o.timed_out or o.error:
-            results.append(_not_answered(o, cfg, deadline))
+            results.append(_not_answered(o, cfg, o.seconds if o.timed_out else deadline))
         elif name == "gpu":
             snapshot = o.value
             results.extend(gpuchecks.evaluate(o.value, exp, gpus))
@@ -114,7 +139,7 @@ def gather(cfg: HealthConfig, node: str, context: str, budget_s: float,
     klog = outcomes["kernel log"]
     if not (klog.timed_out or klog.error):
         text, booted = klog.value
-        log = xid.parse_kmsg(text, booted)
+        log = xid.parse_kernel_log(text, booted, now())
         bus = snapshot.by_bus_id() if snapshot else {}
         results.extend(xid.evaluate(log, bus, now(), cfg.xid_window_s, gpus))
     return Verdict(node=node, at=now(), context=context, results=tuple(results))

@@ -64,8 +64,21 @@ def check_gpu(g: GpuObs, exp: Expected) -> list[CheckResult]:
     return out
 
 
+def driver_unusable(snap: GpuSnapshot, exp: Expected) -> CheckResult:
+    """The driver could not be opened. On a node expected to have GPUs no job can use one, so
+    that is CRITICAL whatever the cause; where none are expected (gpu_count = 0) it is UNKNOWN."""
+    if exp.gpu_count > 0:
+        return CheckResult("gpu_driver", Status.CRITICAL,
+                           f"the GPU driver cannot be opened: {snap.init_error}", None,
+                           f"GPU driver unusable ({snap.init_error[:80]})")
+    return CheckResult("gpu_driver", Status.UNKNOWN,
+                       f"the GPU driver cannot be opened ({snap.init_error}); no GPUs expected here")
+
+
 def evaluate(snap: GpuSnapshot, exp: Expected, gpus: set[int] | None = None) -> list[CheckResult]:
     """All GPU checks; ``gpus`` limits the per-GPU checks to a job's GPUs."""
+    if snap.init_error:
+        return [driver_unusable(snap, exp)]
     out: list[CheckResult] = []
     if exp.gpu_count and len(snap.gpus) != exp.gpu_count:
         out.append(CheckResult("gpu_count", Status.CRITICAL,

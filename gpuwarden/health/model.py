@@ -61,6 +61,9 @@ class GpuObs:
 class GpuSnapshot:
     gpus: tuple[GpuObs, ...]
     driver: str = ""
+    # Set when the driver could not be opened at all (nvmlInit failed: module not loaded,
+    # library/driver version mismatch, ...): "NVMLError_DriverNotLoaded: Driver Not Loaded".
+    init_error: str = ""
 
     def by_bus_id(self) -> dict[str, int]:
         return {normalise_bus_id(g.pci_bus_id): g.index for g in self.gpus if g.pci_bus_id}

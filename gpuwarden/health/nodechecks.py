@@ -7,46 +7,21 @@ gpuwarden.health.deadline. Parsing is split out into pure helpers.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
+from gpuwarden.health import mountprobe
 from gpuwarden.health.config import Expected, MountSpec
 from gpuwarden.health.model import CheckResult, Status
 
-
-def mount_points(mountinfo: str) -> set[str]:
-    """Mount points from /proc/self/mountinfo (field 5, octal escapes decoded)."""
-    points = set()
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            points.add(fields[4].encode().decode("unicode_escape"))
-    return points
+mount_points = mountprobe.mount_points  # where tests and callers have always found it
 
 
 def check_mount(spec: MountSpec, node: str) -> CheckResult:
     name = f"mount:{spec.path}"
-    points = mount_points(Path("/proc/self/mountinfo").read_text())
+    problem = mountprobe.probe(spec.path, spec.canary, node)
     path = spec.path.rstrip("/") or "/"
-    if path not in points:
-        return CheckResult(name, Status.CRITICAL, f"{path} is not mounted", None,
-                           f"{path} not mounted")
-    os.statvfs(path)  # blocks on a hung server: the deadline turns that into a verdict
-    if spec.canary:
-        canary = os.path.join(path, spec.canary.replace("{node}", node))
-        # Root reads this: never through a link that leaves the mount, never a device. A FIFO
-        # is allowed: opening one only blocks, and the deadline bounds that.
-        real = os.path.realpath(os.path.dirname(canary))
-        if real != path and not real.startswith(path.rstrip("/") + "/"):
-            raise OSError(f"canary directory resolves outside {path} (to {real})")
-        mode = os.lstat(canary).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
-            raise OSError(f"canary {canary} is not a regular file")
-        fd = os.open(canary, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            os.read(fd, 4096)
-        finally:
-            os.close(fd)
+    if problem:
+        return CheckResult(name, Status.CRITICAL, problem, None, f"{path} not mounted")
     return CheckResult(name, Status.OK, f"{path} mounted and answering")
 
 
@@ -54,9 +29,12 @@ def check_scratch(exp: Expected) -> CheckResult:
     st = os.statvfs(exp.scratch_path)
     free_gb = st.f_bavail * st.f_frsize / 1e9
     if free_gb < exp.scratch_min_free_gb:
-        return CheckResult("scratch", Status.CRITICAL,
-                           f"{exp.scratch_path}: {free_gb:.1f} GB free < {exp.scratch_min_free_gb:g} GB",
-                           None, f"{exp.scratch_path} {free_gb:.1f} GB free")
+        # WARNING, never CRITICAL: any user's job can fill scratch, and nothing one user does
+        # may drain a node (docs/health.md, "What a user cannot do").
+        return CheckResult("scratch", Status.WARNING,
+                           f"{exp.scratch_path}: {free_gb:.1f} GB free < "
+                           f"{exp.scratch_min_free_gb:g} GB (a job can cause this: not drain "
+                           "evidence)")
     return CheckResult("scratch", Status.OK, f"{exp.scratch_path}: {free_gb:.1f} GB free")
 
 
@@ -70,9 +48,10 @@ def available_memory_mb(meminfo: str) -> int:
 def check_memory(exp: Expected) -> CheckResult:
     avail = available_memory_mb(Path("/proc/meminfo").read_text())
     if avail < exp.min_available_memory_mb:
-        return CheckResult("memory", Status.CRITICAL,
-                           f"{avail} MB available < {exp.min_available_memory_mb} MB", None,
-                           f"only {avail} MB memory available")
+        # WARNING for the same reason as scratch: a user's processes can hold the memory.
+        return CheckResult("memory", Status.WARNING,
+                           f"{avail} MB available < {exp.min_available_memory_mb} MB (a job "
+                           "can cause this: not drain evidence)")
     return CheckResult("memory", Status.OK, f"{avail} MB available")
 
 

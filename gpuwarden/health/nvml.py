@@ -2,7 +2,12 @@
 
 NVML errors are translated here: "not supported" on this part becomes None (the check is
 skipped), anything else a ProbeError naming the call and the GPU. NVML is initialised once per
-snapshot, in a context manager, inside the deadline-guarded child process.
+snapshot, inside the deadline-guarded child process.
+
+A driver that cannot be opened (nvmlInit fails: module not loaded, library/driver version
+mismatch after an upgrade, no permission on /dev/nvidia*) is an observation, not a probe
+failure: the snapshot carries ``init_error`` and the GPU checks judge it. Only a missing NVML
+library (pynvml or libnvidia-ml.so.1 absent: software not installed) stays a ProbeError.
 """
 
 from __future__ import annotations
@@ -25,6 +30,21 @@ def _opt_bool(value: Any) -> bool | None:
     return None if value is None else bool(value)
 
 
+_LIBRARY_NOT_FOUND = 12  # NVML_ERROR_LIBRARY_NOT_FOUND
+
+
+def _is(nv: Any, exc: BaseException, name: str, code: int) -> bool:
+    cls = getattr(nv, name, None)
+    return (isinstance(cls, type) and isinstance(exc, cls)) or getattr(exc, "value", None) == code
+
+
+def _named(exc: BaseException) -> str:
+    """pynvml raises one subclass per return code: its name says more than the text alone."""
+    name = type(exc).__name__
+    text = str(exc) or "no message"
+    return text if name == "NVMLError" else f"{name}: {text}"
+
+
 class NvmlGpuProbe:
     def __init__(self, nvml: Any = None) -> None:
         self._nvml = nvml
@@ -40,18 +60,28 @@ class NvmlGpuProbe:
             self._nvml = pynvml
         return self._nvml
 
-    @contextlib.contextmanager
-    def _session(self) -> Iterator[Any]:
-        nv = self._lib()
+    def _init(self, nv: Any) -> str:
+        """"" when NVML is up; else the error, named ("NVMLError_DriverNotLoaded: ...")."""
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise ProbeError(f"nvmlInit failed: {exc} (is the NVIDIA driver loaded?)") from None
+            if _is(nv, exc, "NVMLError_LibraryNotFound", _LIBRARY_NOT_FOUND):
+                raise ProbeError(f"nvmlInit: the NVML library libnvidia-ml.so.1 is not installed "
+                                 f"({exc}); set [health] gpu_probe = \"none\" on nodes without "
+                                 "GPUs") from None
+            return _named(exc)
+        return ""
+
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[tuple[Any, str]]:
+        nv = self._lib()
+        problem = self._init(nv)
         try:
-            yield nv
+            yield nv, problem
         finally:
-            with contextlib.suppress(Exception):
-                nv.nvmlShutdown()
+            if not problem:
+                with contextlib.suppress(Exception):
+                    nv.nvmlShutdown()
 
     def _call(self, nv: Any, gpu: int, what: str, fn: Callable[[], T]) -> T | None:
         try:
@@ -63,8 +93,14 @@ class NvmlGpuProbe:
             raise ProbeError(f"GPU {gpu}: {what} failed: {exc}") from None
 
     def snapshot(self) -> GpuSnapshot:
-        with self._session() as nv:
-            count = nv.nvmlDeviceGetCount()
+        with self._session() as (nv, problem):
+            if problem:
+                return GpuSnapshot((), init_error=f"nvmlInit: {problem}")
+            try:
+                count = nv.nvmlDeviceGetCount()
+            except nv.NVMLError as exc:
+                # Initialised but cannot enumerate: the driver is no more usable than unloaded.
+                return GpuSnapshot((), init_error=f"nvmlDeviceGetCount: {_named(exc)}")
             driver = _text(self._call(nv, -1, "driver version", nv.nvmlSystemGetDriverVersion) or "")
             return GpuSnapshot(tuple(self._gpu_or_lost(nv, i) for i in range(count)), driver)
 

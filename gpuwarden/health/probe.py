@@ -76,6 +76,12 @@ def parse_fake(text: str, source: str) -> GpuSnapshot:
         import time  # noqa: PLC0415
 
         time.sleep(float(doc["hang"]))
+    init_error = doc.get("init_error", "")
+    if not isinstance(init_error, str):
+        raise ProbeError(f"{source}: init_error: expected a string (the NVML error to stand in for)")
+    if init_error:
+        # Test hook standing in for an nvmlInit that fails (driver not loaded, version mismatch).
+        return GpuSnapshot(gpus=(), init_error=init_error)
     return GpuSnapshot(gpus=gpus, driver=str(doc.get("driver", "fake")))
 
 

@@ -3,6 +3,7 @@ written atomically, plus a node_exporter textfile."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -13,24 +14,17 @@ from typing import Any
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.health.model import Verdict
 
+# Reads are shared with the prolog's fast gate, which cannot afford this module's imports;
+# the names stay importable from here.
+from gpuwarden.health.privfile import StateDirError, check_private_dir, read_private, unsafe_dir_problem
+
+__all__ = ["StateDirError", "check_private_dir", "read_private", "unsafe_dir_problem"]
+
 _MAX_STATE_BYTES = 1 << 20
 
 
-class StateDirError(GpuwardenError):
-    pass
-
-
-def unsafe_dir_problem(path: str, st: os.stat_result) -> str:
-    """Why ``path`` (lstat ``st``) is not a directory for root's state alone; "" when it is.
-
-    A planted symlink or a directory others can write would let users steer root."""
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory (a link?)"
-    if st.st_uid != os.geteuid():
-        return f"{path} is owned by uid {st.st_uid}, not by us"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by group or others: chmod go-w {path}"
-    return ""
+class StateWriteError(GpuwardenError):
+    """A state or metrics file could not be written (full disk, read-only filesystem...)."""
 
 
 def ensure_private_dir(path: str) -> None:
@@ -41,51 +35,36 @@ def ensure_private_dir(path: str) -> None:
         raise StateDirError(f"{problem}: refusing to use it")
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write may write less than asked (a disk filling up): loop until all of it is down."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Exclusive temp file in the same directory, fsync, rename, fsync the directory."""
+    """Exclusive temp file in the same directory, fsync, rename, fsync the directory.
+
+    The file is complete or absent: any failure before the rename removes the temp file and
+    raises, leaving the previous file (if any) as it was."""
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
     try:
-        os.fchmod(fd, mode)
-        os.write(fd, data)
-        os.fsync(fd)
+        try:
+            os.fchmod(fd, mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(directory, name))
     except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, os.path.join(directory, name))
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-def check_private_dir(path: str) -> bool:
-    """False when absent; raises when present but not ours alone (see ensure_private_dir)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    problem = unsafe_dir_problem(path, st)
-    if problem:
-        raise StateDirError(f"{path} is not a private directory of ours ({problem}): "
-                            "refusing to read it")
-    return True
-
-
-def read_private(path: str) -> bytes | None:
-    """A regular file's bytes, never through a link and never blocking on a FIFO."""
-    if not check_private_dir(os.path.dirname(path)):
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise StateDirError(f"{path} is not a regular file: refusing to read it")
-        return f.read(_MAX_STATE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -99,6 +78,8 @@ class Counters:
 class Store:
     VERDICT = "verdict.json"
     COUNTERS = "counters.json"
+    PROM = "gpuwarden.prom"
+    SELF_PROM = "gpuwarden_self.prom"
 
     def __init__(self, state_dir: str, prom_dir: str = "") -> None:
         self.dir = state_dir
@@ -108,11 +89,38 @@ class Store:
         ensure_private_dir(self.dir)
 
     def save_verdict(self, verdict: Verdict) -> None:
-        self._ready()
-        atomic_write(self.dir, self.VERDICT, json.dumps(verdict.to_json(), indent=1).encode())
+        """The verdict file and the node_exporter textfile, each complete or left as it was;
+        one failing does not stop the other. Raises StateWriteError naming what failed."""
+        errors: list[str] = []
+        try:
+            self._ready()
+            atomic_write(self.dir, self.VERDICT, json.dumps(verdict.to_json(), indent=1).encode())
+        except (OSError, StateDirError) as exc:
+            errors.append(f"{os.path.join(self.dir, self.VERDICT)}: {exc}")
         if self.prom_dir:
-            os.makedirs(self.prom_dir, mode=0o755, exist_ok=True)
-            atomic_write(self.prom_dir, "gpuwarden.prom", prometheus(verdict).encode(), 0o644)
+            try:
+                self._write_prom(self.PROM, prometheus(verdict))
+            except OSError as exc:
+                errors.append(f"{os.path.join(self.prom_dir, self.PROM)}: {exc}")
+        if errors:
+            raise StateWriteError("cannot save the verdict: " + "; ".join(errors))
+
+    def _write_prom(self, name: str, text: str) -> None:
+        os.makedirs(self.prom_dir, mode=0o755, exist_ok=True)
+        atomic_write(self.prom_dir, name, text.encode(), 0o644)
+
+    def save_self(self, problems: dict[str, str], now: float) -> None:
+        """gpuwarden's own health as node_exporter series (see self_prometheus)."""
+        if not self.prom_dir:
+            return
+        last = 0.0 if problems else now
+        if problems:
+            last = _last_success(read_plain(os.path.join(self.prom_dir, self.SELF_PROM)))
+        try:
+            self._write_prom(self.SELF_PROM, self_prometheus(problems, last))
+        except OSError as exc:
+            raise StateWriteError(f"cannot write {os.path.join(self.prom_dir, self.SELF_PROM)}: "
+                                  f"{exc}") from None
 
     def load_verdict(self) -> Verdict | None:
         """The stored verdict, or None when absent or unreadable (then checks run afresh)."""
@@ -134,10 +142,58 @@ class Store:
             return Counters()
 
     def save_counters(self, counters: Counters) -> None:
-        self._ready()
-        atomic_write(self.dir, self.COUNTERS, json.dumps(
-            {"passes": counters.passes, "last_status": counters.last_status,
-             "drained_reason": counters.drained_reason}).encode())
+        try:
+            self._ready()
+            atomic_write(self.dir, self.COUNTERS, json.dumps(
+                {"passes": counters.passes, "last_status": counters.last_status,
+                 "drained_reason": counters.drained_reason}).encode())
+        except OSError as exc:
+            raise StateWriteError(f"cannot save {os.path.join(self.dir, self.COUNTERS)}: "
+                                  f"{exc}") from None
+
+
+def read_plain(path: str) -> bytes:
+    """A small regular file's bytes (b"" when absent or not a regular file); never a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        return f.read(_MAX_STATE_BYTES) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+
+
+# What gpuwarden's own failures are filed under: a fixed set, so the series stay few.
+SELF_REASONS = ("config", "slurm", "state", "internal", "deadline")
+_LAST_SUCCESS = "gpuwarden_health_last_success_timestamp_seconds"
+
+
+def self_prometheus(problems: dict[str, str], last_success: float) -> str:
+    """1 per reason gpuwarden itself failed on in its last run (0 otherwise), and when a run
+    last ended without any such failure (0: never seen)."""
+    lines = [
+        "# HELP gpuwarden_health_self_error 1 when gpuwarden itself failed in its last run "
+        "(the reason label says where), else 0.",
+        "# TYPE gpuwarden_health_self_error gauge",
+    ]
+    lines += [f'gpuwarden_health_self_error{{reason="{r}"}} {1 if r in problems else 0}'
+              for r in SELF_REASONS]
+    lines += [
+        f"# HELP {_LAST_SUCCESS} When a gpuwarden health run last ended without a self error.",
+        f"# TYPE {_LAST_SUCCESS} gauge",
+        f"{_LAST_SUCCESS} {last_success:.0f}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _last_success(text: bytes) -> float:
+    for line in text.decode(errors="replace").splitlines():
+        if line.startswith(_LAST_SUCCESS + " "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                return 0.0
+    return 0.0
 
 
 def _label(value: str) -> str:

@@ -1,59 +1,57 @@
-"""NVIDIA XIDs from the kernel log, judged by one versioned policy table. Pure.
+"""NVIDIA XIDs and NVSwitch SXids from the kernel log, judged by one versioned policy. Pure.
 
-Policy sources: NVIDIA's XID catalog and DCGM's fatal list (see docs/health.md). 63, 92 and 94
-never drain a node by themselves; repeats past a threshold within the window may.
+Only a record the kernel logged (kernlog says which) whose message *starts* with the driver's own
+prefix counts: ``NVRM: Xid (<bus>[ GPU-I:n[ GPU-CI:n]]): <code>,`` or
+``nvidia-nvswitchN: SXid (PCI:<bus>): <code>,``. Kernel messages that quote user-chosen text
+(segfault reports, audit records, filesystem errors) put their own words first, and the one
+kind that starts with user text, a process name, is at most 15 characters: shorter than any
+whole Xid prefix. The policy itself (NVIDIA's catalog and gpuwarden's action) is xidpolicy.py.
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
+import logging
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from gpuwarden.health import kernlog
 from gpuwarden.health.model import CheckResult, Status, normalise_bus_id
+from gpuwarden.health.xidpolicy import (
+    DRAINS,
+    POLICY,
+    POLICY_VERSION,
+    SUFFIX,
+    UNKNOWN_RULE,
+    Action,
+    Rule,
+    sxid_rule,
+    xid_rule,
+)
 
-POLICY_VERSION = "2026.11-1"
+__all__ = ["POLICY", "POLICY_VERSION", "UNKNOWN_RULE", "Action", "KernelLog", "Rule", "XidEvent",
+           "evaluate", "parse_kernel_log", "parse_kmsg"]
 
+log_ = logging.getLogger(__name__)
 
-class Action(enum.Enum):
-    DRAIN = "drain"
-    RESET = "reset"  # drain until the GPU is reset (a reboot or nvidia-smi -r)
-    WARN = "warn"
-    IGNORE = "ignore"
-
-
-@dataclass(frozen=True)
-class Rule:
-    action: Action
-    threshold: int  # occurrences within the window before the action applies
-    what: str
-
-
-POLICY: dict[int, Rule] = {
-    13: Rule(Action.IGNORE, 1, "graphics engine exception (usually the application)"),
-    31: Rule(Action.IGNORE, 1, "GPU memory page fault (usually the application)"),
-    43: Rule(Action.IGNORE, 1, "GPU stopped processing (usually the application)"),
-    45: Rule(Action.IGNORE, 1, "preemptive cleanup after another error"),
-    48: Rule(Action.DRAIN, 1, "double-bit ECC error"),
-    61: Rule(Action.RESET, 1, "internal micro-controller breakpoint"),
-    62: Rule(Action.RESET, 1, "internal micro-controller halt"),
-    63: Rule(Action.IGNORE, 1, "ECC page retirement or row remap event"),
-    64: Rule(Action.DRAIN, 1, "ECC page retirement or row remap failure"),
-    74: Rule(Action.DRAIN, 1, "NVLink error"),
-    79: Rule(Action.DRAIN, 1, "GPU has fallen off the bus"),
-    92: Rule(Action.DRAIN, 20, "high single-bit ECC error rate"),
-    94: Rule(Action.RESET, 3, "contained ECC error"),
-    95: Rule(Action.DRAIN, 1, "uncontained ECC error"),
-    119: Rule(Action.RESET, 1, "GSP RPC timeout"),
-    120: Rule(Action.RESET, 1, "GSP error"),
-    140: Rule(Action.DRAIN, 1, "unrecovered ECC error"),
-}
-UNKNOWN_RULE = Rule(Action.WARN, 1, "XID not in gpuwarden's policy table")
-
-_KMSG = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): (\d{1,4})\b")
+_BUS = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<bus>" + _BUS + r")(?: GPU-I:(?P<gi>\d{1,3}))?"
+                  r"(?: GPU-CI:(?P<ci>\d{1,3}))?\): (?P<code>\d{1,5}),(?P<rest>.*)\Z", re.S)
+_SXID = re.compile(r"nvidia-nvswitch\d{1,3}: SXid \(PCI:(?P<bus>" + _BUS + r")\): "
+                   r"(?P<code>\d{1,5}), (?P<rest>.*)\Z", re.S)
+_SXID_PREFIX = re.compile(r"nvidia-nvswitch\d+: SXid\b")
+_SXID_HEADLINE = re.compile(r"(Fatal|Non-fatal|Nonfatal),", re.IGNORECASE)
+_XID_PREFIX = "NVRM: Xid"
+# A process's own report ("<comm>[<pid>]: segfault at ...") starts with its name, at most 15
+# characters: a name equal to a prefix is the user's text, neither an event nor malformed.
+_COMM_LED = re.compile(r".{1,15}(?:\[\d+\]| \(\d+\))")
+# The driver prints one Xid as several records (13 does, per SM); records of one GPU and code
+# this close together are one event. An SXid's "Severity ..." and "Data {...}" records follow
+# their headline ("<code>, Fatal, Link ...").
+_SAME_EVENT_S = 1.0
 _MAX_MALFORMED_SHOWN = 1
 
 
@@ -63,44 +61,102 @@ class XidEvent:
     bus_id: str
     at: float  # wall-clock seconds
     line: str
+    kind: str = "xid"  # "xid" (a GPU) or "sxid" (an NVSwitch)
+    rule: Rule = UNKNOWN_RULE
+    records: int = 1
 
 
 @dataclass(frozen=True)
 class KernelLog:
     events: tuple[XidEvent, ...]
     malformed: tuple[str, ...]  # "line N: why"
+    boot_time: float = 0.0  # events before it are from an earlier boot
+    not_kernel: int = 0  # records with the driver's prefix that the kernel did not log
 
 
-def parse_kmsg(text: str, boot_time: float) -> KernelLog:
-    """Records in /dev/kmsg format: ``pri,seq,usec_since_boot,flags;message``.
+def parse_kmsg(text: str, boot_time: float, now: float | None = None) -> KernelLog:
+    return parse_kernel_log(text, boot_time, now)
 
-    Continuation lines (starting with a space) are ignored; any other line that is not a
-    record, and any Xid line that does not parse, is reported as malformed.
-    """
-    events: list[XidEvent] = []
-    malformed: list[str] = []
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        if not raw.strip() or raw.startswith(" "):
-            continue
-        m = _KMSG.match(raw)
+
+def parse_kernel_log(text: str, boot_time: float, now: float | None = None) -> KernelLog:
+    """Any rendering kernlog reads; ``now`` only places syslog's year-less times."""
+    recs = kernlog.parse(text, boot_time, time.time() if now is None else now)
+    builder = _Builder()
+    malformed = list(recs.malformed)
+    for rec in recs.records:
+        why = builder.add(rec)
+        if why:
+            malformed.append(f"line {rec.lineno}: {why}: {rec.text[:80]!r}")
+    malformed.sort(key=lambda m: int(m.split(":", 1)[0].split()[1]))
+    return KernelLog(builder.events(), tuple(malformed), boot_time, builder.not_kernel)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self._events: list[XidEvent] = []
+        self._last: dict[tuple[str, str, int], tuple[int, float]] = {}  # key -> (index, last at)
+        self.not_kernel = 0
+
+    def add(self, rec: kernlog.Record) -> str:
+        """Take one record; the reason it is malformed, or ""."""
+        is_xid = rec.text.startswith(_XID_PREFIX)
+        if (not is_xid and not _SXID_PREFIX.match(rec.text)) or _COMM_LED.match(rec.text):
+            return ""
+        if not rec.kernel:
+            self.not_kernel += 1
+            log_.debug("line %d: driver prefix outside the kernel facility, ignored", rec.lineno)
+            return ""
+        m = (_XID if is_xid else _SXID).match(rec.text)
         if not m:
-            malformed.append(f"line {lineno}: not a kernel log record: {raw[:80]!r}")
-            continue
-        message = m.group(4)
-        if "NVRM: Xid" not in message:
-            continue
-        x = _XID.search(message)
-        if not x:
-            malformed.append(f"line {lineno}: unparseable Xid message: {message[:80]!r}")
-            continue
-        at = boot_time + int(m.group(3)) / 1e6
-        events.append(XidEvent(int(x.group(2)), normalise_bus_id(x.group(1)), at, message))
-    return KernelLog(tuple(events), tuple(malformed))
+            return f"unparseable {'Xid' if is_xid else 'SXid'} message"
+        if rec.at is None:
+            return "no timestamp"
+        kind, code, rest = ("xid" if is_xid else "sxid"), int(m.group("code")), m.group("rest")
+        key = (kind, normalise_bus_id(m.group("bus")), code)
+        if is_xid:
+            self._add_xid(key, rec, rest)
+        else:
+            self._add_sxid(key, rec, rest)
+        return ""
+
+    def _add_xid(self, key: tuple[str, str, int], rec: kernlog.Record, rest: str) -> None:
+        rule = xid_rule(key[2], rest)
+        prev = self._last.get(key)
+        assert rec.at is not None
+        if prev is not None and key[2] != 154 and rec.at - prev[1] <= _SAME_EVENT_S:
+            self._merge(key, prev[0], rec.at, rule)
+            return
+        self._new(key, rec, rule)
+
+    def _add_sxid(self, key: tuple[str, str, int], rec: kernlog.Record, rest: str) -> None:
+        headline = _SXID_HEADLINE.match(rest.strip())
+        prev = self._last.get(key)
+        assert rec.at is not None
+        if headline is None and prev is not None:
+            self._merge(key, prev[0], rec.at, None)
+            return
+        self._new(key, rec, sxid_rule(key[2], headline.group(1) if headline else ""))
+
+    def _new(self, key: tuple[str, str, int], rec: kernlog.Record, rule: Rule) -> None:
+        assert rec.at is not None
+        self._events.append(XidEvent(key[2], key[1], rec.at, rec.text, key[0], rule))
+        self._last[key] = (len(self._events) - 1, rec.at)
+
+    def _merge(self, key: tuple[str, str, int], i: int, at: float, rule: Rule | None) -> None:
+        e = self._events[i]
+        stronger = rule if rule is not None and rule.action > e.rule.action else e.rule
+        self._events[i] = dataclasses.replace(e, rule=stronger, records=e.records + 1)
+        self._last[key] = (i, at)
+
+    def events(self) -> tuple[XidEvent, ...]:
+        # 154 states the GPU's current recovery action: only the latest one per GPU stands.
+        latest = {e.bus_id: e for e in self._events if e.kind == "xid" and e.xid == 154}
+        return tuple(e for e in self._events
+                     if not (e.kind == "xid" and e.xid == 154) or latest[e.bus_id] is e)
 
 
-def _fatal_once(xid_no: int) -> bool:
-    rule = POLICY.get(xid_no, UNKNOWN_RULE)
-    return rule.action in (Action.DRAIN, Action.RESET) and rule.threshold == 1
+def _fatal_once(rule: Rule) -> bool:
+    return rule.action in DRAINS and rule.threshold == 1
 
 
 def _when(ts: float) -> str:
@@ -109,36 +165,48 @@ def _when(ts: float) -> str:
 
 def evaluate(log: KernelLog, bus_to_gpu: dict[str, int], now: float, window_s: float,
              gpus: set[int] | None = None) -> list[CheckResult]:
-    """One result per (xid, GPU) that matters, plus one for malformed input."""
+    """One result per (code, device, rule) that matters, plus one for malformed input."""
     results: list[CheckResult] = []
     if log.malformed:
         shown = "; ".join(log.malformed[:_MAX_MALFORMED_SHOWN])
         results.append(CheckResult(
             "xid", Status.UNKNOWN,
             f"kernel log: {len(log.malformed)} malformed line(s), not acted on ({shown})"))
-    # Fatal XIDs (threshold 1) count since boot: the log starts afresh at a reboot, and a GPU
-    # that fell off the bus stays suspect until then, however long ago it happened.
-    recent = [e for e in log.events if e.at <= now + 60 and (
-        now - window_s <= e.at or _fatal_once(e.xid))]
-    counts = Counter((e.xid, e.bus_id) for e in recent)
-    last = {(e.xid, e.bus_id): e for e in recent}
-    for (xid, bus), n in sorted(counts.items()):
-        gpu = bus_to_gpu.get(bus)
-        if gpus is not None and gpu is not None and gpu not in gpus:
-            continue
-        rule = POLICY.get(xid, UNKNOWN_RULE)
-        where = f"GPU {gpu}" if gpu is not None else f"PCI {bus}"
-        evidence = f"xid {xid} on {where} at {_when(last[(xid, bus)].at)}"
-        if n > 1:
-            evidence += f" ({n}x in {window_s / 3600:g} h)"
-        if rule.action in (Action.DRAIN, Action.RESET) and n >= rule.threshold:
-            suffix = ", needs GPU reset" if rule.action is Action.RESET else ""
-            results.append(CheckResult("xid", Status.CRITICAL, f"{evidence}: {rule.what}{suffix}",
-                                       gpu, evidence + suffix))
-        elif rule.action is not Action.IGNORE:
-            results.append(CheckResult("xid", Status.WARNING, f"{evidence}: {rule.what}", gpu))
+    # Fatal XIDs count since boot: a GPU that fell off the bus stays suspect until then, however
+    # long ago it happened. Records from before this boot (saved syslog files) do not count.
+    recent = [e for e in log.events if log.boot_time <= e.at <= now + 60 and (
+        now - window_s <= e.at or _fatal_once(e.rule))]
+    counts = Counter((e.kind, e.xid, e.bus_id, e.rule.action, e.rule.what) for e in recent)
+    last = {(e.kind, e.xid, e.bus_id, e.rule.action, e.rule.what): e for e in recent}
+    for key, n in sorted(counts.items()):
+        results.extend(_judge(last[key], n, bus_to_gpu, window_s, gpus))
     if not results:
+        extra = (f"; {log.not_kernel} driver-like record(s) not from the kernel ignored"
+                 if log.not_kernel else "")
         results.append(CheckResult("xid", Status.OK,
                                    f"no actionable XIDs in {window_s / 3600:g} h "
-                                   f"(policy {POLICY_VERSION})"))
+                                   f"(policy {POLICY_VERSION}){extra}"))
     return results
+
+
+def _judge(e: XidEvent, n: int, bus_to_gpu: dict[str, int], window_s: float,
+           gpus: set[int] | None) -> list[CheckResult]:
+    gpu = bus_to_gpu.get(e.bus_id) if e.kind == "xid" else None
+    if gpus is not None and gpu is not None and gpu not in gpus:
+        return []
+    rule = e.rule
+    if e.kind == "sxid":
+        where = f"NVSwitch {e.bus_id}"
+    else:
+        where = f"GPU {gpu}" if gpu is not None else f"PCI {e.bus_id}"
+    evidence = f"{e.kind} {e.xid} on {where} at {_when(e.at)}"
+    if n > 1:
+        evidence += f" ({n}x in {window_s / 3600:g} h)"
+    nvidia = f" (NVIDIA: {rule.catalog})" if rule.catalog else ""
+    if rule.action in DRAINS and n >= rule.threshold:
+        suffix = SUFFIX.get(rule.action, "")
+        return [CheckResult("xid", Status.CRITICAL, f"{evidence}: {rule.what}{suffix}{nvidia}",
+                            gpu, evidence + suffix)]
+    if rule.action is not Action.IGNORE:
+        return [CheckResult("xid", Status.WARNING, f"{evidence}: {rule.what}{nvidia}", gpu)]
+    return []

@@ -24,9 +24,11 @@ class Outcome:
 
 
 def drain_lemons(lemons: Sequence[NodeScore], client: SlurmClient, cap: BlastRadius,
-                 clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep) -> list[Outcome]:
-    """Most suspicious first, so that a cap reached part-way leaves the worst ones drained."""
+    """Most suspicious first, so that a cap reached part-way leaves the worst ones drained.
+
+    A node drained meanwhile by anyone (health gating included) is left alone: the lemon drain
+    never takes over another drain, so health gating never resumes a lemon drain as its own."""
     out = []
     for s in sorted(lemons, key=lambda s: (s.q_value, -s.failures)):
         try:
@@ -41,10 +43,11 @@ def drain_lemons(lemons: Sequence[NodeScore], client: SlurmClient, cap: BlastRad
                                                       f"({node.owner})"))
             continue
         try:
-            applied = drain_within_cap(s.summary, s.node, client, cap, clock, sleep)
+            applied = drain_within_cap(s.summary, s.node, client, cap, sleep)
         except (NotOurDrainError, SlurmError) as exc:
             out.append(Outcome(s.node, "error", str(exc)))
             continue
         log.info("lemon %s: %s (%s)", s.node, applied.action, applied.detail)
-        out.append(Outcome(s.node, applied.action, applied.detail))
+        action = "already out" if applied.action == "none" else applied.action
+        out.append(Outcome(s.node, action, applied.detail))
     return out

@@ -9,15 +9,18 @@ from typing import Any
 import click
 
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.placement import daemon
+from gpuwarden.placement import daemon, safefile
 from gpuwarden.placement.decide import JobRequest, decide
 
 
 def _snapshot_age(path: str, stale_after_s: int) -> str:
     """What the filter itself sees now: explain decides on fresh state, the filter on the file."""
+    unsafe = safefile.problem(path)
+    if unsafe and not unsafe.endswith(" is missing"):
+        return (f"the filter refuses its snapshot: {unsafe}; it lets every job through "
+                "unchanged")
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            head = fh.read(256).split("\n", 1)[0]
+        head = safefile.read_head(path, 256).decode("utf-8", "replace").split("\n", 1)[0]
         written = int(head.rsplit(" written ", 1)[1])
     except (OSError, IndexError, ValueError):
         return (f"the filter's snapshot {path} is missing or unreadable: it lets every job "

@@ -10,6 +10,7 @@ goes stale, and the filter then lets jobs through unchanged) and is logged with 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -55,16 +56,21 @@ def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: Stat
          now: float) -> snapshot.Snapshot | None:
     try:
         snap = build_once(cfg, client, lemon_file, state, now)
+        body = snapshot.render(replace(snap, generation=0, generated_at=0)).split("\n", 1)[1]
     except GpuwardenError as exc:
         log.error("placement snapshot not updated: %s (the last good one stays, and goes stale "
                   "after %d s)", exc, cfg.stale_after_s)
         return None
-    body = snapshot.render(replace(snap, generation=0, generated_at=0)).split("\n", 1)[1]
     if body != state.content:
         state.generation = max(state.generation + 1, int(now * 1000))
         state.content = body
     snap = replace(snap, generation=state.generation)
-    snapshot.write(cfg.snapshot_file, snapshot.render(snap))
+    try:
+        snapshot.write(cfg.snapshot_file, snapshot.render(snap))
+    except snapshot.SnapshotError as exc:
+        log.error("placement snapshot not written: %s (the filter lets jobs through unchanged "
+                  "once the last one goes stale)", exc)
+        return None
     return snap
 
 
@@ -74,6 +80,10 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
     state = State()
     log.info("placement daemon: %s -> %s every %g s", cfg.topology_file, cfg.snapshot_file,
              cfg.interval_s)
+    beside = os.path.join(os.path.dirname(cfg.snapshot_file), "job_submit.lua")
+    if not os.path.exists(beside):
+        log.warning("no %s: job_submit.lua reads the snapshot only from its own directory (the "
+                    "one slurmctld already trusts for the code it runs)", beside)
     while True:
         try:
             snap = step(cfg, client_factory(), lemon_file, state, clock())

@@ -1,22 +1,37 @@
-"""What the job_submit filter needs, computed by the daemon and written as a Lua table.
+"""What the job_submit filter needs, computed by the daemon and written as a line-based file.
 
 Pure apart from `write`. The filter runs inside slurmctld under its locks, so everything slow
 (Slurm calls, hostlists, sorting) happens here; the filter only looks things up.
+
+The file is data, never code: the filter parses it with anchored string patterns under a byte
+and an item cap, so loading any file, however hostile, allocates a bounded amount of memory
+(executing a snapshot as Lua could not be bounded: one concatenation instruction can grow a
+string 190-fold between two hook checks).
 """
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwarden.errors import GpuwardenError
 from gpuwarden.health.gate import CLAIM, WOULD
-from gpuwarden.health.store import atomic_write
+from gpuwarden.placement import safefile
 from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
 from gpuwarden.placement.topology import Topology
 from gpuwarden.slurm.models import REASON_PREFIX, Node
 
-VERSION = 1
+FORMAT = 2
+# job_submit.lua's caps (MAX_BYTES, MAX_ITEMS): the daemon refuses to write what it would refuse.
+MAX_BYTES = 4 << 20
+MAX_ITEMS = 100_000
+# One token of the file: what the filter's patterns accept in a name (%S without '=' or ',').
+_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+\-]*$")
+
+
+class SnapshotError(GpuwardenError):
+    """A snapshot cannot be rendered (a name the filter could not read back) or written."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +41,11 @@ class PartitionView:
     capacity: tuple[int, ...]  # healthy nodes per leaf, most first (leaves with none left out)
     healthy: int
     exclude: tuple[str, ...]  # suspect nodes of this partition that Slurm would still use
+    # The suspects again, grouped by node kind (gres and features: what a job can ask for per
+    # node), each with how many nodes of that kind the partition keeps once they are excluded
+    # (drained and down ones included: they come back, and exc_nodes is for the job's life).
+    # The filter excludes a group only if a job that could run on that kind still can.
+    avoid: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,49 +101,71 @@ def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
                 per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
         capacity = tuple(sorted(per_leaf.values(), reverse=True))
         views[part] = PartitionView(part, policy, capacity, sum(capacity),
-                                    tuple(sorted(excluded)))
+                                    tuple(sorted(excluded)),
+                                    _avoid_groups(members, by_name, set(excluded)))
     default = cfg.default_partition or (next(iter(views)) if len(views) == 1 else "")
     return Snapshot(generation, now, cfg.stale_after_s, default, topo.kind, views, why)
 
 
-def _lua_str(s: str) -> str:
-    # %q-style quoting: node and partition names are validated, reasons are ours; escape anyway.
-    out = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
-    return f'"{out}"'
+def _avoid_groups(members: Iterable[str], by_name: Mapping[str, Node],
+                  excluded: set[str]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    kinds: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for name in members:
+        node = by_name.get(name)
+        if node is not None:  # a member Slurm did not list counts as absent: the stricter way
+            kinds.setdefault((node.gres, tuple(sorted(node.features))), []).append(name)
+    groups = []
+    for names in kinds.values():
+        out = sorted(n for n in names if n in excluded)
+        if out:
+            groups.append((len(names) - len(out), tuple(out)))
+    return tuple(sorted(groups, key=lambda g: g[1]))
+
+
+def _token(s: str, what: str) -> str:
+    if not _TOKEN.match(s):
+        raise SnapshotError(f"{what} {s!r} cannot be written to the snapshot (the filter reads "
+                            "names of letters, digits and _.@+- only)")
+    return s
 
 
 def render(s: Snapshot) -> str:
-    """The Lua file. Its first line carries the generation (changes with the content) and the
-    time it was written (every time), so the filter reads one line to know whether to reload
-    and whether the daemon is alive."""
+    """The file. Its first line carries the generation (changes with the content) and the time
+    it was written (every time), so the filter reads one line to know whether to reload and
+    whether the daemon is alive. Then one record per line; "end" marks a complete file."""
     lines = [
         f"-- gpuwarden placement snapshot generation {s.generation} written {int(s.generated_at)}",
         "-- Written by `gpuwarden placement daemon`; do not edit: it is replaced every few s.",
-        "return {",
-        f"  version = {VERSION},",
-        f"  generation = {s.generation},",
-        f"  generated_at = {int(s.generated_at)},",
-        f"  stale_after = {s.stale_after_s},",
-        f"  default_partition = {_lua_str(s.default_partition)},",
-        f"  kind = {_lua_str(s.kind)},",
-        "  partitions = {",
+        f"format {FORMAT}",
+        f"stale_after {s.stale_after_s}",
+        f"default_partition {_token(s.default_partition, 'partition') if s.default_partition else '-'}",
+        f"kind {_token(s.kind, 'topology kind')}",
     ]
     for v in s.partitions.values():
         p = v.policy
         lines.append(
-            f"    [{_lua_str(v.name)}] = {{ mode = {_lua_str(p.mode)}, wait = {p.wait_s}, "
-            f"min_nodes = {p.min_nodes}, shadow = {'true' if p.shadow else 'false'}, "
-            f"healthy = {v.healthy}, capacity = {{{', '.join(map(str, v.capacity))}}}, "
-            f"exclude = {_lua_str(','.join(v.exclude))} }},")
-    lines.append("  },")
-    lines.append("  why = {")
+            f"partition {_token(v.name, 'partition')} mode={p.mode} wait={p.wait_s} "
+            f"min_nodes={p.min_nodes} shadow={1 if p.shadow else 0} healthy={v.healthy} "
+            f"capacity={','.join(map(str, v.capacity))}")
+        for keep, nodes in v.avoid:
+            names = ",".join(_token(n, "node") for n in nodes)
+            lines.append(f"avoid {v.name} keep={keep} nodes={names}")
     for node, w in sorted(s.why.items()):
-        lines.append(f"    [{_lua_str(node)}] = {_lua_str(w)},")
-    lines += ["  },", "}", ""]
-    return "\n".join(lines)
+        lines.append(f"why {_token(node, 'node')} {' '.join(w.split())}")
+    lines += ["end", ""]
+    text = "\n".join(lines)
+    items = sum(1 + len(v.capacity) + len(v.avoid) for v in s.partitions.values())
+    if len(text.encode()) > MAX_BYTES or items > MAX_ITEMS:
+        raise SnapshotError(f"the snapshot would be {len(text.encode())} bytes and {items} "
+                            f"items, over the filter's caps ({MAX_BYTES} bytes, {MAX_ITEMS} "
+                            "items): it would refuse it")
+    return text
 
 
 def write(path: str, text: str) -> None:
-    """Atomically, world-readable: slurmctld's SlurmUser reads it."""
-    directory, name = os.path.split(path)
-    atomic_write(directory, name, text.encode(), mode=0o644)
+    """Atomically, world-readable (slurmctld's SlurmUser reads it), and only into a directory
+    no one but us can write: the filter trusts whatever is there."""
+    try:
+        safefile.write(path, text.encode())
+    except safefile.UnsafePathError as exc:
+        raise SnapshotError(str(exc)) from None

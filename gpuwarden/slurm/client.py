@@ -17,7 +17,7 @@ from typing import Protocol
 from gpuwarden.config import SlurmConfig
 from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm import parse
-from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, Job, Node, NodeEvent
+from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, Job, Node, NodeEvent, NodeView
 from gpuwarden.slurm.runner import CommandResult, CommandRunner, CommandTimeoutError
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ _TRANSIENT = re.compile(
 )
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MAX_REASON = 200
+# Past this a hostlist argument risks the kernel's 128 KiB limit on one argument.
+_MAX_NODELIST_ARG = 100_000
+# sinfo's names for every state in which a node is out of service (DRAIN covers DRAINING too).
+OUT_STATES = "drain,down,fail"
 
 
 class SlurmClient(Protocol):
@@ -45,9 +49,12 @@ class SlurmClient(Protocol):
     def job(self, job_id: int) -> Job: ...
     def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]: ...
     def events(self, start: str, end: str) -> list[NodeEvent]: ...
-    def drain(self, name: str, reason: str) -> None: ...
+    def out_of_service(self, also: Sequence[str] = ()) -> NodeView: ...
+    def partition_sizes(self) -> dict[str, int]: ...
+    def drain(self, name: str, reason: str, *, in_service_only: bool = False) -> None: ...
     def set_comment(self, name: str, text: str) -> None: ...
-    def resume(self, name: str) -> bool: ...
+    def resume(self, name: str, *, expect_reason: str | None = None) -> bool: ...
+    def set_extra(self, name: str, text: str) -> None: ...
 
 
 def gpuwarden_reason(text: str) -> str:
@@ -59,6 +66,10 @@ def gpuwarden_reason(text: str) -> str:
         text = text[len(REASON_PREFIX) :].lstrip()
     full = f"{REASON_PREFIX} {text}"
     return full if len(full) <= _MAX_REASON else full[: _MAX_REASON - 3] + "..."
+
+
+class NodeBusyError(NotOurDrainError):
+    """A drain refused because the node is already out of service, whoever put it there."""
 
 
 def check_node_name(name: str) -> str:
@@ -162,14 +173,54 @@ class CliSlurmClient:
         ))
         return parse.parse_events(out.stdout)
 
+    def out_of_service(self, also: Sequence[str] = ()) -> NodeView:
+        """Every node out of service (drained, draining, down, failed), plus the nodes in
+        ``also`` whatever their state, with the controller's clock.
+
+        Two calls whatever the cluster's size: sinfo names the nodes out of service as compact
+        hostlists, then scontrol prints only those. What comes back grows with the nodes out of
+        service, not with the cluster."""
+        names = [check_node_name(n) for n in also]
+        lists = parse.parse_nodelists(self._call(self._argv(
+            "sinfo", "--all", "--noheader", f"--states={OUT_STATES}", "--format=%N")).stdout)
+        expr = ",".join([*lists, *names])
+        if not expr:
+            return NodeView((), None)
+        if len(expr) > _MAX_NODELIST_ARG:
+            # Thousands of scattered nodes out at once: one whole-cluster read beats no read.
+            log.warning("%d bytes of node lists out of service: reading every node", len(expr))
+            argv = self._argv("scontrol", "show", "nodes", "--json")
+        else:
+            argv = self._argv("scontrol", "show", "node", expr, "--json")
+        view = parse.parse_node_view(self._call(argv).stdout)
+        wanted = set(names)
+        return NodeView(tuple(n for n in view.nodes if n.unavailable or n.name in wanted),
+                        view.ctld_time)
+
+    def partition_sizes(self) -> dict[str, int]:
+        """Partition name -> its node count, hidden partitions included: one call, whose size
+        grows with the number of partitions, not of nodes."""
+        out = self._call(self._argv("scontrol", "--all", "show", "partition", "--json"))
+        return parse.parse_partition_sizes(out.stdout)
+
     def _update(self, name: str, *fields: str) -> None:
         self._call(self._argv("scontrol", "update", f"nodename={name}", *fields))
 
-    def drain(self, name: str, reason: str) -> None:
-        """Drain with a `gpuwarden:` reason; never over a reason someone else set."""
+    def drain(self, name: str, reason: str, *, in_service_only: bool = False) -> None:
+        """Drain with a `gpuwarden:` reason; never over a reason someone else set.
+
+        The node is re-read right before the update (Slurm has no compare-and-swap: this keeps
+        the window in which someone else's drain can be replaced to one round trip). With
+        ``in_service_only`` a node that is out of service for any reason, gpuwarden's own
+        included (a lemon drain, a drain by hand), is refused with NodeBusyError: the health
+        and lemon drains never take over each other's drains."""
         full = gpuwarden_reason(reason)
         node = self.node(check_node_name(name))
         refuse_unless_ours(node, "drain")
+        if in_service_only and (node.drained or node.down):
+            raise NodeBusyError(
+                f"not draining {name}: it is already {node.state_text} with reason "
+                f"{node.reason!r} ({node.owner or 'no owner'}); leaving that drain as it is")
         log.info("draining %s: %s", name, full)
         self._update(name, "state=drain", f"reason={full}")
 
@@ -185,8 +236,12 @@ class CliSlurmClient:
             return
         self._update(name, f"comment={full}")
 
-    def resume(self, name: str) -> bool:
-        """Resume a node gpuwarden drained. False when there was nothing to resume."""
+    def resume(self, name: str, *, expect_reason: str | None = None) -> bool:
+        """Resume a node gpuwarden drained. False when there was nothing to resume.
+
+        The node is re-read right before the update; with ``expect_reason`` it is resumed only
+        if its reason is still exactly that one (the drain the caller made), so a drain someone
+        made since (an operator's, a lemon drain, one by hand) is never resumed."""
         node = self.node(check_node_name(name))
         if not (node.drained or node.down):
             return False
@@ -196,6 +251,15 @@ class CliSlurmClient:
                 f"refusing to resume {name}: it is {node.state_text} without a reason, so "
                 "gpuwarden cannot tell who set it"
             )
+        if expect_reason is not None and node.reason != expect_reason:
+            raise NotOurDrainError(
+                f"refusing to resume {name}: its reason is now {node.reason!r}, not "
+                f"{expect_reason!r}: it was drained again since, and that drain is not ours "
+                "to undo")
         log.info("resuming %s (was: %s)", name, node.reason)
         self._update(name, "state=resume")
         return True
+
+    def set_extra(self, name: str, text: str) -> None:
+        """Set the node's `Extra` field (health gating's marker; see gpuwarden.health.marker)."""
+        self._update(check_node_name(name), f"extra={text}")

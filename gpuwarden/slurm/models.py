@@ -22,6 +22,8 @@ class Node:
     features: tuple[str, ...]
     boot_time: int | None
     comment: str = ""
+    # Slurm's free-form node `Extra` (23.02+): health gating keeps its marker there.
+    extra: str = ""
 
     @property
     def state_text(self) -> str:
@@ -51,6 +53,22 @@ class Node:
         if self.reason_is_ours:
             return "gpuwarden"
         return self.reason_set_by or "slurm"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """Some nodes as one controller read returned them, with the controller's own clock.
+
+    ``ctld_time`` is the response's top-level ``last_update``: when slurmctld last changed its
+    node table, by slurmctld's clock (the clock that also stamps ``reason_changed_at``), so it
+    never depends on the reading host's clock.
+    """
+
+    nodes: tuple[Node, ...]
+    ctld_time: int | None
+
+    def get(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,10 @@ class AcctJob:
     start_time: int | None
     end_time: int | None
     restart_count: int
+    # The lemon detector's evidence: the node Slurm blamed for a NODE_FAIL, and the submit
+    # command (to see jobs that pinned nodes by name with -w/--nodelist, and the job script).
+    failed_node: str = ""
+    submit_line: str = ""
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.errors import SlurmParseError
-from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent
+from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView
 
 
 def load_json(text: str, what: str) -> dict[str, Any]:
@@ -88,6 +89,7 @@ def node_from_json(item: Mapping[str, Any]) -> Node:
         features=_strs(item.get("features")),
         boot_time=_number(item.get("boot_time")) or None,
         comment=_str(item.get("comment")),
+        extra=_str(item.get("extra")),
     )
 
 
@@ -95,6 +97,53 @@ def parse_nodes(text: str) -> list[Node]:
     """`scontrol show nodes --json` or `sinfo --json`'s node list."""
     doc = load_json(text, "scontrol show nodes --json")
     return [node_from_json(i) for i in _list(doc, "nodes", "scontrol show nodes --json")]
+
+
+def parse_node_view(text: str) -> NodeView:
+    """`scontrol show node[s] [LIST] --json`: the nodes (each once) and the controller's
+    ``last_update``."""
+    what = "scontrol show node --json"
+    doc = load_json(text, what)
+    seen: dict[str, Node] = {}
+    for item in _list(doc, "nodes", what):
+        node = node_from_json(item)
+        # scontrol prints a node once per mention in the hostlist it was given.
+        seen.setdefault(node.name, node)
+    return NodeView(tuple(seen.values()), _number(doc.get("last_update")) or None)
+
+
+_NODELIST = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")
+
+
+def parse_nodelists(text: str) -> tuple[str, ...]:
+    """`sinfo --noheader --format=%N`: one hostlist expression per line (per partition and
+    state group), in order, each once."""
+    out: list[str] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if not _NODELIST.match(line):
+            raise SlurmParseError(f"sinfo --format=%N line {lineno}: not a node list: {line[:80]!r}")
+        if line not in out:
+            out.append(line)
+    return tuple(out)
+
+
+def parse_partition_sizes(text: str) -> dict[str, int]:
+    """`scontrol show partition --json`: partition name -> number of nodes configured in it."""
+    what = "scontrol show partition --json"
+    doc = load_json(text, what)
+    sizes: dict[str, int] = {}
+    for item in _list(doc, "partitions", what):
+        name = _str(item.get("name"))
+        nodes = _map(item.get("nodes"))
+        total = _number(nodes.get("total"))
+        if not name or total is None:
+            raise SlurmParseError(f"{what}: partition without a name or node total: "
+                                  f"{dict(item)!r:.200}")
+        sizes[name] = total
+    return sizes
 
 
 def parse_sinfo_partitions(text: str) -> dict[str, tuple[str, ...]]:
@@ -177,6 +226,8 @@ def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
         start_time=_number(time.get("start")) or None,
         end_time=_number(time.get("end")) or None,
         restart_count=_number(item.get("restart_cnt")) or 0,
+        failed_node=_str(item.get("failed_node")),
+        submit_line=_str(item.get("submit_line")),
     )
 
 

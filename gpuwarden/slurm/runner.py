@@ -60,9 +60,26 @@ SLURM_ENV = {**os.environ, "TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
 
 
 class SubprocessRunner:
-    """The real runner: subprocess with a hard timeout (the child is killed when it passes)."""
+    """The real runner: subprocess with a hard timeout (the child is killed when it passes).
+
+    ``bin_dir``: called once, at the first command named without a directory, for the
+    directory to run it from (see gpuwarden.slurm.bindir); None leaves the lookup to PATH.
+    Resolving late keeps it off the path of an entry point that never calls Slurm.
+    """
+
+    def __init__(self, bin_dir: Callable[[], str] | None = None) -> None:
+        self._bin_dir = bin_dir
+        self._resolved: str | None = None
+
+    def _absolute(self, argv: Sequence[str]) -> list[str]:
+        if self._bin_dir is None or "/" in argv[0]:
+            return list(argv)
+        if self._resolved is None:
+            self._resolved = self._bin_dir()
+        return [os.path.join(self._resolved, argv[0]), *argv[1:]]
 
     def run(self, argv: Sequence[str], timeout: float) -> CommandResult:
+        argv = self._absolute(argv)
         log.debug("running %s (timeout %g s)", argv, timeout)
         try:
             proc = subprocess.run(

@@ -127,8 +127,12 @@ def test_suspects_and_lemons_are_excluded_and_the_users_exclude_is_kept(
     h.exec("slurmctld", ["install", "-d", "-m", "0755", "/var/lib/gpuwarden-lemons"])
     h.exec("slurmctld", ["python3", "-c",
                          f"open({LEMONS!r}, 'w').write({json.dumps(lemon_list)!r})"]).check("list")
+    # c3 is a suspect the way the lemon scanner leaves one when the cap holds its drain back.
+    # Not a health "would drain": c3's own periodic check (healthy) clears those on its timer,
+    # which raced this test in CI.
     h.exec("slurmctld", ["scontrol", "update", "nodename=c3",
-                         "comment=gpuwarden: would drain: ecc (blast-radius cap)"]).check("c3")
+                         "comment=gpuwarden: would drain: lemon, 9 of 12 jobs failed "
+                         "(blast-radius cap)"]).check("c3")
     fresh_snapshot(h)
     explain = h.gpuwarden("slurmctld", "placement", "explain", "-N", "2", "-x", "c1").out
     assert "avoid c2: lemon" in explain and "avoid c3: suspect" in explain
@@ -143,7 +147,7 @@ def test_suspects_and_lemons_are_excluded_and_the_users_exclude_is_kept(
     ("corrupt", "has no generation line"),
     ("deleted", "missing"),
     ("stale", "stale: written"),
-    ("lua error", "error ("),
+    ("lua error", "cannot parse: line"),
 ])
 def test_any_fault_lets_jobs_through_unchanged(placement: Harness, fault: str,
                                               needle: str) -> None:
@@ -155,9 +159,9 @@ def test_any_fault_lets_jobs_through_unchanged(placement: Harness, fault: str,
     elif fault == "deleted":
         h.exec("slurmctld", ["rm", "-f", SNAPSHOT])
     elif fault == "lua error":
-        # Valid Lua, wrong types: the decision itself fails inside the filter's pcall.
+        # A fresh header over a record the filter cannot parse (issue 11: data, not Lua).
         now = int(time.time())
-        h.exec("slurmctld", ["sed", "-i", "-e", 's/capacity = {[0-9, ]*}/capacity = "x"/',
+        h.exec("slurmctld", ["sed", "-i", "-e", "s/ capacity=[0-9,]*$/ capacity=x/",
                              "-e", f"1s/generation [0-9]* written [0-9]*/generation 1 written "
                                    f"{now}/", SNAPSHOT]).check("mangle")
     else:

@@ -12,12 +12,13 @@ from click.testing import CliRunner
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
 from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
-from gpuwarden.slurm.client import gpuwarden_reason, refuse_unless_ours
+from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
 from gpuwarden.slurm.models import Node
 
 
-def node(name: str, state: tuple[str, ...] = ("IDLE",), reason: str = "", by: str = "") -> Node:
-    return Node(name, state, reason, by, None, ("gpu",), "gpu:h100:8", (), None)
+def node(name: str, state: tuple[str, ...] = ("IDLE",), reason: str = "", by: str = "",
+         extra: str = "") -> Node:
+    return Node(name, state, reason, by, None, ("gpu",), "gpu:h100:8", (), None, extra=extra)
 
 
 @dataclass
@@ -37,9 +38,11 @@ class FakeClient:
             raise SlurmError(f"node {name} is not known to slurmctld")
         return self.table[name]
 
-    def drain(self, name: str, reason: str) -> None:
+    def drain(self, name: str, reason: str, *, in_service_only: bool = False) -> None:
         n = self.node(name)
         refuse_unless_ours(n, "drain")
+        if in_service_only and (n.drained or n.down):
+            raise NodeBusyError(f"not draining {name}: already {n.state_text}")
         self.table[name] = node(name, ("IDLE", "DRAIN"), gpuwarden_reason(reason), "root")
 
     def resume(self, name: str) -> bool:
@@ -55,6 +58,15 @@ def run(client: FakeClient, *args: str, config: str | None = None) -> tuple[int,
     ctx = Context(config_path=config, client_factory=lambda cfg: client)  # type: ignore[arg-type,return-value]
     res = CliRunner().invoke(cli, list(args), obj=ctx)
     return res.exit_code, res.stdout, res.stderr
+
+
+@pytest.fixture(autouse=True)
+def config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Commands that act on nodes need a config file: an empty one (all defaults)."""
+    p = tmp_path / "gpuwarden.toml"
+    p.write_text("")
+    monkeypatch.setenv("GPUWARDEN_CONFIG", str(p))
+    return p
 
 
 @pytest.fixture
@@ -103,6 +115,14 @@ def test_drain_then_resume_round_trip(fleet: FakeClient) -> None:
     assert code == 0 and "resumed" in out and not fleet.table["c1"].drained
 
 
+def test_drain_of_a_node_gpuwarden_drained_keeps_the_first_evidence(fleet: FakeClient) -> None:
+    code, out, _ = run(fleet, "drain", "c3", "--reason", "second look: flaky")
+    assert code == 0 and "reason kept" in out and "xid 79 on GPU 5" in out
+    assert fleet.table["c3"].reason == "gpuwarden: xid 79 on GPU 5"
+    code, _, _ = run(fleet, "drain", "c3", "--reason", "replaced on purpose", "--replace")
+    assert code == 0 and fleet.table["c3"].reason == "gpuwarden: replaced on purpose"
+
+
 def test_drain_refuses_a_slurm_down_node(fleet: FakeClient) -> None:
     code, _, err = run(fleet, "drain", "c8", "--reason", "x")
     assert code == 3 and "Not responding" in err
@@ -117,10 +137,14 @@ def test_a_bad_config_stops_every_action_with_exit_2(fleet: FakeClient, tmp_path
 
 
 def test_config_check_and_show(tmp_path: Path, fleet: FakeClient) -> None:
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir(mode=0o755)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\n")
+    (bin_dir / "scontrol").chmod(0o755)
     good = tmp_path / "good.toml"
-    good.write_text("[cluster]\nnodes = 16\n")
+    good.write_text(f"[cluster]\nnodes = 16\n[slurm]\nbin_dir = '{bin_dir}'\n")
     code, out, _ = run(fleet, "config", "check", str(good))
-    assert code == 0 and "OK" in out
+    assert code == 0 and "OK" in out and str(bin_dir) in out
     code, out, _ = run(fleet, "config", "show", config=str(good))
     assert code == 0 and "nodes = 16" in out and "retries = 3" in out
 
@@ -161,5 +185,6 @@ def test_slurm_entry_points_fail_open_on_a_bad_config(fleet: FakeClient, tmp_pat
     for cmd in ("prolog", "epilog", "periodic"):
         code, _, err = run(fleet, "health", cmd, config=str(bad))
         assert code == 0 and "health.check_timeout_s" in err and "skipped" in err
+        assert "OFF on this node" in err
     code, _, err = run(fleet, "health", "check", config=str(bad))
     assert code == 3 and "UNKNOWN" in err

@@ -124,3 +124,72 @@ def test_windowed_sacct_asks_for_one_window() -> None:
     runner = FakeRunner(script=[lambda a: ok(a, '{"jobs": []}')])
     assert list(CliSlurmClient(SlurmConfig(), runner).acct_jobs("2026-11-01", "2026-11-02")) == []
     assert "--starttime=2026-11-01" in runner.calls[0] and "--endtime=2026-11-02" in runner.calls[0]
+
+
+SINFO_OUT = ("sinfo", "--all", "--noheader", "--states=drain,down,fail", "--format=%N")
+
+
+def nodes_json(*nodes: tuple[str, list[str], str]) -> str:
+    import json
+
+    docs = [json.loads(node_json(n, s, r, "root" if r else ""))["nodes"][0] for n, s, r in nodes]
+    return json.dumps({"nodes": docs, "last_update": {"set": True, "infinite": False,
+                                                       "number": 1795945096}})
+
+
+def test_out_of_service_reads_only_the_nodes_out_of_service_and_the_ones_asked_for() -> None:
+    client, runner, _ = make([
+        lambda a: ok(a, "c[4,7]\nc[4,7]\ngpu-b[01-02]\n"),
+        lambda a: ok(a, nodes_json(("c4", ["IDLE", "DRAIN"], "maintenance"),
+                                   ("c7", ["IDLE", "DRAIN"], "gpuwarden: xid 79"),
+                                   ("c3", ["IDLE"], ""))),
+    ])
+    view = client.out_of_service(also=("c3",))
+    assert runner.calls == [SINFO_OUT,
+                            ("scontrol", "show", "node", "c[4,7],gpu-b[01-02],c3", "--json")]
+    assert [n.name for n in view.nodes] == ["c4", "c7", "c3"] and view.ctld_time == 1795945096
+
+
+def test_out_of_service_with_nothing_out_makes_one_call() -> None:
+    client, runner, _ = make([lambda a: ok(a, "")])
+    view = client.out_of_service()
+    assert view.nodes == () and len(runner.calls) == 1
+
+
+def test_out_of_service_drops_nodes_back_in_service_since_sinfo_ran() -> None:
+    client, _, _ = make([lambda a: ok(a, "c4\n"),
+                         lambda a: ok(a, nodes_json(("c4", ["IDLE"], "")))])
+    assert client.out_of_service().nodes == ()
+
+
+def test_a_huge_scattered_out_of_service_list_falls_back_to_one_whole_read() -> None:
+    names = ",".join(f"gpu-node-{i:05d}" for i in range(0, 20_000, 2))
+    client, runner, _ = make([lambda a: ok(a, names + "\n"), lambda a: ok(a, '{"nodes": []}')])
+    client.out_of_service()
+    assert runner.calls[1] == ("scontrol", "show", "nodes", "--json")
+
+
+def test_partition_sizes_come_from_one_partition_read() -> None:
+    doc = ('{"partitions": [{"name": "gpu", "nodes": {"configured": "c[1-8]", "total": 8}},'
+           ' {"name": "debug", "nodes": {"configured": "c1", "total": 1}}]}')
+    client, runner, _ = make([lambda a: ok(a, doc)])
+    assert client.partition_sizes() == {"gpu": 8, "debug": 1}
+    assert runner.calls == [("scontrol", "--all", "show", "partition", "--json")]
+
+
+def test_drain_in_service_only_never_takes_over_another_gpuwarden_drain() -> None:
+    from gpuwarden.slurm.client import NodeBusyError
+
+    client, runner, _ = make([
+        lambda a: ok(a, node_json("c3", ["IDLE", "DRAIN"], "gpuwarden: lemon, 7 of 41", "root"))])
+    with pytest.raises(NodeBusyError, match="already IDLE\\+DRAIN.*lemon"):
+        client.drain("c3", "xid 79", in_service_only=True)
+    assert all(call[:2] != UPDATE for call in runner.calls)
+
+
+def test_resume_with_an_expected_reason_refuses_a_drain_made_since() -> None:
+    client, runner, _ = make([
+        lambda a: ok(a, node_json("c3", ["IDLE", "DRAIN"], "gpuwarden: lemon, 7 of 41", "root"))])
+    with pytest.raises(NotOurDrainError, match="drained again since"):
+        client.resume("c3", expect_reason="gpuwarden: xid 79")
+    assert all(call[:2] != UPDATE for call in runner.calls)

@@ -57,7 +57,7 @@ def test_prolog_on_a_bad_gpu_drains_and_fails_the_job(node_env) -> None:  # type
     break_gpu(tmp)
     assert entry.prolog(env) == 1
     assert slurm.log == ["drain c3"]
-    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5"
+    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5 [health]"
 
 
 def test_prolog_checks_only_the_jobs_gpus(node_env) -> None:  # type: ignore[no-untyped-def]

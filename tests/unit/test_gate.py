@@ -82,60 +82,82 @@ def fleet(n: int = 8, drained: tuple[str, ...] = (), claims: dict[str, float] | 
 CAP = BlastRadius(max_drained_pct=25.0, settle_s=0)
 
 
+def allows(me: str, nodes: list[Node], cap: BlastRadius = CAP, now: float = NOW) -> tuple[bool, str]:
+    """cap_allows over a whole table, as the gate sees it: out-of-service nodes and sizes."""
+    sizes: dict[str, int] = {}
+    for n in nodes:
+        for p in n.partitions:
+            sizes[p] = sizes.get(p, 0) + 1
+    mine = next(n for n in nodes if n.name == me)
+    return gate.cap_allows(me, mine.partitions, [n for n in nodes if n.unavailable], sizes, cap,
+                           now)
+
+
 def test_cap_counts_gpuwarden_drains_in_the_partition() -> None:
-    assert gate.cap_allows("c3", fleet(drained=("c1",)), CAP, NOW)[0]
-    ok, why = gate.cap_allows("c3", fleet(drained=("c1", "c2")), CAP, NOW)
+    assert allows("c3", fleet(drained=("c1",)))[0]
+    ok, why = allows("c3", fleet(drained=("c1", "c2")))
     assert not ok and "2 of 8 nodes in gpu" in why and "limit 2 (25%)" in why
 
 
 def test_operator_drains_do_not_use_up_the_cap() -> None:
     nodes = fleet(drained=("c1",))
     nodes[1] = node("c2", ("IDLE", "DRAIN"), "maintenance")
-    assert gate.cap_allows("c3", nodes, CAP, NOW)[0]
+    assert allows("c3", nodes)[0]
 
 
 def test_without_a_window_old_drains_keep_counting_and_with_one_they_expire() -> None:
     nodes = [replace(n, reason_changed_at=int(NOW - 200_000)) if n.drained else n
              for n in fleet(drained=("c1", "c2"))]
-    assert not gate.cap_allows("c3", nodes, CAP, NOW)[0]
-    assert gate.cap_allows("c3", nodes, replace(CAP, window_s=86_400), NOW)[0]
+    assert not allows("c3", nodes)[0]
+    assert allows("c3", nodes, replace(CAP, window_s=86_400))[0]
 
 
 def test_nodes_down_since_our_drain_still_count() -> None:
     nodes = [replace(n, state=("DOWN", "DRAIN")) if n.drained else n
              for n in fleet(drained=("c1", "c2"))]
-    assert not gate.cap_allows("c3", nodes, CAP, NOW)[0]
+    assert not allows("c3", nodes)[0]
 
 
-def test_no_claim_possible_means_hold_not_drain() -> None:
+def test_an_operators_comment_never_stops_a_drain() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
     slurm.table["c3"] = replace(slurm.table["c3"], comment="rack 7, ticket 42")
     d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
     applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
-    assert applied.action == "held" and slurm.log == []
+    assert applied.action == "drained" and slurm.log == ["drain c3"]
     assert slurm.table["c3"].comment == "rack 7, ticket 42"
 
 
-def test_earlier_claims_rank_first() -> None:
-    nodes = fleet(drained=("c1",), claims={"c5": NOW - 2, "c6": NOW - 1, "c7": NOW - 0.5})
-    assert gate.cap_allows("c5", nodes, CAP, NOW)[0]
-    assert not gate.cap_allows("c6", nodes, CAP, NOW)[0]
-    assert not gate.cap_allows("c7", nodes, CAP, NOW)[0]
+def test_drains_rank_by_the_controllers_stamp_then_by_name() -> None:
+    nodes = fleet(drained=("c1",))
+    for name, stamp in (("c7", NOW - 2), ("c5", NOW - 1), ("c6", NOW - 1)):
+        i = int(name[1:]) - 1
+        nodes[i] = node(name, ("IDLE", "DRAIN"), "gpuwarden: bad", changed=stamp)
+    nodes[0] = replace(nodes[0], reason_changed_at=int(NOW - 600))
+    # c1 holds the first place, c7 (stamped first) the second; c5 and c6 come too late.
+    assert allows("c7", nodes)[0]
+    assert not allows("c5", nodes)[0]
+    assert not allows("c6", nodes)[0]
 
 
-def test_stale_claims_expire() -> None:
-    nodes = fleet(drained=("c1",), claims={"c5": NOW - 600, "c6": NOW - 1})
-    assert gate.cap_allows("c6", nodes, CAP, NOW)[0]
+def test_a_node_not_yet_drained_ranks_after_every_drain() -> None:
+    assert not allows("c8", fleet(drained=("c1", "c2")))[0]
+    assert allows("c8", fleet(drained=("c1",)))[0]
 
 
 def test_absolute_cap_applies_across_partitions() -> None:
     nodes = fleet(n=100, drained=("c1", "c2", "c3"))
-    assert not gate.cap_allows("c9", nodes, replace(CAP, max_drained_nodes=3), NOW)[0]
-    assert gate.cap_allows("c9", nodes, replace(CAP, max_drained_nodes=4), NOW)[0]
+    assert not allows("c9", nodes, replace(CAP, max_drained_nodes=3))[0]
+    assert allows("c9", nodes, replace(CAP, max_drained_nodes=4))[0]
 
 
 def test_one_node_can_always_be_drained_in_a_small_partition() -> None:
-    assert gate.cap_allows("c1", fleet(n=3), BlastRadius(max_drained_pct=10), NOW)[0]
+    assert allows("c1", fleet(n=3), BlastRadius(max_drained_pct=10))[0]
+
+
+def test_a_partition_of_unknown_size_gets_the_smallest_cap() -> None:
+    drained = [node("c1", ("IDLE", "DRAIN"), "gpuwarden: bad", changed=NOW - 60)]
+    assert not gate.cap_allows("c3", ("gpu",), drained, {}, CAP, NOW)[0]
+    assert gate.cap_allows("c3", ("gpu",), [], {}, CAP, NOW)[0]
 
 
 def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
@@ -146,8 +168,9 @@ def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
     assert slurm.table["c3"].comment.startswith("gpuwarden: would drain: xid 79 on GPU 5")
 
 
-def test_apply_drains_and_clears_its_claim() -> None:
+def test_apply_drains_and_clears_an_earlier_would_drain() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
+    slurm.table["c3"] = replace(slurm.table["c3"], comment="gpuwarden: would drain: old (cap)")
     d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
     applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "drained" and slurm.log == ["drain c3"]
@@ -156,20 +179,18 @@ def test_apply_drains_and_clears_its_claim() -> None:
 
 
 @pytest.mark.parametrize("cap_pct", [25.0, 50.0])
-def test_concurrent_claims_never_exceed_the_cap(cap_pct: float) -> None:
-    """Five nodes decide at once: each posts a claim, then all re-check (the settle step)."""
-    slurm = FakeSlurm({n.name: n for n in fleet()})
-    faulty = ["c1", "c2", "c5", "c6", "c7"]
+def test_concurrent_drains_never_exceed_the_cap(cap_pct: float) -> None:
+    """Five nodes drain in the same controller second, then each looks again: as many keep
+    their drain as the cap allows, the same ones whoever looks first."""
     cap = replace(CAP, max_drained_pct=cap_pct)
-    for i, n in enumerate(faulty):
-        slurm.set_comment(n, f"drain claim {NOW + i / 10:.6f}")
-    allowed = [n for n in faulty if gate.cap_allows(n, slurm.nodes(), cap, NOW + 1)[0]]
-    assert len(allowed) == int(8 * cap_pct / 100)
+    faulty = ["c1", "c2", "c5", "c6", "c7"]
+    nodes = fleet(drained=tuple(faulty))
+    kept = [n for n in faulty if allows(n, nodes, cap)[0]]
+    assert kept == faulty[:int(8 * cap_pct / 100)]
 
 
 def test_a_healthy_node_clears_only_its_own_stale_comments() -> None:
-    assert gate.health_may_clear("gpuwarden: would drain: xid 79 on GPU 5 (cap)", NOW)
-    assert gate.health_may_clear(f"gpuwarden: drain claim {NOW - 120:.6f}", NOW)
-    assert not gate.health_may_clear(f"gpuwarden: drain claim {NOW - 1:.6f}", NOW)
-    assert not gate.health_may_clear("gpuwarden: would drain: lemon, 7 of 41 jobs failed", NOW)
-    assert not gate.health_may_clear("waiting for RMA 1234", NOW)
+    assert gate.health_may_clear("gpuwarden: would drain: xid 79 on GPU 5 (cap)")
+    assert gate.health_may_clear(f"gpuwarden: drain claim {NOW - 1:.6f}")  # older versions'
+    assert not gate.health_may_clear("gpuwarden: would drain: lemon, 7 of 41 jobs failed")
+    assert not gate.health_may_clear("waiting for RMA 1234")

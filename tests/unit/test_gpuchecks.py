@@ -89,3 +89,13 @@ def test_bad_fake_files_are_clear_errors(text: str, match: str) -> None:
 def test_bus_ids_match_across_nvml_and_kernel_spellings() -> None:
     snap = GpuSnapshot((GpuObs(index=2, pci_bus_id="00000000:3B:00.0"),))
     assert snap.by_bus_id() == {"0000:3b:00": 2}
+
+
+def test_the_fake_stands_in_for_a_driver_that_cannot_be_opened() -> None:
+    # The test cluster injects this fault by writing init_error into a node's fake file.
+    snap = parse_fake('{"gpus": [], "init_error": "NVMLError_DriverNotLoaded: Driver Not Loaded"}',
+                      "fake")
+    (r,) = gpuchecks.evaluate(snap, EXP)
+    assert r.status == Status.CRITICAL and "NVMLError_DriverNotLoaded" in r.evidence
+    with pytest.raises(ProbeError, match="init_error"):
+        parse_fake('{"gpus": [], "init_error": 9}', "fake")

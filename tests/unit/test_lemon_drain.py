@@ -179,3 +179,26 @@ def test_the_list_is_not_written_into_a_directory_others_can_write(tmp_path: Pat
     with pytest.raises(listfile.LemonListError, match="writable by group or others"):
         listfile.write(str(shared / "lemons.json"), [])
     assert not (shared / "lemons.json").exists()
+
+
+def test_a_lemon_drain_never_takes_over_a_health_drain_made_meanwhile() -> None:
+    from gpuwarden.config import SlurmConfig
+    from gpuwarden.slurm.client import CliSlurmClient
+    from tests.ctld import FakeCtld
+
+    ctld = FakeCtld.cluster(8)
+    health = "gpuwarden: xid 79 on GPU 5"
+    fired: list[bool] = []
+
+    def health_lands(argv: tuple[str, ...]) -> None:
+        # Health gating drains c6 after the scanner saw it in service.
+        if argv[1:4] == ("show", "node", "c6"):
+            fired.append(True)
+            if len(fired) == 2:
+                ctld.set("c6", state=("IDLE", "DRAIN"), reason=health)
+
+    ctld.before = health_lands
+    [o] = drain_lemons([lemon("c6")], CliSlurmClient(SlurmConfig(retries=0), ctld), CAP,
+                       sleep=lambda s: None)
+    assert o.action == "already out" and "xid 79" in o.detail
+    assert ctld.table["c6"].reason == health

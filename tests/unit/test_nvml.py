@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuwarden.health import gpuchecks
-from gpuwarden.health.config import Expected
+from gpuwarden.health.config import Expected, HealthConfig
+from gpuwarden.health.gather import gather
 from gpuwarden.health.model import Status
 from gpuwarden.health.nvml import NvmlGpuProbe
 from gpuwarden.health.probe import ProbeError
@@ -19,21 +22,42 @@ class NVMLError(Exception):
 
 
 class NVMLError_NotSupported(NVMLError):
-    pass
+    value = 3
+
+
+# The subclasses pynvml raises from nvmlInit, with their NVML return codes.
+class NVMLError_NoPermission(NVMLError):
+    value = 4
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    value = 9
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    value = 12
+
+
+class NVMLError_LibRmVersionMismatch(NVMLError):
+    value = 18
 
 
 def fake_pynvml(ecc: int = 0, links: int = 18, down_link: int | None = None,
-                init_fails: bool = False, retired: Any = NVMLError_NotSupported) -> Any:
+                init_error: Exception | None = None, init_delay_s: float = 0.0,
+                retired: Any = NVMLError_NotSupported) -> Any:
     nv: Any = types.SimpleNamespace()
     nv.NVMLError, nv.NVMLError_NotSupported = NVMLError, NVMLError_NotSupported
+    nv.NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC, nv.NVML_TEMPERATURE_GPU = 1, 0, 0
     nv.NVML_NVLINK_MAX_LINKS = 18
     nv.NVML_NVLINK_ERROR_DL_CRC_FLIT = 1
     nv.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 271
 
     def init() -> None:
-        if init_fails:
-            raise NVMLError("Driver Not Loaded")
+        if init_delay_s:
+            time.sleep(init_delay_s)  # stands in for a driver initialising its GPUs
+        if init_error is not None:
+            raise init_error
 
     def link_state(h: int, link: int) -> int:
         if link >= links:
@@ -90,9 +114,82 @@ def test_faults_reach_the_checks() -> None:
     assert "NVLink 1 of 18 links down on GPU 0" in evid
 
 
-def test_driver_not_loaded_is_a_probe_error_with_advice() -> None:
-    with pytest.raises(ProbeError, match="nvmlInit failed.*driver"):
-        NvmlGpuProbe(fake_pynvml(init_fails=True)).snapshot()
+INIT_FAILURES = [
+    NVMLError_DriverNotLoaded("Driver Not Loaded"),
+    NVMLError_LibRmVersionMismatch("RM has detected an NVML/RM version mismatch."),
+    NVMLError_NoPermission("Insufficient Permissions"),
+    NVMLError("Unknown Error"),
+]
+
+
+def node_config(tmp_path: Path, gpu_count: int = 2, check_timeout_s: float = 5.0) -> HealthConfig:
+    klog = tmp_path / "kmsg"
+    klog.write_text("")
+    return HealthConfig(kernel_log=str(klog), check_timeout_s=check_timeout_s,
+                        expected=Expected(gpu_count=gpu_count, scratch_path=""))
+
+
+@pytest.mark.parametrize("error", INIT_FAILURES, ids=lambda e: type(e).__name__)
+def test_a_driver_nvml_cannot_open_is_critical_on_a_gpu_node(tmp_path: Path,
+                                                             error: Exception) -> None:
+    """Reproduced: nvmlInit failing was UNKNOWN, and UNKNOWN never drains."""
+    probe = NvmlGpuProbe(fake_pynvml(init_error=error))
+    verdict = gather(node_config(tmp_path), "c1", "health check", 5.0, node_checks="none",
+                     probe=probe)
+    assert verdict.status == Status.CRITICAL
+    (failure,) = verdict.failures
+    assert failure.check == "gpu_driver"
+    assert str(error) in failure.message
+    named = str(error) if type(error) is NVMLError else type(error).__name__
+    assert named in failure.evidence
+
+
+def test_a_driver_that_cannot_enumerate_its_gpus_is_critical_too() -> None:
+    nv = fake_pynvml()
+
+    def count() -> int:
+        raise NVMLError_DriverNotLoaded("Driver Not Loaded")
+
+    nv.nvmlDeviceGetCount = count
+    (r,) = gpuchecks.evaluate(NvmlGpuProbe(nv).snapshot(), Expected(gpu_count=8))
+    assert r.status == Status.CRITICAL and "nvmlDeviceGetCount" in r.evidence
+
+
+def test_nvml_failing_where_no_gpus_are_expected_stays_unknown() -> None:
+    snap = NvmlGpuProbe(fake_pynvml(init_error=INIT_FAILURES[0])).snapshot()
+    (r,) = gpuchecks.evaluate(snap, Expected(gpu_count=0))
+    assert r.status == Status.UNKNOWN and "Driver Not Loaded" in r.message
+
+
+def test_an_absent_nvml_library_is_unknown_even_where_gpus_are_expected(tmp_path: Path) -> None:
+    # Software not installed is an install problem, not evidence against the hardware.
+    probe = NvmlGpuProbe(fake_pynvml(init_error=NVMLError_LibraryNotFound(
+        "NVML Shared Library Not Found")))
+    with pytest.raises(ProbeError, match="libnvidia-ml.so.1 is not installed"):
+        probe.snapshot()
+    verdict = gather(node_config(tmp_path), "c1", "health check", 5.0, node_checks="none",
+                     probe=probe)
+    assert verdict.status == Status.UNKNOWN
+
+
+def test_a_slow_nvml_init_is_not_a_failure_by_itself(tmp_path: Path) -> None:
+    """Reproduced: without persistence mode nvmlInit takes seconds; the probe shared the
+    per-check deadline, so a slow but healthy driver timed out and counted as CRITICAL."""
+    probe = NvmlGpuProbe(fake_pynvml(init_delay_s=0.6))
+    verdict = gather(node_config(tmp_path, check_timeout_s=0.2), "c1", "prolog job 1", 5.0,
+                     node_checks="none", probe=probe)
+    assert verdict.status == Status.OK, verdict.results
+
+
+def test_an_nvml_init_that_never_returns_still_times_out_within_the_budget(
+        tmp_path: Path) -> None:
+    probe = NvmlGpuProbe(fake_pynvml(init_delay_s=30))
+    t0 = time.monotonic()
+    verdict = gather(node_config(tmp_path, check_timeout_s=0.2), "c1", "prolog job 1", 0.6,
+                     node_checks="none", probe=probe)
+    assert time.monotonic() - t0 < 3
+    (failure,) = verdict.failures
+    assert failure.check == "gpu" and "timed out after 0.6 s" in failure.message
 
 
 def test_other_nvml_errors_name_the_call_and_gpu() -> None:

@@ -92,3 +92,30 @@ def test_event_reason_may_contain_the_separator() -> None:
 def test_truncated_event_line_is_an_error() -> None:
     with pytest.raises(SlurmParseError, match="line 1"):
         parse.parse_events("gpuwarden|c1|2026\n")
+
+
+def test_node_view_keeps_the_controllers_clock_and_each_node_once(fixture_text: Read) -> None:
+    import json
+
+    doc = json.loads(fixture_text("scontrol_show_node_c4.json"))
+    doc["nodes"] = doc["nodes"] * 2  # scontrol prints a node once per mention in its list
+    view = parse.parse_node_view(json.dumps(doc))
+    assert [n.name for n in view.nodes] == ["c4"] and view.ctld_time == 1795945096
+    assert view.get("c4") is not None and view.get("c5") is None
+
+
+def test_partition_sizes_in_the_captured_partition_shape(fixture_text: Read) -> None:
+    import json
+
+    part = json.loads(fixture_text("sinfo.json"))["sinfo"][0]["partition"]
+    doc = {"partitions": [part], "last_update": {"set": True, "infinite": False, "number": 1}}
+    assert parse.parse_partition_sizes(json.dumps(doc)) == {"gpu": 8}
+    del part["nodes"]["total"]
+    with pytest.raises(SlurmParseError, match="node total"):
+        parse.parse_partition_sizes(json.dumps(doc))
+
+
+def test_nodelists_from_sinfo() -> None:
+    assert parse.parse_nodelists("c[4,7]\n\nc[4,7]\ngpu-b[01-02]\n") == ("c[4,7]", "gpu-b[01-02]")
+    with pytest.raises(SlurmParseError, match="line 1: not a node list"):
+        parse.parse_nodelists("c1 c2;reboot\n")

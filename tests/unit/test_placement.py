@@ -107,11 +107,18 @@ def test_decisions() -> None:
     assert big.switches is None and big.exc_nodes is None and "7 healthy" in big.user_message
 
 
-def test_snapshot_renders_to_lua_with_a_generation_header() -> None:
+def test_snapshot_renders_to_data_lines_with_a_generation_header() -> None:
     text = snapshot.render(snap(lemons=("c6",)))
     first = text.splitlines()[0]
     assert first.startswith("-- gpuwarden placement snapshot generation 7 written ")
-    assert 'exclude = "c6"' in text and 'capacity = {4, 3}' in text
+    assert "capacity=4,3\navoid gpu keep=7 nodes=c6\n" in text and text.endswith("\nend\n")
+
+
+def test_a_name_the_filter_could_not_read_back_is_refused_at_render() -> None:
+    s = snap()
+    bad = replace(s, partitions={"gpu x": replace(s.partitions["gpu"], name="gpu x")})
+    with pytest.raises(snapshot.SnapshotError, match="partition 'gpu x' cannot be written"):
+        snapshot.render(bad)
 
 
 # ---- the Lua filter itself -------------------------------------------------------------------
@@ -135,17 +142,33 @@ def lua_job(j: JobRequest) -> str:
         fields.append(f'req_nodes = "{j.req_nodes}"')
     if j.exc_nodes:
         fields.append(f'exc_nodes = "{j.exc_nodes}"')
+    if j.reservation:
+        fields.append(f'reservation = "{j.reservation}"')
     return "{ " + ", ".join(fields) + " }"
 
 
-def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest]) -> list[dict[str, object]]:
-    snap_file = tmp / "snapshot.lua"
+def filter_dir(tmp: Path) -> Path:
+    """A directory like slurm.conf's: job_submit.lua and its snapshot side by side."""
+    d = tmp / "etc-slurm"
+    d.mkdir(mode=0o755, exist_ok=True)
+    shutil.copy(FILTER, d / "job_submit.lua")
+    return d
+
+
+def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest],
+               lfs: bool = True, snap_file: Path | None = None,
+               timeout: float = 30) -> list[dict[str, object]]:
+    d = filter_dir(tmp)
+    snap_file = snap_file or d / "gpuwarden-placement.lua"
     if snapshot_text is not None:
         snap_file.write_text(snapshot_text)
+        snap_file.chmod(0o644)
     cases = tmp / "cases.lua"
     cases.write_text("return {\n" + ",\n".join(lua_job(j) for j in jobs) + "\n}\n")
-    out = subprocess.run([lua(), str(DRIVER), str(FILTER), str(snap_file), str(cases)],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
+    pre = [] if lfs else ["-e", "gpuwarden_no_lfs = true"]
+    out = subprocess.run([lua(), *pre, str(DRIVER), str(d / "job_submit.lua"), str(snap_file),
+                          str(cases)],
+                         capture_output=True, text=True, timeout=timeout, check=True).stdout
     results: list[dict[str, object]] = []
     for line in out.splitlines():
         if line.startswith("case "):
@@ -164,6 +187,8 @@ CASES = [
     JobRequest(2, True, req_nodes="c5,c6"), JobRequest(8, True), JobRequest(3, True,
                                                                            contiguous=True),
     JobRequest(4, True, partition="cpu"), JobRequest(4, True, partition="gpu,cpu"),
+    JobRequest(2, True, reservation="r1"), JobRequest(6, True, exc_nodes="c[1-2]"),
+    JobRequest(5, True, exc_nodes="c[1-2]"), JobRequest(2, True, exc_nodes="c[1-"),
 ]
 
 
@@ -182,7 +207,7 @@ def test_the_lua_filter_decides_as_the_python_reference(tmp_path: Path) -> None:
         assert got.get("exc_nodes") == want.exc_nodes, job
         assert got["admin_comment"] == f"gpuwarden placement (snapshot 7): {want.why}", job
     assert any("user: gpuwarden: this job asks for 8 nodes" in x
-               for x in results[7]["logs"])  # type: ignore[union-attr]
+               for x in results[7]["logs"])  # type: ignore[attr-defined]
 
 
 def test_shadow_mode_logs_the_decision_and_changes_nothing(tmp_path: Path) -> None:
@@ -193,22 +218,31 @@ def test_shadow_mode_logs_the_decision_and_changes_nothing(tmp_path: Path) -> No
                            "switches=1 wait=300s"]
 
 
+def head(t: str) -> str:
+    return t.splitlines()[0]
+
+
 @pytest.mark.parametrize("mangle,needle", [
     (lambda t: None, "missing"),
     (lambda t: "garbage {{{\n", "no generation line"),
-    (lambda t: t.splitlines()[0] + "\nreturn {{{\n", "cannot parse"),
-    (lambda t: t.splitlines()[0] + "\nreturn 42\n", "not a version 1 snapshot"),
-    (lambda t: t.splitlines()[0] + "\nreturn os.exit(3)\n", "cannot evaluate"),
-    (lambda t: t.replace("capacity = {4, 4}", 'capacity = "x"'), "error ("),
-    (lambda t: t.splitlines()[0] + "\nwhile true do end\n", "takes too long"),
-    (lambda t: t.splitlines()[0] + '\nreturn ("x"):rep(2^31)\n', "cannot evaluate"),
-    (lambda t: t.splitlines()[0] + "\n--" + "x" * (9 << 20) + "\n", "too large"),
+    (lambda t: head(t) + "\nreturn {{{\n", "cannot parse"),
+    (lambda t: head(t) + "\nreturn 42\nend\n", "cannot parse: line 2: not a comment line"),
+    (lambda t: head(t) + "\n-- x\nreturn {version = 1}\nend\n", "not a format 2 snapshot"),
+    (lambda t: t.replace("capacity=4,3", "capacity=x"), "line 7: not a valid partition line"),
+    (lambda t: t.replace("capacity=4,3", "capacity=4,,3"), "capacity is not a list"),
+    (lambda t: t.replace("avoid gpu", "avoid cpu"), "not a valid avoid line"),
+    (lambda t: t.replace("\nend\n", "\n"), "incomplete (no end line)"),
+    (lambda t: t.replace("kind tree\n", ""), "kind or default_partition is missing"),
+    (lambda t: t.replace("\nend\n", "\nos.exit(3)\nend\n"), "not a snapshot record"),
+    (lambda t: head(t) + "\nwhile true do end\n", "cannot parse"),
+    (lambda t: head(t) + '\nreturn ("x"):rep(2^31)\n', "cannot parse"),
+    (lambda t: head(t) + "\n--" + "x" * (9 << 20) + "\n", "too large"),
 ])
 def test_any_snapshot_problem_lets_the_job_through_unchanged(tmp_path: Path, mangle, needle) -> None:  # type: ignore[no-untyped-def]
-    text = mangle(snapshot.render(snap()))
+    text = mangle(snapshot.render(snap(lemons=("c6",))))
     [got] = run_filter(tmp_path, text, [JobRequest(4, True)])
     assert set(got) == {"rc", "logs"} and got["rc"] == "0"
-    assert len(got["logs"]) == 1 and needle in got["logs"][0]  # type: ignore[index]
+    assert len(got["logs"]) == 1 and needle in got["logs"][0]  # type: ignore[arg-type,index]
     assert got["logs"][0].endswith("job from uid 1000 unchanged")  # type: ignore[index]
 
 

@@ -28,9 +28,20 @@ def test_63_92_and_94_do_not_drain_by_themselves() -> None:
 
 
 def test_repeats_past_the_threshold_do_drain() -> None:
-    results = evaluate(*(rec(94, 9_000 + i, seq=i) for i in range(3)))
+    results = evaluate(*(rec(92, 7_000 + 2 * i, seq=i) for i in range(20)))
     (r,) = [r for r in results if r.status == Status.CRITICAL]
-    assert "needs GPU reset" in r.evidence and "3x" in r.evidence
+    assert "20x" in r.evidence
+
+
+def test_94_drains_for_reset_by_its_own_rst_flags_not_by_counting() -> None:
+    def line94(flags: str, secs: float, seq: int) -> str:
+        return (f"3,{seq},{int(secs * 1e6)},-;NVRM: Xid (PCI:0000:68:00): 94, pid=7062, "
+                f"Contained: CE User Channel (0x9). {flags}")
+    many = evaluate(*(line94("RST: No, D-RST: No", 7_000 + 2 * i, i) for i in range(10)))
+    assert all(r.status != Status.CRITICAL for r in many)
+    for flags in ("RST: Yes, D-RST: No", "RST: No, D-RST: Yes"):
+        (r,) = evaluate(line94(flags, 9_990, 1))
+        assert r.status == Status.CRITICAL and r.evidence.endswith("needs GPU reset"), flags
 
 
 def test_application_xids_are_ignored_and_unknown_ones_warn() -> None:

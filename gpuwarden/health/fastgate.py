@@ -1,0 +1,323 @@
+"""The prolog's fast path: let a job start on a node whose stored verdict is fresh and good,
+after re-checking what can change between two health checks, within milliseconds.
+
+It imports only the standard library modules it needs (no click, no TOML, no dataclasses:
+each costs about 10 ms per job start). It decides nothing bad on its own: whenever it cannot
+say "fine" it answers why, and the caller runs the full prolog (gpuwarden.health.entry.prolog),
+which has every check, the drain and the checkpoint stage-in.
+
+The fast path lets the job start when all of these hold (docs/health.md lists them):
+* the settings derived from the config by an earlier full prolog are there and the config file
+  has not changed since (same inode, size, mtime and ctime), for this node and this gpuwarden;
+* the stored verdict is this node's, at most ``verdict_max_age_s`` old, and no result in it is
+  CRITICAL or UNKNOWN;
+* the job is not a requeued one needing checkpoint stage-in, and tier 0's spool is already as
+  the full prolog leaves it (a root-owned directory, mode 1777);
+* the kernel log has no record from the NVIDIA driver since shortly before the verdict (any
+  ``NVRM:`` or ``nvidia...`` kernel record, fatal or not: the full path judges it);
+* with the fake GPU probe, its file has not changed since the verdict;
+* every configured mount is mounted and answers (and its canary reads), as in the full checks.
+The kernel-log and mount checks run in a child process that gets FAST_ANSWER_S (1 s, or the
+per-check deadline when shorter); one that does not answer by then sends the job to the full
+path, which runs every check again under the prolog's own deadlines and judges the timeout.
+So the worst case is the full prolog's plus 1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import stat
+import time
+
+from gpuwarden import __version__
+from gpuwarden.health import mountprobe
+from gpuwarden.health.privfile import StateDirError, read_private
+
+TYPE_CHECKING = False  # typing and collections.abc cost milliseconds the fast path has not got
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+# The same rules as gpuwarden.config.config_path (a test holds them equal): importing that
+# module costs tomllib and every config dataclass.
+CONFIG_ENV = "GPUWARDEN_CONFIG"
+DEFAULT_CONFIG = "/etc/gpuwarden/gpuwarden.toml"
+# Where the full prolog leaves the settings the fast path needs: root's, cleared at boot.
+RUN_DIR_ENV = "GPUWARDEN_RUN_DIR"
+DEFAULT_RUN_DIR = "/run/gpuwarden"
+SETTINGS = "prolog-gate.json"
+VERDICT = "verdict.json"  # gpuwarden.health.store.Store.VERDICT
+FORMAT = 1
+# Kernel records up to a budget plus this much older than the verdict still count as new: the
+# verdict's time is taken after its checks, and kmsg's clock drifts from the wall clock.
+CLOCK_SLACK_S = 60.0
+_TAIL_BYTES = 4 << 20
+FAST_ANSWER_S = 1.0
+_GOOD = ("OK", "WARNING")
+
+
+def config_file(environ: Mapping[str, str]) -> str:
+    return environ.get(CONFIG_ENV) or DEFAULT_CONFIG
+
+
+def run_dir(environ: Mapping[str, str]) -> str:
+    return environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+
+
+def fingerprint(path: str) -> list[int] | None:
+    """What changes whenever the file does; None when it is absent (all defaults)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+# ---- the fast path ---------------------------------------------------------------------------
+def check(environ: Mapping[str, str], now: float | None = None) -> str:
+    """"" when the job may start now; else why the full prolog must run."""
+    try:
+        return _check(environ, time.time() if now is None else now)
+    except (OSError, ValueError, TypeError, KeyError, StateDirError) as exc:
+        return f"fast path unavailable ({exc.__class__.__name__}: {exc})"
+
+
+def _check(environ: Mapping[str, str], now: float) -> str:
+    node = node_name(environ)
+    s = _settings(environ, node)
+    if isinstance(s, str):
+        return s
+    if s["stage_in"] and (environ.get("SLURM_JOB_RESTART_COUNT") or "0") != "0":
+        return "a requeued job: checkpoint stage-in"
+    v = _verdict(s, node, now)
+    if isinstance(v, str):
+        return v
+    at = float(v["at"])
+    if not _spool_ready(str(s["memory_root"])):
+        return f"tier 0 spool {s['memory_root']} needs preparing"
+    # Both wall-clock times: the verdict read the file at most one budget before its time.
+    if s["gpu_probe"] == "fake" and \
+            _changed_since(str(s["fake_gpu_file"]), at - float(s["budget_s"])):
+        return "the fake GPU file changed since the verdict"
+    since = at - float(s["budget_s"]) - CLOCK_SLACK_S
+    # Healthy, these take milliseconds. Slower, the full path runs them again under the real
+    # per-check deadline and judges them: waiting longer here would only add to its time.
+    deadline = min(FAST_ANSWER_S, float(s["check_deadline_s"]))
+    return in_child(lambda: _live_checks(s, node, since), deadline)
+
+
+def _settings(environ: Mapping[str, str], node: str) -> dict[str, Any] | str:
+    data = read_private(os.path.join(run_dir(environ), SETTINGS))
+    if data is None:
+        return "no fast-path settings yet"
+    s = json.loads(data)
+    if not isinstance(s, dict) or s.get("format") != FORMAT or s.get("version") != __version__:
+        return "fast-path settings from another gpuwarden"
+    path = config_file(environ)
+    if s.get("node") != node or s.get("config") != path or \
+            s.get("fingerprint") != fingerprint(path):
+        return f"the config ({path}) or node changed since the settings were made"
+    return s
+
+
+def _verdict(s: Mapping[str, Any], node: str, now: float) -> dict[str, Any] | str:
+    data = read_private(os.path.join(str(s["state_dir"]), VERDICT))
+    if data is None:
+        return "no stored verdict"
+    v = json.loads(data)
+    if not isinstance(v, dict) or v.get("node") != node:
+        return "the stored verdict is not this node's"
+    age = now - float(v["at"])
+    if not 0 <= age <= float(s["verdict_max_age_s"]):
+        return f"the stored verdict is {age:.0f} s old"
+    bad = [r for r in v["results"] if r["status"] not in _GOOD]
+    if v.get("status") not in _GOOD or bad:
+        return "the stored verdict is not OK"
+    return v
+
+
+def _spool_ready(path: str) -> bool:
+    """Already as gpuwarden.ckpt.stagein.prepare_memory_root leaves it (else that runs)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and \
+        stat.S_IMODE(st.st_mode) == 0o1777
+
+
+def _changed_since(path: str, since: float) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    return max(st.st_mtime, st.st_ctime) >= since
+
+
+# ---- what runs under the deadline --------------------------------------------------------------
+def _live_checks(s: Mapping[str, Any], node: str, since: float) -> str:
+    why = driver_records_since(str(s["kernel_log"]), since)
+    if why:
+        return why
+    mounts = s["mounts"]
+    points = mountprobe.read_mountinfo_points() if mounts else set()
+    for path, canary in mounts:
+        try:
+            problem = mountprobe.probe(str(path), str(canary), node, points)
+        except OSError as exc:
+            problem = f"{path}: {exc}"
+        if problem:
+            return f"mount check: {problem}"
+    return ""
+
+
+def driver_records_since(path: str, since: float) -> str:
+    """"" unless the kernel log holds a record from the NVIDIA driver at or after ``since``."""
+    boot = _boot_time()
+    if path == "/dev/kmsg":
+        return _scan(_kmsg_records(), since, boot)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return f"{path} is not a regular file"
+        if max(st.st_mtime, st.st_ctime) < since:
+            return ""  # nothing written to it since the verdict
+        f.seek(max(0, st.st_size - _TAIL_BYTES))
+        return _scan(f.read().split(b"\n"), since, boot)
+
+
+def _kmsg_records() -> list[bytes]:
+    records: list[bytes] = []
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten while reading: go on
+                continue
+            if not rec:
+                break
+            records.append(rec)
+    finally:
+        os.close(fd)
+    return records
+
+
+def _scan(lines: list[bytes], since: float, boot: float) -> str:
+    since_us = (since - boot) * 1e6
+    for line in lines:
+        head, sep, msg = line.partition(b";")
+        fields = head.split(b",")
+        if sep and len(fields) >= 3 and fields[0].isdigit() and fields[2].isdigit():
+            # A kmsg record: only the kernel's own facility (0), only since the verdict.
+            if int(fields[0]) >> 3 == 0 and int(fields[2]) >= since_us and _driver(msg):
+                return f"an NVIDIA driver kernel record since the verdict: {_show(msg)}"
+        elif b"NVRM" in line or b"SXid" in line:
+            # Another rendering (dmesg, syslog): its time cannot be compared cheaply.
+            return f"a driver line in the kernel log file: {_show(line)}"
+    return ""
+
+
+def _driver(msg: bytes) -> bool:
+    return msg.startswith((b"NVRM:", b"nvidia"))
+
+
+def _show(text: bytes) -> str:
+    return text[:120].decode("utf-8", errors="replace").strip()
+
+
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def in_child(fn: Callable[[], str], deadline_s: float) -> str:
+    """``fn()`` (returning a short str) in a forked child; its answer, or why there is none.
+
+    The same rule as gpuwarden.health.deadline (whose Outcome dataclass the fast path cannot
+    afford): a child stuck in the kernel is killed and abandoned, never waited for."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child leaves through os._exit
+        os.close(r)
+        code = 0
+        try:
+            answer = fn().encode()
+        except BaseException as exc:  # everything must reach the parent
+            answer = f"check failed: {exc.__class__.__name__}: {exc}".encode()
+        try:
+            os.write(w, b"=" + answer[:1000])
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], deadline_s)
+        data = os.read(r, 2048) if ready else b""
+    finally:
+        os.close(r)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    if not ready:
+        return f"the kernel-log and mount checks did not answer within {deadline_s:g} s"
+    if not data.startswith(b"="):
+        return "the kernel-log and mount checks died without an answer"
+    return data[1:].decode("utf-8", errors="replace")
+
+
+# ---- the full path leaves the settings here --------------------------------------------------
+def settings_for(config: Any, node: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """What the fast path needs from ``config`` (a gpuwarden.config.Config) on ``node``."""
+    h = config.health
+    exp = h.expected_for(node)
+    path = config_file(environ)
+    return {
+        "format": FORMAT, "version": __version__, "node": node, "config": path,
+        "fingerprint": fingerprint(path), "state_dir": h.state_dir,
+        "verdict_max_age_s": h.verdict_max_age_s,
+        "check_deadline_s": min(h.check_timeout_s, h.prolog_budget_s),
+        "budget_s": max(h.prolog_budget_s, h.epilog_budget_s, h.periodic_budget_s),
+        "kernel_log": h.kernel_log, "gpu_probe": h.gpu_probe, "fake_gpu_file": h.fake_gpu_file,
+        "mounts": [[m.path, m.canary] for m in exp.mounts],
+        "memory_root": config.ckpt.memory_root,
+        "stage_in": bool(config.ckpt.stage_in and config.ckpt.shared_root),
+    }
+
+
+def remember(environ: Mapping[str, str]) -> str:
+    """On the full path: store the settings the next prologs need; "" or why not (the fast
+    path then stays off, which costs time, never safety)."""
+    # Imported here: the slow path pays for them, the fast one never does.
+    from gpuwarden import config as configmod  # noqa: PLC0415
+    from gpuwarden.errors import GpuwardenError  # noqa: PLC0415
+    from gpuwarden.health.store import atomic_write, ensure_private_dir  # noqa: PLC0415
+
+    try:
+        before = fingerprint(config_file(environ))
+        cfg = configmod.load(config_file(environ) if environ.get(CONFIG_ENV) else None)
+        settings = settings_for(cfg, node_name(environ), environ)
+        if settings["fingerprint"] != before:
+            return "the config changed while it was read"
+        directory = run_dir(environ)
+        ensure_private_dir(directory)
+        atomic_write(directory, SETTINGS, json.dumps(settings).encode())
+    except (GpuwardenError, OSError) as exc:
+        return str(exc)
+    return ""

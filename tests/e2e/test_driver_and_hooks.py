@@ -1,0 +1,54 @@
+"""Issue 11 items 3, 4 (hooks) and 7 in the real cluster: a driver NVML cannot open drains the
+node; hooks that cannot start fail open; the prolog's fast path answers a fresh good verdict."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuwarden.devcluster.harness import Harness
+from tests.e2e.test_foundation import sinfo_reasons
+from tests.e2e.test_health import clean, periodic  # noqa: F401 - the fixture is used by name
+
+pytestmark = pytest.mark.timeout(300)
+PROLOG = "SLURMD_NODENAME={n} SLURM_JOB_ID=4243 /opt/gpuwarden/prolog/gpuwarden-prolog"
+
+
+def test_a_driver_nvml_cannot_open_drains_the_node(clean: Harness) -> None:  # noqa: F811
+    h = clean
+    h.write_fake("c4", "gpus.json", json.dumps(
+        {"gpus": [], "init_error": "NVMLError_LibRmVersionMismatch: RM has detected an "
+                                   "NVML/RM version mismatch."}))
+    periodic(h, "c4")
+    assert "GPU driver unusable" in sinfo_reasons(h)["c4"]
+    assert "NVMLError_LibRmVersionMismatch" in sinfo_reasons(h)["c4"]
+
+
+def test_a_prolog_that_cannot_import_gpuwarden_lets_the_job_run(clean: Harness) -> None:  # noqa: F811
+    h = clean
+    h.sh("c5", "printf 'GPUWARDEN_PYTHON=/nonexistent/venv/bin/python\\n' > /etc/default/gpuwarden"
+               " && chmod 644 /etc/default/gpuwarden").check("defaults")
+    try:
+        res = h.sh("c5", PROLOG.format(n="c5"))
+        assert res.rc == 0 and "health gating is OFF" in res.err
+        h.sh("c5", "printf 'GPUWARDEN_PYTHON=/usr/bin/python3\\n' > /etc/default/gpuwarden"
+             ).check("defaults")
+        res = h.sh("c5", "cd / && env -i /opt/gpuwarden/epilog/gpuwarden-epilog")
+        assert res.rc == 0
+    finally:
+        h.sh("c5", "rm -f /etc/default/gpuwarden")
+    assert "c5" not in sinfo_reasons(h)
+
+
+def test_the_prolog_fast_path_answers_a_fresh_good_verdict(clean: Harness) -> None:  # noqa: F811
+    h = clean
+    periodic(h, "c6")
+    assert h.sh("c6", PROLOG.format(n="c6")).rc == 0  # full path: leaves the settings
+    assert h.sh("c6", "test -f /run/gpuwarden/prolog-gate.json").rc == 0
+    res = h.sh("c6", "python3 -c \"from gpuwarden.health import fastgate; import os; "
+                     "print(repr(fastgate.check(dict(os.environ, SLURMD_NODENAME='c6'))))\"")
+    assert res.out.strip() == "''", res.out
+    # A fatal XID since the verdict: the fast path hands over and the full prolog drains.
+    h.inject_xid("c6", 5, 79)
+    assert h.sh("c6", PROLOG.format(n="c6")).rc == 1

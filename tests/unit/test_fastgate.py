@@ -1,0 +1,199 @@
+"""The prolog's fast path: a fresh good verdict lets a job start; anything else goes the full way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden import config as configmod
+from gpuwarden.health import fastgate
+from gpuwarden.health.model import CheckResult, Status, Verdict
+from gpuwarden.health.probe import healthy_fake
+from gpuwarden.health.store import Store
+
+
+class Site:
+    """A node's config, state and run directories under tmp_path, as the prolog sees them."""
+
+    def __init__(self, root: Path, extra: str = "", probe: str = "fake") -> None:
+        self.root = root
+        self.state = root / "state"
+        self.kmsg = root / "kmsg"
+        self.gpus = root / "gpus.json"
+        self.shm = root / "shm"
+        self.config = root / "gpuwarden.toml"
+        self.kmsg.write_text("")
+        self.gpus.write_text(healthy_fake(2))
+        self.shm.mkdir()
+        self.shm.chmod(0o1777)
+        self.config.write_text(f"""
+[health]
+gpu_probe = "{probe}"
+fake_gpu_file = "{self.gpus}"
+kernel_log = "{self.kmsg}"
+state_dir = "{self.state}"
+verdict_max_age_s = 600.0
+{extra}
+[health.expected]
+gpu_count = 2
+[ckpt]
+memory_root = "{self.shm}"
+shared_root = "/fsx/ckpt"
+""")
+        self.environ = {"GPUWARDEN_CONFIG": str(self.config), "GPUWARDEN_RUN_DIR": str(root / "run"),
+                        "SLURMD_NODENAME": "c1", "SLURM_JOB_ID": "7"}
+        # Later than the files were written by more than the margin the fast path allows
+        # for (budget + clock slack): they predate the verdict.
+        self.now = self.kmsg.stat().st_mtime + 300
+
+    def verdict(self, status: Status = Status.OK, age_s: float = 0.0, node: str = "c1") -> None:
+        Store(str(self.state)).save_verdict(Verdict(node, self.now - age_s, "health check", (
+            CheckResult("gpu", Status.OK, "fine"), CheckResult("other", status, "as told"))))
+
+    def check(self, **env: str) -> str:
+        return fastgate.check({**self.environ, **env}, now=self.now)
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Site:
+    s = Site(tmp_path)
+    s.verdict()
+    assert fastgate.remember(s.environ) == ""
+    return s
+
+
+def kmsg_record(pri: int, at: float, message: str) -> str:
+    usec = int((at - fastgate._boot_time()) * 1e6)
+    return f"{pri},4711,{usec},-;{message}\n"
+
+
+def test_a_fresh_good_verdict_lets_the_job_start(site: Site) -> None:
+    assert site.check() == ""
+    site.verdict(Status.WARNING)
+    assert site.check() == ""
+
+
+def test_without_settings_from_a_full_prolog_the_full_path_runs(tmp_path: Path) -> None:
+    s = Site(tmp_path)
+    s.verdict()
+    assert "no fast-path settings" in s.check()
+    assert fastgate.remember(s.environ) == ""
+    assert s.check() == ""
+
+
+def test_an_edited_config_sends_the_next_prolog_the_full_way(site: Site) -> None:
+    site.config.write_text(site.config.read_text() + "\n# edited\n")
+    assert "config" in site.check()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"status": Status.CRITICAL}, "not OK"),
+    ({"status": Status.UNKNOWN}, "not OK"),
+    ({"age_s": 601.0}, "601 s old"),
+    ({"age_s": -5.0}, "s old"),
+    ({"node": "c2"}, "not this node's"),
+])
+def test_only_a_fresh_ok_verdict_of_this_node_counts(site: Site, change: dict, why: str) -> None:
+    site.verdict(**change)
+    assert why in site.check()
+
+
+def test_a_requeued_job_goes_the_full_way_for_its_checkpoint_stage_in(site: Site) -> None:
+    assert "requeued" in site.check(SLURM_JOB_RESTART_COUNT="1")
+    assert "requeued" in site.check(SLURM_JOB_RESTART_COUNT="x")
+    assert site.check(SLURM_JOB_RESTART_COUNT="0") == ""
+
+
+def test_a_tier0_spool_not_yet_prepared_goes_the_full_way(site: Site) -> None:
+    site.shm.chmod(0o755)
+    assert "spool" in site.check()
+    site.shm.rmdir()
+    assert "spool" in site.check()
+
+
+@pytest.fixture
+def logsite(tmp_path: Path) -> Site:
+    """A site whose kernel log is written now (no fake GPU file to trip over)."""
+    s = Site(tmp_path, probe="none")
+    assert fastgate.remember(s.environ) == ""
+    return s
+
+
+def append(site: Site, text: str) -> None:
+    with site.kmsg.open("a") as f:
+        f.write(text)
+    site.now = time.time() + 1
+    site.verdict()
+
+
+def test_a_driver_record_since_the_verdict_goes_the_full_way(logsite: Site) -> None:
+    now = time.time()
+    append(logsite, kmsg_record(3, now - 150, "NVRM: Xid (PCI:0000:18:00): 79, old news")
+           + kmsg_record(14, now, "NVRM: Xid (PCI:0000:18:00): 79, from a user"))
+    assert logsite.check() == ""  # an old record, and one not from the kernel facility
+    append(logsite, kmsg_record(3, now, "NVRM: Xid (PCI:0000:18:00): 79, pid=1, fell off"))
+    assert "NVIDIA driver kernel record" in logsite.check()
+
+
+def test_a_driver_line_in_another_log_rendering_goes_the_full_way(logsite: Site) -> None:
+    append(logsite, "[12345.678] NVRM: Xid (PCI:0000:18:00): 79, fell off the bus\n")
+    assert "driver line" in logsite.check()
+
+
+def test_a_fake_gpu_file_changed_since_the_verdict_goes_the_full_way(site: Site) -> None:
+    site.gpus.write_text(healthy_fake(1))
+    site.now = site.gpus.stat().st_mtime + 1
+    site.verdict()
+    assert "fake GPU file" in site.check()
+
+
+def test_mounts_are_checked_again(tmp_path: Path) -> None:
+    s = Site(tmp_path, extra='\n[health.classes.a]\nnodes = "c1"\n'
+                           '[health.classes.a.expected]\ngpu_count = 2\n'
+                           'mounts = [{path = "/"}, {path = "/no/such/mount"}]\n')
+    s.verdict()
+    assert fastgate.remember(s.environ) == ""
+    assert "/no/such/mount is not mounted" in s.check()
+
+
+def test_a_check_that_hangs_is_abandoned_at_the_deadline() -> None:
+    t0 = time.monotonic()
+    why = fastgate.in_child(lambda: time.sleep(30) or "", 0.2)
+    assert "did not answer within 0.2 s" in why
+    assert time.monotonic() - t0 < 2
+    assert "ZeroDivisionError" in fastgate.in_child(lambda: str(1 / 0), 2.0)
+
+
+def test_state_others_can_write_is_never_trusted(site: Site) -> None:
+    (site.root / "run").chmod(0o777)
+    assert "writable by group or others" in site.check()
+
+
+def test_the_fast_path_follows_the_full_paths_own_rules() -> None:
+    assert fastgate.CONFIG_ENV == configmod.ENV_VAR
+    assert str(configmod.DEFAULT_PATH) == fastgate.DEFAULT_CONFIG
+    assert fastgate.VERDICT == Store.VERDICT
+
+
+def test_the_fast_path_imports_almost_nothing() -> None:
+    """Reproduced: the prolog imported click, tomllib and every config dataclass before
+    looking at the stored verdict: +186-200 ms per job start."""
+    out = subprocess.run([sys.executable, "-I", "-X", "importtime", "-c",
+                          "import gpuwarden.health.hooks, gpuwarden.health.fastgate"],
+                         capture_output=True, text=True, check=True, timeout=30)
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
+    for heavy in ("click", "tomllib", "dataclasses", "gpuwarden.config", "logging", "pickle",
+                  "gpuwarden.health.model", "typing"):
+        assert heavy not in loaded, f"the fast path imports {heavy}"
+
+
+def test_settings_are_written_only_to_a_private_directory(site: Site) -> None:
+    data = json.loads((site.root / "run" / fastgate.SETTINGS).read_text())
+    assert data["node"] == "c1" and data["state_dir"] == str(site.state)
+    assert oct(os.stat(site.root / "run").st_mode & 0o777) == "0o700"
