@@ -9,10 +9,12 @@ from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
 
 
-def tiers(cfg: CkptConfig, job: str, rank: int) -> list[Any]:
-    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank)]
+def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None) -> list[Any]:
+    """``owner``: the job's user, whom the filesystem tiers hold every file to (None: whoever
+    runs this; `fstier.ANY_JOB_USER` for root's commands)."""
+    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank, owner)]
     if cfg.shared_root:
-        out.append(FsTier("shared", cfg.shared_root, job, rank))
+        out.append(FsTier("shared", cfg.shared_root, job, rank, owner))
     if cfg.s3_bucket:
         from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
 

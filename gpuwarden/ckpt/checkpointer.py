@@ -28,7 +28,7 @@ from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
-from gpuwarden.ckpt.restore import Restored, Tier, restore
+from gpuwarden.ckpt.restore import Restored, Tier, listed, restore
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +94,20 @@ class Checkpointer:
 
     def held(self) -> list[int]:
         """Every step this rank could restore from some tier (unverified: listing only)."""
-        out: set[int] = set()
-        for t in self.tiers():
-            try:
-                out.update(t.steps())
-            except TierError as exc:
-                log.warning("cannot list %s: %s", t.name, exc)
-        return sorted(out)
+        return self.listing()[0]
+
+    def listing(self) -> tuple[list[int], list[str]]:
+        """`held`, and why the tiers left out of it could not be listed (each tier on its own:
+        one that fails does not hide the others)."""
+        held, failed = listed(self.tiers())
+        return sorted(set().union(*held.values())), failed
 
     def latest(self) -> int | None:
         steps = self.held()
         return steps[-1] if steps else None
 
     def restore(self, at_most: int | None = None) -> Restored | None:
+        """Read-only: see `restore.restore` for what it returns and raises."""
         return restore(self.tiers(), at_most=at_most)
 
     def close(self, timeout: float | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import click
 
 from gpuwarden.ckpt.build import tiers
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
+from gpuwarden.ckpt.fstier import ANY_JOB_USER, CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.names import BadName
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.fleet.cli import parse_cost
@@ -17,8 +18,12 @@ from gpuwarden.fleet.mttf import daly, human_hours, young
 
 
 def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
+    # Root looks at any user's job: the job directory's owner is taken as the job's user and
+    # everything below must be that user's; nothing is followed through a link, nor read
+    # unless it is a regular file (fstier, safeio).
+    owner = ANY_JOB_USER if os.geteuid() == 0 else None
     try:
-        return tiers(obj.config_or_exit().ckpt, job, rank)
+        return tiers(obj.config_or_exit().ckpt, job, rank, owner)
     except BadName as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -59,7 +64,8 @@ def ls(obj: Any, tiers_: list[Any]) -> None:
 @ckpt.command("verify")
 @_job_tiers
 def verify(obj: Any, tiers_: list[Any]) -> None:
-    """Read every step back and check every shard; exit 1 when any copy is corrupt."""
+    """Read every step back and check every shard; exit 1 when any copy is corrupt. Changes
+    nothing."""
     bad = 0
     for t, steps in _listed(tiers_):
         for step in steps:
@@ -67,7 +73,7 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
                 m, _ = t.load(step)
                 click.echo(f"{t.name:<8} step {step}: ok ({len(m.shards)} shards, "
                            f"{m.total_bytes} bytes)")
-            except CorruptStep as exc:
+            except (CorruptStep, TierError) as exc:
                 bad += 1
                 click.echo(f"{t.name:<8} step {step}: CORRUPT: {exc}")
     if bad:

@@ -3,9 +3,18 @@ filesystem (the FSx tier). Commit is atomic: shards and then the manifest go int
 directory, each fsynced, and one rename makes the step visible; a crash at any point leaves
 either the whole step or nothing under its name.
 
-Names from the job are validated before they touch a path; files are created exclusively and
-never through links, in a job directory that must be ours alone (shared filesystems are
-writable by other users).
+Layout: ``<spool>/<job>/rank-NNNNN/step-NNNNNNNNNNNN/{<shard>..., MANIFEST.json}``; replicas
+held for other ranks use the namespace ``<job>.peer``. The spool is root's and sticky, each
+job's directory is its user's.
+
+Every use, read or write, opens the job's directory, the rank's and the step's by descriptor
+from the spool, never through a link (`safeio`), and checks that each is the job's user's and
+writable by that user alone; files are created exclusively, read only when they are regular
+files of that user (opened non-blocking: a FIFO is refused, never waited on), and a manifest is
+used only for the job, rank and step where it was found. So another user can neither plant a
+step nor hand root a link to follow. ``owner`` is the job's user: by default whoever runs this
+(the job itself); root's commands pass `ANY_JOB_USER`, which takes the job directory's owner and
+then holds everything below to it.
 """
 
 from __future__ import annotations
@@ -14,23 +23,24 @@ import contextlib
 import errno
 import logging
 import os
-import shutil
+import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Mapping
 
+from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.codec import Buf, checksum
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, Shard, from_json
-from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, Shard, check_identity, from_json
+from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
+from gpuwarden.ckpt.safeio import Refused, closing
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.health.store import unsafe_dir_problem
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-_READ = os.O_RDONLY | os.O_NOFOLLOW
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+MAX_MANIFEST = 16 << 20
+ANY_JOB_USER = -1  # root's commands: the job directory's owner is the job's user
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class TierError(GpuwardenError):
@@ -38,11 +48,12 @@ class TierError(GpuwardenError):
 
 
 class TierFull(TierError):
-    """Out of space: the step was not committed; the previous ones are intact."""
+    """Out of space or inodes: the step was not committed; the previous ones are intact."""
 
 
 class CorruptStep(GpuwardenError):
-    """A committed step whose bytes do not match its manifest."""
+    """A committed step that cannot be used: bytes or manifest that do not match, a link,
+    another user's file, a file that is not a regular one."""
 
 
 def check_shard(tier: str, step: int, shard: Shard,
@@ -52,209 +63,260 @@ def check_shard(tier: str, step: int, shard: Shard,
         raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: str, data: Buf) -> None:
-    fd = os.open(path, _CREATE, 0o600)
-    try:
+def _write_file(dir_fd: int, name: str, data: Buf) -> None:
+    fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
+    with closing(fd):
         view = memoryview(data).cast("B")
         while view:
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
-def _check_spool(tier: str, root: str) -> None:
-    """The spool holding every job's directory: a real directory of root's (or ours), and if
-    others may write to it, sticky, so that no other user can rename or delete our job's."""
-    try:
-        st = os.lstat(root)
-    except OSError as exc:
-        raise TierError(f"{tier}: cannot use {root} ({exc.strerror})") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise TierError(f"{tier}: {root} is not a directory (a link?): refusing it")
-    if st.st_uid not in (0, os.geteuid()):
-        raise TierError(f"{tier}: {root} belongs to uid {st.st_uid}, not root: refusing it; "
-                        "an admin should recreate it as root, mode 1777")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise TierError(f"{tier}: {root} is writable by others without the sticky bit: "
-                        "refusing it; chmod 1777 it")
-
-
-def _read_file(path: str, limit: int, exact: bool = False) -> bytearray:
-    """The whole file, read once into one buffer (restores are read-bound), never through a
-    link; at most ``limit`` bytes, or exactly that many when ``exact``."""
-    fd = os.open(path, _READ)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptStep(f"{path}: not a regular file")
-        if st.st_size > limit or (exact and st.st_size != limit):
-            raise CorruptStep(f"{path}: {st.st_size} bytes, the manifest says {limit}")
-        buf = bytearray(st.st_size)
-        view = memoryview(buf)
-        while view:
-            n = os.readv(fd, [view])
-            if n == 0:
-                raise CorruptStep(f"{path}: shorter than the manifest says")
-            view = view[n:]
-        return buf
-    finally:
-        os.close(fd)
+def _why(exc: BaseException) -> str:
+    return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
 
 
 class FsTier:
-    def __init__(self, name: str, root: str, job: str, rank: int = 0) -> None:
+    def __init__(self, name: str, root: str, job: str, rank: int = 0,
+                 owner: int | None = None) -> None:
         self.name = name
-        self.dir = os.path.join(root, check_name(job, "job"), f"rank-{int(rank):05d}")
-        self._ready = False
+        self.root = root
+        self.namespace = check_name(job, "job")
+        self.job = job_of(self.namespace)  # what its manifests must name
+        self.rank = int(rank)
+        self._rank_dir = f"rank-{self.rank:05d}"
+        self.dir = os.path.join(root, self.namespace, self._rank_dir)
+        self.owner = os.geteuid() if owner is None else owner
+
+    # ---- the directories -------------------------------------------------------------------
+    def _open(self, create: bool) -> tuple[int, int]:
+        """This rank's directory (a descriptor) and its owner, every component checked.
+        FileNotFoundError when a component is missing and not ``create``; TierError when one
+        is unfit."""
+        try:
+            try:
+                spool = safeio.open_spool(self.root)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                self._make_spool()
+                spool = safeio.open_spool(self.root)
+            owner = None if self.owner == ANY_JOB_USER else self.owner
+            with closing(spool):
+                job_fd, st = self._child(spool, self.namespace, owner, create)
+            owner = st.st_uid if owner is None else owner
+            with closing(job_fd):
+                rank_fd, _ = self._child(job_fd, self._rank_dir, owner, create)
+            return rank_fd, owner
+        except Refused as exc:
+            raise TierError(f"{self.name}: {exc}: refusing it") from None
+        except FileNotFoundError:
+            if create:
+                raise TierError(f"{self.name}: {self.dir} vanished while being created") from None
+            raise
+        except OSError as exc:
+            raise TierError(f"{self.name}: cannot use {self.dir} ({_why(exc)})") from None
+
+    def _child(self, parent: int, name: str, owner: int | None,
+               create: bool) -> tuple[int, os.stat_result]:
+        where = self.dir if name == self._rank_dir else os.path.dirname(self.dir)
+        try:
+            return safeio.open_dir(parent, name, owner, where)
+        except FileNotFoundError:
+            if not create:
+                raise
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+        return safeio.open_dir(parent, name, owner, where)
+
+    def _make_spool(self) -> None:
+        # A spool shared by every user's jobs, like /tmp: sticky and world-writable; each job's
+        # own directory inside it is private. On nodes the prolog makes tier 0's as root.
+        os.makedirs(os.path.dirname(self.root), exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.root, 0o700)
+        fd = os.open(self.root, safeio.DIR_FLAGS)
+        with closing(fd):
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, 0o1777)
 
     def ensure_dir(self) -> None:
-        """Create (or check) this rank's directory and the job's; idempotent."""
-        if self._ready:
-            return
-        parent = os.path.dirname(self.dir)
-        root = os.path.dirname(parent)
-        if not os.path.lexists(root):
-            # A spool shared by every user's jobs, like /tmp: sticky and world-writable; each
-            # job's own directory inside it is private.
-            try:
-                os.makedirs(root, exist_ok=True)
-                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-                try:
-                    os.fchmod(fd, 0o1777)  # sticky, like /tmp; job dirs are 0700
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                raise TierError(f"{self.name}: cannot create {root} ({exc.strerror})") from None
-        _check_spool(self.name, root)
-        for path in (parent, self.dir):
-            try:
-                os.mkdir(path, 0o700)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise TierError(f"{self.name}: cannot create {path} ({exc.strerror})") from None
-            problem = unsafe_dir_problem(path, os.lstat(path))
-            if problem:
-                raise TierError(f"{self.name}: {problem}: refusing to keep checkpoints there")
-        self._ready = True
+        """Create (or check) this rank's directory and the job's."""
+        fd, _ = self._open(create=True)
+        os.close(fd)
 
+    # ---- writing ---------------------------------------------------------------------------
     def commit(self, manifest: Manifest, data: Mapping[str, Buf]) -> None:
         """Write the step and make it visible at once, or raise and leave nothing behind."""
-        self.ensure_dir()
-        final = os.path.join(self.dir, step_dir(manifest.step))
-        stale = None
-        if os.path.lexists(final):
-            if self._same(manifest):
-                return  # already committed here (a retry after a crash past the rename)
-            # A step of the same number from another run (a replica pushed before a requeue):
-            # replaced whole, never mixed.
-            stale = tempfile.mkdtemp(prefix=f".{step_dir(manifest.step)}.stale.", dir=self.dir)
-        tmp = tempfile.mkdtemp(prefix=f".{step_dir(manifest.step)}.", dir=self.dir)
-        try:
-            for shard in manifest.shards:
-                _write_file(os.path.join(tmp, shard.name), data[shard.name])
-            _write_file(os.path.join(tmp, MANIFEST), manifest.to_json().encode())
-            _fsync_dir(tmp)
-            if stale is not None:
-                os.rename(final, os.path.join(stale, "old"))
-            os.rename(tmp, final)
-            _fsync_dir(self.dir)
-            if stale is not None:
-                shutil.rmtree(stale, ignore_errors=True)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if stale is not None:
-                shutil.rmtree(stale, ignore_errors=True)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = shutil.disk_usage(self.dir).free
-                raise TierFull(f"{self.name}: out of space writing step {manifest.step} "
-                               f"({manifest.total_bytes} bytes, {free} free in {self.dir}); "
-                               "the previous steps are intact") from None
-            raise TierError(f"{self.name}: cannot write step {manifest.step} "
-                            f"({exc.strerror})") from None
+        if (manifest.job, manifest.rank) != (self.job, self.rank):
+            raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
+                            f"belong in {self.dir}")
+        fd, owner = self._open(create=True)
+        with closing(fd):
+            self._commit_at(fd, owner, manifest, data)
 
-    def _same(self, manifest: Manifest) -> bool:
+    def _commit_at(self, fd: int, owner: int, manifest: Manifest,
+                   data: Mapping[str, Buf]) -> None:
+        final = step_dir(manifest.step)
+        stale = tmp = None
         try:
-            held = self.manifest(manifest.step)
+            if safeio.lstat_at(fd, final) is not None:
+                if self._same(fd, owner, manifest):
+                    return  # already committed here (a retry after a crash past the rename)
+                # A step of the same number from another run (a replica pushed before a
+                # requeue): replaced whole, never mixed.
+                stale = self._mkdtemp(fd, f".{final}.stale.")
+            tmp = self._mkdtemp(fd, f".{final}.")
+            with closing(os.open(tmp, safeio.DIR_FLAGS, dir_fd=fd)) as tfd:
+                for shard in manifest.shards:
+                    _write_file(tfd, shard.name, data[shard.name])
+                _write_file(tfd, MANIFEST, manifest.to_json().encode())
+                os.fsync(tfd)
+            if stale is not None:
+                os.rename(final, f"{stale}/old", src_dir_fd=fd, dst_dir_fd=fd)
+            os.rename(tmp, final, src_dir_fd=fd, dst_dir_fd=fd)
+            tmp = None
+            os.fsync(fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                vfs = os.fstatvfs(fd)
+                inodes = ", no free inodes" if vfs.f_favail == 0 else ""
+                raise TierFull(f"{self.name}: out of space writing step {manifest.step} "
+                               f"({manifest.total_bytes} bytes, {vfs.f_bavail * vfs.f_frsize} "
+                               f"free{inodes} in {self.dir}); the previous steps are intact") \
+                    from None
+            raise TierError(f"{self.name}: cannot write step {manifest.step} "
+                            f"({_why(exc)})") from None
+        finally:
+            for leftover in (tmp, stale):
+                if leftover is not None:
+                    with contextlib.suppress(OSError):
+                        safeio.remove_at(fd, leftover)
+
+    @staticmethod
+    def _mkdtemp(fd: int, prefix: str) -> str:
+        for _ in range(100):
+            name = prefix + secrets.token_hex(6)
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            except FileExistsError:
+                continue
+            return name
+        raise FileExistsError(errno.EEXIST, f"no free temp name {prefix}*")
+
+    def _same(self, fd: int, owner: int, manifest: Manifest) -> bool:
+        try:
+            held = self._read_at(fd, owner, manifest.step, shards=False)[0]
         except CorruptStep:
             return False
         return (held.shards, held.world_size, held.rank) == (manifest.shards,
                                                              manifest.world_size, manifest.rank)
 
+    # ---- reading ---------------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Committed steps (those whose manifest is in place), oldest first."""
+        """Committed steps (a step directory of the job's user holding that user's regular
+        manifest), oldest first; TierError when the job's or rank's directory is unfit."""
         try:
-            names = os.listdir(self.dir)
+            fd, owner = self._open(create=False)
         except FileNotFoundError:
             return []
-        out = []
-        for n in names:
-            step = parse_step_dir(n)
-            if step is None:
-                continue
-            try:
-                st = os.lstat(os.path.join(self.dir, n, MANIFEST))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out.append(step)
-        return sorted(out)
+        with closing(fd):
+            return sorted(s for n in os.listdir(fd)
+                          if (s := parse_step_dir(n)) is not None and self._visible(fd, n, owner))
+
+    def _visible(self, fd: int, name: str, owner: int) -> bool:
+        where = os.path.join(self.dir, name)
+        try:
+            sfd, _ = safeio.open_dir(fd, name, owner, where)
+        except (Refused, OSError) as exc:
+            log.warning("%s: ignoring %s: %s", self.name, where, _why(exc))
+            return False
+        with closing(sfd):
+            st = safeio.lstat_at(sfd, MANIFEST)
+        return st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == owner
 
     def manifest(self, step: int) -> Manifest:
-        path = os.path.join(self.dir, step_dir(step), MANIFEST)
-        try:
-            text = _read_file(path, 16 << 20).decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CorruptStep(f"{self.name} step {step}: cannot read the manifest ({exc})") \
-                from None
-        try:
-            return from_json(text, path)
-        except ManifestError as exc:
-            raise CorruptStep(f"{self.name} step {step}: {exc}") from None
+        return self._read(step, shards=False)[0]
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         """Every shard, each checked against the manifest; CorruptStep names the first bad one."""
-        m = self.manifest(step)
-        out: dict[str, Buf] = {}
-        for shard in m.shards:
-            path = os.path.join(self.dir, step_dir(step), shard.name)
-            try:
-                data = _read_file(path, shard.size, exact=True)
-            except OSError as exc:
-                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
-                                  f"{exc.strerror}") from None
-            check_shard(self.name, step, shard, data)
-            out[shard.name] = data
-        return m, out
+        return self._read(step, shards=True)
 
+    def _read(self, step: int, shards: bool) -> tuple[Manifest, dict[str, Buf]]:
+        try:
+            fd, owner = self._open(create=False)
+        except FileNotFoundError:
+            raise CorruptStep(f"{self.name} step {step}: {self.dir} is not there") from None
+        with closing(fd):
+            return self._read_at(fd, owner, step, shards)
+
+    def _read_at(self, fd: int, owner: int, step: int,
+                 shards: bool) -> tuple[Manifest, dict[str, Buf]]:
+        where = os.path.join(self.dir, step_dir(step))
+        try:
+            sfd, _ = safeio.open_dir(fd, step_dir(step), owner, where)
+        except (Refused, OSError) as exc:
+            raise CorruptStep(f"{self.name} step {step}: {_why(exc)}") from None
+        with closing(sfd):
+            m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
+            out: dict[str, Buf] = {}
+            for shard in m.shards if shards else ():
+                try:
+                    data = safeio.read_file(sfd, shard.name, owner, shard.size,
+                                            os.path.join(where, shard.name), exact=True)
+                except (Refused, OSError) as exc:
+                    raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
+                                      f"{_why(exc)}") from None
+                check_shard(self.name, step, shard, data)
+                out[shard.name] = data
+            return m, out
+
+    def _manifest_at(self, sfd: int, owner: int, step: int, where: str) -> Manifest:
+        try:
+            text = safeio.read_file(sfd, MANIFEST, owner, MAX_MANIFEST, where).decode("utf-8")
+        except (Refused, OSError, UnicodeDecodeError) as exc:
+            raise CorruptStep(f"{self.name} step {step}: cannot read the manifest "
+                              f"({_why(exc)})") from None
+        try:
+            m = from_json(text, where)
+            check_identity(m, self.job, self.rank, step, where)
+        except ManifestError as exc:
+            raise CorruptStep(f"{self.name} step {step}: {exc}") from None
+        return m
+
+    # ---- removing --------------------------------------------------------------------------
     def delete(self, step: int) -> None:
-        """The manifest goes first, so a step half deleted is never taken for a whole one."""
-        path = os.path.join(self.dir, step_dir(step))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(path, MANIFEST))
-        shutil.rmtree(path, ignore_errors=True)
+        """The manifest goes first, so a step half deleted is never taken for a whole one.
+        Links are removed, never followed."""
+        name = step_dir(step)
+        try:
+            fd, _ = self._open(create=False)
+        except FileNotFoundError:
+            return
+        with closing(fd):
+            try:
+                st = safeio.lstat_at(fd, name)
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    with closing(os.open(name, safeio.DIR_FLAGS, dir_fd=fd)) as sfd, \
+                            contextlib.suppress(FileNotFoundError):
+                        os.unlink(MANIFEST, dir_fd=sfd)
+                safeio.remove_at(fd, name)
+            except OSError as exc:
+                raise TierError(f"{self.name}: cannot delete step {step} ({_why(exc)})") from None
 
     def gc_temp(self, older_than_s: float = 3600.0, now: float | None = None) -> int:
         """Remove temp directories of commits that crashed; returns how many."""
         now = time.time() if now is None else now
-        removed = 0
         try:
-            names = os.listdir(self.dir)
+            fd, _ = self._open(create=False)
         except FileNotFoundError:
             return 0
-        for n in names:
-            p = os.path.join(self.dir, n)
-            if n.startswith(".step-") and now - os.lstat(p).st_mtime > older_than_s:
-                shutil.rmtree(p, ignore_errors=True)
-                removed += 1
+        removed = 0
+        with closing(fd):
+            for n in os.listdir(fd):
+                st = safeio.lstat_at(fd, n) if n.startswith(".step-") else None
+                if st is not None and now - st.st_mtime > older_than_s:
+                    safeio.remove_at(fd, n)
+                    removed += 1
         return removed

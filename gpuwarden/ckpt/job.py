@@ -34,7 +34,7 @@ from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloC
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
-from gpuwarden.ckpt.restore import Restored
+from gpuwarden.ckpt.restore import Restored, TiersUnavailable
 from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -175,29 +175,53 @@ class JobCheckpointer:
         return PeerTier(key, env.job, env.rank, [addrs[r] for r in mine], others)
 
     # ---- the training loop's side -----------------------------------------------------------
-    def restore(self) -> Restored | None:
+    def restore(self, read_only: bool = False) -> Restored | None:
         """The newest step every rank can restore, the same on all ranks; None: start fresh.
 
         Agreement is on what the tiers list; a rank whose copies of the agreed step all fail
-        their checksums walks back, and then every rank takes that older step too.
+        their checks walks back, and then every rank takes that older step too.
+
+        Unless ``read_only``, each rank then deletes its steps newer than the restored one on
+        every tier it writes (steps of an abandoned run). ``read_only`` changes no tier: for
+        looking at or verifying a job's checkpoints (the ranks still meet in the coordination
+        directory).
+
+        Raises `TiersUnavailable` on every rank when some rank could not list a tier and no
+        step could be agreed on or restored (it may hold the checkpoint: never a fresh start
+        then), and CoordError when the ranks do not meet.
         """
         env = self.env
-        target = agree(self.coord, f"agree-{env.run}", self.ck.held(), self.cfg.agree_timeout_s)
+        mine, failed = self.ck.listing()
+        target = agree(self.coord, f"agree-{env.run}", mine, self.cfg.agree_timeout_s)
         for attempt in range(4):
             if target is None:
-                self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
+                blind = self.coord.exchange(f"fresh-{env.run}-{attempt}", bool(failed),
+                                            self.cfg.agree_timeout_s)
+                if any(blind):
+                    ranks = [r for r, b in enumerate(blind) if b]
+                    raise TiersUnavailable(f"rank {env.rank}: ranks {ranks} could not list some "
+                                           f"tiers ({'; '.join(failed) or 'see their logs'}): "
+                                           "not starting fresh")
+                if not read_only:
+                    self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
                 return None
-            got = self.ck.restore(at_most=target)
+            try:
+                got = self.ck.restore(at_most=target)
+            except TiersUnavailable as exc:
+                log.error("rank %d: %s", env.rank, exc)
+                failed = [*failed, str(exc)]
+                got = None  # reported as -1: then every rank fails together, above
             reached = -1 if got is None else got.step
             every = self.coord.exchange(f"restored-{env.run}-{attempt}", reached,
                                         self.cfg.agree_timeout_s)
-            if not all(isinstance(s, int) for s in every):
+            if not all(isinstance(s, int) and not isinstance(s, bool) for s in every):
                 raise CoordError(f"a rank reported {every!r} as its restored step")
             low = min(every)
             if low == target:
                 assert got is not None
                 log.info("rank %d: restored step %d from %s", env.rank, got.step, got.tier)
-                self.ck.forget_newer(got.step)
+                if not read_only:
+                    self.ck.forget_newer(got.step)
                 return got
             log.warning("rank %d: some rank could not restore step %d; all take step %s",
                         env.rank, target, low if low >= 0 else "none")

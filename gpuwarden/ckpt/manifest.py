@@ -1,21 +1,39 @@
 """A step's manifest: written last, it is what makes a step visible. Pure.
 
-Every field is checked on reading; a manifest that is not exactly what `to_json` writes is an
-error naming the file and the field, and the step is treated as absent.
+It decides how the shards' bytes are read back, so it is verified as strictly as they are:
+
+* every field is required (no defaults) and no other field is allowed;
+* a shard's dtype must parse (``dtypes.parse``: canonical, never Python objects) and its size
+  must equal the product of its shape times the dtype's item size; a ``bytes`` shard has the
+  dtype ``""`` and the shape ``[]``;
+* ``digest`` is ``sha256:`` over the canonical JSON of every other field (keys sorted, no
+  spaces, ASCII), so damage or an edit by a tool that does not recompute it is caught. A digest
+  does not stop someone who can write the file and recompute it: ownership checks do that.
+
+A manifest that is not exactly what `to_json` writes is an error naming the file and the field,
+and the step is treated as absent. Whether a manifest belongs where it was found (job, rank,
+step) is `check_identity`'s question.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuwarden.ckpt.dtypes import DtypeError, parse
 from gpuwarden.ckpt.names import BadName, check_name, check_step
 from gpuwarden.errors import GpuwardenError
 
-VERSION = 1
+VERSION = 2
 ALGO = "xxh3_64"
 KINDS = ("bytes", "ndarray")
+_TOP = ("algo", "created_at", "job", "metadata", "rank", "shards", "step", "version",
+        "world_size")
+_SHARD = ("checksum", "dtype", "kind", "name", "shape", "size")
+_MAX_NDIM = 64
 
 
 class ManifestError(GpuwardenError):
@@ -28,7 +46,7 @@ class Shard:
     size: int
     checksum: str  # hex digest of the shard's bytes under ALGO
     kind: str = "bytes"
-    dtype: str = ""  # ndarray only
+    dtype: str = ""  # ndarray only: dtypes.describe's text
     shape: tuple[int, ...] = ()
 
 
@@ -49,7 +67,22 @@ class Manifest:
         return sum(s.size for s in self.shards)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, indent=1) + "\n"
+        return json.dumps(seal(asdict(self)), sort_keys=True, indent=1) + "\n"
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode()
+
+
+def digest_of(body: dict[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def seal(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``digest`` set over every other field."""
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return {**body, "digest": digest_of(body)}
 
 
 def _need(cond: bool, source: str, field: str, expected: str) -> None:
@@ -61,23 +94,42 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _keys(doc: dict[str, Any], wanted: tuple[str, ...], source: str, where: str) -> None:
+    missing = [k for k in wanted if k not in doc]
+    _need(not missing, source, f"{where}{missing[0] if missing else ''}", "a value (no defaults)")
+    extra = sorted(k for k in doc if k not in wanted)
+    _need(not extra, source, f"{where}{extra[0] if extra else ''}", "no such field")
+
+
 def _shard(item: Any, source: str, i: int) -> Shard:
     where = f"shards[{i}]"
     _need(isinstance(item, dict), source, where, "an object")
+    _keys(item, _SHARD, source, f"{where}.")
     try:
-        name = check_name(item.get("name", ""), "shard")
+        name = check_name(item["name"], "shard")
     except BadName as exc:
         raise ManifestError(f"{source}: {where}.name: {exc}") from None
-    size, checksum = item.get("size"), item.get("checksum")
-    kind, dtype, shape = item.get("kind", "bytes"), item.get("dtype", ""), item.get("shape", [])
+    size, checksum, kind = item["size"], item["checksum"], item["kind"]
+    dtype, shape = item["dtype"], item["shape"]
     _need(_int(size) and size >= 0, source, f"{where}.size", "an integer >= 0")
     _need(isinstance(checksum, str) and len(checksum) == 16
           and all(c in "0123456789abcdef" for c in checksum), source, f"{where}.checksum",
           "16 hex digits (xxh3_64)")
     _need(kind in KINDS, source, f"{where}.kind", "bytes or ndarray")
-    _need(isinstance(dtype, str) and len(dtype) <= 16, source, f"{where}.dtype", "a dtype")
-    _need(isinstance(shape, list) and all(_int(x) and x >= 0 for x in shape), source,
-          f"{where}.shape", "a list of integers >= 0")
+    _need(isinstance(shape, list) and len(shape) <= _MAX_NDIM
+          and all(_int(x) and x >= 0 for x in shape), source, f"{where}.shape",
+          f"a list of at most {_MAX_NDIM} integers >= 0")
+    if kind == "bytes":
+        _need(dtype == "", source, f"{where}.dtype", '"" for a bytes shard')
+        _need(shape == [], source, f"{where}.shape", "[] for a bytes shard")
+        return Shard(name, size, checksum, kind, "", ())
+    try:
+        itemsize = parse(dtype).itemsize
+    except DtypeError as exc:
+        raise ManifestError(f"{source}: {where}.dtype: {exc}") from None
+    want = math.prod(shape) * itemsize
+    _need(size == want, source, f"{where}.size", f"{want} (the shape's product times the "
+          f"dtype's {itemsize}-byte items)")
     return Shard(name, size, checksum, kind, dtype, tuple(shape))
 
 
@@ -86,25 +138,45 @@ def from_json(text: str, source: str) -> Manifest:
         doc = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{source}: not JSON ({exc})") from None
+    except RecursionError:
+        raise ManifestError(f"{source}: not a manifest (nested too deeply)") from None
     _need(isinstance(doc, dict), source, "manifest", "a JSON object")
-    _need(doc.get("version") == VERSION, source, "version", str(VERSION))
-    _need(doc.get("algo") == ALGO, source, "algo", ALGO)
+    _need(doc.get("version") == VERSION, source, "version",
+          f"{VERSION} (an older gpuwarden's manifest, or not a manifest)")
+    body = {k: v for k, v in doc.items() if k != "digest"}
     try:
-        job = check_name(doc.get("job", ""), "job")
-        step = check_step(doc.get("step"))
+        ok = doc.get("digest") == digest_of(body)
+    except (ValueError, TypeError):  # NaN or infinity: never written by to_json
+        ok = False
+    _need(ok, source, "digest", "sha256 of the manifest's other fields: it was changed or "
+          "damaged after it was written")
+    _keys(body, _TOP, source, "")
+    _need(body["algo"] == ALGO, source, "algo", ALGO)
+    try:
+        job = check_name(body["job"], "job")
+        step = check_step(body["step"])
     except BadName as exc:
         raise ManifestError(f"{source}: {exc}") from None
-    ws, rank = doc.get("world_size"), doc.get("rank")
+    ws, rank = body["world_size"], body["rank"]
     _need(_int(ws) and ws >= 1, source, "world_size", "an integer >= 1")
     _need(_int(rank) and 0 <= rank < ws, source, "rank", "an integer in [0, world_size)")
-    shards = doc.get("shards")
+    shards = body["shards"]
     _need(isinstance(shards, list), source, "shards", "a list")
     parsed = tuple(_shard(x, source, i) for i, x in enumerate(shards))
     _need(len({s.name for s in parsed}) == len(parsed), source, "shards", "unique names")
-    created = doc.get("created_at")
-    _need(isinstance(created, (int, float)), source, "created_at", "a time")
-    meta = doc.get("metadata", {})
+    created = body["created_at"]
+    _need(isinstance(created, (int, float)) and not isinstance(created, bool)
+          and math.isfinite(created), source, "created_at", "a time")
+    meta = body["metadata"]
     _need(isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
                                          for k, v in meta.items()), source, "metadata",
           "an object of strings")
     return Manifest(job, step, ws, rank, parsed, float(created), dict(meta))
+
+
+def check_identity(m: Manifest, job: str, rank: int, step: int, source: str) -> None:
+    """A manifest is used only where it was written: its job, rank and step are those of the
+    place it was found (a step directory copied to another number, job or rank is refused)."""
+    if (m.job, m.rank, m.step) != (job, rank, step):
+        raise ManifestError(f"{source}: the manifest is of {m.job} rank {m.rank} step {m.step}, "
+                            f"found where {job} rank {rank} step {step} belongs")

@@ -6,8 +6,10 @@ import re
 
 from gpuwarden.errors import GpuwardenError
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 MAX_STEP = 10**12
+# A job's replicas in other ranks' memory live in the namespace "<job>.peer" (docs/checkpointing.md).
+PEER_SUFFIX = ".peer"
 
 
 class BadName(GpuwardenError):
@@ -15,10 +17,16 @@ class BadName(GpuwardenError):
 
 
 def check_name(name: str, what: str = "name") -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise BadName(f"{what} {name!r}: use 1-128 letters, digits, '_', '-', '.', not starting "
                       "with '.' or '-' and without '..'")
     return name
+
+
+def job_of(namespace: str) -> str:
+    """The job whose checkpoints a namespace directory holds: ``job-7`` and ``job-7.peer`` are
+    both job-7's (a manifest names the job, not the namespace it was copied into)."""
+    return namespace.removesuffix(PEER_SUFFIX)
 
 
 def check_step(step: int) -> int:
@@ -32,5 +40,5 @@ def step_dir(step: int) -> str:
 
 
 def parse_step_dir(name: str) -> int | None:
-    m = re.fullmatch(r"step-(\d{12})", name)
+    m = re.fullmatch(r"step-([0-9]{12})", name)
     return int(m.group(1)) if m else None

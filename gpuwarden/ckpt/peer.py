@@ -14,6 +14,14 @@ the request body, the response header and the whole response each carry their ow
 both nonces. So nothing can be replayed, read or written without the key, and nothing
 received is used before its HMAC and then its manifest checksums match. Transfers are
 authenticated, not encrypted: root on the network path can read them.
+
+Strangers: a connection gets one absolute deadline (``handshake_s``) to show the key, and one
+address may hold at most ``per_source`` connections that have not shown it (`peeradmit`); a
+connection over the limits is answered ``BUSY`` and closed, and the client says so. Listing
+asks every peer at once under one deadline; a peer that does not answer is an error naming it,
+never an empty list. What is served is read through `FsTier`, which refuses links, FIFOs and
+anything not owned by the job's user (the ``job-N`` and ``job-N.peer`` directories sit in a
+world-writable spool).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ import secrets
 import socket
 import socketserver
 import stat
-import struct
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,19 +47,28 @@ from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
+from gpuwarden.ckpt.peeradmit import Admission
+from gpuwarden.ckpt.peerwire import (
+    BUSY,
+    MAGIC,
+    MAX_HEADER,
+    NONCE,
+    PeerBusy,
+    PeerError,
+    hmac_over,
+    recv_exact,
+    recv_frame,
+    send_frame,
+)
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"GPWPEER1"
 KEY_FILE = "peer.key"
-_NONCE = 32
-_MAX_HEADER = 1 << 20
-_MAX_CONNECTIONS = 64
-_HANDSHAKE_S = 10.0
-
-
-class PeerError(TierError):
-    """A peer that cannot be reached, refuses us, or sends something unauthenticated."""
+MAX_CONNECTIONS = 64  # served at once, all sources together
+PER_SOURCE = 8  # connections from one address still in the handshake (not shown the key yet)
+HANDSHAKE_S = 5.0  # from accept to the key shown: one deadline for the whole handshake
+LIST_S = 10.0  # PeerTier.steps(): every peer asked at once, one deadline for all of them
+_LIST_WORKERS = 32
 
 
 # ---- the per-job key ------------------------------------------------------------------------
@@ -105,36 +123,6 @@ def partners(rank: int, hosts: Sequence[str], leaf_of: Mapping[str, str], replic
     return [on[h][local % len(on[h])] for h in order[:replicas]]
 
 
-# ---- wire -----------------------------------------------------------------------------------
-def _send_frame(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(struct.pack(">I", len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    while view:
-        got = sock.recv_into(view)
-        if not got:
-            raise PeerError("connection closed mid-message")
-        view = view[got:]
-    return buf
-
-
-def _recv_frame(sock: socket.socket, limit: int = _MAX_HEADER) -> bytes:
-    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
-    if n > limit:
-        raise PeerError(f"a {n}-byte frame, more than {limit}")
-    return bytes(_recv_exact(sock, n))
-
-
-def _mac(key: bytes, label: bytes, *parts: bytes | bytearray | memoryview) -> Any:
-    m = hmac.new(key, label, "sha256")
-    for p in parts:
-        m.update(p)
-    return m
-
-
 @dataclass(frozen=True)
 class Address:
     host: str
@@ -149,10 +137,12 @@ class PeerServer:
     """Serves one job's replicas from this node's tier 0. ``stop()`` when the rank exits."""
 
     def __init__(self, key: bytes, job: str, memory_root: str, keep: int = 2,
-                 host: str = "0.0.0.0", port: int = 0, timeout: float = 60.0) -> None:  # noqa: S104 - every rank must reach it; the key guards it
+                 host: str = "0.0.0.0", port: int = 0, timeout: float = 60.0,  # noqa: S104 - every rank must reach it; the key guards it
+                 handshake_s: float = HANDSHAKE_S, max_connections: int = MAX_CONNECTIONS,
+                 per_source: int = PER_SOURCE) -> None:
         self.key, self.job, self.root, self.keep = key, check_name(job, "job"), memory_root, keep
-        self.timeout = timeout
-        self._slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
+        self.timeout, self.handshake_s = timeout, handshake_s
+        self._admission = Admission(max_connections, per_source)
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -175,6 +165,8 @@ class PeerServer:
         self._srv.shutdown()
         self._srv.server_close()
 
+    # Both live in a world-writable spool: FsTier opens every component by descriptor and
+    # refuses links, FIFOs and anything not this (the job's) user's, on every read.
     def _own(self, rank: int) -> FsTier:
         return FsTier("memory", self.root, self.job, rank)
 
@@ -182,38 +174,50 @@ class PeerServer:
         return FsTier("peer", self.root, f"{self.job}.peer", rank)
 
     def _handle(self, sock: socket.socket, client: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            return  # too many at once: the client retries later
+        source = str(client[0])
+        why = self._admission.enter(source)
+        if why:
+            if self._admission.should_log(source):
+                log.warning("peer %s: refused a connection: %s", source, why)
+            with contextlib.suppress(OSError, PeerError):
+                send_frame(sock, BUSY, time.monotonic() + 1.0)  # the client says why
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        in_handshake = True
         try:
-            # Until the client has shown the key it gets a short deadline and small frames:
-            # a stranger cannot hold a slot for long or make us allocate.
-            sock.settimeout(_HANDSHAKE_S)
-            nonce_s = secrets.token_bytes(_NONCE)
-            _send_frame(sock, MAGIC + nonce_s)
-            nonce_c = _recv_frame(sock, _NONCE)
-            header = _recv_frame(sock, 64 << 10)
-            mac = _recv_frame(sock, 64)
-            if len(nonce_c) != _NONCE or not hmac.compare_digest(
-                    mac, _mac(self.key, b"hdr", nonce_s, nonce_c, header).digest()):
-                log.warning("peer %s: refused a request without this job's key", client[0])
+            # Until the client has shown the key it gets one short deadline for the whole
+            # handshake and small frames: a stranger cannot hold a slot or make us allocate.
+            deadline = time.monotonic() + self.handshake_s
+            nonce_s = secrets.token_bytes(NONCE)
+            send_frame(sock, MAGIC + nonce_s, deadline)
+            nonce_c = recv_frame(sock, NONCE, deadline)
+            header = recv_frame(sock, 64 << 10, deadline)
+            mac = recv_frame(sock, 64, deadline)
+            if len(nonce_c) != NONCE or not hmac.compare_digest(
+                    mac, hmac_over(self.key, b"hdr", nonce_s, nonce_c, header).digest()):
+                log.warning("peer %s: refused a request without this job's key", source)
                 return
+            self._admission.authenticated(source)
+            in_handshake = False
             sock.settimeout(self.timeout)
             # Our proof of the key: the client sends no data before it has seen it.
-            _send_frame(sock, _mac(self.key, b"ready", nonce_s, nonce_c).digest())
+            send_frame(sock, hmac_over(self.key, b"ready", nonce_s, nonce_c).digest())
             req = json.loads(header)
             resp, body = self._serve(req, sock, nonce_s, nonce_c)
             text = json.dumps(resp).encode()
-            _send_frame(sock, text)
-            _send_frame(sock, _mac(self.key, b"rhdr", nonce_s, nonce_c, text).digest())
-            out = _mac(self.key, b"resp", nonce_s, nonce_c, text)
+            send_frame(sock, text)
+            send_frame(sock, hmac_over(self.key, b"rhdr", nonce_s, nonce_c, text).digest())
+            out = hmac_over(self.key, b"resp", nonce_s, nonce_c, text)
             for part in body:
                 out.update(part)
                 sock.sendall(part)
-            _send_frame(sock, out.digest())
+            send_frame(sock, out.digest())
         except (OSError, PeerError, ValueError) as exc:
-            log.warning("peer %s: %s", client[0], exc)
+            log.warning("peer %s: %s%s", source, exc,
+                        f" (within the {self.handshake_s:g} s handshake)" if in_handshake else "")
         finally:
-            self._slots.release()
+            self._admission.leave(source, in_handshake)
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -234,19 +238,26 @@ class PeerServer:
             if op == "get":
                 return self._get(rank, check_step(req.get("step", -1)))
             raise PeerError(f"unknown op {str(op)[:20]!r}")
-        except (BadName, TierError, CorruptStep) as exc:
+        except TierError as exc:
+            log.error("peer: not serving rank %s: %s", req.get("rank"), exc)  # planted? say so
+            return {"ok": False, "error": str(exc)}, []
+        except (BadName, CorruptStep, OSError) as exc:
             return {"ok": False, "error": str(exc)}, []
 
     def _get(self, rank: int, step: int) -> tuple[dict[str, Any], list[Buf]]:
-        for tier in (self._own(rank), self._replica(rank)):
-            if step in tier.steps():
-                try:
-                    m, data = tier.load(step)
-                except CorruptStep as exc:
-                    log.warning("peer: not serving %s", exc)
-                    continue
-                return {"ok": True, "manifest": m.to_json()}, [data[s.name] for s in m.shards]
-        raise PeerError(f"no verified step {step} of rank {rank} here")
+        problems = []
+        for store in (self._own(rank), self._replica(rank)):
+            if step not in store.steps():
+                continue
+            try:
+                m, data = store.load(step)
+            except CorruptStep as exc:
+                log.warning("peer: not serving %s", exc)
+                problems.append(str(exc))
+                continue
+            return {"ok": True, "manifest": m.to_json()}, [data[s.name] for s in m.shards]
+        raise PeerError(f"no verified step {step} of rank {rank} here"
+                        + (f" ({'; '.join(problems)})" if problems else ""))
 
     def _put(self, req: dict[str, Any], sock: socket.socket, nonce_s: bytes,
              nonce_c: bytes) -> dict[str, Any]:
@@ -261,13 +272,13 @@ class PeerServer:
         free = os.statvfs(tier.dir)
         if m.total_bytes > free.f_bavail * free.f_frsize:
             raise PeerError(f"no room for {m.total_bytes} bytes of rank {m.rank} step {m.step}")
-        mac = _mac(self.key, b"body", nonce_s, nonce_c)
+        mac = hmac_over(self.key, b"body", nonce_s, nonce_c)
         data: dict[str, bytes | memoryview] = {}
         for shard in m.shards:
-            buf = _recv_exact(sock, shard.size)
+            buf = recv_exact(sock, shard.size)
             mac.update(buf)
             data[shard.name] = memoryview(buf)
-        if not hmac.compare_digest(_recv_frame(sock, 64), mac.digest()):
+        if not hmac.compare_digest(recv_frame(sock, 64), mac.digest()):
             raise PeerError(f"rank {m.rank} step {m.step}: body without this job's key")
         for shard in m.shards:
             check_shard("pushed replica", m.step, shard, data[shard.name])
@@ -279,65 +290,89 @@ class PeerServer:
 
 # ---- the client: a tier like the others ----------------------------------------------------
 def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any] = (),
-             timeout: float = 30.0) -> tuple[dict[str, Any], socket.socket, Any]:
+             timeout: float = 30.0,
+             deadline: float | None = None) -> tuple[dict[str, Any], socket.socket, Any]:
     """Send an authenticated request; returns the response header, the socket (positioned at
-    the response body) and the running response MAC."""
+    the response body) and the running response MAC. ``timeout`` bounds each socket call;
+    ``deadline`` (monotonic), when given, the whole exchange."""
+    connect_s = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+    if connect_s <= 0:
+        raise PeerError(f"peer {addr}: no time left to ask it")
     try:
-        sock = socket.create_connection((addr.host, addr.port), timeout=timeout)
+        sock = socket.create_connection((addr.host, addr.port), timeout=connect_s)
+        sock.settimeout(timeout)
     except OSError as exc:
         raise PeerError(f"peer {addr}: cannot connect ({exc})") from None
     try:
-        hello = _recv_frame(sock, len(MAGIC) + _NONCE)
-        if not hello.startswith(MAGIC) or len(hello) != len(MAGIC) + _NONCE:
+        hello = recv_frame(sock, len(MAGIC) + NONCE, deadline)
+        if hello == BUSY:
+            raise PeerBusy(f"peer {addr}: busy: it refused the connection at its connection "
+                           "limits (too many at once, or from this address)")
+        if not hello.startswith(MAGIC) or len(hello) != len(MAGIC) + NONCE:
             raise PeerError(f"peer {addr}: not a gpuwarden peer")
-        nonce_s, nonce_c = hello[len(MAGIC):], secrets.token_bytes(_NONCE)
+        nonce_s, nonce_c = hello[len(MAGIC):], secrets.token_bytes(NONCE)
         header = json.dumps(req).encode()
-        _send_frame(sock, nonce_c)
-        _send_frame(sock, header)
-        _send_frame(sock, _mac(key, b"hdr", nonce_s, nonce_c, header).digest())
-        if not hmac.compare_digest(_recv_frame(sock, 64),
-                                   _mac(key, b"ready", nonce_s, nonce_c).digest()):
+        send_frame(sock, nonce_c, deadline)
+        send_frame(sock, header, deadline)
+        send_frame(sock, hmac_over(key, b"hdr", nonce_s, nonce_c, header).digest(), deadline)
+        try:
+            ready = recv_frame(sock, 64, deadline)
+        except PeerError as exc:
+            raise PeerError(f"peer {addr}: {exc}, instead of proving it holds this job's key "
+                            "(it refused ours)") from None
+        if not hmac.compare_digest(ready, hmac_over(key, b"ready", nonce_s, nonce_c).digest()):
             raise PeerError(f"peer {addr}: does not hold this job's key: sending it nothing")
         if req.get("op") == "put":
-            mac = _mac(key, b"body", nonce_s, nonce_c)
+            mac = hmac_over(key, b"body", nonce_s, nonce_c)
             for part in body:
                 mac.update(part)
                 sock.sendall(part)
-            _send_frame(sock, mac.digest())
-        text = _recv_frame(sock)
-        if not hmac.compare_digest(_recv_frame(sock, 64),
-                                   _mac(key, b"rhdr", nonce_s, nonce_c, text).digest()):
+            send_frame(sock, mac.digest())
+        text = recv_frame(sock, MAX_HEADER, deadline)
+        if not hmac.compare_digest(recv_frame(sock, 64, deadline),
+                                   hmac_over(key, b"rhdr", nonce_s, nonce_c, text).digest()):
             raise PeerError(f"peer {addr}: a response without this job's key: ignored")
         resp = json.loads(text)
         if not isinstance(resp, dict):
             raise PeerError(f"peer {addr}: a response that is not an object")
-        return resp, sock, _mac(key, b"resp", nonce_s, nonce_c, text)
+        return resp, sock, hmac_over(key, b"resp", nonce_s, nonce_c, text)
     except (OSError, ValueError) as exc:
         sock.close()
         raise PeerError(f"peer {addr}: {exc}") from None
     except PeerError as exc:
         sock.close()
-        raise exc if str(addr) in str(exc) else PeerError(f"peer {addr}: {exc}") from None
+        if str(addr) in str(exc):
+            raise
+        raise type(exc)(f"peer {addr}: {exc}") from None
 
 
-def _finish(addr: Address, sock: socket.socket, mac: Any) -> None:
+def _finish(addr: Address, sock: socket.socket, mac: Any, deadline: float | None = None) -> None:
     try:
-        if not hmac.compare_digest(_recv_frame(sock, 64), mac.digest()):
+        if not hmac.compare_digest(recv_frame(sock, 64, deadline), mac.digest()):
             raise PeerError(f"peer {addr}: a response without this job's key: ignored")
     except OSError as exc:
         raise PeerError(f"peer {addr}: {exc}") from None
+    except PeerError as exc:
+        raise exc if str(addr) in str(exc) else PeerError(f"peer {addr}: {exc}") from None
     finally:
         sock.close()
+
+
+def _summary(errors: Sequence[str], most: int = 5) -> str:
+    shown = "; ".join(errors[:most])
+    return shown + (f"; and {len(errors) - most} more" if len(errors) > most else "")
 
 
 class PeerTier:
     """Pushes this rank's steps to its partners; restores them from any peer that holds them."""
 
     def __init__(self, key: bytes, job: str, rank: int, partners: Sequence[Address],
-                 everyone: Sequence[Address], timeout: float = 30.0, name: str = "peer") -> None:
+                 everyone: Sequence[Address], timeout: float = 30.0, name: str = "peer",
+                 list_timeout: float | None = None) -> None:
         self.name, self.key, self.job, self.rank = name, key, job, rank
         self.partners, self.everyone = list(partners), list(everyone)
         self.timeout = timeout
+        self.list_timeout = min(timeout, LIST_S) if list_timeout is None else list_timeout
         self._where: dict[int, list[Address]] = {}
 
     def commit(self, manifest: Manifest, data: Mapping[str, Buf]) -> None:
@@ -349,7 +384,7 @@ class PeerTier:
                     [data[s.name] for s in manifest.shards], self.timeout)
                 _finish(addr, sock, mac)
                 if not resp.get("ok"):
-                    raise PeerError(f"peer {addr}: {str(resp.get('error'))[:200]}")
+                    raise PeerError(f"peer {addr}: {str(resp.get('error'))[:1000]}")
             except PeerError as exc:
                 errors.append(str(exc))
         if errors:
@@ -357,22 +392,66 @@ class PeerTier:
                             + "; ".join(errors))
 
     def steps(self) -> list[int]:
+        """Every peer asked at once, all within ``list_timeout``. Peers that do not answer are
+        logged as errors by address; when none answers, PeerError names them: an attacker
+        holding a peer's connections must never look like "no replicas"."""
         self._where = {}
-        for addr in self.everyone:
+        if not self.everyone:
+            return []
+        deadline = time.monotonic() + self.list_timeout
+        answers: dict[Address, list[int]] = {}
+        errors: dict[Address, str] = {}
+        lock = threading.Lock()
+
+        def ask(addr: Address) -> None:
+            try:
+                got = self._list(addr, deadline)
+            except PeerError as exc:
+                with lock:
+                    errors[addr] = str(exc)
+                return
+            with lock:
+                answers[addr] = got
+        pool = ThreadPoolExecutor(min(_LIST_WORKERS, len(self.everyone)),
+                                  thread_name_prefix="gpuwarden-peer-list")
+        try:
+            futures.wait([pool.submit(ask, a) for a in self.everyone],
+                         timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # stragglers end at the deadline
+        with lock:
+            answered, failed = dict(answers), [
+                errors.get(a, f"peer {a}: no answer within {self.list_timeout:g} s")
+                for a in self.everyone if a not in answers]
+        for addr in self.everyone:  # in rank order: load() tries the nearest first
+            for s in answered.get(addr, []):
+                self._where.setdefault(s, []).append(addr)
+        if failed and not answered:
+            raise PeerError(f"{self.name}: rank {self.rank}: none of {len(failed)} peers "
+                            f"listed its steps: {_summary(failed)}")
+        if failed:
+            log.error("%s: rank %d: %d of %d peers did not list their steps (not counted): %s",
+                      self.name, self.rank, len(failed), len(self.everyone), _summary(failed))
+        return sorted(self._where)
+
+    def _list(self, addr: Address, deadline: float) -> list[int]:
+        """One peer's steps of this rank; a busy peer is asked again until the deadline."""
+        pause = 0.02
+        while True:
             try:
                 resp, sock, mac = _request(self.key, addr, {"op": "list", "rank": self.rank},
-                                           timeout=min(self.timeout, 10.0))
-                _finish(addr, sock, mac)
-            except PeerError as exc:
-                log.info("%s: %s", self.name, exc)
-                continue
-            steps = resp.get("steps")
-            if not resp.get("ok") or not isinstance(steps, list):
-                continue
-            for s in steps:
-                if isinstance(s, int) and not isinstance(s, bool):
-                    self._where.setdefault(s, []).append(addr)
-        return sorted(self._where)
+                                           timeout=self.list_timeout, deadline=deadline)
+                _finish(addr, sock, mac, deadline)
+                break
+            except PeerBusy:
+                if time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)  # backoff against a peer at its limits, within the deadline
+                pause = min(pause * 2, 0.5)
+        steps = resp.get("steps")
+        if not resp.get("ok") or not isinstance(steps, list):
+            raise PeerError(f"peer {addr}: {str(resp.get('error', 'no step list'))[:300]}")
+        return [s for s in steps if isinstance(s, int) and not isinstance(s, bool)]
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         problems = []
@@ -391,7 +470,7 @@ class PeerTier:
                                    self.timeout)
         try:
             if not resp.get("ok"):
-                raise PeerError(f"peer {addr}: {str(resp.get('error'))[:200]}")
+                raise PeerError(f"peer {addr}: {str(resp.get('error'))[:1000]}")
             try:
                 m = from_json(str(resp.get("manifest", "")), f"peer {addr}")
             except ManifestError as exc:
@@ -400,7 +479,7 @@ class PeerTier:
                 raise PeerError(f"peer {addr}: sent {m.job} rank {m.rank} step {m.step}")
             data: dict[str, Buf] = {}
             for shard in m.shards:
-                buf = _recv_exact(sock, shard.size)
+                buf = recv_exact(sock, shard.size)
                 mac.update(buf)
                 data[shard.name] = buf  # a bytearray: the restored array owns it, no copy
         except OSError as exc:

@@ -1,9 +1,22 @@
 """Restore the newest step that some tier holds complete and verified. Pure over tiers.
 
-Steps are tried newest first; for each, the tiers fastest first. A copy that fails its
-checksums is skipped with a warning naming the tier and shard, and the same step is tried on
-the next tier; when no tier has a good copy, restore walks back to the next older step and
-says so.
+Every tier is listed first, each on its own: a tier that cannot be listed (S3 unreachable, a
+job directory another user planted) is noted and the others are used. Steps are then tried
+newest first and, for each, the tiers fastest first. A copy that cannot be used, whatever the
+reason (a checksum, a manifest that fails validation or names another job, rank or step, a
+shard that is a FIFO or a link, a dtype that does not decode, a manifest nested too deeply, an
+I/O error), is skipped with a warning naming the tier and why, and the same step is tried on the
+next tier; when no tier has a good copy, restore walks back to the next older step and says so.
+
+The contract of `restore`:
+
+* returns `Restored` for the newest step (at most ``at_most``) that some tier holds verified;
+  ``Restored.step == Restored.manifest.step`` always (a manifest is used only for the step
+  where it was found), and ``skipped`` says why newer or faster copies were not used;
+* returns None when every tier was listed and none holds a usable step: start fresh;
+* raises `TiersUnavailable` (a `TierError`) when nothing could be restored and some tier could
+  not be listed: it may hold the step, and starting fresh would throw the job's progress away;
+* raises nothing else for what a tier holds or returns.
 """
 
 from __future__ import annotations
@@ -14,10 +27,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpuwarden.ckpt.codec import Buf, decode
-from gpuwarden.ckpt.fstier import CorruptStep
+from gpuwarden.ckpt.fstier import TierError
 from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
+
+# What a tier's listing or a copy's loading and decoding may raise on bad data or a bad tier
+# (RecursionError: a manifest nested too deeply for some parser; MemoryError: a copy too large
+# for this node, when an older one may fit). A bug elsewhere (TypeError...) still surfaces.
+COPY_ERRORS = (GpuwardenError, OSError, ValueError, RecursionError, MemoryError)
 
 
 class Tier(Protocol):
@@ -27,31 +46,56 @@ class Tier(Protocol):
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]: ...
 
 
+class TiersUnavailable(TierError):
+    """Nothing restored while some tier could not even be listed."""
+
+
 @dataclass(frozen=True)
 class Restored:
-    step: int
+    step: int  # always manifest.step
     tier: str
     state: dict[str, Any]
     manifest: Manifest
     skipped: tuple[str, ...]  # why newer or faster copies were not used
 
 
+def listed(tiers: Sequence[Tier]) -> tuple[dict[str, set[int]], list[str]]:
+    """Each tier's steps, and why the tiers left out could not be listed."""
+    held: dict[str, set[int]] = {}
+    failed: list[str] = []
+    for t in tiers:
+        try:
+            held[t.name] = set(t.steps())
+        except COPY_ERRORS as exc:
+            log.warning("cannot list %s (%s); using the other tiers", t.name, exc)
+            failed.append(f"{t.name}: {exc}")
+    return held, failed
+
+
+def _copy(t: Tier, step: int) -> tuple[Manifest, dict[str, Any]]:
+    manifest, data = t.load(step)
+    if manifest.step != step:  # every tier checks this; a tier that does not is not trusted
+        raise TierError(f"{t.name} step {step}: its manifest is of step {manifest.step}")
+    return manifest, {s.name: decode(s, data[s.name]) for s in manifest.shards}
+
+
 def restore(tiers: Sequence[Tier], at_most: int | None = None) -> Restored | None:
-    held = {t.name: set(t.steps()) for t in tiers}
-    steps = sorted({s for s in set().union(*held.values()) if at_most is None or s <= at_most},
+    held, failed = listed(tiers)
+    skipped = [f"not listed: {why}" for why in failed]
+    steps = sorted({s for h in held.values() for s in h if at_most is None or s <= at_most},
                    reverse=True)
-    skipped: list[str] = []
     for step in steps:
         for t in tiers:
-            if step not in held[t.name]:
+            if step not in held.get(t.name, ()):
                 continue
             try:
-                manifest, data = t.load(step)
-            except CorruptStep as exc:
-                log.warning("%s; trying the next copy", exc)
-                skipped.append(str(exc))
+                manifest, state = _copy(t, step)
+            except COPY_ERRORS as exc:
+                why = str(exc) if isinstance(exc, GpuwardenError) else \
+                    f"{t.name} step {step}: {type(exc).__name__}: {str(exc)[:200]}"
+                log.warning("%s; trying the next copy", why)
+                skipped.append(why)
                 continue
-            state = {s.name: decode(s, data[s.name]) for s in manifest.shards}
             if skipped:
                 log.warning("restored step %d from %s after skipping: %s", step, t.name,
                             "; ".join(skipped))
@@ -59,4 +103,7 @@ def restore(tiers: Sequence[Tier], at_most: int | None = None) -> Restored | Non
         skipped.append(f"step {step}: no tier holds a verified copy; walking back")
         log.warning("step %d: no tier holds a verified copy; walking back to an older step",
                     step)
+    if failed:
+        raise TiersUnavailable("nothing restored, and some tiers could not be listed (they may "
+                               "hold the step; not starting fresh): " + "; ".join(failed))
     return None

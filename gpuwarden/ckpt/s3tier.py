@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
 
@@ -59,7 +59,8 @@ class S3Tier:
         self.name = name
         self.s = settings
         check_name(settings.prefix, "S3 prefix")
-        self.base = f"{settings.prefix}/{check_name(job, 'job')}/rank-{int(rank):05d}"
+        self.job, self.rank = check_name(job, "job"), int(rank)
+        self.base = f"{settings.prefix}/{self.job}/rank-{self.rank:05d}"
         self.s3 = s3 if s3 is not None else client(settings)
         self._transfer = TransferConfig(multipart_threshold=settings.part_size,
                                         multipart_chunksize=settings.part_size,
@@ -70,6 +71,9 @@ class S3Tier:
 
     def commit(self, manifest: Manifest, data: Mapping[str, Buf],
                progress: Callable[[int], None] | None = None) -> None:
+        if (manifest.job, manifest.rank) != (self.job, self.rank):
+            raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
+                            f"belong under s3://{self.s.bucket}/{self.base}")
         if progress is None:
             progress = Progress(f"{self.name}: uploading step {manifest.step}",
                                 manifest.total_bytes)
@@ -125,9 +129,10 @@ class S3Tier:
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         key = self._key(step, MANIFEST)
+        source = f"s3://{self.s.bucket}/{key}"
         try:
-            m = from_json(bytes(self._get(key, 16 << 20)).decode("utf-8", "replace"),
-                          f"s3://{self.s.bucket}/{key}")
+            m = from_json(bytes(self._get(key, 16 << 20)).decode("utf-8", "replace"), source)
+            check_identity(m, self.job, self.rank, step, source)
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
         out: dict[str, Buf] = {}

@@ -18,12 +18,12 @@ import signal
 import socket
 import stat
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from gpuwarden.ckpt import childcall
 from gpuwarden.ckpt.coord import newest_common
 from gpuwarden.ckpt.progress import Progress
 from gpuwarden.errors import GpuwardenError
@@ -125,49 +125,49 @@ _NSS_S = 5.0
 
 
 def _nss(fn: Callable[[], T], what: str) -> T:
-    """A user database lookup (LDAP, SSSD...) with a deadline: in a daemon thread, given up on
-    after ``_NSS_S`` (the thread dies with the prolog)."""
-    box: list[T] = []
-    errors: list[BaseException] = []
+    """A user database lookup (LDAP, SSSD...) with a deadline that holds: in a forked child
+    killed after ``_NSS_S``. A thread cannot be given up on: NSS modules block in C holding
+    the GIL (a hung LDAP held a thread's 5 s timeout for 20 s). KeyError: no such entry."""
+    try:
+        return childcall.call(fn, _NSS_S)  # type: ignore[no-any-return]
+    except childcall.ChildTimeout:
+        raise _Malformed(f"{what}: the user database did not answer within {_NSS_S:g} s "
+                         "(the lookup was killed)") from None
+    except childcall.ChildFailed as exc:
+        raise _Malformed(f"{what}: the user database lookup failed ({exc})") from None
 
-    def run() -> None:
-        try:
-            box.append(fn())
-        except BaseException as exc:
-            errors.append(exc)
-    t = threading.Thread(target=run, name="gpuwarden-nss", daemon=True)
-    t.start()
-    t.join(_NSS_S)
-    if t.is_alive():
-        raise _Malformed(f"{what}: the user database did not answer within {_NSS_S:.0f} s")
-    if errors:
-        raise errors[0]
-    return box[0]
+
+def _lookup(uid: int, gid: int | None, user: str) -> tuple[str | None, int | None, list[int]]:
+    """uid's name and primary group (None: no passwd entry) and the groups of the job's user
+    (``user``, else uid's name) with the job's group (``gid``, else the primary). In the child."""
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    gid = gid if gid is not None else (pw.pw_gid if pw else None)
+    user = user or (pw.pw_name if pw else "")
+    groups = os.getgrouplist(user, gid) if user and gid is not None else []
+    return (pw.pw_name if pw else None), (pw.pw_gid if pw else None), groups
 
 
 def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
     job = _field(environ, "SLURM_JOB_ID", _DIGITS, "digits")
     uid = _id(environ, "SLURM_JOB_UID")
-    try:
-        pw: pwd.struct_passwd | None = _nss(lambda: pwd.getpwuid(uid), f"uid {uid}")
-    except KeyError:
-        pw = None
-    if "SLURM_JOB_GID" in environ:
-        gid = _id(environ, "SLURM_JOB_GID")
-    elif pw is not None:
-        gid = pw.pw_gid
-    else:
-        raise _Malformed(f"SLURM_JOB_GID is not set and uid {uid} has no passwd entry to take "
-                         "its primary group from")
+    given_gid = _id(environ, "SLURM_JOB_GID") if "SLURM_JOB_GID" in environ else None
     user = environ.get("SLURM_JOB_USER", "")
     if user:
         _field(environ, "SLURM_JOB_USER", _USER, "a user name")
-        if pw is not None and pw.pw_name != user:
-            raise _Malformed(f"SLURM_JOB_USER={user!r} is not uid {uid}'s name ({pw.pw_name!r})")
-    user = user or (pw.pw_name if pw else "")
+    # One child, one deadline, for every lookup.
+    name, primary, found = _nss(lambda: _lookup(uid, given_gid, user), f"uid {uid}")
+    if user and name is not None and name != user:
+        raise _Malformed(f"SLURM_JOB_USER={user!r} is not uid {uid}'s name ({name!r})")
+    gid = given_gid if given_gid is not None else primary
+    if gid is None:
+        raise _Malformed(f"SLURM_JOB_GID is not set and uid {uid} has no passwd entry to take "
+                         "its primary group from")
     # The user's own groups, as the job will have them; none but the primary without a name.
-    groups = tuple(_nss(lambda: os.getgrouplist(user, gid), f"groups of {user}")) if user \
-        else (gid,)
+    groups = tuple(int(g) for g in found) if (user or name) else (int(gid),)
+    gid = int(gid)
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     try:
         check_node_name(node)
@@ -289,21 +289,37 @@ def _child(work: Callable[[], int], req: Request) -> None:  # pragma: no cover -
 def _discover(req: Request) -> tuple[int, list[int]] | None:
     """World size from the newest manifest of the lowest rank that has one, and the ranks with a
     directory on the shared tier; None when there is no checkpoint at all."""
-    from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415 - prolog stays light
+    from gpuwarden.ckpt import safeio  # noqa: PLC0415 - prolog stays light
+    from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415
 
     try:
-        names = os.listdir(os.path.join(req.shared_root, req.job))
-    except OSError:
+        with safeio.closing(safeio.walk(req.shared_root, [req.job], os.geteuid())) as fd:
+            names = os.listdir(fd)
+    except FileNotFoundError:
+        return None
+    except (safeio.Refused, OSError) as exc:
+        log.warning("stage-in job %s: %s", req.job_id, exc)
         return None
     ranks = sorted(int(m.group(1)) for m in map(_RANK_DIR.match, names) if m)
     for r in ranks:
         tier = FsTier("shared", req.shared_root, req.job, r)
-        for step in reversed(tier.steps()):
+        for step in reversed(_held(req, r)):
             try:
                 return tier.manifest(step).world_size, ranks
             except CorruptStep as exc:
                 log.warning("stage-in job %s: %s", req.job_id, exc)
     return None
+
+
+def _held(req: Request, rank: int) -> list[int]:
+    """A rank's steps on the shared tier; none when its directory is unfit (a link...)."""
+    from gpuwarden.ckpt.fstier import FsTier, TierError  # noqa: PLC0415
+
+    try:
+        return FsTier("shared", req.shared_root, req.job, rank).steps()
+    except TierError as exc:
+        log.warning("stage-in job %s: rank %d: %s", req.job_id, rank, exc)
+        return []
 
 
 def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
@@ -314,14 +330,20 @@ def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
 def stage(req: Request) -> int:
     """Copy this node's ranks of the newest common step; 0 when all went well (or nothing to do)."""
     from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError  # noqa: PLC0415
+    from gpuwarden.ckpt.stagecopy import Refused, StageSource, copy_step  # noqa: PLC0415
 
+    if (os.geteuid(), os.getegid()) != (req.uid, req.gid):
+        # Root's privileges must never reach the user's files (see run_as).
+        log.error("stage-in job %s: refusing to copy as uid %d gid %d: only as the job's user "
+                  "(uid %d gid %d)", req.job_id, os.geteuid(), os.getegid(), req.uid, req.gid)
+        return 2
     found = _discover(req)
     if found is None:
         log.info("stage-in job %s: no checkpoint of %s in %s: nothing to stage", req.job_id,
                  req.job, req.shared_root)
         return 0
     world, present = found
-    held = {r: FsTier("shared", req.shared_root, req.job, r).steps() for r in present if r < world}
+    held = {r: _held(req, r) for r in present if r < world}
     sel = select(held, world, req.nodes, req.node)
     if sel.why:
         log.warning("stage-in job %s: skipped: %s", req.job_id, sel.why)
@@ -338,7 +360,7 @@ def stage(req: Request) -> int:
                 there += 1
                 continue
             todo[r] = FsTier("shared", req.shared_root, req.job, r).manifest(step).total_bytes
-        except (CorruptStep, OSError) as exc:
+        except (CorruptStep, TierError, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
     start = time.monotonic()
@@ -346,16 +368,13 @@ def stage(req: Request) -> int:
                         every_s=PROGRESS_AFTER_S)
     for r in todo:
         try:
-            manifest, data = FsTier("shared", req.shared_root, req.job, r).load(step)
-            if manifest.rank != r or manifest.world_size != world:
-                raise CorruptStep(f"shared step {step}: the manifest says rank {manifest.rank} of "
-                                  f"{manifest.world_size}, expected rank {r} of {world}")
-            FsTier("memory", req.memory_root, req.job, r).commit(manifest, data)
-        except (CorruptStep, TierError, OSError) as exc:
+            # File to file through one small buffer, verified on the way: never a whole step
+            # in memory (the prolog is outside the job's cgroup).
+            copy_step(StageSource(req.shared_root, req.job, r, step),
+                      FsTier("memory", req.memory_root, req.job, r), world, progress)
+        except (CorruptStep, TierError, Refused, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
-            continue
-        progress(manifest.total_bytes)
     notes = [f"{n} of {len(sel.ranks)} ranks {what}" for n, what in
              ((there, "already there"), (failed, "failed, see above")) if n]
     log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
@@ -377,7 +396,7 @@ def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_a
         return
     try:
         # Loaded by root before the fork: the child then needs nothing but the two tiers.
-        import gpuwarden.ckpt.fstier  # noqa: F401, PLC0415
+        import gpuwarden.ckpt.stagecopy  # noqa: F401, PLC0415
     except ImportError as exc:
         log.warning("stage-in job %s: skipped: the checkpoint extra is not installed (%s)",
                     req.job_id, exc)

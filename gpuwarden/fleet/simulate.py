@@ -36,6 +36,25 @@ class Fleet:
     exclude: frozenset[str] = field(default_factory=frozenset)
     # Lemons are drawn from `seed` alone, so a run with `exclude` keeps the same fleet.
     lemons: tuple[str, ...] | None = None
+    # Where a gang job lands: "contiguous" (a run of nodes from a random start), "gang"
+    # (topology-aware packing: aligned blocks, so a lemon shares most of its jobs with the same
+    # neighbours) or "random" (anywhere).
+    placement: str = "contiguous"
+    # Share of a lemon's incidents in gang runs that leave no node event: a flaky link kills
+    # the collective (NCCL timeout, the job FAILS) and nothing names the node.
+    lemon_silent: float = 0.0
+    # Users gaming the detector: `framing` runs of `sbatch -N2 -w TARGET,X --wrap 'exit 1'` by
+    # one user (TARGET: `frame_target`, an ordinary node), and `broken` runs by a user whose
+    # 2-node jobs always fail, all on a small partition (the fleet's last 4 nodes).
+    framing: int = 0
+    frame_target: str = ""
+    broken: int = 0
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("contiguous", "gang", "random"):
+            raise ValueError(f"placement {self.placement!r}: contiguous, gang or random")
+        if not 0 <= self.lemon_silent <= 1:
+            raise ValueError(f"lemon_silent {self.lemon_silent}: a share between 0 and 1")
 
     def names(self) -> list[str]:
         width = max(4, len(str(self.nodes)))
@@ -54,6 +73,8 @@ class Run:
     start: int
     end: int
     user: str
+    submit: str = ""
+    failed_node: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,9 +102,8 @@ class Generator:
         self.lemons = set(fleet.lemons if fleet.lemons is not None
                           else pick_lemons(fleet, p.lemon_fraction))
         self.avail = [n for n in fleet.names() if n not in fleet.exclude]
-        self.contiguous = not fleet.exclude
-        self.lemon_prefix = list(accumulate((1 if n in self.lemons else 0 for n in self.avail),
-                                            initial=0))
+        self.contiguous = not fleet.exclude and fleet.placement != "random"
+        self.position = {n: i for i, n in enumerate(self.avail)}
         gpn = p.gpus_per_node
         node_hours = sum(c.share * max(1, c.gpus // gpn) * c.mean_hours for c in p.mix)
         capacity = p.util * len(self.avail) * fleet.days * 24
@@ -101,8 +121,33 @@ class Generator:
             want = round(per_day * (day + 1)) - made
             made += want
             t0 = self.fleet.start + day * 86_400
-            yield day, [self._run(t0) for _ in range(want)]
+            runs = [self._run(t0) for _ in range(want)]
+            yield day, runs + self._gaming(day, t0)
         self._maintenance()
+
+    def _gaming(self, day: int, t0: int) -> list[Run]:
+        """Runs that fail by the user's hand, spread evenly over the days."""
+        out = []
+        f, days = self.fleet, self.fleet.days
+        target = f.frame_target or (self.avail[4] if len(self.avail) > 4 else "")
+        others = [n for n in self.avail if n != target]
+        for _ in range(f.framing * (day + 1) // days - f.framing * day // days):
+            x = self.rng.choice(others)
+            out.append(self._user_run(t0, [target, x], "mallory",
+                                      f"sbatch -N2 -w {target},{x} --wrap exit 1"))
+        part = self.avail[-4:]
+        for _ in range(f.broken * (day + 1) // days - f.broken * day // days):
+            pair = self.rng.sample(part, 2)
+            out.append(self._user_run(t0, pair, "oscar",
+                                      "sbatch -p small -N2 --gpus-per-node=8 broken.sbatch"))
+        return out
+
+    def _user_run(self, t0: int, nodes: list[str], user: str, submit: str) -> Run:
+        start = t0 + int(self.rng.random() * 86_000)
+        jid = self.next_id
+        self.next_id += 1
+        return Run(jid, 8 * len(nodes), compress(sorted(nodes)), len(nodes), "FAILED", 1, 0,
+                   start, start + 5 + self.rng.randrange(300), user, submit)
 
     def _maintenance(self) -> None:
         # Operators' drains: never evidence against a node.
@@ -118,8 +163,8 @@ class Generator:
         n = max(1, cls.gpus // p.gpus_per_node)
         dur = cls.mean_hours * self.scale * (0.5 + rng.random()) * 3600
         start = day_start + int(rng.random() * 86_400)
-        i = rng.randrange(len(self.avail) - n + 1)
-        lemons = self.lemon_prefix[i + n] - self.lemon_prefix[i]
+        block = self._place(n)
+        lemons = sum(1 for x in block if x in self.lemons)
         normal_w = (n - lemons) * p.normal_rate
         transient_w = n * p.transient_rate
         lemon_w = lemons * p.lemon_rate * (p.lemon_solo if n == 1 else 1.0)
@@ -130,17 +175,33 @@ class Generator:
         jid = self.next_id
         self.next_id += 1
         user = USERS[jid % len(USERS)]
-        nodes = self._nodelist(i, n)
+        nodes = self._nodelist(block)
+        submit = f"sbatch -N{n} --gpus-per-node={p.gpus_per_node} {user}/train{jid % 4}.sbatch"
+        failed = ""
         if t_fail < min(dur, t_user):
             end = start + max(1, int(t_fail))
-            state = self._infra_failure(i, n, end, (normal_w, transient_w, lemon_w, fabric_w))
+            state, failed = self._infra_failure(block, end,
+                                                (normal_w, transient_w, lemon_w, fabric_w))
             code, sig = (1, 0) if state == "FAILED" else (0, 0)
         else:
             end = start + max(1, int(min(dur, t_user)))
             state = user_state if t_user <= dur else "COMPLETED"
             code, sig = {"FAILED": (1, 0), "OUT_OF_MEMORY": (0, 9), "CANCELLED": (0, 15),
                          "TIMEOUT": (0, 0)}.get(state, (0, 0))
-        return Run(jid, cls.gpus, nodes, n, state, code, sig, start, end, user)
+        return Run(jid, cls.gpus, nodes, n, state, code, sig, start, end, user, submit, failed)
+
+    def _place(self, n: int) -> list[str]:
+        avail, rng = self.avail, self.rng
+        if self.fleet.placement == "random":
+            return sorted(rng.sample(avail, n), key=self.position.__getitem__)
+        if self.fleet.placement == "gang" and n > 1:
+            # Topology-aware packing: blocks aligned to the job's size (a power of two).
+            width = 1 << (n - 1).bit_length()
+            slots = max(1, (len(avail) - n) // width + 1)
+            i = rng.randrange(slots) * width
+            return avail[i:i + n]
+        i = rng.randrange(len(avail) - n + 1)
+        return avail[i:i + n]
 
     def _user_outcome(self, gpus: int, n: int, dur: float) -> tuple[str, float]:
         p, rng = self.p, self.rng
@@ -157,23 +218,27 @@ class Generator:
             return "TIMEOUT", dur
         return "COMPLETED", float("inf")
 
-    def _nodelist(self, i: int, n: int) -> str:
-        if n == 1:
-            return self.avail[i]
+    def _nodelist(self, block: list[str]) -> str:
+        if len(block) == 1:
+            return block[0]
         if self.contiguous:
             pre = self.fleet.prefix
-            a, b = self.avail[i][len(pre):], self.avail[i + n - 1][len(pre):]
+            a, b = block[0][len(pre):], block[-1][len(pre):]
             return f"{pre}[{a}-{b}]"
-        return compress(self.avail[i:i + n])
+        return compress(block)
 
-    def _infra_failure(self, i: int, n: int, at: int, weights: tuple[float, ...]) -> str:
+    def _infra_failure(self, block: list[str], at: int,
+                       weights: tuple[float, ...]) -> tuple[str, str]:
+        """(state, the node Slurm records as failed, "" for none)."""
         p, rng = self.p, self.rng
-        block = self.avail[i:i + n]
+        n = len(block)
         cause = rng.choices(("normal", "transient", "lemon", "fabric"), weights)[0]
         if cause == "fabric":
-            return "FAILED"  # an NCCL timeout: no node to blame, no node event
+            return "FAILED", ""  # an NCCL timeout: no node to blame, no node event
         if cause == "lemon":
             node = rng.choice([x for x in block if x in self.lemons])
+            if n > 1 and rng.random() < self.fleet.lemon_silent:
+                return "FAILED", ""  # a flaky link: the collective dies, nothing names it
             found = rng.random() < p.lemon_detected
         else:
             node = rng.choice([x for x in block if x not in self.lemons] or block)
@@ -182,9 +247,9 @@ class Generator:
             # Health gating drains it (XID 79 style); the node is away a day for repair.
             self.events.append(Event(node, at + 30, at + 86_400, "DRAIN",
                                      f"gpuwarden: xid 79 on GPU {rng.randrange(8)}", "root"))
-            return "FAILED" if n == 1 or rng.random() < 0.5 else "NODE_FAIL"
+            return ("FAILED", "") if n == 1 or rng.random() < 0.5 else ("NODE_FAIL", node)
         self.events.append(Event(node, at, at + 600, "DOWN*", "Not responding", "root"))
-        return "NODE_FAIL"
+        return "NODE_FAIL", node
 
 
 _RECORD = ('{{"job_id":{id},"name":"train","user":"{user}","partition":"gpu","nodes":"{nodes}",'
@@ -194,7 +259,7 @@ _RECORD = ('{{"job_id":{id},"name":"train","user":"{user}","partition":"gpu","no
            '"name":""}}}},"time":{{"submission":{sub},"start":{start},"end":{end},'
            '"elapsed":{el}}},"tres":{{"allocated":[{{"type":"node","name":"","id":4,'
            '"count":{n}}},{{"type":"gres","name":"gpu","id":1001,"count":{gpus}}}]}},'
-           '"restart_cnt":0}}')
+           '"restart_cnt":0,"submit_line":{submit},"failed_node":"{failed}"}}')
 
 
 def sacct_record(r: Run) -> str:
@@ -203,7 +268,7 @@ def sacct_record(r: Run) -> str:
                           state=r.state, status=status, code=r.exit_code,
                           sigset="true" if r.signal else "false", sig=r.signal,
                           sub=r.start - 60, start=r.start, end=r.end, el=r.end - r.start,
-                          gpus=r.gpus)
+                          gpus=r.gpus, submit=json.dumps(r.submit), failed=r.failed_node)
 
 
 def _local(ts: int | None) -> str:

@@ -220,8 +220,11 @@ def prolog(env: Env) -> int:
     rc = prolog_gate(env)
     if rc == 0:
         # Imported only here: a prolog that fails the job never pays for it.
-        from gpuwarden.ckpt import stagein  # noqa: PLC0415
+        from gpuwarden.ckpt import jobdirs, stagein  # noqa: PLC0415
 
+        # Root makes the job's tier-0 directories (the job's user's, a squatter's moved aside)
+        # before the job can; neither call ever raises.
+        jobdirs.for_prolog(env.config, env.environ)
         stagein.for_prolog(env.config, env.environ)
     return rc
 
@@ -289,6 +292,11 @@ def epilog(env: Env) -> int:
     """After the job: deeper checks when it failed or the node is suspect. Always exit 0.
 
     The job's failure only decides whether to look; a drain needs the checks' own evidence."""
+    from gpuwarden.ckpt import jobdirs  # noqa: PLC0415
+
+    # Node memory a finished job's checkpoints held is freed (kept while Slurm will run the
+    # job again); never raises.
+    jobdirs.for_epilog(env.config, env.environ, env.client)
     h = env.config.health
     job = job_id(env.environ)
     try:

@@ -26,6 +26,11 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
 7. A repaired lemon starts clean: once a lemon drain has ended (an operator resumed the node),
    runs on that node that ended before then no longer count for it, nor against it.
 
+The 1/k weights are the evidence listing only: which node of a failed run is to blame is
+decided by the joint fit over every run (`gpuwarden.lemon.inference`), from the incidence this
+module fills (`Attribution.incidence`). In rule 1, sacct's `failed_node` names the node when
+no event does.
+
 Exposure: every run with nodes and start/end times adds one job and its hours to each node,
 filed by the run's size (node count, in powers of two), because big runs fail more often and a
 node's expected failures depend on the sizes of the runs it took part in.
@@ -42,6 +47,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from gpuwarden.lemon.incidence import IncidenceBuilder
+from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, NodeEvent
 
@@ -88,6 +95,8 @@ class Attribution:
     gpu_hours_total: float = 0.0  # GPUs x hours, exact (the classes round GPU counts up)
     first_start: float = float("inf")
     last_end: float = 0.0
+    # The failed runs x nodes, for the joint inference (`gpuwarden.lemon.inference`).
+    incidence: IncidenceBuilder = field(default_factory=IncidenceBuilder)
 
     def merge(self, other: Attribution) -> Attribution:
         self.blames.extend(other.blames)
@@ -107,6 +116,7 @@ class Attribution:
         self.gpu_hours_total += other.gpu_hours_total
         self.first_start = min(self.first_start, other.first_start)
         self.last_end = max(self.last_end, other.last_end)
+        self.incidence.merge(other.incidence)
         return self
 
 
@@ -257,6 +267,7 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
         result.first_start = min(result.first_start, start)
         result.last_end = max(result.last_end, end)
         result.runs_by_size[size] += len(nodes)
+        result.incidence.add_hours(size, hours)
         if cleared:
             for n in nodes:
                 e = exposure[n]
@@ -276,20 +287,29 @@ def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrai
             reason = None  # rule 2: a requeue no node failure explains
         if reason is not None:
             result.gpu_failures[gclass] += 1
-            _blame(result, job.job_id, all_nodes, nodes, start, end, size, reason, failures,
-                   grace_s)
+            _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s)
     _spread_tally(exposure, tally)
     return result
 
 
-def _blame(result: Attribution, job_id: int, all_nodes: tuple[str, ...],
+def _blame(result: Attribution, job: AcctJob, all_nodes: tuple[str, ...],
            in_scope: Sequence[str], start: int, end: int, size: int, reason: str,
            failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
+    job_id = job.job_id
     culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
     if culprits:
         reason += f"; {', '.join(culprits[:3])} failed at the time"
-    named = culprits or all_nodes
-    blamed = list(named) if in_scope is all_nodes else [n for n in named if n in set(in_scope)]
+    elif job.state in NODE_STATES and job.failed_node in all_nodes:
+        culprits = [job.failed_node]  # sacct's own record of the node that failed
+        reason += f"; Slurm recorded {job.failed_node} as the node that failed"
+    named = named_nodes(job.submit_line)
+    if named:
+        named = frozenset(all_nodes) if named == ALL_NODES else named & frozenset(all_nodes)
+    result.incidence.add_failure(
+        job_id, float(end), (end - start) / 3600, size, in_scope, culprits, named, job.user,
+        script_key(job.submit_line), gameable=job.state == "FAILED" and not culprits)
+    targets = culprits or all_nodes
+    blamed = list(targets) if in_scope is all_nodes else [n for n in targets if n in set(in_scope)]
     weight = 1.0 / len(culprits or all_nodes)
     pinned = len(all_nodes) == 1 or bool(culprits)
     (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
@@ -327,6 +347,7 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
             if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
                 continue  # the drain explains a run already blamed: count it once
             att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
+            att.incidence.add_failure(None, d.at, 0.0, 0, [node], [node])
     return att
 
 

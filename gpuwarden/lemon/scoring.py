@@ -16,7 +16,12 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from gpuwarden.lemon.attribution import Attribution, Blame
+import numpy as np
+
+from gpuwarden.lemon.attribution import Attribution, Blame, Exposure
+from gpuwarden.lemon.explain import RowView, annotate, explain
+from gpuwarden.lemon.incidence import Incidence, IntArray
+from gpuwarden.lemon.inference import Fit, NodeTest, evidence, fit, robust_test
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class NodeScore:
     q_value: float
     lemon: bool
     evidence: tuple[Blame, ...]
+    attributed: float = 0.0  # failures the joint fit puts on the node (on the evidence that stood)
+    explanation: str = ""  # why it was or was not blamed (suspects and lemons)
 
     @property
     def summary(self) -> str:
@@ -98,48 +105,77 @@ def expected_failures(att: Attribution) -> dict[str, float]:
     return _expected(att, dict(failed), lone)
 
 
+def _entries_by_node(inc: Incidence) -> tuple[IntArray, IntArray]:
+    order = np.argsort(inc.node, kind="stable")
+    bounds = np.searchsorted(inc.node[order], np.arange(len(inc.names) + 1))
+    return order, bounds
+
+
+def _null_rate(f: Fit, inc: Incidence, keep: list[int]) -> float:
+    """The fleet's rate: pooled over the nodes not (yet) found to be lemons."""
+    if not keep:
+        return 0.0
+    e = inc.node_hours[keep]
+    return float((f.rate[keep] * e).sum() / e.sum()) if e.sum() > 0 else 0.0
+
+
 def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]:
     """Every node with exposure, most suspicious first.
 
-    Two counts per node, each against its own expectation: failures pinned on the node (the
-    sharp evidence), and gang-job failures spread over all of a job's nodes (weak one by one,
-    but a node in every failing gang job stands out). The node's p-value is the smaller of the
-    two, doubled (Bonferroni over the pair); Benjamini-Hochberg then runs across the fleet.
+    The rates come from the joint fit (`gpuwarden.lemon.inference`): every failed run is
+    explained by all of its nodes at once, so a node that only fails alongside a lemon is not
+    blamed for it. Each testable node is tested against the fleet's rate (pooled over the nodes
+    not found to be lemons, refitted until the set holds), with its most incriminating user
+    and job script left out in turn; Benjamini-Hochberg runs across the fleet.
     """
     per_node: dict[str, list[Blame]] = defaultdict(list)
     for b in att.blames:
         per_node[b.node].append(b)
     nodes = sorted(set(att.exposure) | set(per_node))
-    total_runs = sum(e.jobs for e in att.exposure.values())
+    exposure = {n: att.exposure.get(n) or Exposure() for n in nodes}
+    total_runs = sum(e.jobs for e in exposure.values())
     rate = len(att.blames) / total_runs if total_runs else 0.0
-    lone = sum(1 for b in att.blames if b.job_id is None)
-    exp_pinned = _expected(att, dict(att.pinned_by_size), lone)
-    exp_spread = _expected(att, dict(att.spread_by_size), 0)
-    testable = [n for n in nodes if att.exposure[n].jobs >= cfg.min_jobs]
-    p_values: dict[str, float] = {}
-    strong: dict[str, tuple[int, float]] = {}  # the family that gave the p-value: (k, expected)
-    for n in testable:
-        k_pin = sum(1 for b in per_node[n] if b.pinned)
-        k_spread = len(per_node[n]) - k_pin
-        e_pin, e_spread = exp_pinned.get(n, 0.0), exp_spread.get(n, 0.0)
-        p_pin, p_spread = poisson_sf(k_pin, e_pin), poisson_sf(k_spread, e_spread)
-        p_values[n] = min(1.0, 2 * min(p_pin, p_spread))
-        strong[n] = (k_pin, e_pin) if p_pin <= p_spread else (k_spread, e_spread)
-    q_values = dict(zip(testable, benjamini_hochberg([p_values[n] for n in testable]), strict=True))
+    inc = att.incidence.freeze({n: e.hours for n, e in exposure.items()})
+    f = fit(inc)
+    index = {n: i for i, n in enumerate(inc.names)}
+    order, bounds = _entries_by_node(inc)
+    entries = {n: order[bounds[index[n]]:bounds[index[n] + 1]] for n in nodes}
+    testable = [n for n in nodes if exposure[n].jobs >= cfg.min_jobs]
+    ev = {n: evidence(inc, f, index[n], entries[n]) for n in testable}
+    flagged: set[str] = set()
+    tests: dict[str, NodeTest] = {}
+    q_values: dict[str, float] = {}
+    null = 0.0
+    for _ in range(4):
+        null = _null_rate(f, inc, [index[n] for n in nodes if n not in flagged])
+        tests = {n: robust_test(inc, ev[n], null) for n in testable}
+        q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
+                            strict=True))
+        now = {n for n in testable if q_values[n] <= cfg.fdr
+               and tests[n].attributed >= cfg.min_failures
+               and tests[n].rate >= cfg.min_ratio * null}
+        if now == flagged:
+            break
+        flagged = now
+    view = RowView.of(inc, f)
+    rows_by_job = {(int(j), float(t)): r for r, (j, t) in enumerate(zip(inc.job, inc.end,
+                                                                        strict=True))}
     out = []
     for n in nodes:
-        exp = att.exposure[n]
-        k = len(per_node[n])
-        q = q_values.get(n, 1.0)
-        mean = exp_pinned.get(n, 0.0) + exp_spread.get(n, 0.0)
-        k_fam, e_fam = strong.get(n, (0, 0.0))
-        lemon = (n in q_values and k >= cfg.min_failures and q <= cfg.fdr
-                 and k_fam >= cfg.min_ratio * e_fam)
+        i = index[n]
+        t = tests.get(n)
+        lemon = n in flagged
+        blames = sorted(per_node[n], key=lambda b: b.at)
+        shown = len(entries[n]) > 0
         out.append(NodeScore(
-            node=n, jobs=exp.jobs, hours=exp.hours, failures=k,
-            blame=sum(b.weight for b in per_node[n]), expected=mean, fleet_rate=rate,
-            p_value=p_values.get(n, 1.0), q_value=q, lemon=lemon,
-            evidence=tuple(sorted(per_node[n], key=lambda b: b.at)),
+            node=n, jobs=exposure[n].jobs, hours=exposure[n].hours, failures=len(blames),
+            blame=float(f.rate[i] * inc.node_hours[i]), expected=null * float(inc.node_hours[i]),
+            fleet_rate=rate, p_value=t.p_value if t else 1.0, q_value=q_values.get(n, 1.0),
+            lemon=lemon,
+            evidence=tuple(annotate(view, i, blames, rows_by_job) if shown else blames),
+            attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
+            explanation=explain(view, i, entries[n], null, t.left_out if t else "")
+            if shown else "",
         ))
     out.sort(key=lambda s: (not s.lemon, s.q_value, -s.failures, s.node))
     return out

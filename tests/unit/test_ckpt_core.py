@@ -12,7 +12,7 @@ import pytest
 
 from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.fstier import MANIFEST, FsTier, TierError, TierFull
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
+from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json, seal
 from gpuwarden.ckpt.names import BadName, check_name, step_dir
 from gpuwarden.ckpt.restore import restore
 
@@ -95,10 +95,10 @@ def test_out_of_space_is_a_clear_error_and_the_previous_step_stays(tmp_path: Pat
     save(t0, 1, state(1))
     real = fstier._write_file
 
-    def full(path: str, data: bytes | memoryview) -> None:
-        if path.endswith("optimizer"):
+    def full(dir_fd: int, name: str, data: bytes | memoryview) -> None:
+        if name == "optimizer":
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data)
+        real(dir_fd, name, data)
     monkeypatch.setattr(fstier, "_write_file", full)
     with pytest.raises(TierFull, match="out of space writing step 2.*previous steps are intact"):
         save(t0, 2, state(2))
@@ -125,7 +125,7 @@ def test_a_planted_symlink_is_never_followed(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d.update(version=2), "version"),
+    (lambda d: d.update(version=1), "version"),
     (lambda d: d.update(step=-1), "step"),
     (lambda d: d.update(job="../etc"), "job"),
     (lambda d: d["shards"][0].update(name="../../x"), "shards[0].name"),
@@ -139,7 +139,7 @@ def test_a_bad_manifest_is_an_error_naming_the_field(mutate, needle: str) -> Non
     doc = json.loads(Manifest("job-1", 3, 2, 1, tuple(shards), 1.0, {}).to_json())
     mutate(doc)
     with pytest.raises(ManifestError) as err:
-        from_json(json.dumps(doc), "m.json")
+        from_json(json.dumps(seal(doc)), "m.json")  # resealed: the fields are checked too
     assert needle in str(err.value) and "m.json" in str(err.value)
 
 

@@ -19,16 +19,10 @@ from gpuwarden.ckpt.coord import CoordError, FileCoordinator, agree, newest_comm
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv, JobEnvError, job_env
 from gpuwarden.ckpt.manifest import Manifest
-from gpuwarden.ckpt.peer import (
-    MAGIC,
-    Address,
-    PeerError,
-    PeerServer,
-    PeerTier,
-    _send_frame,
-    job_key,
-    partners,
-)
+from gpuwarden.ckpt.peer import Address, PeerError, PeerServer, PeerTier, job_key, partners
+from gpuwarden.ckpt.peerwire import MAGIC
+from gpuwarden.ckpt.peerwire import recv_frame as _recv_frame
+from gpuwarden.ckpt.peerwire import send_frame as _send_frame
 
 KEY = b"k" * 32
 
@@ -92,7 +86,8 @@ def test_another_job_cannot_write_or_read_replicas(server: PeerServer, tmp_path:
     intruder = PeerTier(b"x" * 32, "job-7", 0, [addr(server)], [addr(server)])
     with pytest.raises(PeerError):
         intruder.commit(*manifest(6))
-    assert intruder.steps() == []  # its list requests are refused: it learns nothing
+    with pytest.raises(PeerError, match=r"127\.0\.0\.1:\d+: .*refused ours"):
+        intruder.steps()  # its list requests are refused: it learns nothing, and says so
     owner = PeerTier(KEY, "job-7", 0, [], [addr(server)])
     assert owner.steps() == [5]  # nothing was overwritten or added
 
@@ -101,15 +96,17 @@ def test_a_rogue_listener_cannot_feed_a_rank_fake_steps() -> None:
     class Rogue(socketserver.BaseRequestHandler):
         def handle(self) -> None:
             _send_frame(self.request, MAGIC + b"n" * 32)
-            for _ in range(3):
-                self.request.recv(1 << 16)
+            for _ in range(3):  # the client's nonce, header and its MAC
+                _recv_frame(self.request)
             _send_frame(self.request, b'{"ok": true, "steps": [999]}')
             _send_frame(self.request, b"\0" * 32)  # no key, no valid MAC
     srv = socketserver.TCPServer(("127.0.0.1", 0), Rogue)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         tier = PeerTier(KEY, "job-7", 0, [], [Address("127.0.0.1", srv.server_address[1])])
-        assert tier.steps() == []
+        with pytest.raises(PeerError, match="does not hold this job's key"):
+            tier.steps()
+        assert 999 not in tier._where
     finally:
         srv.shutdown()
         srv.server_close()

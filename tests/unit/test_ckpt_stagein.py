@@ -20,7 +20,7 @@ import pytest
 
 from gpuwarden.ckpt import codec, stagein
 from gpuwarden.ckpt.config import CkptConfig
-from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.restore import restore
@@ -79,7 +79,8 @@ def tiers(tmp_path: Path) -> tuple[CkptConfig, Path, Path]:
 
 
 def mem_steps(mem: Path, rank: int) -> list[int]:
-    return FsTier("memory", str(mem), JOB, rank).steps()
+    # The test looks as root at the job user's directory: held to that directory's owner.
+    return FsTier("memory", str(mem), JOB, rank, owner=ANY_JOB_USER).steps()
 
 
 # ---- the pure selection -----------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_attribution_on_accounting_captured_from_the_real_cluster(fixture_text) 
     recs = [r for r in parse.iter_acct_jobs(fixture_text("sacct.json")) if isinstance(r, AcctJob)]
     att = attribute(recs)
     assert [(b.node, b.job_id, b.reason) for b in att.blames] == [
-        ("c8", 7, "node failure (NODE_FAIL)")]
+        ("c8", 7, "node failure (NODE_FAIL); Slurm recorded c8 as the node that failed")]
     assert att.exposure["c3"].jobs >= 2  # the failed (user's) and the timed-out job ran there
 
 

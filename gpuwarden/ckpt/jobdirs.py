@@ -1,0 +1,179 @@
+"""Root's part of each job's tier-0 directories: the prolog makes them, the epilog removes them.
+
+The tier-0 spool (``/dev/shm/gpuwarden-ckpt``) is world-writable and job ids are sequential, so
+any user could create ``job-N`` before job N starts; the job would then refuse it (it is not its
+user's) and fail. So the prolog, as root, before the job:
+
+* creates ``job-N`` and ``job-N.peer``, ``0700``, owned by the job's user;
+* moves anything else already under those names (another user's directory, a link, a file) aside
+  to ``.squatted.<name>.<uid>.<ns>`` in the spool, and logs it. Only names of the starting job
+  are touched.
+
+The epilog, as root, after the job: when Slurm says the job is finished for good, it removes
+``job-N``, ``job-N.peer`` and that job's ``.squatted.*`` entries; when the job will run again
+(pending or requeued, ``scontrol show job`` state PENDING, REQUEUED, REQUEUE_HOLD,
+SPECIAL_EXIT...) or Slurm cannot say, it keeps the job's directories (a requeue onto this node
+restores from them; a single-node job may have no other tier) and logs why. Nothing is ever
+followed through a link nor removed outside the spool (`safeio`). Neither ever raises: a
+problem is logged and the job goes on (the job then refuses an unfit directory itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from gpuwarden.ckpt import safeio
+from gpuwarden.ckpt.names import PEER_SUFFIX
+from gpuwarden.ckpt.safeio import closing
+from gpuwarden.errors import GpuwardenError
+
+if TYPE_CHECKING:
+    from gpuwarden.config import Config
+    from gpuwarden.slurm.models import Job
+
+log = logging.getLogger(__name__)
+
+# A job in any of these states (or with any of these flags) will run again: keep its tier 0.
+WILL_RUN = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "REQUEUE_CRON",
+                      "SPECIAL_EXIT", "RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING",
+                      "STAGE_OUT", "SIGNALING", "RESV_DEL_HOLD"})
+# ...and in these, with none of the above, it is over.
+FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                      "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
+SQUATTED = ".squatted."
+
+
+class JobDirError(GpuwardenError):
+    """The environment does not name a job and its user."""
+
+
+class JobSource(Protocol):
+    def job(self, job_id: int) -> Job: ...
+
+
+def _ids(environ: Mapping[str, str]) -> tuple[str, int, int]:
+    """SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID (-1: leave the group alone)."""
+    job_id, uid, gid = (environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_JOB_UID",
+                                                      "SLURM_JOB_GID"))
+    if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 12):
+        raise JobDirError(f"SLURM_JOB_ID={job_id[:20]!r}: expected digits")
+    if not (uid.isascii() and uid.isdigit() and len(uid) <= 10):
+        raise JobDirError(f"SLURM_JOB_UID={uid[:20]!r}: expected digits")
+    ok_gid = gid.isascii() and gid.isdigit() and len(gid) <= 10
+    return job_id, int(uid), int(gid) if ok_gid else -1
+
+
+def names(job_id: str) -> tuple[str, str]:
+    return f"job-{job_id}", f"job-{job_id}{PEER_SUFFIX}"
+
+
+def _fit(st: os.stat_result, uid: int) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
+def claim(spool: int, name: str, uid: int, gid: int, where: str) -> str:
+    """Make ``name`` in the spool the job user's private directory; what was done."""
+    for _ in range(3):
+        st = safeio.lstat_at(spool, name)
+        if st is not None and _fit(st, uid):
+            return "kept"
+        if st is not None:
+            aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
+            os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
+            log.warning("checkpoint tier 0: %s/%s belonged to uid %d (mode %o), not to the job's "
+                        "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
+                        uid, aside)
+        try:
+            os.mkdir(name, 0o700, dir_fd=spool)
+        except FileExistsError:
+            continue  # someone was quicker: look again
+        # The entry is root's until the chown, in a sticky spool: nobody else can swap it.
+        with closing(os.open(name, safeio.DIR_FLAGS, dir_fd=spool)) as fd:
+            os.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o700)
+        return "created"
+    raise JobDirError(f"{where}/{name}: still taken after moving it aside 3 times")
+
+
+def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:
+    with closing(safeio.ensure_spool(memory_root)) as spool:
+        for name in names(job_id):
+            done = claim(spool, name, uid, gid, memory_root)
+            log.info("checkpoint tier 0: %s/%s %s for uid %d", memory_root, name, done, uid)
+
+
+def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
+    """The prolog's hook (root, before the job): the job's tier-0 directories. Never raises."""
+    try:
+        job_id, uid, gid = _ids(environ)
+        prepare(config.ckpt.memory_root, job_id, uid, gid)
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint tier 0 for job %s: %s", environ.get("SLURM_JOB_ID", "?")[:20], exc)
+
+
+def will_run_again(job: Job) -> bool | None:
+    """True when Slurm will run the job again, False when it is over, None when its state says
+    neither. Pure."""
+    states = set(job.state)
+    if states & WILL_RUN:
+        return True
+    if states & FINISHED:
+        return False
+    return None
+
+
+def remove(memory_root: str, job_id: str, keep_dirs: bool) -> list[str]:
+    """Remove the job's squatted entries and, unless ``keep_dirs``, its directories; what was
+    removed."""
+    try:
+        spool = safeio.open_spool(memory_root)
+    except FileNotFoundError:
+        return []
+    gone = []
+    with closing(spool):
+        mine = names(job_id)
+        for n in os.listdir(spool):
+            squatted = n.startswith(SQUATTED) and n[len(SQUATTED):].rsplit(".", 2)[0] in mine
+            if (squatted or (n in mine and not keep_dirs)) and safeio.remove_at(spool, n):
+                gone.append(n)
+    return gone
+
+
+def for_epilog(config: Config, environ: Mapping[str, str],
+               client: JobSource | None = None) -> None:
+    """The epilog's hook (root, after the job). ``client``: how to ask Slurm for the job's
+    state (by default `scontrol show job`, with the [slurm] timeouts). Never raises."""
+    try:
+        job_id, _, _ = _ids(environ)
+        again = _will_run_again(config, int(job_id), client)
+        keep = again is not False
+        gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+        if keep:
+            log.info("checkpoint tier 0: keeping job %s's directories (%s)", job_id,
+                     "it will run again" if again else "Slurm cannot say whether it will run "
+                     "again")
+        if gone:
+            log.info("checkpoint tier 0: removed %s", ", ".join(gone))
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint tier 0 cleanup for job %s: %s",
+                  environ.get("SLURM_JOB_ID", "?")[:20], exc)
+
+
+def _will_run_again(config: Config, job_id: int, client: JobSource | None) -> bool | None:
+    if client is None:
+        from gpuwarden.slurm.client import CliSlurmClient  # noqa: PLC0415 - epilog only
+        from gpuwarden.slurm.runner import SubprocessRunner  # noqa: PLC0415
+
+        client = CliSlurmClient(config.slurm, SubprocessRunner())
+    try:
+        return will_run_again(client.job(job_id))
+    except GpuwardenError as exc:
+        log.warning("checkpoint tier 0: cannot tell whether job %d will run again (%s): "
+                    "keeping its directories", job_id, exc)
+        return None
+

@@ -1,0 +1,157 @@
+"""Copy one rank's step from the shared tier into tier 0 file to file, in bounded chunks.
+
+Stage-in runs in the prolog, outside the job's cgroup: a whole step read into memory there
+(tens of GiB per rank) would be charged to nobody and could take the node's memory. Each shard
+is streamed through one fixed buffer and its checksum computed on the way; the copy becomes
+visible only when every shard matched, with the same temp-directory-then-rename commit as
+every tier. Sources are opened by directory descriptor, never through a link, and must be
+regular files of the user this runs as (the job's user), so a FIFO cannot hang the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable
+
+import xxhash
+
+from gpuwarden.ckpt import safeio
+from gpuwarden.ckpt.fstier import MANIFEST, MAX_MANIFEST, CorruptStep, FsTier, TierError, TierFull
+from gpuwarden.ckpt.manifest import ALGO, Manifest, ManifestError, Shard, check_identity, from_json
+from gpuwarden.ckpt.names import step_dir
+from gpuwarden.ckpt.safeio import Refused, closing
+
+CHUNK = 1 << 20  # the most of a step held in memory at once, besides its manifest
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class StageSource:
+    """``<shared_root>/<job>/rank-R/step-S`` of the job's user, read by descriptor."""
+
+    def __init__(self, shared_root: str, job: str, rank: int, step: int) -> None:
+        self.root, self.job, self.rank, self.step = shared_root, job, rank, step
+        self.parts = [job, f"rank-{rank:05d}", step_dir(step)]
+        self.shown = os.path.join(shared_root, *self.parts)
+
+
+def _open_file(fd: int, name: str, shown: str) -> tuple[int, os.stat_result]:
+    """A regular file of ours, for streaming (safeio.read_file reads whole files)."""
+    try:
+        src = os.open(name, safeio.FILE_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        raise CorruptStep(f"{shown}: missing") from None
+    except OSError as exc:
+        raise Refused(f"{shown}: not a regular file (a link?) ({exc.strerror})") from None
+    st = os.fstat(src)
+    problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+               else f"belongs to uid {st.st_uid}, not to the job's user (uid {os.geteuid()})"
+               if st.st_uid != os.geteuid() else "")
+    if problem:
+        os.close(src)
+        raise Refused(f"{shown}: {problem}: refusing it")
+    return src, st
+
+
+def _manifest(fd: int, src: StageSource, world: int) -> tuple[Manifest, bytes]:
+    shown = os.path.join(src.shown, MANIFEST)
+    try:
+        raw = bytes(safeio.read_file(fd, MANIFEST, os.geteuid(), MAX_MANIFEST, shown))
+    except FileNotFoundError:
+        raise CorruptStep(f"{shown}: missing") from None
+    try:
+        m = from_json(raw.decode("utf-8"), shown)
+        check_identity(m, src.job, src.rank, src.step, shown)
+    except (ManifestError, UnicodeDecodeError) as exc:
+        raise CorruptStep(str(exc)) from None
+    if m.world_size != world or m.algo != ALGO:
+        raise CorruptStep(f"{shown}: a step of {m.world_size} ranks in {m.algo}, expected "
+                          f"{world} ranks in {ALGO}")
+    return m, raw
+
+
+def _stream(fd: int, shard: Shard, out_dir: int, buf: bytearray, shown: str,
+            progress: Callable[[int], None]) -> None:
+    src, st = _open_file(fd, shard.name, shown)
+    with closing(src):
+        if st.st_size != shard.size:
+            raise CorruptStep(f"{shown}: {st.st_size} bytes, the manifest says {shard.size}")
+        with closing(os.open(shard.name, _CREATE, 0o600, dir_fd=out_dir)) as out:
+            digest, left, view = xxhash.xxh3_64(), shard.size, memoryview(buf)
+            while left:
+                n = os.readv(src, [view[:min(left, len(buf))]])
+                if n == 0:
+                    raise CorruptStep(f"{shown}: shorter than the manifest says")
+                digest.update(view[:n])
+                done = 0
+                while done < n:
+                    done += os.write(out, view[done:n])
+                left -= n
+                progress(n)
+            if os.read(src, 1):
+                raise CorruptStep(f"{shown}: longer than the manifest says")
+            if digest.hexdigest() != shard.checksum:
+                raise CorruptStep(f"{shown}: checksum mismatch")
+            os.fsync(out)
+
+
+def _write_all(out_dir: int, name: str, data: bytes) -> None:
+    with closing(os.open(name, _CREATE, 0o600, dir_fd=out_dir)) as out:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out, view):]
+        os.fsync(out)
+
+
+def copy_step(src: StageSource, dst: FsTier, world: int,
+              progress: Callable[[int], None] = lambda _n: None) -> Manifest:
+    """Stream ``src`` into ``dst`` (the memory tier of the same rank); verified or nothing.
+
+    CorruptStep: the source does not match its manifest; Refused: a source component is a
+    link, not ours, or not a regular file or directory; TierError/TierFull: tier 0 cannot
+    take it."""
+    dst.ensure_dir()
+    final = step_dir(src.step)
+    try:
+        fd = safeio.walk(src.root, src.parts, os.geteuid())
+    except FileNotFoundError:
+        raise CorruptStep(f"{src.shown}: not there") from None
+    with closing(fd):
+        m, raw = _manifest(fd, src, world)
+        try:
+            rank_fd = safeio.walk(dst.root, [dst.namespace, os.path.basename(dst.dir)],
+                                  os.geteuid())
+        except (Refused, OSError) as exc:
+            raise TierError(f"{dst.name}: {exc}") from None
+        with closing(rank_fd):
+            tmp = f".{final}.{secrets.token_hex(6)}"
+            try:
+                os.mkdir(tmp, 0o700, dir_fd=rank_fd)
+                with closing(os.open(tmp, safeio.DIR_FLAGS, dir_fd=rank_fd)) as tmp_fd:
+                    buf = bytearray(CHUNK)
+                    for shard in m.shards:
+                        _stream(fd, shard, tmp_fd, buf, os.path.join(src.shown, shard.name),
+                                progress)
+                    # The manifest goes in as it was written, byte for byte, and last.
+                    _write_all(tmp_fd, MANIFEST, raw)
+                    os.fsync(tmp_fd)
+                # Fails (ENOTEMPTY) if the step appeared meanwhile: never mixed with another.
+                os.rename(tmp, final, src_dir_fd=rank_fd, dst_dir_fd=rank_fd)
+                tmp = ""
+                os.fsync(rank_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise TierFull(f"{dst.name}: out of space staging step {src.step} "
+                                   f"({m.total_bytes} bytes)") from None
+                raise TierError(f"{dst.name}: cannot stage step {src.step} ({exc})") from None
+            finally:
+                if tmp:
+                    with contextlib.suppress(OSError):
+                        safeio.remove_at(rank_fd, tmp)
+    return m
+
+
+__all__ = ["CHUNK", "Refused", "StageSource", "copy_step"]

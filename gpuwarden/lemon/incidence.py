@@ -1,0 +1,153 @@
+"""The job-node incidence the lemon inference fits: compact, filled from a stream of runs.
+
+Interface (what a streaming accounting reader fills; nothing per job is kept for a run that
+did not fail):
+
+* per node: node-hours of every run (exposure), kept by the caller (`Attribution.exposure`)
+  and handed to `IncidenceBuilder.freeze`;
+* per size bucket: job-hours of every run (`add_hours`), the exposure of the background
+  hazard (the fabric, the user's own gang failures) that grows with job size;
+* per failed run (`add_failure`): its node indices, hours, size bucket, user, job script,
+  and per node two flags: `CULPRIT` (an event or sacct's `failed_node` names the node as the
+  one that failed) and `NAMED` (the job asked for the node by name, -w/--nodelist); and whether
+  the outcome is one the user decides (`gameable`: FAILED with an exit code, nothing naming
+  a node). A node failure event with no run behind it is a one-node failure, 0 hours.
+
+Rows live in flat `array` buffers (CSR: `ptr` into `node`/`flags`), about 30 bytes per failed
+run plus 5 per node in it; `freeze` turns them into numpy arrays. Builders from separate
+files or workers merge (`merge`), remapping node, user and script numbers.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+CULPRIT = 1
+NAMED = 2
+NO_JOB = -1
+NO_SCRIPT = -1
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def _ix(table: dict[str, int], key: str) -> int:
+    i = table.get(key)
+    if i is None:
+        i = table[key] = len(table)
+    return i
+
+
+@dataclass
+class IncidenceBuilder:
+    nodes: dict[str, int] = field(default_factory=dict)
+    users: dict[str, int] = field(default_factory=dict)
+    scripts: dict[str, int] = field(default_factory=dict)
+    ptr: array[int] = field(default_factory=lambda: array("q", [0]))
+    node: array[int] = field(default_factory=lambda: array("i"))
+    flags: array[int] = field(default_factory=lambda: array("b"))
+    hours: array[float] = field(default_factory=lambda: array("d"))
+    end: array[float] = field(default_factory=lambda: array("d"))
+    job: array[int] = field(default_factory=lambda: array("q"))
+    user: array[int] = field(default_factory=lambda: array("i"))
+    script: array[int] = field(default_factory=lambda: array("i"))
+    size: array[int] = field(default_factory=lambda: array("b"))
+    gameable: array[int] = field(default_factory=lambda: array("b"))
+    bucket_hours: dict[int, float] = field(default_factory=dict)
+
+    def add_hours(self, size: int, hours: float) -> None:
+        self.bucket_hours[size] = self.bucket_hours.get(size, 0.0) + hours
+
+    def add_failure(self, job_id: int | None, end: float, hours: float, size: int,
+                    nodes: Iterable[str], culprits: Iterable[str] = (),
+                    named: Iterable[str] = (), user: str = "", script: str = "",
+                    gameable: bool = False) -> None:
+        culprit, pinned = set(culprits), set(named)
+        for n in nodes:
+            self.node.append(_ix(self.nodes, n))
+            self.flags.append((CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0))
+        self.ptr.append(len(self.node))
+        self.hours.append(hours)
+        self.end.append(end)
+        self.job.append(NO_JOB if job_id is None else job_id)
+        self.user.append(_ix(self.users, user))
+        self.script.append(_ix(self.scripts, script) if script else NO_SCRIPT)
+        self.size.append(size)
+        self.gameable.append(1 if gameable else 0)
+
+    def merge(self, other: IncidenceBuilder) -> IncidenceBuilder:
+        nmap = [_ix(self.nodes, n) for n in other.nodes]
+        umap = [_ix(self.users, u) for u in other.users]
+        smap = [_ix(self.scripts, s) for s in other.scripts]
+        base = len(self.node)
+        self.node.extend(nmap[i] for i in other.node)
+        self.flags.extend(other.flags)
+        self.ptr.extend(p + base for p in other.ptr[1:])
+        self.hours.extend(other.hours)
+        self.end.extend(other.end)
+        self.job.extend(other.job)
+        self.user.extend(umap[u] for u in other.user)
+        self.script.extend(NO_SCRIPT if s == NO_SCRIPT else smap[s] for s in other.script)
+        self.size.extend(other.size)
+        self.gameable.extend(other.gameable)
+        for b, h in other.bucket_hours.items():
+            self.add_hours(b, h)
+        return self
+
+    def freeze(self, node_hours: Mapping[str, float]) -> Incidence:
+        """The arrays the inference reads; ``node_hours``: every node's exposure."""
+        names = dict(self.nodes)
+        for n in node_hours:
+            _ix(names, n)
+        hours = np.zeros(len(names))
+        for n, h in node_hours.items():
+            hours[names[n]] = h
+        nb = max([*self.bucket_hours, *self.size, 0]) + 1
+        bucket = np.zeros(nb)
+        for b, h in self.bucket_hours.items():
+            bucket[b] = h
+        ptr = np.frombuffer(self.ptr, dtype=np.int64) if len(self.ptr) else np.zeros(1, np.int64)
+        return Incidence(
+            names=tuple(names), node_hours=hours, bucket_hours=bucket,
+            ptr=ptr.astype(np.int64), node=np.asarray(self.node, dtype=np.int64),
+            flags=np.asarray(self.flags, dtype=np.int64),
+            hours=np.asarray(self.hours, dtype=np.float64),
+            end=np.asarray(self.end, dtype=np.float64), job=np.asarray(self.job, dtype=np.int64),
+            user=np.asarray(self.user, dtype=np.int64),
+            script=np.asarray(self.script, dtype=np.int64),
+            size=np.asarray(self.size, dtype=np.int64),
+            gameable=np.asarray(self.gameable, dtype=bool),
+            users=tuple(self.users), scripts=tuple(self.scripts))
+
+
+@dataclass(frozen=True, eq=False)
+class Incidence:
+    """Failed runs x nodes (CSR) and every node's exposure, as numpy arrays."""
+
+    names: tuple[str, ...]
+    node_hours: FloatArray  # per node
+    bucket_hours: FloatArray  # per size bucket: job-hours of every run
+    ptr: IntArray  # rows: failed runs; entries ptr[r]:ptr[r+1]
+    node: IntArray  # per entry
+    flags: IntArray  # per entry: CULPRIT | NAMED
+    hours: FloatArray  # per row
+    end: FloatArray
+    job: IntArray
+    user: IntArray
+    script: IntArray
+    size: IntArray
+    gameable: npt.NDArray[np.bool_]
+    users: tuple[str, ...]
+    scripts: tuple[str, ...]
+
+    @property
+    def rows(self) -> int:
+        return len(self.hours)
+
+    def entry_row(self) -> IntArray:
+        return np.repeat(np.arange(self.rows, dtype=np.int64), np.diff(self.ptr))
