@@ -141,6 +141,20 @@ def config_check(obj: Context, path: str | None) -> None:
         place = bindir.locate(cfg.slurm.bin_dir, use_path=False)
     except SlurmError as exc:
         _die(f"{target}: slurm.bin_dir: {exc}", EXIT_CONFIG)
+    from gpuwarden.placement import location  # noqa: PLC0415
+
+    misplaced = location.problem(cfg.placement.snapshot_file)
+    if misplaced:
+        _die(f"{target}: {misplaced}", EXIT_CONFIG)
+    from gpuwarden.health.kernlogtrust import check_file  # noqa: PLC0415
+
+    # A kernel_log rendering a user can forge lines in is refused; one this user cannot read
+    # here (not root, not the node) is only a warning: the self-test on the node reads it.
+    readable, why = check_file(cfg.health.kernel_log, cfg.health.check_timeout_s)
+    if why and readable:
+        _die(f"{target}: health.kernel_log: {why}", EXIT_CONFIG)
+    if why:
+        click.echo(f"{target}: warning: health.kernel_log not checked: {why}", err=True)
     click.echo(f"{target}: OK (Slurm commands: {place.path}, {place.how})")
 
 

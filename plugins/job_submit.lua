@@ -16,29 +16,75 @@
 --
 -- The snapshot is data, never code: it is parsed line by line with anchored patterns, under a
 -- byte cap and an item cap, so no file can make slurmctld allocate without bound. It is read
--- only from this file's own directory (the one slurmctld already trusts for the code it runs),
--- and with lua-filesystem only if it and that directory are owned by root or by slurmctld's
--- user and writable by no one else; a link, FIFO or device is never opened.
+-- only from the directory of the file slurmctld loaded (slurm.conf's, which it already trusts
+-- for the code it runs), also when a site's own job_submit.lua dofile()s this one from
+-- elsewhere, and with lua-filesystem only if it and that directory are owned by root or by
+-- slurmctld's user and writable by no one else; a link, FIFO or device is never opened.
 --
 -- Install: copy or link as job_submit.lua beside slurm.conf; JobSubmitPlugins=lua.
 
--- The directory Slurm loaded this file from ("@/etc/slurm/job_submit.lua"): slurm.conf's.
-local HERE = string.match(debug.getinfo(1, "S").source, "^@(/.*)/[^/]+$")
+-- The directory of the file slurmctld loaded: the outermost chunk on the stack with an absolute
+-- source ("@/etc/slurm/job_submit.lua"), not this file's own, which a site's wrapper may have
+-- dofile()d from /opt. Without one (a test run from stdin), $SLURM_CONF's directory.
+local function conf_dir()
+  local found, level = nil, 1
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info then
+      break
+    end
+    found = string.match(info.source or "", "^@(/.*)/[^/]+$") or found
+    level = level + 1
+  end
+  return found or string.match(os.getenv("SLURM_CONF") or "", "^(/.*)/[^/]+$")
+end
+
+local HERE = conf_dir()
 local SNAPSHOT = gpuwarden_snapshot_path or (HERE and HERE .. "/gpuwarden-placement.lua")
 local CHECK_EVERY = gpuwarden_check_every or 2
+local LOG_EVERY = gpuwarden_log_every or 300 -- an unchanged state is logged again after this
 local NO_VAL = 4294967294
 local REQUIRED_WAIT = 604800 -- "required": as long as Slurm's max_switch_wait allows
 local MAX_BYTES = 4 * 1024 * 1024 -- snapshot.MAX_BYTES; 10,000 nodes take about 8 KiB
 local MAX_ITEMS = 100000 -- partitions + capacity entries + exclusion groups
+local MAX_FIELD = 64 * 1024 -- decide.MAX_FIELD: a longer user string is not parsed at all
+local LIST_CHARS = 200 -- decide.LIST_CHARS: node names shown per list in admin_comment and logs
 local FORMAT_LINE = "format 2"
 
 local cache = { snap = nil, generation = nil, written = 0, checked = nil, err = "not read yet",
-                warned = false }
+                warned = false, failed = nil, failed_err = nil, parses = 0 }
+
+-- Only absolute entries of a package search path: "./?.so" would load lfs from slurmctld's
+-- working directory, which may be one anyone can write (/var/tmp).
+local function absolute_only(paths)
+  local keep = {}
+  for p in string.gmatch(paths or "", "[^;]+") do
+    if string.sub(p, 1, 1) == "/" then
+      keep[#keep + 1] = p
+    end
+  end
+  return table.concat(keep, ";")
+end
 
 local lfs = nil
 if not gpuwarden_no_lfs then
+  local path, cpath = package.path, package.cpath
+  package.path, package.cpath = absolute_only(path), absolute_only(cpath)
   local ok, mod = pcall(require, "lfs")
+  package.path, package.cpath = path, cpath
   lfs = ok and type(mod) == "table" and mod or nil
+end
+
+-- Log a state once per change per channel, and again at most every LOG_EVERY s while it lasts:
+-- slurmctld's log must not get a line for every job while the daemon is down.
+local said = {}
+local function say(channel, key, fmt, ...)
+  local now, last = os.time(), said[channel]
+  if last and last.key == key and now >= last.at and now - last.at < LOG_EVERY then
+    return
+  end
+  said[channel] = { key = key, at = now }
+  slurm.log_info(fmt, ...)
 end
 
 local function my_uid()
@@ -73,7 +119,8 @@ end
 -- Why the snapshot at `path` must not be trusted, or nil.
 local function path_problem(path)
   if not path then
-    return "cannot be found: job_submit.lua was not loaded from an absolute path"
+    return "cannot be found: job_submit.lua was not loaded from an absolute path, and "
+      .. "SLURM_CONF is not set"
   end
   local dir = string.match(path, "^(/.*)/[^/]+$")
   if dir == nil or dir ~= HERE then
@@ -143,7 +190,8 @@ local function parse_avoid(line, snap)
       or string.find(nodes, "^,") or string.find(nodes, ",$") then
     return nil, "not a valid avoid line (after its partition)"
   end
-  view.avoid[#view.avoid + 1] = { keep = tonumber(keep), nodes = nodes }
+  local _, commas = string.gsub(nodes, ",", ",")
+  view.avoid[#view.avoid + 1] = { keep = tonumber(keep), nodes = nodes, count = commas + 1 }
   return 1
 end
 
@@ -202,11 +250,13 @@ local function parse(data)
   return snap
 end
 
+-- The snapshot, or nil, why, and whether it was refused for where it is (not its content).
 local function load_snapshot(path)
   local problem = path_problem(path)
   if problem then
-    return nil, problem
+    return nil, problem, true
   end
+  cache.parses = cache.parses + 1
   local f = io.open(path, "r")
   if not f then
     return nil, "missing"
@@ -230,26 +280,40 @@ local function unverified_note()
     tostring(SNAPSHOT))
 end
 
+-- Re-read the header; reload only a new generation, and never again one that failed to parse
+-- (a corrupt 4 MiB file would otherwise be parsed in full every CHECK_EVERY s).
+local function refresh(now)
+  cache.checked = now
+  local problem = path_problem(SNAPSHOT)
+  local gen, written = nil, problem
+  if not problem then
+    gen, written = read_header(SNAPSHOT)
+  end
+  if not gen then
+    cache.snap, cache.generation, cache.err = nil, nil, written
+    return
+  end
+  cache.written = written
+  if cache.snap and gen == cache.generation then
+    return
+  end
+  if gen == cache.failed then
+    cache.snap, cache.err = nil, cache.failed_err
+    return
+  end
+  unverified_note()
+  local snap, err, refused = load_snapshot(SNAPSHOT)
+  cache.snap, cache.err = snap, err
+  cache.generation = snap and snap.generation or nil
+  cache.written = snap and snap.written or written
+  if not snap and not refused then
+    cache.failed, cache.failed_err = gen, err
+  end
+end
+
 local function current(now)
   if cache.checked == nil or now - cache.checked >= CHECK_EVERY or now < cache.checked then
-    cache.checked = now
-    local problem = path_problem(SNAPSHOT)
-    local gen, written = nil, problem
-    if not problem then
-      gen, written = read_header(SNAPSHOT)
-    end
-    if not gen then
-      cache.snap, cache.generation, cache.err = nil, nil, written
-    else
-      cache.written = written
-      if gen ~= cache.generation then
-        unverified_note()
-        local snap, err = load_snapshot(SNAPSHOT)
-        cache.snap, cache.err = snap, err
-        cache.generation = snap and snap.generation or nil
-        cache.written = snap and snap.written or written
-      end
-    end
+    refresh(now)
   end
   local snap = cache.snap
   if not snap then
@@ -278,67 +342,166 @@ local function wants_gpus(job)
   return false
 end
 
--- How many names a hostlist ("c[1-4,7],d5") names at most, or nil when it cannot tell.
--- Mirrors decide.py's count_names; duplicates count, which only makes the check stricter.
-local function count_names(expr)
-  if expr == "" then
+-- GPUs a tres string asks for ("gres/gpu:8", "gres/gpu:h100:8,license/x:1"): 0 for none, nil
+-- when a gpu entry's count cannot be read.
+local function gpu_count(v)
+  if type(v) ~= "string" then
     return 0
   end
-  if not string.find(expr, "[%[%]]") then -- plain names: the common case, per submit
-    if string.find(expr, ",,", 1, true) or string.sub(expr, 1, 1) == "," then
+  local total = 0
+  for entry in string.gmatch(v, "[^,]+") do
+    if string.match(entry, "^gres/gpu[:=]") or entry == "gres/gpu" then
+      local n = string.match(entry, "[:=](%d+)$")
+      if n then
+        total = total + tonumber(n)
+      elseif string.match(entry, "^gres/gpu:[%a_][%w_.%-]*$") or entry == "gres/gpu" then
+        total = total + 1 -- a type and no count: one
+      else
+        return nil
+      end
+    end
+  end
+  return total
+end
+
+-- Every string field the filter parses or copies. Longer than MAX_FIELD, the job is left alone
+-- unparsed: walking a 16 MB --exclude would hold slurmctld's locks for seconds.
+local USER_FIELDS = { "exc_nodes", "req_nodes", "partition", "reservation", "admin_comment",
+  "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task" }
+
+local function long_field(job)
+  for _, f in ipairs(USER_FIELDS) do
+    local v = job[f]
+    if type(v) == "string" and #v > MAX_FIELD then
+      return f
+    end
+  end
+  return nil
+end
+
+-- How many nodes a bracket's ranges ("1-4,7") name, or nil.
+local function range_width(inner)
+  local width = 0
+  for part in string.gmatch(inner .. ",", "([^,]*),") do
+    local lo, hi = string.match(part, "^(%d+)%-(%d+)$")
+    if lo then
+      if #lo > 9 or #hi > 9 or tonumber(hi) < tonumber(lo) then
+        return nil
+      end
+      width = width + tonumber(hi) - tonumber(lo) + 1
+    elseif string.match(part, "^%d+$") and #part <= 9 then
+      width = width + 1
+    else
       return nil
     end
-    local _, commas = string.gsub(expr, ",", ",")
-    return string.sub(expr, -1) == "," and commas or commas + 1
   end
-  local total, pos, n = 0, 1, #expr
-  while pos <= n do
-    local count, seen = 1, false
-    while pos <= n and string.sub(expr, pos, pos) ~= "," do
-      seen = true
+  return width
+end
+
+-- How many names a hostlist ("c[1-4,7] d5") names at most, or nil when it cannot tell. As
+-- Slurm's hostlist.c: names are separated by runs of tab, comma, space and newline outside
+-- brackets. Mirrors decide.py's count_names; duplicates count, which only makes the check
+-- stricter. Each step is one C-level find, never a Lua loop per character.
+local function count_names(expr)
+  local total, pos = 0, 1
+  while true do
+    local s = string.find(expr, "[^\t\n ,]", pos)
+    if not s then
+      return total
+    end
+    local count = 1
+    pos = s
+    while true do
+      local _, e = string.find(expr, "^[^\t\n ,%[%]]*", pos)
+      pos = e + 1
       local c = string.sub(expr, pos, pos)
       if c == "]" then
         return nil
       elseif c ~= "[" then
-        pos = pos + 1
-      else
-        local close = string.find(expr, "]", pos, true)
-        if not close then
-          return nil
-        end
-        local width = 0
-        for part in string.gmatch(string.sub(expr, pos + 1, close - 1) .. ",", "([^,]*),") do
-          local lo, hi = string.match(part, "^(%d+)%-(%d+)$")
-          if lo then
-            if tonumber(hi) < tonumber(lo) then
-              return nil
-            end
-            width = width + tonumber(hi) - tonumber(lo) + 1
-          elseif string.match(part, "^%d+$") then
-            width = width + 1
-          else
-            return nil
-          end
-        end
-        count = count * width
-        pos = close + 1
+        break -- a separator or the end: this name is done
       end
-    end
-    if not seen then
-      return nil
+      local close = string.find(expr, "]", pos, true)
+      if not close then
+        return nil
+      end
+      local width = range_width(string.sub(expr, pos + 1, close - 1))
+      if not width then
+        return nil
+      end
+      count = count * width
+      pos = close + 1
     end
     total = total + count
-    pos = pos + 1
+  end
+end
+
+-- The most nodes the job could be given (decide.most_nodes): -N a-b may get b; without a
+-- maximum, every GPU or task of the job could be on a node of its own. nil: cannot tell.
+local function most_nodes(job, min_nodes)
+  if set(job.max_nodes) then
+    return math.max(min_nodes, job.max_nodes)
+  end
+  local most = min_nodes
+  local per_job, per_node = gpu_count(job.tres_per_job), gpu_count(job.tres_per_node)
+  if per_job == nil or per_node == nil then
+    return nil
+  end
+  if per_job > 0 then
+    most = math.max(most, per_node > 0 and math.ceil(per_job / per_node) or per_job)
+  end
+  if set(job.num_tasks) then
+    most = math.max(most, job.num_tasks)
+  end
+  return most
+end
+
+-- A node list for admin_comment and the log, at most about LIST_CHARS long (decide.brief):
+-- 5,000 suspects must not put 75 KB into every gang job's record.
+local function brief(joined, total)
+  if #joined <= LIST_CHARS then
+    return joined
+  end
+  local head = string.match(string.sub(joined, 1, LIST_CHARS + 1), "^(.*),")
+  if not head then
+    return string.format("%d nodes", total)
+  end
+  local _, commas = string.gsub(head, ",", ",")
+  return string.format("%d nodes: %s,... (%d more)", total, head, total - commas - 1)
+end
+
+-- Nodes the job cannot use because a reservation it is not in holds them (it names none: a
+-- job with --reservation is left alone), counted as if all were of the suspects' kind; nil
+-- and why when that cannot be told. A reservation that has not ended counts, future ones
+-- too: the job may have to wait for it. slurmctld refreshes slurm.reservations per call.
+local function reserved_nodes(now)
+  local all = slurm.reservations
+  if type(all) ~= "table" then
+    return nil, "reservations not visible"
+  end
+  local total = 0
+  for name, r in pairs(all) do
+    local ends, nodes = r.end_time, r.node_list
+    if not (type(ends) == "number" and ends <= now) and type(nodes) == "string" then
+      local n = #nodes <= MAX_FIELD and count_names(nodes) or nil
+      if n == nil then
+        return nil, "nodes of reservation " .. tostring(name) .. " not understood"
+      end
+      total = total + n
+    end
   end
   return total
 end
 
 -- The merged exc_nodes, or nil: never a set that could leave the job unrunnable. A group of
--- suspects (one node kind) is excluded only if that kind keeps enough nodes for the job even
--- with every node the user excluded taken from it too.
-local function exclusions(view, job, min_nodes, notes)
+-- suspects (one node kind) is excluded only if that kind keeps enough nodes for the most the
+-- job could need even with every node the user excluded and every reserved node taken from it.
+local function exclusions(view, job, need, notes)
   if job.partition ~= nil and string.find(job.partition, ",", 1, true) then
     table.insert(notes, "several partitions: suspects not excluded")
+    return nil
+  end
+  if need == nil then
+    table.insert(notes, "node count not understood: suspects not excluded")
     return nil
   end
   local user = job.exc_nodes
@@ -350,26 +513,43 @@ local function exclusions(view, job, min_nodes, notes)
     table.insert(notes, "--exclude not understood: suspects not excluded")
     return nil
   end
-  local take, kept = {}, {}
+  local reserved, why = reserved_nodes(os.time())
+  if reserved == nil then
+    table.insert(notes, why .. ": suspects not excluded")
+    return nil
+  end
+  local take, kept, ntake, nkept = {}, {}, 0, 0
   for _, g in ipairs(view.avoid) do
-    if g.keep - mine >= min_nodes then
-      take[#take + 1] = g.nodes
+    if g.keep - mine - reserved >= need then
+      take[#take + 1], ntake = g.nodes, ntake + g.count
     else
-      kept[#kept + 1] = g.nodes
+      kept[#kept + 1], nkept = g.nodes, nkept + g.count
     end
   end
   if #kept > 0 then
-    table.insert(notes, "not excluded " .. table.concat(kept, ",") .. ": too few nodes like them")
+    table.insert(notes, "not excluded " .. brief(table.concat(kept, ","), nkept)
+      .. ": too few nodes like them")
   end
   if #take == 0 then
     return nil
   end
   local ours = #take == 1 and take[1] or table.concat(take, ",")
-  table.insert(notes, "exclude " .. ours)
+  table.insert(notes, "exclude " .. brief(ours, ntake))
   if user ~= "" then
     return user .. "," .. ours
   end
   return ours
+end
+
+local function fewest_leaves(capacity, nodes)
+  local total = 0
+  for i, c in ipairs(capacity) do
+    total = total + c
+    if total >= nodes then
+      return i
+    end
+  end
+  return nil
 end
 
 -- The same decision as gpuwarden/placement/decide.py (tests run both on the same cases).
@@ -378,7 +558,7 @@ local function decide(snap, job)
   if part == nil or part == "" then
     part = snap.default_partition
   else
-    part = string.match(part, "^[^,]+")
+    part = string.match(part, "^[^,]*")
   end
   local view = snap.partitions[part]
   if not view then
@@ -398,21 +578,18 @@ local function decide(snap, job)
     -- Its nodes are the reservation's: an exclusion could leave too few of them for good.
     return { action = "pass", why = "--reservation kept" }
   end
+  local need = most_nodes(job, min_nodes)
+  -- -N a-b: Slurm picks the count when it starts the job, so no switch count fits it.
+  local elastic = set(job.max_nodes) and job.max_nodes > min_nodes
+  local nodes = (elastic or need == nil) and min_nodes or need
   local k = nil
-  if min_nodes <= view.healthy then
-    local total = 0
-    for i, c in ipairs(view.capacity) do
-      total = total + c
-      if total >= min_nodes then
-        k = i
-        break
-      end
-    end
+  if nodes <= view.healthy then
+    k = fewest_leaves(view.capacity, nodes)
   end
   local d = { notes = {} }
   if k == nil then
     d.message = string.format("gpuwarden: this job asks for %d nodes but partition %s has %d "
-      .. "healthy nodes now; it waits for repairs", min_nodes, part, view.healthy)
+      .. "healthy nodes now; it waits for repairs", nodes, part, view.healthy)
     table.insert(d.notes, string.format("only %d healthy nodes", view.healthy))
   elseif set(job.req_switch) then
     table.insert(d.notes, string.format("--switches=%d kept", job.req_switch))
@@ -420,6 +597,10 @@ local function decide(snap, job)
     table.insert(d.notes, "--nodelist kept")
   elseif job.contiguous == 1 then
     table.insert(d.notes, "--contiguous kept")
+  elseif elastic then
+    table.insert(d.notes, "-N min-max: switches left to Slurm")
+  elseif need == nil then
+    table.insert(d.notes, "node count not understood: switches left to Slurm")
   elseif snap.kind == "block" then
     table.insert(d.notes, "topology/block: --segment is cli_filter.lua's")
   else
@@ -428,7 +609,7 @@ local function decide(snap, job)
     table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait))
   end
   if #view.avoid > 0 and (job.req_nodes == nil or job.req_nodes == "") and k ~= nil then
-    d.exc = exclusions(view, job, min_nodes, d.notes)
+    d.exc = exclusions(view, job, need, d.notes)
   end
   d.why = table.concat(d.notes, "; ")
   if d.switches == nil and d.exc == nil then
@@ -480,13 +661,35 @@ local function apply(job, d, snap)
   end
 end
 
+-- Could this be a gang job (several nodes, GPUs) of any partition? Policies need at least 2
+-- nodes (config.py), so every other job passes before the snapshot is even looked at.
+local function maybe_gang(job)
+  return set(job.min_nodes) and job.min_nodes >= 2 and wants_gpus(job)
+end
+
 function slurm_job_submit(job, part_list, submit_uid)
   local ok, err = pcall(function()
+    local long = long_field(job)
+    if long then
+      say("field", long, "gpuwarden placement: job from uid %s: its %s is over %d bytes: left "
+        .. "alone unparsed (logged once per %d s)", tostring(submit_uid), long, MAX_FIELD,
+        LOG_EVERY)
+      return
+    end
+    if not maybe_gang(job) then
+      return
+    end
     local snap, why = current(os.time())
     if not snap then
-      slurm.log_info("gpuwarden placement: snapshot %s %s; job from uid %s unchanged",
-        SNAPSHOT, tostring(why), tostring(submit_uid))
+      say("snapshot", string.gsub(tostring(why), "%d+", "N"),
+        "gpuwarden placement: snapshot %s %s; job from uid %s unchanged", SNAPSHOT,
+        tostring(why), tostring(submit_uid))
       return
+    end
+    local last = said["snapshot"]
+    if last and last.key ~= "in use" then
+      say("snapshot", "in use", "gpuwarden placement: snapshot %s in use again (generation %d)",
+        SNAPSHOT, snap.generation)
     end
     local d = decide(snap, job)
     if d.message then
@@ -504,8 +707,9 @@ function slurm_job_submit(job, part_list, submit_uid)
     slurm.log_info("gpuwarden placement: job from uid %s: %s", tostring(submit_uid), d.why)
   end)
   if not ok then
-    slurm.log_info("gpuwarden placement: error (%s); job from uid %s unchanged",
-      tostring(err), tostring(submit_uid))
+    say("error", string.gsub(tostring(err), "%d+", "N"),
+      "gpuwarden placement: error (%s); job from uid %s unchanged", tostring(err),
+      tostring(submit_uid))
   end
   return slurm.SUCCESS
 end
@@ -516,4 +720,4 @@ end
 
 -- For tests and the microbenchmark (never called by slurmctld).
 gpuwarden_placement = { decide = decide, current = current, cache = cache, load = load_snapshot,
-  count_names = count_names }
+  count_names = count_names, here = HERE, lfs = lfs }

@@ -1,7 +1,7 @@
 -- Times slurm_job_submit per call: lua5.1 bench_filter.lua FILTER SNAPSHOT CALLS NODES
 local filter, snapshot, calls, nodes = arg[1], arg[2], tonumber(arg[3]), tonumber(arg[4])
 gpuwarden_snapshot_path = snapshot
-slurm = { SUCCESS = 0, NO_VAL = 4294967294,
+slurm = { SUCCESS = 0, NO_VAL = 4294967294, reservations = {},
           log_info = function() end, log_user = function() end }
 dofile(filter)
 local function job()

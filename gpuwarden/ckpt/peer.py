@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.ckpt import retention
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
@@ -283,7 +284,8 @@ class PeerServer:
         for shard in m.shards:
             check_shard("pushed replica", m.step, shard, data[shard.name])
         tier.commit(m, data)
-        for old in tier.steps()[:-self.keep]:
+        # Only replicas that read as this job's and rank's own are ever deleted (retention).
+        for old in retention.to_delete(tier, self.keep)[0]:
             tier.delete(old)
         return {"ok": True}
 

@@ -30,6 +30,19 @@ def _snapshot_age(path: str, stale_after_s: int) -> str:
     return f"the filter's snapshot {path}: written {age:.0f} s ago ({state})"
 
 
+def _node_range(text: str) -> tuple[int, int]:
+    """sbatch -N's "4" or "2-8" as (min, max); sbatch sets max to min for a plain count."""
+    lo, dash, hi = text.partition("-")
+    try:
+        low = int(lo)
+        high = int(hi) if dash else low
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected N or MIN-MAX", param_hint="-N") from None
+    if not 1 <= low <= high:
+        raise click.BadParameter(f"{text!r}: expected 1 <= MIN <= MAX", param_hint="-N")
+    return low, high
+
+
 @click.group("placement")
 def placement() -> None:
     """Gang-aware topology placement (the job_submit.lua filter and its daemon)."""
@@ -45,17 +58,19 @@ def daemon_cmd(obj: Any, once: bool) -> None:
 
 
 @placement.command("explain")
-@click.option("-N", "--nodes", "min_nodes", type=int, required=True, help="as sbatch -N")
+@click.option("-N", "--nodes", "nodes", required=True, help="as sbatch -N: N or MIN-MAX")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option("--gpus", "gpus_per_job", type=int, default=0, help="as sbatch --gpus")
 @click.option("-p", "--partition", default="", help="as sbatch -p (default: the default one)")
 @click.option("--switches", type=int, default=None, help="as sbatch --switches")
 @click.option("-w", "--nodelist", default="", help="as sbatch --nodelist")
 @click.option("-x", "--exclude", default="", help="as sbatch --exclude")
 @click.option("--contiguous", is_flag=True)
 @click.pass_obj
-def explain(obj: Any, min_nodes: int, gpus_per_node: int, partition: str,
+def explain(obj: Any, nodes: str, gpus_per_node: int, gpus_per_job: int, partition: str,
             switches: int | None, nodelist: str, exclude: str, contiguous: bool) -> None:
-    """What the filter would do to such a job now, and why."""
+    """What the filter would do to such a job now, and why (reservations not counted)."""
+    min_nodes, max_nodes = _node_range(nodes)
     cfg = obj.config_or_exit()
     state = daemon.State()
     try:
@@ -64,8 +79,9 @@ def explain(obj: Any, min_nodes: int, gpus_per_node: int, partition: str,
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(_snapshot_age(cfg.placement.snapshot_file, cfg.placement.stale_after_s))
-    job = JobRequest(min_nodes, gpus_per_node > 0, partition, switches, nodelist, exclude,
-                     contiguous)
+    job = JobRequest(min_nodes, gpus_per_node > 0 or gpus_per_job > 0, partition, switches,
+                     nodelist, exclude, contiguous, max_nodes=max_nodes,
+                     gpus_per_job=gpus_per_job, gpus_per_node=gpus_per_node)
     d = decide(snap, job)
     part = partition or snap.default_partition
     view = snap.partitions.get(part)

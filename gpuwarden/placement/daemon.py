@@ -82,8 +82,9 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
              cfg.interval_s)
     beside = os.path.join(os.path.dirname(cfg.snapshot_file), "job_submit.lua")
     if not os.path.exists(beside):
-        log.warning("no %s: job_submit.lua reads the snapshot only from its own directory (the "
-                    "one slurmctld already trusts for the code it runs)", beside)
+        log.warning("no %s: job_submit.lua reads the snapshot only from the directory of the "
+                    "job_submit.lua slurmctld loads (slurm.conf's, which it already trusts for "
+                    "the code it runs)", beside)
     while True:
         try:
             snap = step(cfg, client_factory(), lemon_file, state, clock())

@@ -3,9 +3,17 @@ filter is tested against (tests/unit/test_placement.py runs both on the same cas
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from gpuwarden.placement.snapshot import PartitionView, Snapshot
+
+# job_submit.lua's MAX_FIELD: a longer user string is not parsed (the job is left alone), so a
+# 16 MB --exclude cannot hold slurmctld's locks for seconds.
+MAX_FIELD = 64 * 1024
+# job_submit.lua's LIST_CHARS: node names shown per list in admin_comment and the log.
+LIST_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -18,6 +26,10 @@ class JobRequest:
     exc_nodes: str = ""  # --exclude
     contiguous: bool = False
     reservation: str = ""  # --reservation
+    max_nodes: int | None = None  # -N min-max; sbatch sets it to min_nodes for a plain -N
+    gpus_per_job: int = 0  # --gpus (tres_per_job)
+    gpus_per_node: int = 0  # --gpus-per-node (tres_per_node); 0: not given
+    tasks: int = 0  # -n; 0: not given
 
 
 @dataclass(frozen=True)
@@ -42,41 +54,83 @@ def fewest_leaves(capacity: tuple[int, ...], nodes: int) -> int | None:
     return None
 
 
-def count_names(expr: str) -> int | None:
-    """How many node names a hostlist (``c[1-4,7],d5``) names at most; None if unreadable.
+_SEP = "\t\n ,"  # Slurm's hostlist separators (hostlist.c, hostlist_create_dims)
+_NAME = re.compile(r"[^\t\n ,\[\]]*")
 
-    The filter's own count (job_submit.lua's count_names, line for line): duplicates and names
-    outside the partition count too, which only makes the exclusion check stricter."""
+
+def _range_width(inner: str) -> int | None:
+    width = 0
+    for part in inner.split(","):
+        lo, dash, hi = part.partition("-")
+        if not _digits(lo) or (dash and not (_digits(hi) and int(hi) >= int(lo))):
+            return None
+        width += int(hi) - int(lo) + 1 if dash else 1
+    return width
+
+
+def _digits(s: str) -> bool:
+    return 0 < len(s) <= 9 and s.isascii() and s.isdigit()
+
+
+def count_names(expr: str) -> int | None:
+    """How many node names a hostlist (``c[1-4,7] d5``) names at most; None if unreadable.
+
+    The filter's own count (job_submit.lua's count_names, step for step): names are separated
+    by runs of tab, comma, space and newline outside brackets, as Slurm's hostlist.c splits
+    them. Duplicates and names outside the partition count too, which only makes the
+    exclusion check stricter."""
     total, pos, n = 0, 0, len(expr)
-    while pos < n:
-        count, seen = 1, False
-        while pos < n and expr[pos] != ",":
-            seen = True
-            if expr[pos] == "]":
+    while True:
+        while pos < n and expr[pos] in _SEP:
+            pos += 1
+        if pos >= n:
+            return total
+        count = 1
+        while True:
+            m = _NAME.match(expr, pos)
+            pos = m.end() if m else pos
+            if pos < n and expr[pos] == "]":
                 return None
-            if expr[pos] != "[":
-                pos += 1
-                continue
+            if pos >= n or expr[pos] != "[":
+                break
             close = expr.find("]", pos)
             if close < 0:
                 return None
-            width = 0
-            for part in expr[pos + 1:close].split(","):
-                lo, dash, hi = part.partition("-")
-                if not (lo.isascii() and lo.isdigit()) or (
-                        dash and not (hi.isascii() and hi.isdigit() and int(hi) >= int(lo))):
-                    return None
-                width += int(hi) - int(lo) + 1 if dash else 1
+            width = _range_width(expr[pos + 1:close])
+            if width is None:
+                return None
             count *= width
             pos = close + 1
-        if not seen:
-            return None
         total += count
-        pos += 1
-    return total
 
 
-def _exclusions(view: PartitionView, job: JobRequest, notes: list[str]) -> str | None:
+def most_nodes(job: JobRequest) -> int:
+    """The most nodes the job could be given: -N a-b may get b; without a maximum, every GPU
+    or task of the job could be on a node of its own."""
+    if job.max_nodes is not None:
+        return max(job.min_nodes, job.max_nodes)
+    most = job.min_nodes
+    if job.gpus_per_job:
+        most = max(most, math.ceil(job.gpus_per_job / job.gpus_per_node)
+                   if job.gpus_per_node else job.gpus_per_job)
+    return max(most, job.tasks)
+
+
+def brief(names: list[str]) -> str:
+    """``names`` joined, or a count and the first names within about LIST_CHARS: 5,000
+    suspects must not put 75 KB into every gang job's record."""
+    joined = ",".join(names)
+    if len(joined) <= LIST_CHARS:
+        return joined
+    cut = joined.rfind(",", 0, LIST_CHARS + 1)
+    if cut < 0:
+        return f"{len(names)} nodes"
+    shown = joined[:cut].count(",") + 1
+    return f"{len(names)} nodes: {joined[:cut]},... ({len(names) - shown} more)"
+
+
+def _exclusions(view: PartitionView, job: JobRequest, need: int, reserved: int | None,
+                notes: list[str]) -> str | None:
     """The merged exc_nodes, or None: never a set that could leave the job unrunnable."""
     if "," in job.partition:
         notes.append("several partitions: suspects not excluded")
@@ -85,19 +139,37 @@ def _exclusions(view: PartitionView, job: JobRequest, notes: list[str]) -> str |
     if mine is None:
         notes.append("--exclude not understood: suspects not excluded")
         return None
-    # A group is excluded only if its kind keeps enough nodes for this job, even with every
-    # node the user excluded taken from that kind too.
-    take = [n for keep, nodes in view.avoid if keep - mine >= job.min_nodes for n in nodes]
-    kept = [n for keep, nodes in view.avoid if keep - mine < job.min_nodes for n in nodes]
+    if reserved is None:
+        notes.append("reservations not visible: suspects not excluded")
+        return None
+    # A group is excluded only if its kind keeps enough nodes for the most this job could
+    # need, even with every node the user excluded, and every node a reservation holds, taken
+    # from that kind too.
+    spare = mine + reserved
+    take = [n for keep, nodes in view.avoid if keep - spare >= need for n in nodes]
+    kept = [n for keep, nodes in view.avoid if keep - spare < need for n in nodes]
     if kept:
-        notes.append(f"not excluded {','.join(kept)}: too few nodes like them")
+        notes.append(f"not excluded {brief(kept)}: too few nodes like them")
     if not take:
         return None
-    notes.append(f"exclude {','.join(take)}")
+    notes.append(f"exclude {brief(take)}")
     return ",".join(x for x in (job.exc_nodes, ",".join(take)) if x)
 
 
-def decide(s: Snapshot, job: JobRequest) -> Decision:
+def too_long(job: JobRequest) -> str:
+    """The first field the filter would not parse for its length; "" when none."""
+    for name in ("exc_nodes", "req_nodes", "partition", "reservation"):
+        if len(getattr(job, name)) > MAX_FIELD:
+            return name
+    return ""
+
+
+def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
+    """``reserved``: nodes held by reservations the job is not in (None: cannot tell, so no
+    exclusions); the filter reads them from slurm.reservations."""
+    long = too_long(job)
+    if long:
+        return Decision("pass", f"{long} is over {MAX_FIELD} bytes: left alone unparsed")
     part = (job.partition.split(",")[0] if job.partition else s.default_partition)
     view = s.partitions.get(part)
     if view is None:
@@ -110,12 +182,16 @@ def decide(s: Snapshot, job: JobRequest) -> Decision:
     if job.reservation:
         # Its nodes are the reservation's: an exclusion could leave too few of them for good.
         return Decision("pass", "--reservation kept")
+    need = most_nodes(job)
+    # -N a-b: Slurm picks the count when it starts the job, so no switch count fits it.
+    elastic = job.max_nodes is not None and job.max_nodes > job.min_nodes
+    nodes = job.min_nodes if elastic else need
     notes = []
     switches = wait = None
-    k = fewest_leaves(view.capacity, job.min_nodes)
+    k = fewest_leaves(view.capacity, nodes) if nodes <= view.healthy else None
     message = ""
     if k is None:
-        message = (f"gpuwarden: this job asks for {job.min_nodes} nodes but partition {part} has "
+        message = (f"gpuwarden: this job asks for {nodes} nodes but partition {part} has "
                    f"{view.healthy} healthy nodes now; it waits for repairs")
         notes.append(f"only {view.healthy} healthy nodes")
     elif job.req_switch is not None:
@@ -124,6 +200,8 @@ def decide(s: Snapshot, job: JobRequest) -> Decision:
         notes.append("--nodelist kept")
     elif job.contiguous:
         notes.append("--contiguous kept")
+    elif elastic:
+        notes.append("-N min-max: switches left to Slurm")
     elif s.kind == "block":
         notes.append("topology/block: --segment is cli_filter.lua's")
     else:
@@ -132,7 +210,7 @@ def decide(s: Snapshot, job: JobRequest) -> Decision:
         notes.append(f"switches={k} wait={wait}s")
     exc = None
     if view.avoid and not job.req_nodes and k is not None:
-        exc = _exclusions(view, job, notes)
+        exc = _exclusions(view, job, need, reserved, notes)
     action = "shadow" if p.shadow else "place"
     if switches is None and exc is None:
         action = "pass"

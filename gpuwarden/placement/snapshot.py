@@ -27,7 +27,7 @@ FORMAT = 2
 MAX_BYTES = 4 << 20
 MAX_ITEMS = 100_000
 # One token of the file: what the filter's patterns accept in a name (%S without '=' or ',').
-_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+\-]*$")
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@+\-]*")
 
 
 class SnapshotError(GpuwardenError):
@@ -123,7 +123,7 @@ def _avoid_groups(members: Iterable[str], by_name: Mapping[str, Node],
 
 
 def _token(s: str, what: str) -> str:
-    if not _TOKEN.match(s):
+    if not _TOKEN.fullmatch(s):
         raise SnapshotError(f"{what} {s!r} cannot be written to the snapshot (the filter reads "
                             "names of letters, digits and _.@+- only)")
     return s

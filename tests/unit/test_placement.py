@@ -131,17 +131,27 @@ def lua() -> str:
     return exe
 
 
+def lua_str(v: str) -> str:
+    """A Lua string literal for ``v`` (tabs and newlines included)."""
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") \
+        .replace("\t", "\\t") + '"'
+
+
 def lua_job(j: JobRequest) -> str:
     fields = [f"min_nodes = {j.min_nodes}", f"req_switch = {j.req_switch or NO_VAL}",
-              f"wait4switch = {NO_VAL}", f"contiguous = {1 if j.contiguous else 0}"]
-    if j.gpus:
-        fields.append('tres_per_node = "gres/gpu:8"')
+              f"wait4switch = {NO_VAL}", f"contiguous = {1 if j.contiguous else 0}",
+              f"max_nodes = {NO_VAL if j.max_nodes is None else j.max_nodes}",
+              f"num_tasks = {j.tasks or NO_VAL}"]
+    if j.gpus and (j.gpus_per_node or not j.gpus_per_job):
+        fields.append(f'tres_per_node = "gres/gpu:{j.gpus_per_node or 8}"')
+    if j.gpus_per_job:
+        fields.append(f'tres_per_job = "gres/gpu:{j.gpus_per_job}"')
     if j.partition:
         fields.append(f'partition = "{j.partition}"')
     if j.req_nodes:
         fields.append(f'req_nodes = "{j.req_nodes}"')
     if j.exc_nodes:
-        fields.append(f'exc_nodes = "{j.exc_nodes}"')
+        fields.append(f"exc_nodes = {lua_str(j.exc_nodes)}")
     if j.reservation:
         fields.append(f'reservation = "{j.reservation}"')
     return "{ " + ", ".join(fields) + " }"
@@ -155,20 +165,29 @@ def filter_dir(tmp: Path) -> Path:
     return d
 
 
+def cases_lua(jobs: list[JobRequest], reservations: str = "{}") -> str:
+    """The driver's cases file; ``reservations``: slurm.reservations as slurmctld sets it."""
+    return (f"slurm.reservations = {reservations}\n"
+            "return {\n" + ",\n".join(lua_job(j) for j in jobs) + "\n}\n")
+
+
 def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest],
                lfs: bool = True, snap_file: Path | None = None,
-               timeout: float = 30) -> list[dict[str, object]]:
+               timeout: float = 30, reservations: str = "{}",
+               cwd: Path | None = None) -> list[dict[str, object]]:
     d = filter_dir(tmp)
     snap_file = snap_file or d / "gpuwarden-placement.lua"
     if snapshot_text is not None:
         snap_file.write_text(snapshot_text)
         snap_file.chmod(0o644)
     cases = tmp / "cases.lua"
-    cases.write_text("return {\n" + ",\n".join(lua_job(j) for j in jobs) + "\n}\n")
+    cases.write_text(cases_lua(jobs, reservations))
     pre = [] if lfs else ["-e", "gpuwarden_no_lfs = true"]
-    out = subprocess.run([lua(), *pre, str(DRIVER), str(d / "job_submit.lua"), str(snap_file),
-                          str(cases)],
-                         capture_output=True, text=True, timeout=timeout, check=True).stdout
+    # The driver comes on stdin, so the outermost file on the Lua stack is job_submit.lua, as
+    # when slurmctld loads it: its directory is where the filter looks for the snapshot.
+    out = subprocess.run([lua(), *pre, "-", str(d / "job_submit.lua"), str(snap_file),
+                          str(cases)], stdin=DRIVER.open(), capture_output=True, text=True,
+                         timeout=timeout, check=True, cwd=cwd).stdout
     results: list[dict[str, object]] = []
     for line in out.splitlines():
         if line.startswith("case "):
