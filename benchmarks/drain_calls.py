@@ -1,8 +1,12 @@
-"""Slurm calls and bytes read per drain decision, against cluster size.
+"""Slurm calls, whole node-table loads and bytes read per drain decision, against cluster size.
 
 The real CliSlurmClient and the real gate talk to a stand-in slurmctld (tests/ctld.py) that
-answers in the JSON shapes captured from the 24.11 test cluster and counts every command and
-every byte it prints. Three cases per size: a drain within the cap, a node held back at the cap
+answers in the JSON shapes captured from the 24.11 test cluster and counts every command, every
+byte it prints, and every read for which slurmctld packs its WHOLE node table: in 24.11 every
+`scontrol show node[s]` (scontrol_load_nodes, filtered client-side) and every sinfo but
+`sinfo -n ONE` (slurm_load_node_single). What slurmctld sends for such a load grows with the
+cluster whatever is printed, so "table loads" is the column that matters on big clusters.
+Three cases per size: a drain within the cap, a node held back at the cap
 (what every further node does in a cluster-wide transient), and a drain undone because another
 one landed in the same second. Baseline, from the same run: what the earlier protocol read for
 one drain (`scontrol show nodes --json` of every node, twice).
@@ -30,13 +34,15 @@ CAP = BlastRadius(max_drained_pct=10.0, settle_s=0)
 DRAIN = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
 
 
-def measure(ctld: FakeCtld, name: str) -> tuple[str, int, int]:
-    """(outcome, calls, bytes) of one drain decision for ``name``, its own first read excluded."""
+def measure(ctld: FakeCtld, name: str) -> tuple[str, int, int, int]:
+    """(outcome, calls, table loads, bytes) of one drain decision for ``name``, its own first
+    read excluded (one more table load: `scontrol show node NAME`, for its boot time)."""
     client = CliSlurmClient(SlurmConfig(retries=0), ctld)
     node = client.node(name)
-    calls, read = len(ctld.calls), ctld.bytes_out
+    calls, loads, read = len(ctld.calls), ctld.table_loads, ctld.bytes_out
     applied = gate.apply(DRAIN, node, client, CAP, sleep=lambda s: None)
-    return applied.action, len(ctld.calls) - calls, ctld.bytes_out - read
+    return (applied.action, len(ctld.calls) - calls, ctld.table_loads - loads,
+            ctld.bytes_out - read)
 
 
 def at_cap(n: int) -> FakeCtld:
@@ -79,14 +85,15 @@ def main() -> None:
     cases: list[tuple[str, Callable[[int], FakeCtld]]] = [
         ("drain within the cap", FakeCtld.cluster), ("held at the cap", at_cap),
         ("drained, then undone", same_second)]
-    print(f"{'nodes':>6}  {'case':<22} {'outcome':<8} {'calls':>5} {'bytes':>10}  "
-          f"{'baseline bytes':>14}  {'ratio':>8}")
+    print(f"{'nodes':>6}  {'case':<22} {'outcome':<8} {'calls':>5} {'table loads':>11} "
+          f"{'bytes':>10}  {'baseline bytes':>14}  {'ratio':>8}")
     for n in sizes:
         base = baseline_bytes(n)
         for label, build in cases:
-            action, calls, read = measure(build(n), "c3")
-            print(f"{n:>6}  {label:<22} {action:<8} {calls:>5} {read:>10}  {base:>14}  "
-                  f"{read / base:>8.5f}")
+            action, calls, loads, read = measure(build(n), "c3")
+            print(f"{n:>6}  {label:<22} {action:<8} {calls:>5} {loads:>11} {read:>10}  "
+                  f"{base:>14}  {read / base:>8.5f}")
+    print("baseline: the earlier protocol, two `scontrol show nodes --json` (2 table loads)")
 
 
 if __name__ == "__main__":

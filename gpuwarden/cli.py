@@ -238,8 +238,8 @@ def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
     from gpuwarden.health.reasons import HEALTH_TAG, names_the_tag  # noqa: PLC0415
 
     if names_the_tag(reason):
-        # Health gating auto-resumes drains whose reason ends with its tag.
-        _die(f"a reason ending in {HEALTH_TAG} is reserved for health gating's own drains",
+        # Health gating auto-resumes drains whose reason carries its tag.
+        _die(f"a reason containing {HEALTH_TAG} is reserved for health gating's own drains",
              EXIT_CONFIG)
     client = _client_or_die(obj)
     try:

@@ -5,6 +5,12 @@ partition`, `sinfo --format=%N`, `scontrol update`) in the JSON shapes captured 
 24.11 cluster (tests/fixtures/), stamps reasons with ITS clock (`now`, whole seconds, as
 slurmctld does), and counts calls and bytes. `before` runs just before a command is answered,
 so tests can land someone else's change between two of gpuwarden's calls.
+
+Like slurmctld 24.11 it re-stamps a reason on every update that carries one, and
+`slurm_appends` does what set_node_reason() does for "Not responding", "reboot issued" and the
+like: appends " : <msg>" to a reason already there and re-stamps it. `table_loads` counts the
+reads for which slurmctld packs its whole node table (REQUEST_NODE_INFO: every `scontrol show
+node[s]`, every sinfo but `sinfo -n ONE`, which takes the single-node RPC).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from gpuwarden.slurm.runner import CommandResult
 FIXTURES = Path(__file__).parent / "fixtures"
 _DOC = json.loads((FIXTURES / "scontrol_show_nodes.json").read_text())
 _NODE = _DOC["nodes"][0]
-_PART = json.loads((FIXTURES / "sinfo.json").read_text())["sinfo"][0]["partition"]
+_SINFO = json.loads((FIXTURES / "sinfo.json").read_text())
+_PART = _SINFO["sinfo"][0]["partition"]
 
 
 def _num(n: int) -> dict[str, object]:
@@ -43,6 +50,7 @@ class FakeCtld:
     now: float = 1_800_000_000.0
     calls: list[tuple[str, ...]] = field(default_factory=list)
     bytes_out: int = 0
+    table_loads: int = 0
     before: Callable[[tuple[str, ...]], None] | None = None
     user: str = "root"
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -67,6 +75,15 @@ class FakeCtld:
     def operator_drain(self, name: str, reason: str) -> None:
         self.set(name, state=("IDLE", "DRAIN"), reason=reason)
 
+    def slurm_appends(self, name: str, msg: str, state: tuple[str, ...] | None = None) -> None:
+        """slurmctld's own set_node_reason(): " : msg" after the reason there, re-stamped."""
+        with self._lock:
+            n = self.table[name]
+            reason = msg if not n.reason else (n.reason if msg in n.reason
+                                               else f"{n.reason} : {msg}")
+            self.table[name] = replace(n, reason=reason, reason_changed_at=int(self.now),
+                                       reason_set_by="slurm", state=state or n.state)
+
     @property
     def drained(self) -> list[str]:
         return sorted((n for n, v in self.table.items() if v.unavailable),
@@ -86,6 +103,10 @@ class FakeCtld:
 
     def _answer(self, a: list[str]) -> CommandResult:
         tool = a[0].rsplit("/", 1)[-1]
+        if tool == "sinfo" and "-n" in a:
+            return self._ok(a, self._sinfo_node(a[a.index("-n") + 1]))
+        if tool == "sinfo" or a[1:3] in (["show", "nodes"], ["show", "node"]):
+            self.table_loads += 1
         if tool == "sinfo":
             return self._ok(a, self._sinfo(a))
         if a[1:3] == ["show", "nodes"]:
@@ -136,6 +157,21 @@ class FakeCtld:
         return json.dumps({**_DOC, "nodes": items, "last_update": _num(int(self.now))},
                           indent=2)
 
+    def _sinfo_node(self, name: str) -> str:
+        n = self.table.get(name)
+        entries = []
+        for part in n.partitions if n is not None else ():
+            assert n is not None
+            entry = copy.deepcopy(_SINFO["sinfo"][0])
+            entry["partition"]["name"] = part
+            entry["node"] = {"state": list(n.state)}
+            entry["nodes"] = {**entry["nodes"], "nodes": [name], "total": 1}
+            entry["reason"] = {"description": n.reason, "user": n.reason_set_by,
+                               "time": n.reason_changed_at or 0}
+            entry["comment"], entry["extra"] = n.comment, n.extra
+            entries.append(entry)
+        return json.dumps({**_SINFO, "sinfo": entries}, indent=2)
+
     def _partitions_json(self) -> str:
         items = []
         for name, members in self._partitions().items():
@@ -165,7 +201,8 @@ class FakeCtld:
                 return CommandResult(tuple(a), 1, "", "Invalid node state specified\n")
             n = replace(n, state=tuple(s for s in n.state if s not in ("DRAIN", "DOWN", "FAIL"))
                         or ("IDLE",), reason="", reason_set_by="", reason_changed_at=None)
-        if kv.get("reason") and kv["reason"] != n.reason:
+        if kv.get("reason"):
+            # update_node() stamps the reason again even when it is the same text.
             n = replace(n, reason=kv["reason"], reason_changed_at=int(self.now),
                         reason_set_by=self.user)
         self.table[name] = n

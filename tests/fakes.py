@@ -42,10 +42,17 @@ class FakeRunner:
 
 
 def node_json(name: str, state: Sequence[str], reason: str = "", by: str = "") -> str:
+    """One node as `scontrol show node --json` prints it, and (key "sinfo") as
+    `sinfo -n NAME --json` does: either read of the node parses it."""
+    stamp = {"set": True, "infinite": False, "number": 1795945000}
     return json.dumps({"nodes": [{
         "name": name, "state": list(state), "reason": reason, "reason_set_by_user": by,
-        "reason_changed_at": {"set": True, "infinite": False, "number": 1795945000},
-        "partitions": ["gpu"], "gres": "gpu:h100:8", "features": [],
+        "reason_changed_at": stamp, "partitions": ["gpu"], "gres": "gpu:h100:8", "features": [],
+    }], "sinfo": [{
+        "node": {"state": list(state)}, "nodes": {"nodes": [name], "total": 1},
+        "partition": {"name": "gpu"}, "reason": {"description": reason, "user": by,
+                                                 "time": 1795945000},
+        "gres": {"total": "gpu:h100:8"}, "features": {"total": ""}, "comment": "", "extra": "",
     }]})
 
 

@@ -30,7 +30,7 @@ from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.reasons import health_reason, is_health_drain
 from gpuwarden.health.store import Counters, StateDirError, Store
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
-from gpuwarden.slurm.models import Node
+from gpuwarden.slurm.models import Node, same_drain
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,10 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied
     counters = _load_counters(env)
     node = env.client.node(env.node)
     own = own_reason(counters, node)
+    # Kept: this very drain was seen within the cap (saved after "drained"/"kept" below).
+    kept = bool(counters.drained_reason) and same_drain(node.reason, counters.drained_reason)
     decision = gate.decide(verdict, node, counters.passes, env.config.health.resume_after_passes,
-                           own)
+                           own, kept)
     if decision.kind is gate.Kind.RESUME and not resume_allowed:
         decision = replace(decision, kind=gate.Kind.NOTHING)
     if decision.kind is gate.Kind.DRAIN:
@@ -128,8 +130,9 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied
     if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
         applied = gate.Applied("held", f"would drain (drain = false): {decision.why}")
     else:
+        # The gate bounds its own wait by the time left: a shortened tie wait is no wait.
         applied = gate.apply(decision, node, env.client, env.config.health.blast_radius,
-                             env.clock, env.bounded_sleep)
+                             env.clock, env.sleep, env.left)
     if applied.action == "drained":
         own = gpuwarden_reason(applied.detail)
     elif applied.action == "resumed":

@@ -1,35 +1,41 @@
 """Drain and return: one state machine, with a blast-radius cap on gpuwarden's drains.
 
-Pure decisions (`decide`, `cap_allows`) and the functions that apply them through the Slurm
-client. Nodes decide for themselves and Slurm has no compare-and-swap, so the drains themselves
-are the claims, ordered by the controller's clock (slurmctld stamps `reason_changed_at` when it
-sets a reason), never by a node's own clock and never in the node comment (operators' data):
+Pure decisions (`decide`, and the ranking in gpuwarden.health.cap) and the functions that apply
+them through the Slurm client. Nodes decide for themselves and Slurm has no compare-and-swap,
+so the drains themselves are the claims, ordered by the controller's clock (slurmctld stamps
+`reason_changed_at` when it sets a reason), never by a node's own clock and never in the node
+comment (operators' data):
 
 1. read the nodes out of service (only those) and the partition sizes; at the cap already,
-   hold ("would drain") without touching the node;
+   hold ("would drain") without touching the node; hold too when the run has too little time
+   left for step 3 and the calls around it;
 2. drain, re-reading the node right before (never over anyone else's drain);
 3. wait until the controller's clock has left the second of that drain, so that every drain
    stamped no later than ours is visible;
-4. read the nodes out of service again and rank gpuwarden's drains by (stamp, node name): the
-   same order on every node. Within the cap the drain stays; past it, it is undone (resumed only
+4. read the nodes out of service again and rank gpuwarden's drains (see health.cap): the same
+   order on every node. Within the cap the drain stays; past it, it is undone (resumed only
    if its reason is still ours) and the node says "would drain".
+
+Whatever fails after step 2, the drain is undone if it can be; and a health drain that was
+never seen within the cap (the node's counters do not record it as kept) is ranked again at
+the node's next health check, so a drain left past the cap by a failure heals itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuwarden.errors import NotOurDrainError, SlurmError
+from gpuwarden.health import cap as ranking
 from gpuwarden.health.config import BlastRadius
 from gpuwarden.health.model import Status, Verdict
+from gpuwarden.health.reasons import HEALTH_TAG, is_health_drain
 from gpuwarden.slurm.client import NodeBusyError, SlurmClient, gpuwarden_reason
-from gpuwarden.slurm.models import REASON_PREFIX, Node, NodeView
+from gpuwarden.slurm.models import REASON_PREFIX, Node, NodeView, own_part, same_drain
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +44,23 @@ CLAIM = "drain claim"
 WOULD = "would drain"
 # slurmctld stamps reasons in whole seconds: after this long past our drain's answer, its clock
 # has left that second, so every drain stamped no later than ours has landed and is visible.
+# A precondition, never shortened: with less time left in the run, no drain is made.
 TIE_S = 1.1
+# What the calls after the drain (re-read, maybe an undo and a comment) get of the run's time.
+CALLS_S = 2.0
+
+# The pure ranking, under the names callers know.
+cap_allows = ranking.allows
+our_recent_drains = ranking.our_recent_drains
+controller_now = ranking.controller_now
 
 
 class Kind(enum.Enum):
     NOTHING = "nothing"
     DRAIN = "drain"
     RESUME = "resume"
+    # CRITICAL on the node's own health drain, never seen within the cap: rank it again.
+    RERANK = "rerank"
 
 
 @dataclass(frozen=True)
@@ -58,24 +74,26 @@ class Decision:
 
 
 def decide(verdict: Verdict, node: Node, passes: int, resume_after: int,
-           own_reason: str) -> Decision:
+           own_reason: str, kept: bool = False) -> Decision:
     """What the verdict means for this node, given its Slurm state and its passing streak.
 
-    ``own_reason`` is the reason of the drain health gating made on this node; only a drain
-    with exactly that reason is ever resumed here (not a `gpuwarden drain` by hand, not a
-    lemon drain, not an operator's).
+    ``own_reason`` is the reason of the drain health gating made on this node; only that drain
+    (with or without what slurmctld appended to it since) is ever resumed here (not a
+    `gpuwarden drain` by hand, not a lemon drain, not an operator's). ``kept``: the node's
+    counters record that drain as kept within the cap; until then a CRITICAL node ranks it
+    again on every run.
     """
     status = verdict.status
+    ours = bool(own_reason) and (node.drained or node.down) and same_drain(node.reason,
+                                                                           own_reason)
     if status == Status.CRITICAL:
-        if node.drained or node.down:
-            owner = "gpuwarden" if node.reason_is_ours else (node.reason_set_by or "slurm")
-            return Decision(Kind.NOTHING, f"already {node.state_text} ({owner})", 0)
-        return Decision(Kind.DRAIN, verdict.reason(), 0)
+        return _critical(verdict, node, ours and not kept and is_health_drain(node.reason))
     if status == Status.UNKNOWN:
         # Uncertainty never drains and never resumes; it breaks the passing streak.
         return Decision(Kind.NOTHING, "verdict unknown: no action", 0)
     passes += 1
-    if (node.drained or node.down) and own_reason and node.reason == own_reason:
+    if ours:
+        # A stamp slurmctld moved later (" : reboot issued") still precedes the reboot itself.
         rebooted = bool(node.boot_time and node.reason_changed_at
                         and node.boot_time > node.reason_changed_at)
         if passes >= resume_after or rebooted:
@@ -85,66 +103,32 @@ def decide(verdict: Verdict, node: Node, passes: int, resume_after: int,
     return Decision(Kind.NOTHING, "healthy", passes, clear_comment=True)
 
 
-def _limit(members: int, cap: BlastRadius) -> int:
-    # At least one node can always be drained: a single bad node is never held back.
-    return max(1, math.floor(members * cap.max_drained_pct / 100))
-
-
-def _stamp(n: Node) -> tuple[int, str]:
-    # The controller's stamp first, the name to break ties: every node computes the same order.
-    return (n.reason_changed_at or 0, n.name)
-
-
-def our_recent_drains(nodes: Iterable[Node], now: float, window_s: float) -> list[Node]:
-    """Nodes out of service with a gpuwarden reason (drained, or down since) in the window,
-    in the controller's order. ``now`` is the controller's clock too."""
-    return sorted((n for n in nodes if (n.drained or n.down) and n.reason_is_ours
-                   and (not window_s or n.reason_changed_at is None
-                        or now - n.reason_changed_at <= window_s)), key=_stamp)
-
-
-def controller_now(view: NodeView) -> float:
-    """The controller's clock as a read showed it; without one, the newest stamp seen (which
-    makes drains look younger: they count longer, never shorter)."""
-    return float(view.ctld_time or max((n.reason_changed_at or 0 for n in view.nodes), default=0))
-
-
-def cap_allows(me: str, partitions: tuple[str, ...], out: Iterable[Node],
-               sizes: Mapping[str, int], cap: BlastRadius, now: float) -> tuple[bool, str]:
-    """Pure: may ``me`` (in ``partitions``) be drained, given the nodes out of service and the
-    partition sizes? Drains ranked before ``me``'s own (all of them when ``me`` is not drained
-    yet) take the places first."""
-    drains = our_recent_drains(out, now, cap.window_s)
-    names = [n.name for n in drains]
-    ahead = drains[:names.index(me)] if me in names else drains
-    within = f" within {cap.window_s / 3600:g} h" if cap.window_s else ""
-    # A node in no partition runs no jobs: only the absolute cap applies to it.
-    for part in partitions:
-        # An unknown size is the smallest: the cap is never passed for want of a number.
-        size = sizes.get(part, 0)
-        limit = _limit(size, cap)
-        held = sum(1 for n in ahead if part in n.partitions)
-        if held >= limit:
-            return False, (f"blast-radius cap: {held} of {size or '?'} nodes in {part} drained "
-                           f"by gpuwarden{within}, limit {limit} ({cap.max_drained_pct:g}%)")
-    if cap.max_drained_nodes and len(ahead) >= cap.max_drained_nodes:
-        return False, (f"blast-radius cap: {len(ahead)} nodes drained by gpuwarden{within}, "
-                       f"limit {cap.max_drained_nodes}")
-    return True, ""
+def _critical(verdict: Verdict, node: Node, unranked: bool) -> Decision:
+    if unranked:
+        return Decision(Kind.RERANK, verdict.reason(), 0)
+    if node.drained or node.down:
+        owner = "gpuwarden" if node.reason_is_ours else (node.reason_set_by or "slurm")
+        return Decision(Kind.NOTHING, f"already {node.state_text} ({owner})", 0)
+    return Decision(Kind.DRAIN, verdict.reason(), 0)
 
 
 @dataclass(frozen=True)
 class Applied:
-    action: str  # "drained", "held", "resumed", "none" (nothing done, e.g. already out)
+    # "drained", "held", "resumed", "kept" (a drain made earlier, ranked again within the
+    # cap), "none" (nothing done, e.g. already out)
+    action: str
     detail: str
 
 
 def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
           clock: Callable[[], float] = time.time,
-          sleep: Callable[[float], None] = time.sleep) -> Applied:
+          sleep: Callable[[float], None] = time.sleep,
+          left: Callable[[], float] | None = None) -> Applied:
     """Carry out ``decision`` for ``node``, as read from Slurm when the decision was made.
 
-    ``clock`` is accepted for callers' sake; no decision here reads a node's own clock."""
+    ``left``: seconds left in the run (None: no deadline); a drain is only made when the wait
+    of step 3 and the calls after it fit. ``clock`` is accepted for callers' sake; no decision
+    here reads a node's own clock."""
     del clock
     me = node.name
     if decision.kind is Kind.RESUME:
@@ -157,11 +141,13 @@ def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
         if health_may_clear(node.comment):
             _clear_comment(client, me)
         return Applied("resumed", decision.why)
+    if decision.kind is Kind.RERANK:
+        return rerank(decision.why, node, client, cap)
     if decision.kind is Kind.NOTHING:
         if decision.clear_comment and health_may_clear(node.comment):
             _clear_comment(client, me)
         return Applied("none", decision.why)
-    return drain_within_cap(decision.why, me, client, cap, sleep)
+    return drain_within_cap(decision.why, me, client, cap, sleep, left)
 
 
 def health_may_clear(comment: str) -> bool:
@@ -173,9 +159,20 @@ def health_may_clear(comment: str) -> bool:
     return not comment[len(REASON_PREFIX):].lstrip().startswith(f"{WOULD}: lemon")
 
 
+def _moot_comment(comment: str, full: str) -> bool:
+    """Once a drain is kept, the "would drain" the same kind of drain left earlier is moot;
+    the other kind's (health's about the GPUs, the lemon scanner's about the jobs) stays."""
+    if is_health_drain(full):
+        return health_may_clear(comment)
+    return comment.startswith(REASON_PREFIX) and HEALTH_TAG not in comment
+
+
 def _clear_comment(client: SlurmClient, me: str) -> None:
-    with contextlib.suppress(NotOurDrainError):
+    # Advisory text only: failing to clear it never changes what was done.
+    try:
         client.set_comment(me, "")
+    except SlurmError as exc:
+        log.warning("%s: comment left as it is: %s", me, exc)
 
 
 def _find(view: NodeView, me: str) -> Node:
@@ -191,17 +188,30 @@ def _hold(client: SlurmClient, me: str, reason: str, why: str) -> Applied:
     try:
         # Advisory only (the cap never depends on it), and never over an operator's comment.
         client.set_comment(me, detail)
-    except NotOurDrainError as exc:
+    except SlurmError as exc:
         log.warning("%s: not saying \"would drain\" in the node comment: %s", me, exc)
     return Applied("held", detail)
 
 
+def _short_of_time(left: Callable[[], float] | None) -> str:
+    if left is None or left() - CALLS_S >= TIE_S:
+        return ""
+    return (f"only {max(0.0, left()):.1f} s left in this run; ranking a drain needs "
+            f"{TIE_S:g} s plus {CALLS_S:g} s for its calls")
+
+
 def drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius,
-                     sleep: Callable[[float], None] = time.sleep) -> Applied:
+                     sleep: Callable[[float], None] = time.sleep,
+                     left: Callable[[], float] | None = None) -> Applied:
     """Drain ``me`` if the cap allows, ranked by the controller's stamps (see the module doc).
     Shared by health gating and the lemon detector, so their drains count against one cap.
     Never takes over a drain that is already there, gpuwarden's own included."""
     full = gpuwarden_reason(reason)
+    short = _short_of_time(left)
+    if short:
+        # Nothing touched (not even the comment): the time is not there for it.
+        log.warning("%s would drain (%s) but %s", me, reason, short)
+        return Applied("held", f"{WOULD}: {reason} ({short})")
     view = client.out_of_service(also=(me,))
     node = _find(view, me)
     if node.drained or node.down:
@@ -215,8 +225,43 @@ def drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius
     except NodeBusyError as exc:
         log.warning("%s", exc)
         return Applied("none", str(exc))
-    sleep(max(cap.settle_s, TIE_S))
-    return _keep_or_undo(reason, full, me, client, cap, sizes)
+    except SlurmError as exc:
+        # The update may have been applied all the same (a timeout after slurmctld took it).
+        raise _undone(client, me, full, exc) from exc
+    try:
+        short = _short_of_time(left)
+        if short:
+            return _undo(client, me, reason, full, short)
+        wait = max(cap.settle_s, TIE_S)
+        sleep(wait if left is None else min(wait, left() - CALLS_S))
+        return _keep_or_undo(reason, full, me, client, cap, sizes)
+    except SlurmError as exc:
+        raise _undone(client, me, full, exc) from exc
+
+
+def _undone(client: SlurmClient, me: str, full: str, exc: SlurmError) -> SlurmError:
+    """After a failure past the drain: undo it if it is there, so no drain stays that was
+    never ranked within the cap. What it says goes into the error."""
+    try:
+        what = ("undone" if client.resume(me, expect_reason=full)
+                else "not in place, nothing to undo")
+    except SlurmError as again:
+        what = (f"left in place ({again}): the node's next health check ranks it again, or "
+                "an operator resumes it")
+    log.error("%s: drain %r not ranked against the blast-radius cap (%s): %s", me, full, exc,
+              what)
+    return SlurmError(f"{me}: drain {full!r} not ranked against the blast-radius cap ({exc}); "
+                      f"the drain was {what}")
+
+
+def _undo(client: SlurmClient, me: str, reason: str, full: str, why: str,
+          note: str = "drained for a moment and undone") -> Applied:
+    try:
+        client.resume(me, expect_reason=full)
+    except NotOurDrainError as exc:
+        log.warning("%s", exc)
+        return Applied("none", str(exc))
+    return _hold(client, me, reason, f"{why}; {note}")
 
 
 def _keep_or_undo(reason: str, full: str, me: str, client: SlurmClient, cap: BlastRadius,
@@ -225,20 +270,36 @@ def _keep_or_undo(reason: str, full: str, me: str, client: SlurmClient, cap: Bla
     or undo it."""
     view = client.out_of_service(also=(me,))
     node = _find(view, me)
-    if node.reason != full or not (node.drained or node.down):
+    if not same_drain(node.reason, full) or not (node.drained or node.down):
         # Changed by someone else since (resumed, or drained again with their reason): theirs.
         log.warning("%s: drained, then changed by someone else to %s %r: left as it is",
                     me, node.state_text, node.reason)
         return Applied("none", f"drained, then {node.state_text} with reason {node.reason!r} "
                                f"({node.owner or 'no owner'}): left as it is")
     ok, why = cap_allows(me, node.partitions, view.nodes, sizes, cap, controller_now(view))
+    if not ok:
+        return _undo(client, me, reason, full, why)
+    if _moot_comment(node.comment, full):
+        _clear_comment(client, me)  # a "would drain" from an earlier hold is moot now
+    return Applied("drained", reason)
+
+
+def rerank(why: str, node: Node, client: SlurmClient, cap: BlastRadius) -> Applied:
+    """Step 4 again for a health drain made earlier and never seen within the cap (the run
+    that made it failed or was killed before it could rank it): keep it or undo it."""
+    me, full = node.name, own_part(node.reason)
+    view = client.out_of_service(also=(me,))
+    now = _find(view, me)
+    if not same_drain(now.reason, full) or not (now.drained or now.down):
+        return Applied("none", f"{now.state_text} with reason {now.reason!r}: left as it is")
+    if me not in {n.name for n in our_recent_drains(view.nodes, controller_now(view),
+                                                    cap.window_s)}:
+        return Applied("kept", f"{full} (older than the cap's window)")
+    ok, over = cap_allows(me, now.partitions, view.nodes, client.partition_sizes(), cap,
+                          controller_now(view))
     if ok:
-        if node.comment.startswith(REASON_PREFIX):
-            _clear_comment(client, me)  # a "would drain" from an earlier hold is moot now
-        return Applied("drained", reason)
-    try:
-        client.resume(me, expect_reason=full)
-    except NotOurDrainError as exc:
-        log.warning("%s", exc)
-        return Applied("none", str(exc))
-    return _hold(client, me, reason, f"{why}; drained for a moment and undone")
+        return Applied("kept", f"{full} (within the blast-radius cap)")
+    reason = full[len(REASON_PREFIX):].lstrip()
+    log.warning("%s: health drain %r is past the blast-radius cap: undoing it (%s)", me, full,
+                over)
+    return _undo(client, me, reason, full, over, f"drained earlier, never ranked, undone ({why})")

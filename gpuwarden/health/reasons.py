@@ -1,13 +1,14 @@
 """The drain reason health gating writes, and how it recognises its own drain from it alone.
 
 The stored counters can be lost (a kill between the drain and their save, a full disk), so the
-reason itself carries a tag: a node resumes a drain whose Slurm reason ends with it, and only
+reason itself carries a tag: a node resumes a drain whose Slurm reason ends with it (before
+anything slurmctld appended), and only
 health gating writes it (`gpuwarden drain` refuses it, the lemon scanner never uses it).
 """
 
 from __future__ import annotations
 
-from gpuwarden.slurm.models import REASON_PREFIX
+from gpuwarden.slurm.models import REASON_PREFIX, own_part
 
 HEALTH_TAG = "[health]"
 # gpuwarden.slurm.client.gpuwarden_reason cuts reasons at 200 characters: the tag must survive.
@@ -26,10 +27,16 @@ def health_reason(evidence: str) -> str:
 
 
 def is_health_drain(reason: str) -> bool:
-    """True for a Slurm reason written by health gating (see health_reason)."""
-    return reason.startswith(REASON_PREFIX) and reason.endswith(f" {HEALTH_TAG}")
+    """True for a Slurm reason written by health gating (see health_reason), also once
+    slurmctld has appended its own " : <msg>" to it (a node not responding, a reboot)."""
+    return reason.startswith(REASON_PREFIX) and own_part(reason).endswith(f" {HEALTH_TAG}")
+
+
+def health_drain_reason(reason: str) -> str:
+    """The reason health gating wrote, without Slurm's additions ("" when not its drain)."""
+    return own_part(reason) if is_health_drain(reason) else ""
 
 
 def names_the_tag(text: str) -> bool:
     """True when a reason given by hand would pass for health gating's own."""
-    return text.rstrip().endswith(HEALTH_TAG)
+    return HEALTH_TAG in text

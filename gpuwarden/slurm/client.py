@@ -17,7 +17,16 @@ from typing import Protocol
 from gpuwarden.config import SlurmConfig
 from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm import parse
-from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, Job, Node, NodeEvent, NodeView
+from gpuwarden.slurm.models import (
+    REASON_PREFIX,
+    SLURM_APPENDS,
+    AcctJob,
+    Job,
+    Node,
+    NodeEvent,
+    NodeView,
+    same_drain,
+)
 from gpuwarden.slurm.runner import CommandResult, CommandRunner, CommandTimeoutError
 
 log = logging.getLogger(__name__)
@@ -64,6 +73,8 @@ def gpuwarden_reason(text: str) -> str:
         raise ValueError("a drain reason must say why")
     if text.startswith(REASON_PREFIX):
         text = text[len(REASON_PREFIX) :].lstrip()
+    # Keep Slurm's separator for Slurm: what follows the first one is never ours.
+    text = text.replace(SLURM_APPENDS, " - ")
     full = f"{REASON_PREFIX} {text}"
     return full if len(full) <= _MAX_REASON else full[: _MAX_REASON - 3] + "..."
 
@@ -135,10 +146,14 @@ class CliSlurmClient:
         )
 
     def nodes(self) -> list[Node]:
-        return parse.parse_nodes(self._call(self._argv("scontrol", "show", "nodes", "--json")).stdout)
+        return parse.parse_nodes(self._call(self._argv(
+            "scontrol", "--all", "show", "nodes", "--json")).stdout)
 
     def node(self, name: str) -> Node:
-        out = self._call(self._argv("scontrol", "show", "node", check_node_name(name), "--json"))
+        """One node, every field (boot time included). slurmctld answers `scontrol show node`
+        with its whole node table (scontrol filters it): see _peek for the cheap read."""
+        out = self._call(self._argv("scontrol", "--all", "show", "node", check_node_name(name),
+                                    "--json"))
         found = [n for n in parse.parse_nodes(out.stdout) if n.name == name]
         if not found:
             raise SlurmError(f"node {name} is not known to slurmctld")
@@ -179,7 +194,8 @@ class CliSlurmClient:
 
         Two calls whatever the cluster's size: sinfo names the nodes out of service as compact
         hostlists, then scontrol prints only those. What comes back grows with the nodes out of
-        service, not with the cluster."""
+        service, not with the cluster; slurmctld still packs its whole node table for each of
+        the two (REQUEST_NODE_INFO: both tools filter client-side)."""
         names = [check_node_name(n) for n in also]
         lists = parse.parse_nodelists(self._call(self._argv(
             "sinfo", "--all", "--noheader", f"--states={OUT_STATES}", "--format=%N")).stdout)
@@ -189,9 +205,9 @@ class CliSlurmClient:
         if len(expr) > _MAX_NODELIST_ARG:
             # Thousands of scattered nodes out at once: one whole-cluster read beats no read.
             log.warning("%d bytes of node lists out of service: reading every node", len(expr))
-            argv = self._argv("scontrol", "show", "nodes", "--json")
+            argv = self._argv("scontrol", "--all", "show", "nodes", "--json")
         else:
-            argv = self._argv("scontrol", "show", "node", expr, "--json")
+            argv = self._argv("scontrol", "--all", "show", "node", expr, "--json")
         view = parse.parse_node_view(self._call(argv).stdout)
         wanted = set(names)
         return NodeView(tuple(n for n in view.nodes if n.unavailable or n.name in wanted),
@@ -202,6 +218,15 @@ class CliSlurmClient:
         grows with the number of partitions, not of nodes."""
         out = self._call(self._argv("scontrol", "--all", "show", "partition", "--json"))
         return parse.parse_partition_sizes(out.stdout)
+
+    def _peek(self, name: str) -> Node:
+        """The node's state, reason, stamp and comment, read with slurmctld's single-node RPC
+        (`sinfo -n ONE` calls slurm_load_node_single; `scontrol show node` always loads the
+        whole table), so the re-read right before an update is quick on any cluster size.
+        No boot time. A node in no partition (sinfo shows none) is read with scontrol."""
+        out = self._call(self._argv("sinfo", "--all", "-n", check_node_name(name), "--json"))
+        found = parse.parse_sinfo_node(out.stdout, name)
+        return found if found is not None else self.node(name)
 
     def _update(self, name: str, *fields: str) -> None:
         self._call(self._argv("scontrol", "update", f"nodename={name}", *fields))
@@ -215,7 +240,7 @@ class CliSlurmClient:
         included (a lemon drain, a drain by hand), is refused with NodeBusyError: the health
         and lemon drains never take over each other's drains."""
         full = gpuwarden_reason(reason)
-        node = self.node(check_node_name(name))
+        node = self._peek(check_node_name(name))
         refuse_unless_ours(node, "drain")
         if in_service_only and (node.drained or node.down):
             raise NodeBusyError(
@@ -226,7 +251,7 @@ class CliSlurmClient:
 
     def set_comment(self, name: str, text: str) -> None:
         """Set (or clear, with "") a `gpuwarden:` node comment; never over someone else's."""
-        node = self.node(check_node_name(name))
+        node = self._peek(check_node_name(name))
         if node.comment and not node.comment.startswith(REASON_PREFIX):
             raise NotOurDrainError(
                 f"refusing to change the comment of {name}: {node.comment!r} was not set by "
@@ -239,10 +264,13 @@ class CliSlurmClient:
     def resume(self, name: str, *, expect_reason: str | None = None) -> bool:
         """Resume a node gpuwarden drained. False when there was nothing to resume.
 
-        The node is re-read right before the update; with ``expect_reason`` it is resumed only
-        if its reason is still exactly that one (the drain the caller made), so a drain someone
-        made since (an operator's, a lemon drain, one by hand) is never resumed."""
-        node = self.node(check_node_name(name))
+        The node is re-read right before the update, with the single-node RPC (the quickest
+        read there is); with ``expect_reason`` it is resumed only if its reason is still that
+        one (the drain the caller made, with or without what slurmctld appended to it), so a
+        drain someone made since (an operator's, a lemon drain, one by hand) is never resumed.
+        Slurm has no compare-and-swap: a drain landing between that read and the update (one
+        round trip) is resumed with ours; see docs/health.md."""
+        node = self._peek(check_node_name(name))
         if not (node.drained or node.down):
             return False
         refuse_unless_ours(node, "resume")
@@ -251,13 +279,13 @@ class CliSlurmClient:
                 f"refusing to resume {name}: it is {node.state_text} without a reason, so "
                 "gpuwarden cannot tell who set it"
             )
-        if expect_reason is not None and node.reason != expect_reason:
+        if expect_reason is not None and not same_drain(node.reason, expect_reason):
             raise NotOurDrainError(
                 f"refusing to resume {name}: its reason is now {node.reason!r}, not "
                 f"{expect_reason!r}: it was drained again since, and that drain is not ours "
                 "to undo")
-        log.info("resuming %s (was: %s)", name, node.reason)
-        self._update(name, "state=resume")
+        self._update(name, "state=resume")  # nothing between the read and this: a narrow window
+        log.info("resumed %s (was: %s)", name, node.reason)
         return True
 
     def set_extra(self, name: str, text: str) -> None:

@@ -5,6 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REASON_PREFIX = "gpuwarden:"
+# slurmctld's set_node_reason() appends " : <msg>" to a reason already set ("Not responding",
+# "reboot issued", "ResumeTimeout reached") and re-stamps it. gpuwarden_reason() never writes
+# this separator itself, so in a gpuwarden reason the first one starts what Slurm added.
+SLURM_APPENDS = " : "
+
+
+def own_part(reason: str) -> str:
+    """A reason without what slurmctld appended to it."""
+    return reason.split(SLURM_APPENDS, 1)[0]
+
+
+def same_drain(reason: str, ours: str) -> bool:
+    """True when ``reason`` is the drain reason ``ours``, with or without Slurm's additions."""
+    ours = own_part(ours)
+    return bool(ours) and (reason == ours or reason.startswith(ours + SLURM_APPENDS))
 
 # Node state flags (data_parser v0.0.42 lists base state and flags together).
 _UNAVAILABLE = frozenset({"DRAIN", "DOWN", "FAIL", "FAILING"})
@@ -44,6 +59,12 @@ class Node:
     @property
     def reason_is_ours(self) -> bool:
         return self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def restamped(self) -> bool:
+        """A gpuwarden reason slurmctld has appended to: its stamp is that of the append,
+        later than the drain's own."""
+        return self.reason_is_ours and SLURM_APPENDS in self.reason
 
     @property
     def owner(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -110,6 +111,34 @@ def parse_node_view(text: str) -> NodeView:
         # scontrol prints a node once per mention in the hostlist it was given.
         seen.setdefault(node.name, node)
     return NodeView(tuple(seen.values()), _number(doc.get("last_update")) or None)
+
+
+def parse_sinfo_node(text: str, name: str) -> Node | None:
+    """`sinfo --all -n NAME --json` (one node): the node as its entries show it, one entry per
+    partition; None when no entry names it (a node in no partition). Without boot_time, which
+    sinfo does not print."""
+    what = "sinfo -n --json"
+    doc = load_json(text, what)
+    found: Node | None = None
+    parts: list[str] = []
+    for entry in _list(doc, "sinfo", what):
+        if name not in _strs(_map(entry.get("nodes")).get("nodes")):
+            continue
+        part = _str(_map(entry.get("partition")).get("name"))
+        if part and part not in parts:
+            parts.append(part)
+        if found is None:
+            reason = _map(entry.get("reason"))
+            found = Node(
+                name=name, state=_strs(_map(entry.get("node")).get("state")),
+                reason=_str(reason.get("description")), reason_set_by=_str(reason.get("user")),
+                reason_changed_at=_number(reason.get("time")) or None, partitions=(),
+                gres=_str(_map(entry.get("gres")).get("total")),
+                features=_strs(_map(entry.get("features")).get("total")), boot_time=None,
+                comment=_str(entry.get("comment")), extra=_str(entry.get("extra")))
+    if found is None:
+        return None
+    return replace(found, partitions=tuple(parts))
 
 
 _NODELIST = re.compile(r"^[A-Za-z0-9._\-\[\],]+$")

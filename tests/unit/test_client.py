@@ -146,7 +146,8 @@ def test_out_of_service_reads_only_the_nodes_out_of_service_and_the_ones_asked_f
     ])
     view = client.out_of_service(also=("c3",))
     assert runner.calls == [SINFO_OUT,
-                            ("scontrol", "show", "node", "c[4,7],gpu-b[01-02],c3", "--json")]
+                            ("scontrol", "--all", "show", "node", "c[4,7],gpu-b[01-02],c3",
+                             "--json")]
     assert [n.name for n in view.nodes] == ["c4", "c7", "c3"] and view.ctld_time == 1795945096
 
 
@@ -166,7 +167,7 @@ def test_a_huge_scattered_out_of_service_list_falls_back_to_one_whole_read() -> 
     names = ",".join(f"gpu-node-{i:05d}" for i in range(0, 20_000, 2))
     client, runner, _ = make([lambda a: ok(a, names + "\n"), lambda a: ok(a, '{"nodes": []}')])
     client.out_of_service()
-    assert runner.calls[1] == ("scontrol", "show", "nodes", "--json")
+    assert runner.calls[1] == ("scontrol", "--all", "show", "nodes", "--json")
 
 
 def test_partition_sizes_come_from_one_partition_read() -> None:

@@ -124,7 +124,7 @@ def test_a_health_drain_never_takes_over_a_lemon_drain_made_meanwhile(lands: str
     c = client(ctld)
     seen = c.node("c3")  # in service when health gating decided
     first = (lambda a: True) if lands == "at the first read" else (
-        lambda a: a[1:4] == ("show", "node", "c3"))
+        lambda a: a[1:4] == ("--all", "-n", "c3"))
     ctld.before = once(first, lambda: ctld.set("c3", state=("IDLE", "DRAIN"), reason=LEMON))
     applied = gate.apply(DRAIN, seen, c, CAP, lambda: NOW, lambda s: None)
     assert applied.action != "drained"

@@ -191,11 +191,11 @@ def test_a_lemon_drain_never_takes_over_a_health_drain_made_meanwhile() -> None:
     fired: list[bool] = []
 
     def health_lands(argv: tuple[str, ...]) -> None:
-        # Health gating drains c6 after the scanner saw it in service.
-        if argv[1:4] == ("show", "node", "c6"):
+        # Health gating drains c6 after the scanner saw it in service, just before the
+        # drain's own re-read (the single-node `sinfo -n c6`).
+        if argv[1:3] == ("--all", "-n") and argv[3] == "c6" and not fired:
             fired.append(True)
-            if len(fired) == 2:
-                ctld.set("c6", state=("IDLE", "DRAIN"), reason=health)
+            ctld.set("c6", state=("IDLE", "DRAIN"), reason=health)
 
     ctld.before = health_lands
     [o] = drain_lemons([lemon("c6")], CliSlurmClient(SlurmConfig(retries=0), ctld), CAP,
