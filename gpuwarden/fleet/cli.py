@@ -75,16 +75,21 @@ def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
         click.echo(f"{'<=' + str(c.gpus):>6} {c.runs:>7} {c.hours:>10.1f} {c.failures:>6} "
                    f"{100 * c.failure_rate:>5.1f}% {human_hours(c.mttf_h):>9} "
                    f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9}")
-    if rep.node_days < 30:
-        click.echo(f"node failure rate r_f: too little history ({rep.node_days:.1f} node-days; "
-                   "a rate needs months of node time)")
+    if rep.node_days < 30 or (rep.node_failures and rep.node_rate is None):
+        click.echo(f"node failure rate r_f: too little history ({rep.node_days:.1f} node-days, "
+                   f"{rep.node_failures} health-gating drains; a rate needs months of node "
+                   "time)")
     elif rep.node_rate:
         click.echo(f"node failure rate r_f: {rep.node_failures} health-gating drains in "
                    f"{rep.node_days:.0f} node-days = {1000 * rep.node_rate:.2f} per 1000 "
                    "node-days")
     else:
         click.echo("node failure rate r_f: no health-gating drains in this history")
-    click.echo("projected MTTF (1/N):")
+    if rep.insufficient and rep.node_rate is None:
+        click.echo(f"projected MTTF (1/N): {rep.insufficient}")
+        return
+    click.echo("projected MTTF (1/N):" + (f" (from r_f only; {rep.insufficient})"
+                                           if rep.insufficient else ""))
     for pr in rep.projections:
         click.echo(f"  {pr.gpus:>7} GPUs: {human_hours(pr.from_node_rate_h):>9} from r_f;  "
                    f"{human_hours(pr.from_history_h):>9} from the pooled per-GPU job failure "

@@ -57,6 +57,24 @@ class MttfReport:
     node_rate: float | None  # r_f, failures per node-day
     projections: tuple[Projection, ...]
     ckpt_cost_s: float
+    span_days: float = 0.0
+    insufficient: str = ""  # why the projections are withheld, and the history they need
+
+
+MIN_FAILURES = 10  # below this a rate's error is over +-30%: no projection is made from it
+
+
+def history_needed(failures: int, span_days: float) -> str:
+    """What to say when too few failures were seen to project from."""
+    if failures == 0:
+        more = f"more than {MIN_FAILURES / 3 * span_days:.0f} days" if span_days > 0 else \
+            "weeks to months"
+        return (f"insufficient data: no infrastructure failure in {span_days:.1f} days of "
+                f"history; a projection needs at least {MIN_FAILURES} ({more} at this rate)")
+    need = MIN_FAILURES / failures * span_days
+    return (f"insufficient data: {failures} infrastructure failure(s) in {span_days:.1f} days "
+            f"of history; a projection needs at least {MIN_FAILURES}, about {need:.0f} days "
+            "at this rate")
 
 
 def young(cost_h: float, mttf_h: float) -> float:
@@ -98,17 +116,19 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
                                  daly(cost_h, m) if m else None))
     gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)
-    per_gpu = gpu_hours / failures if failures else None
     span_days = max(0.0, att.last_end - att.first_start) / 86_400
+    enough = failures >= MIN_FAILURES
+    per_gpu = gpu_hours / failures if failures else None
     node_days = span_days * len(att.exposure)
     nf = node_failures(events, att.first_start, att.last_end)
-    rate = nf / node_days if node_days and nf else None
+    rate = nf / node_days if node_days and nf >= MIN_FAILURES else None
     projections = tuple(
-        Projection(n, per_gpu / n if per_gpu else None,
+        Projection(n, per_gpu / n if per_gpu and enough else None,
                    24 / (n / gpus_per_node * rate) if rate else None)
         for n in project_to)
     return MttfReport(tuple(classes), gpu_hours, failures, per_gpu, nf, node_days, rate,
-                      projections, ckpt_cost_s)
+                      projections, ckpt_cost_s, span_days,
+                      "" if enough else history_needed(failures, span_days))
 
 
 def human_hours(h: float | None) -> str:

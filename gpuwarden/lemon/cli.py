@@ -4,9 +4,11 @@ drain the lemons under the blast-radius cap, and publish the list for the placem
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.lemon import history, listfile
 from gpuwarden.lemon.drain import Outcome, drain_lemons
 from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
+from gpuwarden.slurm import acctstream, bindir
 
 DEFAULT_SINCE = "30d"
 _SPAN = re.compile(r"^(\d+)([mhdw])$")
@@ -47,16 +50,23 @@ def parse_since(text: str, now: datetime) -> timedelta:
     return now - at
 
 
-def progress(label: str) -> Any:
-    """A progress line on stderr for long reads (a terminal sees it update in place)."""
-    tty = sys.stderr.isatty()
+PLAIN_EVERY_S = 30.0
+
+
+def progress(label: str, tty: bool | None = None,
+             clock: Callable[[], float] = time.monotonic) -> Callable[[int, int], None]:
+    """Progress on stderr for long reads: a terminal sees one line updated in place; a log
+    (stderr not a terminal) gets a plain line at most every 30 s, and nothing for short reads."""
+    tty = sys.stderr.isatty() if tty is None else tty
+    last = [clock()]
 
     def show(done: int, total: int) -> None:
         if total < 3:
             return
         if tty:
             click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
-        elif done == total and total >= 10:
+        elif clock() - last[0] >= PLAIN_EVERY_S:
+            last[0] = clock()
             click.echo(f"{label} {done}/{total}", err=True)
     return show
 
@@ -93,7 +103,8 @@ def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
         if events_file:
             raise click.UsageError("--events goes with --from (the cluster has its own)")
         return history.from_cluster(obj.client(), span, grace_s, now=now,
-                                    progress=progress("reading accounting, day"))
+                                    progress=progress("reading accounting, day"),
+                                    reader=acct_reader(obj))
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)
@@ -101,10 +112,22 @@ def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
         raise click.ClickException(str(exc)) from None
 
 
+def acct_reader(obj: Any) -> acctstream.SacctStream | None:
+    """sacct streamed under the configured deadline; None when tests swapped in a fake
+    client (its own acct_jobs is read then)."""
+    if getattr(obj, "client_factory", None) is not None:
+        return None
+    cfg = obj.config()
+    return acctstream.SacctStream(
+        lambda: os.path.join(bindir.locate(cfg.slurm.bin_dir, use_path=True).path, "sacct"),
+        cfg.slurm.command_timeout_s)
+
+
 def _row(s: NodeScore) -> dict[str, Any]:
     return {
         "node": s.node, "lemon": s.lemon, "jobs": s.jobs, "hours": round(s.hours, 2),
         "failures": s.failures, "blame": round(s.blame, 3), "expected": round(s.expected, 3),
+        "attributed": round(s.attributed, 3), "explanation": s.explanation,
         "fleet_rate": s.fleet_rate, "p_value": s.p_value, "q_value": s.q_value,
         "summary": s.summary if s.lemon else "",
         "evidence": [{"job_id": b.job_id, "at": b.at, "reason": b.reason, "weight": b.weight}
@@ -184,11 +207,27 @@ def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
                f"{100 * rate:.2f}% per node-run; {len(lemons)} lemon(s)")
     for why, n in sorted(skipped.items()):
         click.echo(f"  skipped {n}: {why}")
-    click.echo(f"{'NODE':<10} {'JOBS':>6} {'FAILED':>6} {'EXPECTED':>8} {'Q':>9}  VERDICT")
+    if not lemons:
+        click.echo(f"no lemons among {len(att.exposure)} nodes ({hist.records} jobs)")
+    if shown:
+        _table(shown, outcomes)
+    if failed:
+        click.echo(f"gpuwarden: {len(failed)} lemon drain(s) failed: "
+                   + "; ".join(f"{o.node}: {o.detail}" for o in failed), err=True)
+        sys.exit(1)
+
+
+def _table(shown: list[NodeScore], outcomes: dict[str, Outcome]) -> None:
+    click.echo("FAILED: failed runs that included the node; ATTRIB: failures the joint fit puts "
+               "on it; FLEET x H: the fleet's failure rate per node-hour x its node-hours")
+    click.echo(f"{'NODE':<10} {'JOBS':>6} {'FAILED':>6} {'ATTRIB':>6} {'FLEET x H':>9} "
+               f"{'Q':>9}  VERDICT")
     for s in shown:
         verdict = s.summary if s.lemon else "-"
-        click.echo(f"{s.node:<10} {s.jobs:>6} {s.failures:>6} {s.expected:>8.2f} "
-                   f"{s.q_value:>9.2e}  {verdict}")
+        click.echo(f"{s.node:<10} {s.jobs:>6} {s.failures:>6} {s.attributed:>6.1f} "
+                   f"{s.expected:>9.2f} {s.q_value:>9.2e}  {verdict}")
+        if s.explanation:
+            click.echo(f"{'':<12}why: {s.explanation}")
         if s.node in outcomes:
             o = outcomes[s.node]
             click.echo(f"{'':<12}--drain: {o.action}: {o.detail}")
@@ -199,10 +238,6 @@ def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
                 click.echo(f"{'':<12}{when}  {job}: {b.reason}")
             if len(s.evidence) > 5:
                 click.echo(f"{'':<12}(+{len(s.evidence) - 5} more; --json lists all)")
-    if failed:
-        click.echo(f"gpuwarden: {len(failed)} lemon drain(s) failed: "
-                   + "; ".join(f"{o.node}: {o.detail}" for o in failed), err=True)
-        sys.exit(1)
 
 
 @lemon.command("list")
@@ -215,11 +250,28 @@ def list_cmd(obj: Any, as_json: bool) -> None:
         current = listfile.read(path)
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
+    states = _states(obj, current.nodes)
     if as_json:
         click.echo(json.dumps({"generated_at": current.generated_at,
-                               "nodes": [e.__dict__ for e in current.entries]}, indent=2))
+                               "nodes": [{**e.__dict__, "state": states.get(e.node)}
+                                         for e in current.entries]}, indent=2))
         return
     age = time.time() - current.generated_at
     click.echo(f"{path}: {len(current.entries)} lemon(s), written {age / 60:.0f} min ago")
     for e in current.entries:
-        click.echo(f"{e.node:<10} {e.summary}  [{e.action}]")
+        click.echo(f"{e.node:<10} {e.summary}  [{listfile.status(e, states.get(e.node))}]")
+
+
+def _states(obj: Any, nodes: tuple[str, ...]) -> dict[str, str]:
+    """Each listed node's state now (the list says what --drain did then; an operator may have
+    resumed the node since). Unreadable: said once, and the list shown as written."""
+    if not nodes:
+        return {}
+    try:
+        view = obj.client().out_of_service(also=nodes)
+    except GpuwardenError as exc:
+        click.echo(f"gpuwarden: node states unknown ({exc}); showing what the scan did", err=True)
+        return {}
+    out = {n.name: (listfile.IN_SERVICE if not n.unavailable else n.state_text)
+           for n in view.nodes}
+    return {n: out.get(n, "not known to slurmctld") for n in nodes}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -30,9 +31,10 @@ from gpuwarden.lemon.attribution import (
     lemon_clears,
     node_failures,
 )
-from gpuwarden.slurm import parse
+from gpuwarden.slurm import acctstream, parse
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, NodeEvent
+from gpuwarden.slurm.runner import CommandTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +81,33 @@ class _Known:
         return add_lone_drains(att, self.drains, self.grace_s, self.clears)
 
 
+BATCH = 50_000  # records per attribute_runs call: bounds its per-batch tally of node lists
+
+
 def _count(att: Attribution, records: Iterable[AcctJob | SlurmError], label: str,
            known: _Known) -> tuple[Attribution, int]:
+    """Fold a stream of records into ``att``; only per-node tallies and failed runs stay."""
     n = 0
     good: list[AcctJob] = []
     for r in records:
         n += 1
         if isinstance(r, AcctJob):
             good.append(r)
+            if len(good) >= BATCH:
+                att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
+                                         known.failures))
+                good = []
         else:
             att.skipped[f"{label}malformed record"] += 1
-    return att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
-                                    known.failures)), n
+    if good:
+        att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
+                                 known.failures))
+    return att, n
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Decoding a big sacct file makes millions of small dicts, and the cyclic collector runs
+    """Decoding sacct's JSON makes millions of small dicts, and the cyclic collector runs
     over all of them again and again (4-5x the decode time). The tree has no cycles."""
     was = gc.isenabled()
     gc.disable()
@@ -111,18 +123,34 @@ def _read_one(path: str, known: _Known) -> tuple[Attribution, int]:
         return _read_one_unpaused(path, known)
 
 
-def _read_one_unpaused(path: str, known: _Known) -> tuple[Attribution, int]:
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-        doc = parse.load_json(text, "sacct --json")
-        del text
-        lo, hi = parse.acct_window(doc)
-        records: Iterable[AcctJob | SlurmError] = parse.acct_records(doc)
+Window = tuple[float | None, float | None]
+
+
+def _stream_file(path: str, known: _Known,
+                 window: Window) -> tuple[Attribution, int, Window, Window]:
+    """One pass over an export; returns the window used and the one its own "meta" names."""
+    with acctstream.open_regular(path) as fh:
+        if window == (None, None):
+            window = acctstream.file_window(fh)
+        stream = acctstream.AcctStream(acctstream.text_reader(fh), "sacct --json")
+        records: Iterable[AcctJob | SlurmError] = stream
+        lo, hi = window
         if lo is not None or hi is not None:
             # Exported with a window: count only runs that ended in it, so that day files
             # never count a run that crossed midnight twice.
             records = _ended_in(records, lo or 0.0, hi or float("inf"))
-        return _count(Attribution(), records, f"{path}: ", known)
+        att, n = _count(Attribution(), records, f"{path}: ", known)
+        return att, n, window, parse.acct_window(stream.top)
+
+
+def _read_one_unpaused(path: str, known: _Known) -> tuple[Attribution, int]:
+    try:
+        att, n, used, named = _stream_file(path, known, (None, None))
+        if named not in (used, (None, None)):
+            # "meta" was not in the tail looked at first: read again, now holding its window.
+            log.info("%s: its window was found only at its end: reading it again", path)
+            att, n, _, _ = _stream_file(path, known, named)
+        return att, n
     except OSError as exc:
         raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
     except SlurmError as exc:
@@ -196,26 +224,60 @@ def _slurm_time(at: datetime) -> str:
     return at.astimezone(UTC).strftime(SLURM_TIME)
 
 
+SPLIT_FLOOR = timedelta(minutes=15)
+
+
+class _ClientReader:
+    """A SlurmClient's own acct_jobs as an AcctReader (fakes, other backends)."""
+
+    def __init__(self, client: SlurmClient) -> None:
+        self._client = client
+
+    def window(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]:
+        return self._client.acct_jobs(start, end)
+
+
 def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S,
                  now: datetime | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> History:
-    """One day per sacct call, so a long scan never asks slurmdbd for everything at once."""
+                 progress: Callable[[int, int], None] | None = None,
+                 reader: acctstream.AcctReader | None = None,
+                 floor: timedelta = SPLIT_FLOOR) -> History:
+    """One day per sacct call, so a long scan never asks slurmdbd for everything at once; a
+    window sacct cannot answer within its deadline is read again as two halves, down to
+    ``floor``. A window's records count only once it has been read whole."""
     end = (now or datetime.now(UTC)).replace(microsecond=0)
     start = end - since
     events = client.events(_slurm_time(start), _slurm_time(end))
     known = _Known.of(events, grace_s)
+    source = reader or _ClientReader(client)
     att, total = Attribution(), 0
     days = max(1, -(-int(since.total_seconds()) // 86_400))
-    i = 0
+    windows: deque[tuple[datetime, datetime]] = deque()
     while start < end:
-        stop = min(start + timedelta(days=1), end)
-        with gc_paused():
-            records = client.acct_jobs(_slurm_time(start), _slurm_time(stop))
-            att, n = _count(att, _ended_in(records, start.timestamp(), stop.timestamp()), "",
-                            known)
+        windows.append((start, min(start + timedelta(days=1), end)))
+        start = windows[-1][1]
+    covered = 0.0
+    while windows:
+        lo, hi = windows.popleft()
+        try:
+            with gc_paused():
+                part, n = _count(Attribution(), _ended_in(
+                    source.window(_slurm_time(lo), _slurm_time(hi)), lo.timestamp(),
+                    hi.timestamp()), "", known)
+        except CommandTimeoutError as exc:
+            if hi - lo <= floor:
+                raise HistoryError(f"{exc}, even for {hi - lo} of accounting: slurmdbd is "
+                                   "overloaded, or raise [slurm] command_timeout_s") from None
+            mid = lo + (hi - lo) / 2
+            mid = mid.replace(microsecond=0)
+            log.warning("sacct did not answer for %s..%s in time: reading it as two halves",
+                        _slurm_time(lo), _slurm_time(hi))
+            windows.extendleft([(mid, hi), (lo, mid)])
+            continue
+        att.merge(part)
         total += n
-        i += 1
-        if progress:
-            progress(i, days)
-        start = stop
+        covered += (hi - lo).total_seconds()
+        done = days if not windows else min(days, int(covered // 86_400))
+        if progress and done:
+            progress(done, days)
     return History(known.finish(att), total, tuple(events))

@@ -101,3 +101,20 @@ def read(path: str) -> LemonList:
         raise LemonListError(f"{path}: 'generated_at' is not a time")
     return LemonList(float(generated), tuple(_entry(x, path, i) for i, x in enumerate(nodes)))
 
+
+
+IN_SERVICE = "in service"
+
+
+def status(entry: LemonEntry, state: str | None) -> str:
+    """What the list means for the node now, from what --drain did and its state now
+    (``state``: "in service", Slurm's state text, or None when unknown). Mirrors the placement
+    filter (`gpuwarden.placement.snapshot.suspects`): a drained lemon that is back in service
+    was resumed after repair and is no longer avoided."""
+    if state is None:
+        return f"{entry.action}; state now unknown"
+    if entry.action == "drained":
+        return "drained, since resumed: no longer avoided" if state == IN_SERVICE else "drained"
+    if state == IN_SERVICE:
+        return f"{entry.action}; in service, placement avoids it"
+    return f"{entry.action}; now {state}"

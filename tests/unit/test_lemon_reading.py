@@ -1,0 +1,175 @@
+"""Issue 13 items 3-4: accounting read as a stream, windows split on timeouts, and what an
+operator sees (progress, an empty scan, the lemon list after a resume, MTTF on little data)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden.cli import Context, cli
+from gpuwarden.config import Config
+from gpuwarden.errors import SlurmParseError
+from gpuwarden.fleet import mttf
+from gpuwarden.lemon import history, listfile
+from gpuwarden.lemon.attribution import attribute
+from gpuwarden.lemon.cli import progress
+from gpuwarden.placement.snapshot import suspects
+from gpuwarden.slurm import acctstream, parse
+from gpuwarden.slurm.models import AcctJob
+from gpuwarden.slurm.runner import CommandTimeoutError
+from tests.fakes import FakeSlurm
+from tests.unit.test_lemon_core import T0, fleet_history, job, sacct_export
+from tests.unit.test_lemon_drain import node
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "sacct.json"
+
+
+def streamed(text: str, chunk: int) -> list[AcctJob | object]:
+    data = io.BytesIO(text.encode())
+    return list(acctstream.AcctStream(acctstream.text_reader(data), "t"))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_streaming_yields_the_same_records_as_a_whole_decode(monkeypatch, chunk) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(acctstream, "CHUNK", chunk)
+    text = FIXTURE.read_text()
+    whole = [r for r in parse.iter_acct_jobs(text)]
+    assert streamed(text, chunk) == whole
+    odd = '{"meta": {"x": 1}, "jobs": [{"job_id": 5, "nodes": "c1", "state": {"current": ' \
+          '["FAILED"]}}, 12, {"name": "no id"}], "errors": []}'
+    out = streamed(odd, chunk)
+    assert isinstance(out[0], AcctJob) and out[0].job_id == 5
+    assert all(isinstance(r, SlurmParseError) for r in out[1:])
+
+
+def test_a_broken_or_erroring_document_is_an_error_not_a_short_history() -> None:
+    with pytest.raises(SlurmParseError, match="not JSON"):
+        streamed('{"jobs": [{"job_id": 1}, {"job_', 4096)
+    with pytest.raises(SlurmParseError, match="Slurm reported an error: boom"):
+        streamed('{"jobs": [], "errors": [{"description": "boom"}]}', 4096)
+    with pytest.raises(SlurmParseError, match="no 'jobs' list"):
+        streamed('{"meta": {}}', 4096)
+
+
+def test_an_export_whose_meta_follows_the_jobs_keeps_its_window(tmp_path: Path,
+                                                                  monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Slurm writes "meta" last; the window must hold even when it is not in the tail read."""
+    monkeypatch.setattr(acctstream, "TAIL", 64)
+    day = datetime.fromtimestamp(T0, UTC).replace(tzinfo=None)
+    inside = job(1, "NODE_FAIL", "c1", start=T0 + 60)
+    before = job(2, "NODE_FAIL", "c2", start=T0 - 7200)  # ended before the window began
+    doc = json.loads(sacct_export([inside, before]))
+    doc["jobs"] = doc["jobs"][:-1]
+    doc["meta"] = {"command": ["sacct", f"--starttime={day.isoformat()}",
+                               f"--endtime={(day + timedelta(days=1)).isoformat()}"],
+                   "pad": "x" * 200}
+    path = tmp_path / "day.json"
+    path.write_text(json.dumps(doc))
+    h = history.from_files([str(path)], [])
+    assert [b.node for b in h.attribution.blames] == ["c1"]
+
+
+class Reader:
+    """sacct that cannot answer for more than ``limit`` of accounting before its deadline."""
+
+    def __init__(self, jobs: list[AcctJob], limit: timedelta) -> None:
+        self.jobs, self.limit, self.calls = jobs, limit, []  # type: ignore[var-annotated]
+
+    def window(self, start: str, end: str):  # type: ignore[no-untyped-def]
+        self.calls.append((start, end))
+        lo, hi = (datetime.fromisoformat(t).replace(tzinfo=UTC) for t in (start, end))
+        yield from self.jobs[:1]  # some records arrive before the deadline passes
+        if hi - lo > self.limit:
+            raise CommandTimeoutError(["sacct"], 30)
+        yield from self.jobs[1:]
+
+
+class Events:
+    def events(self, start: str, end: str) -> list[object]:
+        return []
+
+
+def test_a_window_that_times_out_is_split_and_counted_once(caplog) -> None:  # type: ignore[no-untyped-def]
+    now = datetime.fromtimestamp(T0 + 86_400, UTC)
+    jobs = [job(1, "NODE_FAIL", "c1", start=T0 + 600), job(2, "COMPLETED", "c2", start=T0 + 900)]
+    r = Reader(jobs, timedelta(hours=6))
+    with caplog.at_level(logging.WARNING):
+        h = history.from_cluster(Events(), timedelta(days=1), now=now, reader=r)  # type: ignore[arg-type]
+    assert h.attribution.exposure["c1"].jobs == 1 and len(h.attribution.blames) == 1
+    assert h.attribution.exposure["c2"].jobs == 1
+    assert "two halves" in caplog.text
+    assert len(r.calls) == 1 + 2 + 4  # 24 h, 2 x 12 h, 4 x 6 h
+    with pytest.raises(history.HistoryError, match="command_timeout_s"):
+        history.from_cluster(Events(), timedelta(days=1), now=now,  # type: ignore[arg-type]
+                             reader=Reader(jobs, timedelta(minutes=1)))
+
+
+def test_progress_counts_real_days_and_stays_quiet_off_a_terminal(capsys) -> None:  # type: ignore[no-untyped-def]
+    now = datetime.fromtimestamp(T0 + 86_400, UTC)
+    seen: list[tuple[int, int]] = []
+    history.from_cluster(Events(), timedelta(days=1), now=now,  # type: ignore[arg-type]
+                         progress=lambda d, t: seen.append((d, t)),
+                         reader=Reader([], timedelta(days=2)))
+    assert seen == [(1, 1)]
+    t = [0.0]
+    show = progress("reading accounting, day", tty=False, clock=lambda: t[0])
+    for d in range(1, 31):
+        show(d, 30)
+    assert capsys.readouterr().err == ""  # a quick read: nothing in the log
+    t[0] = 45.0
+    show(12, 30)
+    err = capsys.readouterr().err
+    assert err == "reading accounting, day 12/30\n"  # a plain line, no carriage return
+
+
+def test_scan_without_lemons_says_so(tmp_path: Path) -> None:
+    export = tmp_path / "sacct.json"
+    export.write_text(sacct_export(fleet_history(set(), seed=4)))
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(export)], obj=Context())
+    assert res.exit_code == 0, res.output
+    assert "no lemons among 64 nodes (4001 jobs)" in res.stdout
+
+
+def test_scan_explains_each_node_and_labels_the_expected_column(tmp_path: Path) -> None:
+    export = tmp_path / "sacct.json"
+    export.write_text(sacct_export(fleet_history({"n7"}, seed=3)))
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--from", str(export)], obj=Context())
+    assert res.exit_code == 0, res.output
+    assert "FLEET x H" in res.stdout and "ATTRIB" in res.stdout
+    assert "node-hours" in res.stdout and "why: " in res.stdout
+    doc = json.loads(CliRunner().invoke(cli, ["lemon", "scan", "--from", str(export),
+                                              "--json"], obj=Context()).stdout)
+    [n7] = [n for n in doc["nodes"] if n["node"] == "n7"]
+    assert n7["explanation"] and n7["attributed"] > 0
+
+
+def test_lemon_list_follows_a_resumed_lemon(tmp_path: Path) -> None:
+    lst = tmp_path / "lemons.json"
+    listfile.write(str(lst), [listfile.LemonEntry("n7", "lemon, 9 of 40 jobs failed", 9, 40,
+                                                  1e-6, "drained")])
+    slurm = FakeSlurm({"n7": node("n7")})  # an operator resumed it after repair
+    ctx = Context(client_factory=lambda _: slurm)  # type: ignore[arg-type,return-value]
+    ctx._config = replace(Config(), lemon=replace(Config().lemon, list_file=str(lst)))
+    out = CliRunner().invoke(cli, ["lemon", "list"], obj=ctx)
+    assert out.exit_code == 0, out.output
+    assert "[drained]" not in out.stdout and "since resumed" in out.stdout
+    doc = json.loads(CliRunner().invoke(cli, ["lemon", "list", "--json"], obj=ctx).stdout)
+    assert doc["nodes"][0]["state"] == "in service"
+    # ... and the placement filter no longer keeps jobs off it.
+    assert suspects([slurm.table["n7"]], {"n7": "drained"}) == {}
+
+
+def test_mttf_on_little_history_says_the_data_is_insufficient() -> None:
+    jobs = [replace(job(1, "NODE_FAIL", "c1", hours=1.0), gpus=8),
+            replace(job(2, "COMPLETED", "c2", start=T0 + 3600, hours=1.0), gpus=8)]
+    rep = mttf.report(attribute(jobs), [], 8, 30.0, (16_384,))
+    assert rep.projections[0].from_history_h is None  # not "0.0 min"
+    assert "insufficient data" in rep.insufficient and "about" in rep.insufficient
+    assert "days" in rep.insufficient
