@@ -13,8 +13,9 @@ The fast path lets the job start when all of these hold (docs/health.md lists th
   CRITICAL or UNKNOWN;
 * the job is not a requeued one needing checkpoint stage-in, and tier 0's spool is already as
   the full prolog leaves it (a root-owned directory, mode 1777);
-* the kernel log has no record from the NVIDIA driver since shortly before the verdict (any
-  ``NVRM:`` or ``nvidia...`` kernel record, fatal or not: the full path judges it);
+* the kernel log has no record from the NVIDIA driver since shortly before the verdict (a
+  kernel record starting with one of the driver's own prefixes, ``NVRM: ``,
+  ``nvidia-nvswitchN: `` ..., fatal or not: the full path judges it);
 * with the fake GPU probe, its file has not changed since the verdict;
 * every configured mount is mounted and answers (and its canary reads), as in the full checks.
 The kernel-log and mount checks run in a child process that gets FAST_ANSWER_S (1 s, or the
@@ -229,8 +230,23 @@ def _scan(lines: list[bytes], since: float, boot: float) -> str:
     return ""
 
 
+# The driver's own record prefixes. Not just "nvidia": a user's crashing nvidia-smi reports
+# "nvidia-smi[1234]: segfault ..." and would send every job the full way.
+_DRIVER_PREFIXES = (b"NVRM: ", b"nvidia-modeset: ", b"nvidia-uvm: ", b"nvidia-nvlink: ",
+                    b"nvidia-drm: ", b"nvidia-peermem: ")
+_PCI_CHARS = frozenset(b"0123456789abcdefABCDEF:.")
+
+
 def _driver(msg: bytes) -> bool:
-    return msg.startswith((b"NVRM:", b"nvidia"))
+    if msg.startswith(_DRIVER_PREFIXES):
+        return True
+    if msg.startswith(b"nvidia-nvswitch"):  # "nvidia-nvswitch3: SXid ..."
+        num, sep, _ = msg[15:].partition(b": ")
+        return bool(sep) and num.isdigit() and len(num) <= 3
+    if msg.startswith(b"nvidia "):  # dev_printk: "nvidia 0000:3b:00.0: ..."
+        dev, sep, _ = msg[7:].partition(b": ")
+        return bool(sep) and dev.count(b":") == 2 and set(dev) <= _PCI_CHARS
+    return False
 
 
 def _show(text: bytes) -> str:

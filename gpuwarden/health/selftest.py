@@ -121,10 +121,17 @@ def _deadline(name: str, fn: Callable[[], Any], seconds: float) -> Any:
 
 def _kernel_log(cfg: Config) -> str:
     from gpuwarden.health.gather import read_kernel_log  # noqa: PLC0415
+    from gpuwarden.health.kernlogtrust import problem  # noqa: PLC0415
 
     text, _ = _deadline("kernel log", lambda: read_kernel_log(cfg.health.kernel_log),
                         cfg.health.check_timeout_s)
-    return f"{cfg.health.kernel_log}: {len(text.splitlines())} records read"
+    # A rendering a user can forge lines in, or one gpuwarden cannot read, fails the self-test.
+    why = problem(cfg.health.kernel_log, text)
+    if why:
+        raise GpuwardenError(why)
+    if not text.strip():
+        return f"{cfg.health.kernel_log}: empty, its rendering is checked once it has records"
+    return f"{cfg.health.kernel_log}: {text.count(chr(10)) + 1} lines read, rendering trusted"
 
 
 def _gpu(cfg: Config, node: str) -> str:
@@ -220,7 +227,8 @@ def run_all(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
         found.append(_step("prom dir", lambda: _writable(cfg.health.prom_dir, False),
                            f"make {cfg.health.prom_dir} a directory root can write"))
     found.append(_step("kernel log", lambda: _kernel_log(cfg),
-                       "run as root; set [health] kernel_log to /dev/kmsg or a readable file"))
+                       "run as root; set [health] kernel_log to /dev/kmsg (or a root-owned "
+                       "file written by `journalctl -k -o json`)"))
     found.append(_step("gpu probe", lambda: _gpu(cfg, node),
                        "check the driver (`nvidia-smi`), [health] gpu_probe and gpu_count"))
     if all(f.ok for f in found):

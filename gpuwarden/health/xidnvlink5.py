@@ -14,9 +14,13 @@ RESET = "RESET_GPU"
 IGNORE = "IGNORE"
 EVAL_154 = "XID_154_EVAL"  # the catalog: follow the Xid 154 that comes with it, else restart the app
 
+# Matched at the start of what follows "<code>," (the driver prints the unit first), every
+# piece bounded: linear in the line's length, and no text further on can pose as the unit.
 _LINE = re.compile(
-    r"(?P<unit>[A-Z][A-Z0-9_]*(?:/[A-Z][A-Z0-9_]*)?)\s+(?P<sev>Fatal|Non-?fatal)\b[^(\[]*"
-    r"[(\[](?P<regs>0x[0-9a-fA-F]{1,8}(?:[\s,]+0x[0-9a-fA-F]{1,8})*)\s*[)\]]", re.IGNORECASE)
+    r" {0,8}(?P<unit>[A-Z][A-Z0-9_]{0,63}(?:/[A-Z][A-Z0-9_]{0,63})?) {1,8}"
+    r"(?P<sev>Fatal|Non-?fatal)\b[^(\[]{0,200}"
+    r"[(\[](?P<regs>0x[0-9a-fA-F]{1,8}(?:[ ,]{1,4}0x[0-9a-fA-F]{1,8}){0,15}) {0,4}[)\]]",
+    re.IGNORECASE)
 
 # Newer drivers (R575+) renamed some units; the catalog lists both names as "old/new".
 _ALIASES = {
@@ -51,12 +55,12 @@ _LINK_DOWN_RESET = {0, 1, 2, 4, 10, 15, 16, 17, 18, 21, 22, 32, 33, 34, 35, 36, 
 
 def decode(xid: int, text: str) -> tuple[str, str]:
     """(catalog action, what) for one 144-150 line; "" when the line does not say."""
-    m = _LINE.search(text)
+    m = _LINE.match(text)
     if not m:
         return "", "NVLink5 error the driver printed without its registers"
     unit = m.group("unit").upper().split("/")[0]
     unit = _ALIASES.get(unit, unit)
-    regs = [int(r, 16) for r in re.split(r"[\s,]+", m.group("regs").strip())]
+    regs = [int(r, 16) for r in re.split(r"[ ,]+", m.group("regs").strip())]
     intr, status = regs[0], (regs[1] if len(regs) > 1 else None)
     fatal_word = RESET if m.group("sev").lower() == "fatal" else IGNORE
     what = f"NVLink5 {unit} {m.group('sev')} (intrInfo {intr:#010x}"

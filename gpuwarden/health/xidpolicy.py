@@ -38,6 +38,7 @@ class Rule:
     threshold: int  # occurrences within the window before the action applies
     what: str
     catalog: str = ""  # NVIDIA's immediate action ("" when the catalog gives none)
+    needs: str = ""  # what clears it, where SUFFIX[action] would not say it right
 
 
 BUCKET_ACTION: dict[str, Action] = {
@@ -87,12 +88,16 @@ def _rule(code: int) -> Rule:
 POLICY: dict[int, Rule] = {code: _rule(code) for code in CATALOG}
 UNKNOWN_RULE = Rule(Action.WARN, 1, "XID not in gpuwarden's policy table")
 
-_RST = re.compile(r"\b(D-RST|RST): *(Yes|No)\b", re.IGNORECASE)
-_RECOVERY = re.compile(r"recovery action changed from .*? to (0x[0-9a-fA-F]+) *\(([^)]*)\)")
-_RECOVERY_ACTION = {
-    "none": Action.IGNORE, "drain p2p": Action.WARN, "drain and reset": Action.RESET,
-    "gpu reset required": Action.RESET, "node reboot required": Action.REBOOT,
-}
+# The driver ends a 94/95 record with its own flags, after the process name (which a user
+# chooses): only flags at the very end are the driver's. Older drivers print none.
+_RST = re.compile(r"\bRST: *(Yes|No)(?:, *D-RST: *(Yes|No))?[ .]*\Z", re.IGNORECASE)
+# Anchored, bounded pieces: linear in the line's length whatever a line holds.
+_RECOVERY = re.compile(r" *GPU recovery action changed from 0x[0-9a-fA-F]{1,8} *\([^)]{0,64}\) "
+                       r"to (0x[0-9a-fA-F]{1,8})(?: *\(([^)]{0,64})\))?", re.IGNORECASE)
+# NVML's nvmlDeviceGpuRecoveryAction_t: the number decides, the words differ between drivers
+# ("Node Reboot Required", "OS Reboot", "PF FLR"). A code NVML does not list yet drains.
+_RECOVERY_ACTION = {0: Action.IGNORE, 1: Action.RESET, 2: Action.REBOOT, 3: Action.WARN,
+                    4: Action.RESET}
 
 
 def xid_rule(code: int, text: str) -> Rule:
@@ -108,19 +113,24 @@ def xid_rule(code: int, text: str) -> Rule:
 
 
 def _rule_94(text: str, base: Rule) -> Rule:
-    flags = {k.upper(): v.lower() == "yes" for k, v in _RST.findall(text)}
-    if flags.get("RST") or flags.get("D-RST"):
-        which = "RST" if flags.get("RST") else "D-RST"
+    m = _RST.search(text[-64:])  # the flags are the record's last few characters
+    if m is None:
+        return base
+    rst, drst = m.group(1).lower() == "yes", (m.group(2) or "").lower() == "yes"
+    if rst or drst:
+        which = "RST" if rst else "D-RST"
         return Rule(Action.RESET, 1, f"contained error, {which}: Yes", base.catalog)
     return base
 
 
 def _rule_154(text: str, base: Rule) -> Rule:
-    m = _RECOVERY.search(text)
+    m = _RECOVERY.match(text)
     if not m:
         return base
-    action = _RECOVERY_ACTION.get(m.group(2).strip().lower(), Action.WARN)
-    return Rule(action, 1, f"GPU recovery action: {m.group(2).strip()}", base.catalog)
+    code = int(m.group(1), 16)
+    action = _RECOVERY_ACTION.get(code, Action.RESET)
+    name = (m.group(2) or "").strip() or "not named"
+    return Rule(action, 1, f"GPU recovery action {code:#x} ({name})", base.catalog)
 
 
 def _rule_nvlink5(code: int, text: str, base: Rule) -> Rule:
@@ -140,7 +150,8 @@ def sxid_rule(code: int, severity: str) -> Rule:
     of the fabric reset; a non-fatal one is informational.
     """
     if severity.lower() == "fatal":
-        return Rule(Action.RESET, 1, "fatal NVSwitch error, needs GPU and NVSwitch reset", "fatal")
+        return Rule(Action.RESET, 1, "fatal NVSwitch error", "fatal",
+                    ", needs GPU and NVSwitch reset")
     if severity.lower() in ("non-fatal", "nonfatal"):
         return Rule(Action.IGNORE, 1, "non-fatal NVSwitch error", "non-fatal")
     return Rule(Action.WARN, 1, f"NVSwitch SXid {code} without its severity", "")
@@ -168,7 +179,9 @@ def _describe(code: int, rule: Rule) -> str:
     if code == 94:
         return "drain for reset when the line says RST: Yes or D-RST: Yes, else warn"
     if code == 154:
-        return "the recovery action it names: reset/drain-and-reset drain for reset, reboot for reboot"
+        return ("the recovery action code it names (NVML enum): 1 GPU reset and 4 drain and reset "
+                "drain for reset, 2 node reboot for reboot, 3 drain P2P warns, 0 clears, any "
+                "other nonzero drains for reset")
     if 144 <= code <= 150:
         return "NVLink5 decode: drain for reset where the decode says RESET_GPU"
     words = {Action.IGNORE: "ignore", Action.WARN: "warn", Action.DRAIN: "drain",

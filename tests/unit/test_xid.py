@@ -74,9 +74,17 @@ def test_garbage_is_unknown_not_a_drain() -> None:
     statuses = {r.status for r in results}
     assert Status.UNKNOWN in statuses
     unknown = next(r for r in results if r.status == Status.UNKNOWN)
-    assert "2 malformed line(s)" in unknown.message and "line 1" in unknown.message
+    assert "1 malformed line(s)" in unknown.message and "line 1" in unknown.message
     # a well-formed fatal XID next to the garbage still counts
     assert Status.CRITICAL in statuses
+
+
+def test_a_kernel_record_with_the_prefix_but_not_the_drivers_shape_is_counted_not_unknown() -> None:
+    # Any user can make such a record (a process name, an OOM report): never the verdict.
+    log = xid.parse_kmsg("3,1,5,-;NVRM: Xid (PCI:zz): abc", BOOT)
+    assert not log.malformed and log.unshaped == 1
+    (r,) = xid.evaluate(log, BUS, NOW, 3600)
+    assert r.status == Status.OK and "1 kernel record(s) with the driver's prefix" in r.message
 
 
 def test_other_kernel_messages_and_continuations_are_skipped() -> None:

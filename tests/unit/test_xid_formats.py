@@ -41,7 +41,26 @@ RENDERINGS = {
         f"{datetime.fromtimestamp(AT).astimezone().isoformat(timespec='seconds')} gpu01 kernel: {m}"),
     "journalctl -o json": lambda m: json.dumps(
         {"MESSAGE": m, "_TRANSPORT": "kernel", "__REALTIME_TIMESTAMP": str(int(AT * 1e6))}),
+    # Renderings the review found silently ignored or rejected as malformed.
+    "journalctl -o short-monotonic": lambda m: f"[{AT - BOOT:12.6f}] gpu01 kernel: {m}",
+    "journalctl -o short-precise": lambda m: f"{_local('%b %d %H:%M:%S')}.123456 gpu01 kernel: {m}",
+    "journalctl -o short-iso-precise": lambda m: (
+        f"{_local('%Y-%m-%dT%H:%M:%S')}.123456{_local('%z')} gpu01 kernel: {m}"),
+    "journalctl -o short-full": lambda m: f"{_local('%a %Y-%m-%d %H:%M:%S %Z')} gpu01 kernel: {m}",
+    "dmesg (CONFIG_PRINTK_CALLER)": lambda m: f"[{AT - BOOT:12.6f}] [ T1234] {m}",
+    "syslog imklog (CONFIG_PRINTK_CALLER)": lambda m: (
+        f"{_local('%b %e %H:%M:%S')} gpu01 kernel: [{AT - BOOT:.6f}][ T1234] {m}"),
+    "dmesg --time-format iso": lambda m: f"{_dmesg_iso()} {m}",
+    "dmesg -x --time-format iso": lambda m: f"kern  :err   : {_dmesg_iso()} {m}",
+    "dmesg -d": lambda m: f"[{AT - BOOT:12.6f} <    0.000123>] {m}",
+    "RFC 5424": lambda m: (
+        f"<3>1 {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(AT))}.000Z gpu01 kernel - - - {m}"),
 }
+
+
+def _dmesg_iso() -> str:
+    return datetime.fromtimestamp(AT).astimezone().isoformat(timespec="microseconds").replace(
+        ".", ",")
 
 FATAL_BUCKETS = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "WORKFLOW_XID_48",
                  "WORKFLOW_NVLINK_ERR", "CHECK_MECHANICALS"}
