@@ -9,9 +9,11 @@ from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
 
 
-def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None) -> list[Any]:
+def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
+          s3_key: bytes | None = None) -> list[Any]:
     """``owner``: the job's user, whom the filesystem tiers hold every file to (None: whoever
-    runs this; `fstier.ANY_JOB_USER` for root's commands)."""
+    runs this; `fstier.ANY_JOB_USER` for root's commands). ``s3_key``: the job's key, which
+    authenticates S3 manifests (None: S3 steps are refused, none written)."""
     out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank, owner)]
     if cfg.shared_root:
         out.append(FsTier("shared", cfg.shared_root, job, rank, owner))
@@ -19,5 +21,6 @@ def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None) -> lis
         from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
 
         out.append(S3Tier("s3", S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
-                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank))
+                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank,
+                          key=s3_key))
     return out

@@ -29,6 +29,7 @@ from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
 from gpuwarden.ckpt.restore import Restored, Tier, listed, restore
+from gpuwarden.ckpt.retention import readable, to_delete
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Checkpointer:
         self._pending: list[int] = []
         self._done: dict[str, set[int]] = {t.name: set() for t in (*self.replicas, *self.durable)}
         self._closed = False
+        self._refused: set[tuple[str, int]] = set()  # copies restore could not use: kept
         self._thread = threading.Thread(target=self._writeback, name="gpuwarden-ckpt",
                                         daemon=True)
         self._thread.start()
@@ -107,8 +109,9 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def restore(self, at_most: int | None = None) -> Restored | None:
-        """Read-only: see `restore.restore` for what it returns and raises."""
-        return restore(self.tiers(), at_most=at_most)
+        """Read-only: see `restore.restore` for what it returns and raises. The copies it
+        could not use are remembered: `forget_newer` leaves them in place."""
+        return restore(self.tiers(), at_most=at_most, refused=self._refused)
 
     def close(self, timeout: float | None = None) -> None:
         with self._cv:
@@ -197,23 +200,27 @@ class Checkpointer:
         if tier in self.durable and floor is None:
             return
         try:
-            for s in tier.steps()[:-self.keep]:
-                if s in protect or (floor is not None and s >= floor):
-                    continue
+            for s in to_delete(tier, self.keep, protect, floor)[0]:
                 tier.delete(s)
         except Exception as exc:
             log.warning("retention on %s failed (%s); retrying after the next save",
                         tier.name, exc)
 
     def forget_newer(self, step: int | None) -> None:
-        """After a restore of ``step``: delete this rank's steps newer than it on every tier
-        it writes, so that a step of an abandoned run (saved before a requeue, never held by
-        every rank) cannot be taken for this run's step of the same number, and publish what
-        is durable now (stale values from the abandoned run would move retention's floor)."""
+        """After a restore of ``step`` (None: a fresh start): delete this rank's steps newer
+        than it on every tier it writes, so that a step of an abandoned run (saved before a
+        requeue, never held by every rank) cannot be taken for this run's step of the same
+        number, and publish what is durable now (stale values from the abandoned run would
+        move retention's floor).
+
+        Only steps that read as this job's and rank's go: a copy restore refused, or whose
+        manifest is refused now, is left in place and logged (`retention`); another user's
+        step is never listed."""
         for tier in (self.tier0, *self.durable):
             try:
                 steps = tier.steps()
-                newer = [s for s in steps if step is None or s > step]
+                newer = readable(tier, [s for s in steps if step is None or s > step],
+                                 self._refused)[0]
                 for s in newer:
                     tier.delete(s)
                 if newer:

@@ -11,7 +11,8 @@ import click
 
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.fstier import ANY_JOB_USER, CorruptStep, FsTier, TierError
-from gpuwarden.ckpt.names import BadName
+from gpuwarden.ckpt.names import BadName, check_name
+from gpuwarden.ckpt.retention import to_delete
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.fleet.mttf import daly, human_hours, young
@@ -22,10 +23,28 @@ def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
     # everything below must be that user's; nothing is followed through a link, nor read
     # unless it is a regular file (fstier, safeio).
     owner = ANY_JOB_USER if os.geteuid() == 0 else None
+    cfg = obj.config_or_exit().ckpt
     try:
-        return tiers(obj.config_or_exit().ckpt, job, rank, owner)
+        return tiers(cfg, job, rank, owner, _s3_key(cfg, job, owner))
     except BadName as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _s3_key(cfg: Any, job: str, owner: int | None) -> bytes | None:
+    """The job's key from the shared tier, which authenticates its S3 steps; None (S3 steps
+    are then refused, and said so) when it cannot be read."""
+    if not (cfg.s3_bucket and cfg.shared_root):
+        return None
+    from gpuwarden.ckpt.peer import read_job_key  # noqa: PLC0415 - S3 only
+    from gpuwarden.ckpt.peerwire import PeerError  # noqa: PLC0415
+
+    check_name(job, "job")
+    try:
+        return read_job_key(cfg.shared_root, job,
+                            None if owner == ANY_JOB_USER else os.geteuid())
+    except PeerError as exc:
+        click.echo(f"s3       steps cannot be authenticated: {exc}")
+        return None
 
 
 @click.group("ckpt")
@@ -70,7 +89,7 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
     for t, steps in _listed(tiers_):
         for step in steps:
             try:
-                m, _ = t.load(step)
+                m = t.verify(step)  # streamed: bounded memory whatever the manifest says
                 click.echo(f"{t.name:<8} step {step}: ok ({len(m.shards)} shards, "
                            f"{m.total_bytes} bytes)")
             except (CorruptStep, TierError) as exc:
@@ -84,21 +103,23 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
 @_job_tiers
 @click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
 def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
-    """Apply retention (never a tier's newest step), drop crashed temp files and uploads."""
+    """Apply retention (never a tier's newest step), drop crashed temp files and uploads.
+    A step that cannot be read as the job's own is left in place and reported."""
     keep = keep if keep is not None else obj.config_or_exit().ckpt.keep
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1")
     for t in tiers_:
         try:
-            steps = t.steps()
-            for s in steps[:-keep]:
+            gone, unreadable = to_delete(t, keep)
+            for s in gone:
                 t.delete(s)
             extra = t.gc_temp() if isinstance(t, FsTier) else t.gc_uploads()
         except (TierError, GpuwardenError, OSError) as exc:
             click.echo(f"{t.name:<8} skipped: {exc}")
             continue
-        click.echo(f"{t.name:<8} kept {min(keep, len(steps))}, deleted "
-                   f"{max(0, len(steps) - keep)}, removed {extra} leftover(s)")
+        left = f", left unreadable step(s) {', '.join(map(str, unreadable))} in place" \
+            if unreadable else ""
+        click.echo(f"{t.name:<8} deleted {len(gone)}{left}, removed {extra} leftover(s)")
 
 
 @ckpt.command("interval")

@@ -28,9 +28,18 @@ import stat
 import time
 from collections.abc import Mapping
 
+import xxhash
+
 from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.codec import Buf, checksum
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, Shard, check_identity, from_json
+from gpuwarden.ckpt.manifest import (
+    VERSION,
+    Manifest,
+    ManifestError,
+    Shard,
+    check_identity,
+    from_json,
+)
 from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
 from gpuwarden.ckpt.safeio import Refused, closing
 from gpuwarden.errors import GpuwardenError
@@ -39,8 +48,16 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
 MAX_MANIFEST = 16 << 20
+REFUSED_PREFIX = ".refused."  # a refused entry moved aside for a new commit: never removed here
 ANY_JOB_USER = -1  # root's commands: the job directory's owner is the job's user
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# What to do about a job directory that is not the job's user's (job ids are sequential, spools
+# world-writable: another user can make job-N before job N starts).
+_SQUAT_HINT = (": another user made it before this job could (squatting its job id?); an admin "
+               "should move it aside (the gpuwarden prolog does so when it may create job "
+               "directories as root there; see docs/checkpointing.md, Security)")
 
 
 class TierError(GpuwardenError):
@@ -63,6 +80,13 @@ def check_shard(tier: str, step: int, shard: Shard,
         raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
 
 
+def check_writable(tier: str, manifest: Manifest) -> None:
+    """Legacy manifests are read, never written (a new step always gets a digest)."""
+    if manifest.version != VERSION:
+        raise TierError(f"{tier}: step {manifest.step} has a version-{manifest.version} "
+                        f"manifest: legacy manifests are read-only; save the state again")
+
+
 def _write_file(dir_fd: int, name: str, data: Buf) -> None:
     fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
     with closing(fd):
@@ -71,6 +95,10 @@ def _write_file(dir_fd: int, name: str, data: Buf) -> None:
             n = os.write(fd, view)
             view = view[n:]
         os.fsync(fd)
+
+
+def _same(held: Manifest, new: Manifest) -> bool:
+    return (held.shards, held.world_size, held.rank) == (new.shards, new.world_size, new.rank)
 
 
 def _why(exc: BaseException) -> str:
@@ -104,7 +132,13 @@ class FsTier:
                 spool = safeio.open_spool(self.root)
             owner = None if self.owner == ANY_JOB_USER else self.owner
             with closing(spool):
-                job_fd, st = self._child(spool, self.namespace, owner, create)
+                try:
+                    job_fd, st = self._child(spool, self.namespace, owner, create)
+                except Refused as exc:
+                    held = safeio.lstat_at(spool, self.namespace)
+                    if owner is None or held is None or held.st_uid == owner:
+                        raise
+                    raise Refused(f"{exc}{_SQUAT_HINT}") from None
             owner = st.st_uid if owner is None else owner
             with closing(job_fd):
                 rank_fd, _ = self._child(job_fd, self._rank_dir, owner, create)
@@ -152,6 +186,7 @@ class FsTier:
         if (manifest.job, manifest.rank) != (self.job, self.rank):
             raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
                             f"belong in {self.dir}")
+        check_writable(self.name, manifest)
         fd, owner = self._open(create=True)
         with closing(fd):
             self._commit_at(fd, owner, manifest, data)
@@ -162,11 +197,18 @@ class FsTier:
         stale = tmp = None
         try:
             if safeio.lstat_at(fd, final) is not None:
-                if self._same(fd, owner, manifest):
-                    return  # already committed here (a retry after a crash past the rename)
-                # A step of the same number from another run (a replica pushed before a
-                # requeue): replaced whole, never mixed.
-                stale = self._mkdtemp(fd, f".{final}.stale.")
+                try:
+                    # Every shard, not only the manifest: a damaged copy that restore refused
+                    # must not pass for "already committed" when the job saves it again.
+                    held = self._verify_at(fd, owner, manifest.step)
+                except CorruptStep as exc:
+                    self._set_aside(fd, final, exc)  # not ours to delete, or an operator's to mend
+                else:
+                    if _same(held, manifest) and held.version == manifest.version:
+                        return  # already committed here (a retry after a crash past the rename)
+                    # A step of the same number from another run (a replica pushed before a
+                    # requeue): replaced whole, never mixed.
+                    stale = self._mkdtemp(fd, f".{final}.stale.")
             tmp = self._mkdtemp(fd, f".{final}.")
             with closing(os.open(tmp, safeio.DIR_FLAGS, dir_fd=fd)) as tfd:
                 for shard in manifest.shards:
@@ -205,13 +247,14 @@ class FsTier:
             return name
         raise FileExistsError(errno.EEXIST, f"no free temp name {prefix}*")
 
-    def _same(self, fd: int, owner: int, manifest: Manifest) -> bool:
-        try:
-            held = self._read_at(fd, owner, manifest.step, shards=False)[0]
-        except CorruptStep:
-            return False
-        return (held.shards, held.world_size, held.rank) == (manifest.shards,
-                                                             manifest.world_size, manifest.rank)
+    def _set_aside(self, fd: int, final: str, why: CorruptStep) -> None:
+        """Rename a refused entry out of the way of a new commit, never deleting it: it may be
+        another user's, or damage an operator can still recover. Nothing lists or removes
+        ``.refused.*`` (the epilog's removal of a finished job's tier 0 aside)."""
+        aside = f"{REFUSED_PREFIX}{final}.{time.time_ns()}.{secrets.token_hex(3)}"
+        os.rename(final, aside, src_dir_fd=fd, dst_dir_fd=fd)
+        log.warning("%s: %s was refused (%s): moved aside to %s, not deleted", self.name,
+                    os.path.join(self.dir, final), why, aside)
 
     # ---- reading ---------------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -272,6 +315,38 @@ class FsTier:
                 out[shard.name] = data
             return m, out
 
+    def verify(self, step: int) -> Manifest:
+        """Check the step's manifest and every shard's checksum, streaming: memory stays
+        bounded whatever sizes the manifest declares (root's `ckpt verify`). CorruptStep names
+        the first bad shard."""
+        try:
+            fd, owner = self._open(create=False)
+        except FileNotFoundError:
+            raise CorruptStep(f"{self.name} step {step}: {self.dir} is not there") from None
+        with closing(fd):
+            return self._verify_at(fd, owner, step)
+
+    def _verify_at(self, fd: int, owner: int, step: int) -> Manifest:
+        where = os.path.join(self.dir, step_dir(step))
+        try:
+            sfd, _ = safeio.open_dir(fd, step_dir(step), owner, where)
+        except (Refused, OSError) as exc:
+            raise CorruptStep(f"{self.name} step {step}: {_why(exc)}") from None
+        with closing(sfd):
+            m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
+            for shard in m.shards:
+                digest = xxhash.xxh3_64()
+                try:
+                    safeio.stream_file(sfd, shard.name, owner, shard.size,
+                                       os.path.join(where, shard.name), digest.update)
+                except (Refused, OSError) as exc:
+                    raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
+                                      f"{_why(exc)}") from None
+                if digest.hexdigest() != shard.checksum:
+                    raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
+                                      "checksum mismatch")
+            return m
+
     def _manifest_at(self, sfd: int, owner: int, step: int, where: str) -> Manifest:
         try:
             text = safeio.read_file(sfd, MANIFEST, owner, MAX_MANIFEST, where).decode("utf-8")
@@ -302,21 +377,28 @@ class FsTier:
                             contextlib.suppress(FileNotFoundError):
                         os.unlink(MANIFEST, dir_fd=sfd)
                 safeio.remove_at(fd, name)
-            except OSError as exc:
+            except (OSError, Refused) as exc:
                 raise TierError(f"{self.name}: cannot delete step {step} ({_why(exc)})") from None
 
     def gc_temp(self, older_than_s: float = 3600.0, now: float | None = None) -> int:
-        """Remove temp directories of commits that crashed; returns how many."""
+        """Remove temp directories of commits that crashed; returns how many. Only the job's
+        user's own directories go: anything else under such a name (a link, a file, another
+        user's) is not ours to delete, and is logged and left."""
         now = time.time() if now is None else now
         try:
-            fd, _ = self._open(create=False)
+            fd, owner = self._open(create=False)
         except FileNotFoundError:
             return 0
         removed = 0
         with closing(fd):
             for n in os.listdir(fd):
                 st = safeio.lstat_at(fd, n) if n.startswith(".step-") else None
-                if st is not None and now - st.st_mtime > older_than_s:
-                    safeio.remove_at(fd, n)
-                    removed += 1
+                if st is None or now - st.st_mtime <= older_than_s:
+                    continue
+                if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
+                    log.warning("%s: leaving %s: not a directory of the job's user (uid %d)",
+                                self.name, os.path.join(self.dir, n), owner)
+                    continue
+                safeio.remove_at(fd, n)
+                removed += 1
         return removed

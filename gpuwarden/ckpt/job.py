@@ -119,9 +119,19 @@ class JobCheckpointer:
         storage = tiers(cfg, env.job, env.rank)
         tier0: FsTier = storage[0]
         shared = next((t for t in storage if t.name == "shared"), None)
+        if shared is not None:
+            shared.ensure_dir()
+        self._key: bytes | None = None
+        s3 = next((t for t in storage if t.name == "s3"), None)
+        if s3 is not None:
+            # S3 cannot tell owners apart: its manifests are authenticated with the job's key,
+            # which only the job's user can read on the shared tier.
+            if shared is None:
+                raise JobEnvError("[ckpt] s3_bucket needs [ckpt] shared_root: the job's key, "
+                                  "which authenticates its S3 steps, lives there")
+            s3.key = self._job_key(os.path.dirname(shared.dir))
         if coord is None:
             if shared is not None:
-                shared.ensure_dir()
                 coord = FileCoordinator(os.path.dirname(shared.dir), env.rank, env.world_size)
             elif env.world_size > 1:
                 raise JobEnvError("a job of several ranks needs [ckpt] shared_root: the ranks "
@@ -149,9 +159,14 @@ class JobCheckpointer:
         cfg = load(config_path).ckpt
         return cls(cfg, job_env(os.environ if environ is None else environ), stop=stop)
 
+    def _job_key(self, job_dir: str) -> bytes:
+        if self._key is None:
+            self._key = job_key(job_dir)
+        return self._key
+
     def _start_peers(self, job_dir: str, host: str | None) -> PeerTier:
         env, cfg = self.env, self.cfg
-        key = job_key(job_dir)
+        key = self._job_key(job_dir)
         self.server = PeerServer(key, env.job, cfg.memory_root, keep=cfg.keep,
                                  port=cfg.peer_port)
         me = {"host": host or socket.gethostname(), "port": self.server.port, "node": env.node}

@@ -20,11 +20,13 @@ problem is logged and the job goes on (the job then refuses an unfit directory i
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from typing import TYPE_CHECKING, Protocol
 
 from gpuwarden.ckpt import safeio
@@ -76,44 +78,114 @@ def _fit(st: os.stat_result, uid: int) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
 
 
-def claim(spool: int, name: str, uid: int, gid: int, where: str) -> str:
-    """Make ``name`` in the spool the job user's private directory; what was done."""
-    for _ in range(3):
-        st = safeio.lstat_at(spool, name)
-        if st is not None and _fit(st, uid):
-            return "kept"
-        if st is not None:
-            aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
-            os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
-            log.warning("checkpoint tier 0: %s/%s belonged to uid %d (mode %o), not to the job's "
-                        "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
-                        uid, aside)
+CLAIM_S = 5.0  # how long the prolog keeps looking again while a squatter races it
+
+
+def claim(spool: int, name: str, uid: int, gid: int, where: str,
+          deadline_s: float = CLAIM_S) -> str:
+    """Make ``name`` in the spool the job user's private directory; what was done. A squatter
+    racing it (making and removing entries under that name) only makes it look again, until
+    ``deadline_s``; JobDirError then."""
+    end = time.monotonic() + deadline_s
+    while True:
         try:
-            os.mkdir(name, 0o700, dir_fd=spool)
-        except FileExistsError:
-            continue  # someone was quicker: look again
-        # The entry is root's until the chown, in a sticky spool: nobody else can swap it.
-        with closing(os.open(name, safeio.DIR_FLAGS, dir_fd=spool)) as fd:
+            return _claim_once(spool, name, uid, gid, where)
+        except (FileNotFoundError, FileExistsError):
+            pass  # what was there changed under us: look again
+        except safeio.Refused:
+            pass  # swapped for a link or a file between mkdir and open: look again
+        if time.monotonic() > end:
+            raise JobDirError(f"{where}/{name}: still taken or changing after {deadline_s:g} s "
+                              "of moving it aside")
+
+
+def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
+    st = safeio.lstat_at(spool, name)
+    if st is not None and _fit(st, uid):
+        return "kept"
+    if st is not None:
+        aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
+        os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
+        log.warning("checkpoint tier 0: %s/%s belonged to uid %d (mode %o), not to the job's "
+                    "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
+                    uid, aside)
+    os.mkdir(name, 0o700, dir_fd=spool)
+    # The entry is root's until the chown, in a sticky spool: nobody else can swap it.
+    fd, st = safeio.open_dir(spool, name, None, f"{where}/{name}")
+    with closing(fd):
+        if st.st_uid != os.geteuid():
+            if stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(fd):
+                # An NFS server that squashes root made it "nobody's": take it back and say so.
+                with suppress(OSError):
+                    os.rmdir(name, dir_fd=spool)
+                raise JobDirError(f"{where}/{name}: made by root but owned by uid {st.st_uid} "
+                                  "(root squashed?): cannot make it the job user's")
+            raise FileExistsError(errno.EEXIST, "not the directory just made")
+        try:
             os.fchown(fd, uid, gid)
-            os.fchmod(fd, 0o700)
-        return "created"
-    raise JobDirError(f"{where}/{name}: still taken after moving it aside 3 times")
+        except PermissionError:
+            with suppress(OSError):
+                os.rmdir(name, dir_fd=spool)
+            raise JobDirError(f"{where}/{name}: root may not chown here (root squashed?): "
+                              "cannot make it the job user's") from None
+        os.fchmod(fd, 0o700)
+    return "created"
 
 
 def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:
+    """Both of the job's directories: a failure with one does not stop the other."""
+    problems = []
     with closing(safeio.ensure_spool(memory_root)) as spool:
         for name in names(job_id):
-            done = claim(spool, name, uid, gid, memory_root)
+            try:
+                done = claim(spool, name, uid, gid, memory_root)
+            except (GpuwardenError, OSError) as exc:
+                problems.append(f"{name}: {exc}")
+                continue
             log.info("checkpoint tier 0: %s/%s %s for uid %d", memory_root, name, done, uid)
+    if problems:
+        raise JobDirError("; ".join(problems))
+
+
+SHARED_S = 10.0  # the shared filesystem may hang: the prolog gives up on it after this
+
+
+def prepare_shared(shared_root: str, job_id: str, uid: int, gid: int = -1) -> str:
+    """The job's directory on the shared tier, made by root before the job (where root may
+    chown there): a squatter's ``job-N`` (job ids are sequential, the spool world-writable) is
+    moved aside, as on tier 0. The spool must already exist (an admin's, root's, 1777)."""
+    name = names(job_id)[0]
+    with closing(safeio.open_spool(shared_root)) as spool:
+        return claim(spool, name, uid, gid, shared_root)
 
 
 def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
-    """The prolog's hook (root, before the job): the job's tier-0 directories. Never raises."""
+    """The prolog's hook (root, before the job): the job's tier-0 directories and its
+    directory on the shared tier. Never raises."""
     try:
         job_id, uid, gid = _ids(environ)
+        if config.ckpt.shared_root:
+            _shared_in_child(config.ckpt.shared_root, job_id, uid, gid)
         prepare(config.ckpt.memory_root, job_id, uid, gid)
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint tier 0 for job %s: %s", environ.get("SLURM_JOB_ID", "?")[:20], exc)
+    except Exception:  # a prolog that raises drains the node: log, never raise
+        log.exception("checkpoint tier 0 for job %s: unexpected error",
+                      environ.get("SLURM_JOB_ID", "?")[:20])
+
+
+def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> None:
+    """`prepare_shared` in a child killed at `SHARED_S`: a hung filesystem must not hold the
+    prolog into PrologEpilogTimeout (which drains the node). Logged, never raised."""
+    from gpuwarden.ckpt import childcall  # noqa: PLC0415 - light, prolog only
+
+    try:
+        done = childcall.call(lambda: prepare_shared(shared_root, job_id, uid, gid), SHARED_S)
+        log.info("checkpoint shared tier: %s/job-%s %s for uid %d", shared_root, job_id, done,
+                 uid)
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint shared tier for job %s: %s (the job checks its directory itself)",
+                  job_id, exc)
 
 
 def will_run_again(job: Job) -> bool | None:
@@ -129,7 +201,8 @@ def will_run_again(job: Job) -> bool | None:
 
 def remove(memory_root: str, job_id: str, keep_dirs: bool) -> list[str]:
     """Remove the job's squatted entries and, unless ``keep_dirs``, its directories; what was
-    removed."""
+    removed. One entry that cannot be removed (too big, an I/O error) is logged and the others
+    still go."""
     try:
         spool = safeio.open_spool(memory_root)
     except FileNotFoundError:
@@ -137,10 +210,17 @@ def remove(memory_root: str, job_id: str, keep_dirs: bool) -> list[str]:
     gone = []
     with closing(spool):
         mine = names(job_id)
-        for n in os.listdir(spool):
+        # The job's own directories first: what a squatter planted must never hold them up.
+        for n in sorted(os.listdir(spool), key=lambda n: n not in mine):
             squatted = n.startswith(SQUATTED) and n[len(SQUATTED):].rsplit(".", 2)[0] in mine
-            if (squatted or (n in mine and not keep_dirs)) and safeio.remove_at(spool, n):
-                gone.append(n)
+            if not (squatted or (n in mine and not keep_dirs)):
+                continue
+            try:
+                if safeio.remove_at(spool, n):
+                    gone.append(n)
+            except Exception as exc:  # one bad entry must not keep the others
+                log.error("checkpoint tier 0: cannot remove %s/%s (%s: %s): left in place",
+                          memory_root, n, type(exc).__name__, exc)
     return gone
 
 
@@ -162,6 +242,9 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint tier 0 cleanup for job %s: %s",
                   environ.get("SLURM_JOB_ID", "?")[:20], exc)
+    except Exception:  # an epilog that raises drains the node: log, never raise
+        log.exception("checkpoint tier 0 cleanup for job %s: unexpected error",
+                      environ.get("SLURM_JOB_ID", "?")[:20])
 
 
 def _will_run_again(config: Config, job_id: int, client: JobSource | None) -> bool | None:

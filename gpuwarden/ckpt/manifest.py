@@ -1,4 +1,5 @@
-"""A step's manifest: written last, it is what makes a step visible. Pure.
+"""A step's manifest: written last, it is what makes a step visible. Pure, but for one warning
+for each legacy manifest read.
 
 It decides how the shards' bytes are read back, so it is verified as strictly as they are:
 
@@ -13,12 +14,17 @@ It decides how the shards' bytes are read back, so it is verified as strictly as
 A manifest that is not exactly what `to_json` writes is an error naming the file and the field,
 and the step is treated as absent. Whether a manifest belongs where it was found (job, rank,
 step) is `check_identity`'s question.
+
+Version 1 (the previous release's, without ``digest``) is read, never written: a job
+checkpointed before an upgrade must restore after it. It is held to every rule above but the
+digest (it had every other field, always written), and each one read is logged as legacy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +33,10 @@ from gpuwarden.ckpt.dtypes import DtypeError, parse
 from gpuwarden.ckpt.names import BadName, check_name, check_step
 from gpuwarden.errors import GpuwardenError
 
+log = logging.getLogger(__name__)
+
 VERSION = 2
+LEGACY = 1  # read-only: the previous release's manifests, without a digest
 ALGO = "xxh3_64"
 KINDS = ("bytes", "ndarray")
 _TOP = ("algo", "created_at", "job", "metadata", "rank", "shards", "step", "version",
@@ -67,6 +76,8 @@ class Manifest:
         return sum(s.size for s in self.shards)
 
     def to_json(self) -> str:
+        if self.version == LEGACY:  # as the previous release wrote it (a peer serves it so)
+            return json.dumps(asdict(self), sort_keys=True, indent=1) + "\n"
         return json.dumps(seal(asdict(self)), sort_keys=True, indent=1) + "\n"
 
 
@@ -141,15 +152,20 @@ def from_json(text: str, source: str) -> Manifest:
     except RecursionError:
         raise ManifestError(f"{source}: not a manifest (nested too deeply)") from None
     _need(isinstance(doc, dict), source, "manifest", "a JSON object")
-    _need(doc.get("version") == VERSION, source, "version",
-          f"{VERSION} (an older gpuwarden's manifest, or not a manifest)")
+    version = doc.get("version")
+    _need(_int(version) and version in (VERSION, LEGACY), source, "version",
+          f"{VERSION}, or {LEGACY} (legacy, read-only)")
     body = {k: v for k, v in doc.items() if k != "digest"}
-    try:
-        ok = doc.get("digest") == digest_of(body)
-    except (ValueError, TypeError):  # NaN or infinity: never written by to_json
-        ok = False
-    _need(ok, source, "digest", "sha256 of the manifest's other fields: it was changed or "
-          "damaged after it was written")
+    if version == LEGACY:
+        # Nobody ever wrote a version-1 manifest with a digest: one is a forgery or damage.
+        _need("digest" not in doc, source, "version", f"{VERSION} for a manifest with a digest")
+    else:
+        try:
+            ok = doc.get("digest") == digest_of(body)
+        except (ValueError, TypeError):  # NaN or infinity: never written by to_json
+            ok = False
+        _need(ok, source, "digest", "sha256 of the manifest's other fields: it was changed or "
+              "damaged after it was written")
     _keys(body, _TOP, source, "")
     _need(body["algo"] == ALGO, source, "algo", ALGO)
     try:
@@ -171,7 +187,26 @@ def from_json(text: str, source: str) -> Manifest:
     _need(isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str)
                                          for k, v in meta.items()), source, "metadata",
           "an object of strings")
-    return Manifest(job, step, ws, rank, parsed, float(created), dict(meta))
+    if version == LEGACY and _first_legacy(source, job, rank, step):
+        log.warning("%s: a legacy version-%d manifest (no digest) of %s rank %d step %d: "
+                    "read-only, checked field by field and by its shards' checksums", source,
+                    LEGACY, job, rank, step)
+    return Manifest(job, step, ws, rank, parsed, float(created), dict(meta), ALGO, version)
+
+
+_LEGACY_SEEN: set[tuple[str, str, int, int]] = set()
+_LEGACY_SEEN_MAX = 100_000  # bounded: a long job reading many legacy steps
+
+
+def _first_legacy(source: str, job: str, rank: int, step: int) -> bool:
+    """True the first time this process reads this legacy manifest: warned once, not at every
+    read (restore, retention and listing each read it)."""
+    seen = (source, job, rank, step)
+    if seen in _LEGACY_SEEN:
+        return False
+    if len(_LEGACY_SEEN) < _LEGACY_SEEN_MAX:
+        _LEGACY_SEEN.add(seen)
+    return True
 
 
 def check_identity(m: Manifest, job: str, rank: int, step: int, source: str) -> None:

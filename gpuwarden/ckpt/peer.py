@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.ckpt import retention
+from gpuwarden.ckpt import retention, safeio
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
@@ -97,6 +97,20 @@ def job_key(job_dir: str) -> bytes:
         os.close(fd)
     if len(key) != 32:
         raise PeerError(f"{path}: {len(key)} bytes, expected a 32-byte key")
+    return key
+
+
+def read_job_key(shared_root: str, job: str, owner: int | None) -> bytes:
+    """An existing job's key, read (never created) by descriptor from the shared tier: for
+    root's commands (``owner`` None: the job directory's owner) and anyone else's reads.
+    PeerError when it is not there or not the job user's private 32-byte file."""
+    where = os.path.join(shared_root, job, KEY_FILE)
+    try:
+        with safeio.closing(safeio.walk(shared_root, [job], owner)) as fd:
+            uid = os.fstat(fd).st_uid if owner is None else owner
+            key = bytes(safeio.read_file(fd, KEY_FILE, uid, 32, where, exact=True))
+    except (safeio.Refused, OSError) as exc:
+        raise PeerError(f"{where}: cannot read the job's key ({exc})") from None
     return key
 
 

@@ -79,7 +79,10 @@ def _copy(t: Tier, step: int) -> tuple[Manifest, dict[str, Any]]:
     return manifest, {s.name: decode(s, data[s.name]) for s in manifest.shards}
 
 
-def restore(tiers: Sequence[Tier], at_most: int | None = None) -> Restored | None:
+def restore(tiers: Sequence[Tier], at_most: int | None = None,
+            refused: set[tuple[str, int]] | None = None) -> Restored | None:
+    """See the module's contract. ``refused`` collects (tier, step) of every copy that could
+    not be used, so that a cleanup after this restore leaves them in place."""
     held, failed = listed(tiers)
     skipped = [f"not listed: {why}" for why in failed]
     steps = sorted({s for h in held.values() for s in h if at_most is None or s <= at_most},
@@ -95,6 +98,8 @@ def restore(tiers: Sequence[Tier], at_most: int | None = None) -> Restored | Non
                     f"{t.name} step {step}: {type(exc).__name__}: {str(exc)[:200]}"
                 log.warning("%s; trying the next copy", why)
                 skipped.append(why)
+                if refused is not None:
+                    refused.add((t.name, step))
                 continue
             if skipped:
                 log.warning("restored step %d from %s after skipping: %s", step, t.name,

@@ -6,11 +6,20 @@ exists, so an upload killed at any point leaves no step behind. Nothing read bac
 before its checksum matches the manifest. Leftover multipart uploads of crashed writers are
 aborted by `gc`.
 
-Keys: <prefix>/<job>/rank-NNNNN/step-NNNNNNNNNNNN/<shard> and .../MANIFEST.json.
+Keys: <prefix>/<job>/rank-NNNNN/step-NNNNNNNNNNNN/<shard>, .../MANIFEST.mac, .../MANIFEST.json.
+
+A bucket and prefix are site-wide and nodes' credentials (an instance role) are shared by every
+user's jobs, so S3 cannot tell who wrote an object, and a manifest's digest proves nothing: anyone
+can compute one. So every manifest is authenticated: ``MANIFEST.mac`` holds HMAC-SHA256 of the
+manifest's bytes under the job's key (the per-job key in a 0600 file in the job's private
+directory on the shared filesystem, `peer.job_key`), uploaded before the manifest. A step whose
+MAC is missing or wrong, or read without the key, is refused (CorruptStep) and restore walks on.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import logging
 import time
@@ -19,17 +28,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+import xxhash
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuwarden.ckpt.codec import Buf
-from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard
+from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard, check_writable
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
 
 log = logging.getLogger(__name__)
+
+MAC = "MANIFEST.mac"
+_MAC_LABEL = b"gpuwarden-s3-manifest\0"
+
+
+def manifest_mac(key: bytes, raw: bytes) -> str:
+    """The MAC of a manifest's bytes under the job's key (hex)."""
+    return hmac.new(key, _MAC_LABEL + raw, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,9 @@ def client(settings: S3Settings) -> Any:
 
 class S3Tier:
     def __init__(self, name: str, settings: S3Settings, job: str, rank: int = 0,
-                 s3: Any = None) -> None:
+                 s3: Any = None, key: bytes | None = None) -> None:
         self.name = name
+        self.key = key  # the job's key; None: nothing can be written, nothing is trusted
         self.s = settings
         check_name(settings.prefix, "S3 prefix")
         self.job, self.rank = check_name(job, "job"), int(rank)
@@ -74,6 +93,11 @@ class S3Tier:
         if (manifest.job, manifest.rank) != (self.job, self.rank):
             raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
                             f"belong under s3://{self.s.bucket}/{self.base}")
+        check_writable(self.name, manifest)
+        if self.key is None:
+            raise TierError(f"{self.name}: no job key to authenticate step {manifest.step} "
+                            "with (it lives on the shared tier: set [ckpt] shared_root)")
+        raw = manifest.to_json().encode()
         if progress is None:
             progress = Progress(f"{self.name}: uploading step {manifest.step}",
                                 manifest.total_bytes)
@@ -82,8 +106,10 @@ class S3Tier:
                 body = io.BytesIO(memoryview(data[shard.name]).cast("B"))
                 self.s3.upload_fileobj(body, self.s.bucket, self._key(manifest.step, shard.name),
                                        Config=self._transfer, Callback=progress)
+            self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MAC),
+                               Body=manifest_mac(self.key, raw).encode())
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MANIFEST),
-                               Body=manifest.to_json().encode())
+                               Body=raw)
         except (BotoCoreError, ClientError) as exc:
             raise TierError(f"{self.name}: cannot upload step {manifest.step} to "
                             f"s3://{self.s.bucket}/{self.base} ({exc})") from None
@@ -127,14 +153,49 @@ class S3Tier:
             raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
         return buf if pos == size else buf[:pos]
 
-    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
+    def manifest(self, step: int) -> Manifest:
+        """The step's manifest, authenticated with the job's key, verified and used only where
+        it was found; CorruptStep if not."""
         key = self._key(step, MANIFEST)
         source = f"s3://{self.s.bucket}/{key}"
+        if self.key is None:
+            raise CorruptStep(f"{self.name} step {step}: {source}: no job key to authenticate "
+                              "it with (S3 cannot tell who wrote it): refused")
+        raw = bytes(self._get(key, 16 << 20))
+        mac = bytes(self._get(self._key(step, MAC), 64))
+        if not hmac.compare_digest(mac, manifest_mac(self.key, raw).encode()):
+            raise CorruptStep(f"{self.name} step {step}: {source}: not authenticated with this "
+                              "job's key (written by someone else, or damaged): refused")
         try:
-            m = from_json(bytes(self._get(key, 16 << 20)).decode("utf-8", "replace"), source)
+            m = from_json(raw.decode("utf-8", "replace"), source)
             check_identity(m, self.job, self.rank, step, source)
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
+        return m
+
+    def verify(self, step: int) -> Manifest:
+        """The manifest and every shard's checksum, streamed: memory stays bounded whatever
+        the manifest declares (root's `ckpt verify`)."""
+        m = self.manifest(step)
+        for shard in m.shards:
+            key = self._key(step, shard.name)
+            digest, size = xxhash.xxh3_64(), 0
+            try:
+                body = self.s3.get_object(Bucket=self.s.bucket, Key=key)["Body"]
+                while chunk := body.read(8 << 20):
+                    size += len(chunk)
+                    if size > shard.size:
+                        break
+                    digest.update(chunk)
+            except (BotoCoreError, ClientError) as exc:
+                raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
+            if size != shard.size or digest.hexdigest() != shard.checksum:
+                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: checksum "
+                                  "mismatch")
+        return m
+
+    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
+        m = self.manifest(step)
         out: dict[str, Buf] = {}
         progress = Progress(f"{self.name}: downloading step {step}", m.total_bytes)
         for shard in m.shards:

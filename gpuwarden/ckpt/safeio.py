@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
+import secrets
 import stat
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 
 from gpuwarden.errors import GpuwardenError
@@ -91,6 +92,9 @@ def open_dir(parent: int, name: str, owner: int | None, where: str) -> tuple[int
     except OSError as exc:
         if exc.errno in _LINKISH:
             raise Refused(f"{where} is not a directory (a link?)") from None
+        st = lstat_at(parent, name) if exc.errno == errno.EACCES else None
+        if st is not None:  # say whose it is, not only "Permission denied"
+            check_dir(where, st, owner)
         raise
     try:
         st = os.fstat(fd)
@@ -154,6 +158,41 @@ def read_file(parent: int, name: str, owner: int | None, limit: int, where: str,
         return buf
 
 
+CHUNK = 1 << 20  # what a streamed read holds in memory at once
+
+
+def stream_file(parent: int, name: str, owner: int | None, size: int, where: str,
+                sink: Callable[[memoryview], None]) -> None:
+    """Feed the regular file ``name`` of exactly ``size`` bytes to ``sink`` in chunks of at
+    most `CHUNK`, checked as `read_file` checks before a byte is read. Memory stays bounded
+    whatever size a (user's) manifest declares: root's verify never allocates it."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
+            raise Refused(f"{where}: not a regular file (a link?)") from None
+        raise
+    with closing(fd):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"{where}: not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise Refused(f"{where} belongs to uid {st.st_uid}, not to the job's user "
+                          f"(uid {owner})")
+        if st.st_size != size:
+            raise Refused(f"{where}: {st.st_size} bytes, expected {size}")
+        buf = bytearray(min(size, CHUNK))
+        view, left = memoryview(buf), size
+        while left:
+            n = os.readv(fd, [view[:min(left, len(buf))]])
+            if n == 0:
+                raise Refused(f"{where}: shorter than expected (changed while read)")
+            sink(view[:n])
+            left -= n
+        if os.read(fd, 1):
+            raise Refused(f"{where}: longer than expected (changed while read)")
+
+
 def lstat_at(parent: int, name: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -161,19 +200,128 @@ def lstat_at(parent: int, name: str) -> os.stat_result | None:
         return None
 
 
-def remove_at(parent: int, name: str) -> bool:
+# Bounds on one removal (root's epilog and gc): a user can make a tree as deep or as wide as
+# they like, and root must neither recurse (RecursionError), run out of descriptors, nor spin
+# past the epilog's time limit on it.
+MAX_OPEN = 32  # directory descriptors held at once while descending
+MAX_ENTRIES = 1_000_000  # entries removed by one call
+REMOVE_S = 60.0  # seconds one call may take
+
+
+def remove_at(parent: int, name: str, max_entries: int = MAX_ENTRIES,
+              deadline_s: float = REMOVE_S) -> bool:
     """Remove the entry ``name`` of ``parent`` and, if it is a directory, everything in it;
-    a link is removed, never followed. False when it was not there."""
+    a link is removed, never followed. False when it was not there.
+
+    Iterative and descriptor-based: no recursion, at most `MAX_OPEN` descriptors (a deeper
+    subtree is renamed up into the top directory being removed, never out of it), and at most
+    ``max_entries`` entries or ``deadline_s`` seconds; past either it raises Refused naming
+    what was left."""
     st = lstat_at(parent, name)
     if st is None:
         return False
-    if stat.S_ISDIR(st.st_mode):
-        if not shutil.rmtree.avoids_symlink_attacks:  # pragma: no cover - Linux has it
-            raise Refused(f"{name}: this platform cannot remove a tree without following links")
-        shutil.rmtree(name, dir_fd=parent)  # fd-based on Linux: never follows links
-    else:
+    if not stat.S_ISDIR(st.st_mode):
         try:
             os.unlink(name, dir_fd=parent)
         except FileNotFoundError:
             return False
+        return True
+    try:
+        top = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _LINKISH:
+            raise
+        # Swapped for a link or file since the lstat: remove the entry itself, never follow it.
+        with suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=parent)
+        return True
+    with closing(top):
+        _empty_tree(top, name, max_entries, time.monotonic() + deadline_s)
+    with suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=parent)
     return True
+
+
+def _empty_tree(top: int, shown: str, max_entries: int, deadline: float) -> None:
+    """Remove everything below the directory ``top``. A stack of (descriptor, name in its
+    parent, names still to look at); the top's descriptor is owned by the caller."""
+    stack: list[tuple[int, str, list[str]]] = [(top, "", os.listdir(top))]
+    done = 0
+    try:
+        while stack:
+            fd, _, todo = stack[-1]
+            if not todo:
+                todo.extend(os.listdir(fd))  # anything added meanwhile (or hoisted up)
+                if todo:
+                    continue
+                if len(stack) == 1:
+                    return
+                _, here, _ = stack.pop()
+                os.close(fd)
+                with suppress(FileNotFoundError):
+                    os.rmdir(here, dir_fd=stack[-1][0])
+                continue
+            done += 1
+            if done > max_entries or time.monotonic() > deadline:
+                raise Refused(f"{shown}: more than {min(done, max_entries)} entries or "
+                              "too long to remove: the rest is left in place")
+            name = todo.pop()
+            child = _remove_entry(fd, name, top, len(stack) >= MAX_OPEN)
+            if child is not None:
+                stack.append((child, name, os.listdir(child)))
+    finally:
+        for fd, _, _ in stack[1:]:
+            os.close(fd)
+
+
+def _remove_entry(fd: int, name: str, top: int, too_deep: bool) -> int | None:
+    """Remove ``name`` of ``fd`` if it is a file, a link or an empty directory; a descriptor
+    of it when it is a directory with something in it (to descend into), else None."""
+    st = lstat_at(fd, name)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        with suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=fd)
+    elif st is not None and not _rmdir_if_empty(fd, name):
+        if too_deep:
+            # Too deep to hold every level open: move the subtree up into the top directory
+            # (still inside what is being removed); the top lists itself again later.
+            _hoist(fd, name, top)
+            return None
+        try:
+            return os.open(name, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _LINKISH:
+                raise
+            with suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)  # swapped for a link meanwhile: the link goes
+    return None
+
+
+def _rmdir_if_empty(fd: int, name: str) -> bool:
+    """True when ``name`` is gone (removed, or not there); False when it holds something."""
+    try:
+        os.rmdir(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        return False
+    return True
+
+
+def _hoist(fd: int, name: str, top: int) -> None:
+    for _ in range(100):
+        try:
+            os.rename(name, f".gw-rm.{secrets.token_hex(8)}", src_dir_fd=fd, dst_dir_fd=top)
+            return
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:  # a non-empty directory of that name: try another
+                raise
+    raise Refused(f"no free name to move {name} up while removing it")

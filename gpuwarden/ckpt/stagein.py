@@ -240,17 +240,30 @@ def run_as(work: Callable[[], int], req: Request) -> int | None:
     """Fork, become the job's user in the child, run ``work`` there; kill it at the budget."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured in the child, which leaves through os._exit
+        # A copier stuck in a hung filesystem must not hold the hook's stdout/stderr.
+        from gpuwarden.health.stdio import quiet_stdio  # noqa: PLC0415
+
+        with contextlib.suppress(OSError):
+            quiet_stdio()
         _child(work, req)
     deadline = time.monotonic() + req.budget_s
     pause = 0.01
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+    except BaseException:
+        # The prolog's watchdog (or any error) ends the wait: the copier it started goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        raise
     # A killed commit leaves only its temp directory, which no reader sees as a step.
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)

@@ -6,6 +6,7 @@ Usage: ckpt_s3_probe.py JOB MODE   MODE: roundtrip | kill-upload | kill-manifest
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -37,7 +38,10 @@ def tiers(job: str) -> tuple[FsTier, S3Tier]:
     settings = S3Settings(bucket=os.environ["GPUWARDEN_S3_BUCKET"],
                           endpoint_url=os.environ["GPUWARDEN_S3_ENDPOINT"], part_size=8 << 20,
                           concurrency=4)
-    return FsTier("shm", "/dev/shm/gpuwarden-ckpt", job), S3Tier("s3", settings, job)
+    # S3 manifests are authenticated with the job's key; this probe's runs (separate processes)
+    # share one derived from the job name: a test key, not a secret.
+    key = hashlib.sha256(f"ckpt-s3-probe:{job}".encode()).digest()
+    return FsTier("shm", "/dev/shm/gpuwarden-ckpt", job), S3Tier("s3", settings, job, key=key)
 
 
 def commit(t: FsTier | S3Tier, step: int, **kw: object) -> None:

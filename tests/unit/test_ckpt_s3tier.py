@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from botocore.exceptions import ClientError
 
 from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.fstier import CorruptStep
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import S3Settings, S3Tier
+
+KEY = b"k" * 32  # the job's key (on a cluster: peer.key in the job's shared directory)
 
 
 class FakeS3:
@@ -33,6 +36,8 @@ class FakeS3:
         self.objects[Key] = Body
 
     def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        if Key not in self.objects:  # as boto3 says it
+            raise ClientError({"Error": {"Code": "NoSuchKey", "Message": Key}}, "GetObject")
         data = self.objects[Key]
         return {"ContentLength": len(data), "Body": io.BytesIO(data)}
 
@@ -48,7 +53,7 @@ class FakeS3:
 
 def test_a_large_step_downloads_in_chunks_bit_identical(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeS3()
-    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake)
+    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake, key=KEY)
     w = np.arange(5 << 20, dtype=np.float32)  # 20 MiB: several 8 MiB chunks
     shards, data = codec.encode({"w": w, "tag": b"x"})
     tier.commit(Manifest("job-1", 3, 1, 0, tuple(shards), time.time(), {}), data)
@@ -60,7 +65,7 @@ def test_a_large_step_downloads_in_chunks_bit_identical(caplog: pytest.LogCaptur
 
 def test_an_object_larger_than_its_manifest_says_is_corrupt() -> None:
     fake = FakeS3()
-    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake)
+    tier = S3Tier("s3", S3Settings("b"), "job-1", 0, s3=fake, key=KEY)
     shards, data = codec.encode({"tag": b"abc"})
     tier.commit(Manifest("job-1", 1, 1, 0, tuple(shards), time.time(), {}), data)
     key = next(k for k in fake.objects if k.endswith("/tag"))
