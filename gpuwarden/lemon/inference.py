@@ -20,8 +20,12 @@ evidence against "node i fails like the fleet (rate lam0)" is the one-sided like
 and, for few failures, the Poisson tail of its attributed failures (lam[i] E[i]); the larger
 p-value counts. What one source could have made is left out: failures the user's exit code
 decided (FAILED, no node named by an event) of jobs that named the node (-w) never count
-against it, and the test is repeated without the failures of the node's most incriminating
-user and of its most incriminating job script; the largest p-value stands.
+against it, and when the node's most incriminating user or job script carries at least
+`DOMINANT` of its excess over the fleet, the test is repeated without that source's
+failures; the largest p-value stands. Leaving a source out when none dominates (six users
+each holding a sixth) discards real evidence: a lemon then loses a fifth of its failures.
+Where such a source would make a lemon, the scorer refits without it for that node (`drop`):
+kept in, it made the node explain its neighbours' failures and raised the fleet's rate.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ from gpuwarden.lemon.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray, Inc
 
 ITERATIONS = 400
 TOLERANCE = 1e-7
+# A user or job script is left out of a node's test when its failures carry at least this share
+# of the node's excess over the fleet: one source alone can then at most double the evidence.
+DOMINANT = 0.5
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,22 +61,31 @@ class Fit:
         return np.nan_to_num(s)
 
 
-def _design(inc: Incidence) -> tuple[IntArray, FloatArray, FloatArray]:
+def _design(inc: Incidence, drop: npt.NDArray[np.bool_] | None
+            ) -> tuple[IntArray, FloatArray, FloatArray]:
     """Per entry its row and whether its rate counts; per row whether the background does."""
     row = inc.entry_row()
     named = (inc.flags & NAMED) > 0
-    # A failure the user decided does not count against a node the job chose by name.
+    # A failure the user decided does not count against a node the job chose by name, nor
+    # against a node whose evidence one user or script dominates (`drop`).
     active = ~(named & inc.gameable[row])
+    if drop is not None:
+        active &= ~(drop & inc.gameable[row])
     culprit = ((inc.flags & CULPRIT) > 0) & active
     has_culprit = np.bincount(row, weights=culprit, minlength=inc.rows) > 0
     use = (active & (culprit | ~has_culprit[row])).astype(np.float64)
-    bg = (~has_culprit).astype(np.float64)
+    # A failure the user decided that counts against none of its nodes is left out of the
+    # fit: in the background of its job size, one user's failures would hide every node's.
+    live = (np.bincount(row, weights=active, minlength=inc.rows) > 0) | ~inc.gameable
+    bg = (~has_culprit & live).astype(np.float64)
     return row, use, bg
 
 
-def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERANCE) -> Fit:
+def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERANCE,
+        drop: npt.NDArray[np.bool_] | None = None) -> Fit:
+    """``drop``: per entry, the gameable failures the node is not to be held for."""
     n, rows = len(inc.names), inc.rows
-    row, use, bg_use = _design(inc)
+    row, use, bg_use = _design(inc, drop)
     exposure = inc.node_hours
     total = float(exposure.sum()) or 1.0
     rate = np.where(exposure > 0, max(rows, 1) / total, 0.0)
@@ -99,6 +115,8 @@ class NodeTest:
     rate: float  # the node's own rate on the evidence that stood
     attributed: float  # failures that evidence puts on the node (rate x exposure)
     left_out: str  # which source was left out to get this p-value ("" for none)
+    source: tuple[str, int] | None = None  # that source: ("user" or "script", its index)
+    full_p: float = 1.0  # the p-value on all of the node's evidence
 
 
 @dataclass(frozen=True)
@@ -191,23 +209,36 @@ def evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
 
 
 def robust_test(inc: Incidence, ev: Evidence, null: float) -> NodeTest:
-    """The node's test on all its evidence, then without its most incriminating user's and
-    job script's failures that the user decided; the weakest result stands."""
+    """The node's test on all its evidence, then without the failures (the user decided) of
+    its most incriminating user and job script, when that source dominates its excess; the
+    weakest result stands."""
     p, r = test_rate(ev.rest, ev.exposure, null)
-    worst = NodeTest(p, r, r * ev.exposure, "")
+    worst = NodeTest(p, r, r * ev.exposure, "", full_p=p)
     if p >= 1.0 or not ev.gameable.any():
         return worst
     share = r / (r + ev.rest) if r > 0 else np.zeros(len(ev.rest))
+    excess = (r - null) * ev.exposure
     for key, names, label in ((ev.user, inc.users, "user"), (ev.script, inc.scripts, "script")):
         g = ev.gameable & (key != NO_SCRIPT)
         if not g.any():
             continue
         weight = np.bincount(key[g], weights=share[g])
         top = int(np.argmax(weight))
+        if weight[top] < DOMINANT * excess:
+            continue  # many sources agree: leaving one out would only discard real evidence
         drop = g & (key == top)
         p2, r2 = test_rate(ev.rest[~drop], ev.exposure, null)
         if p2 > worst.p_value:
             n = int(drop.sum())
             worst = NodeTest(p2, r2, r2 * ev.exposure,
-                             f"{n} failure(s) of {label} {names[top]!s} left out")
+                             f"{n} failure(s) of {label} {names[top]!s} left out", (label, top),
+                             p)
     return worst
+
+
+def source_entries(inc: Incidence, entries: IntArray, source: tuple[str, int]) -> IntArray:
+    """Of a node's `entries`, those of failures the user decided that came from `source`."""
+    row = inc.entry_row()[entries]
+    key = inc.user if source[0] == "user" else inc.script
+    out: IntArray = entries[inc.gameable[row] & (key[row] == source[1])]
+    return out

@@ -21,7 +21,16 @@ import numpy as np
 from gpuwarden.lemon.attribution import Attribution, Blame, Exposure
 from gpuwarden.lemon.explain import RowView, annotate, explain
 from gpuwarden.lemon.incidence import Incidence, IntArray
-from gpuwarden.lemon.inference import Fit, NodeTest, evidence, fit, robust_test
+from gpuwarden.lemon.inference import (
+    Fit,
+    NodeTest,
+    evidence,
+    fit,
+    robust_test,
+    source_entries,
+)
+
+ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,8 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     explained by all of its nodes at once, so a node that only fails alongside a lemon is not
     blamed for it. Each testable node is tested against the fleet's rate (pooled over the nodes
     not found to be lemons, refitted until the set holds), with its most incriminating user
-    and job script left out in turn; Benjamini-Hochberg runs across the fleet.
+    and job script left out in turn where one dominates its evidence; Benjamini-Hochberg runs
+    across the fleet.
     """
     per_node: dict[str, list[Blame]] = defaultdict(list)
     for b in att.blames:
@@ -136,27 +146,12 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     total_runs = sum(e.jobs for e in exposure.values())
     rate = len(att.blames) / total_runs if total_runs else 0.0
     inc = att.incidence.freeze({n: e.hours for n, e in exposure.items()})
-    f = fit(inc)
     index = {n: i for i, n in enumerate(inc.names)}
     order, bounds = _entries_by_node(inc)
     entries = {n: order[bounds[index[n]]:bounds[index[n] + 1]] for n in nodes}
     testable = [n for n in nodes if exposure[n].jobs >= cfg.min_jobs]
-    ev = {n: evidence(inc, f, index[n], entries[n]) for n in testable}
-    flagged: set[str] = set()
-    tests: dict[str, NodeTest] = {}
-    q_values: dict[str, float] = {}
-    null = 0.0
-    for _ in range(4):
-        null = _null_rate(f, inc, [index[n] for n in nodes if n not in flagged])
-        tests = {n: robust_test(inc, ev[n], null) for n in testable}
-        q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
-                            strict=True))
-        now = {n for n in testable if q_values[n] <= cfg.fdr
-               and tests[n].attributed >= cfg.min_failures
-               and tests[n].rate >= cfg.min_ratio * null}
-        if now == flagged:
-            break
-        flagged = now
+    r = _rounds(inc, cfg, index, entries, testable)
+    f, tests, q_values, flagged, null = r.fit, r.tests, r.q_values, r.flagged, r.null
     view = RowView.of(inc, f)
     rows_by_job = {(int(j), float(t)): r for r, (j, t) in enumerate(zip(inc.job, inc.end,
                                                                         strict=True))}
@@ -174,8 +169,64 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
             lemon=lemon,
             evidence=tuple(annotate(view, i, blames, rows_by_job) if shown else blames),
             attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
-            explanation=explain(view, i, entries[n], null, t.left_out if t else "")
+            explanation=explain(view, i, entries[n], null,
+                                r.left_out.get(n) or (t.left_out if t else ""))
             if shown else "",
         ))
     out.sort(key=lambda s: (not s.lemon, s.q_value, -s.failures, s.node))
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class _Rounds:
+    fit: Fit
+    tests: dict[str, NodeTest]
+    q_values: dict[str, float]
+    flagged: set[str]
+    null: float
+    left_out: dict[str, str]  # per node: the dominant source its evidence was tested without
+
+
+def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
+            entries: dict[str, IntArray], testable: list[str]) -> _Rounds:
+    """Fit, test, and again until the lemons and the left-out sources hold.
+
+    A source found to dominate the evidence of a node that it would make a lemon is left out
+    of the fit as well as of the node's test (sticky, so the rounds end): kept in the fit, a
+    broken partition's failures made its nodes explain their neighbours' failures in every big
+    job they shared, and raised the fleet's rate that every node is tested against.
+    """
+    drop = np.zeros(len(inc.node), dtype=bool)
+    left_out: dict[str, str] = {}
+    f = fit(inc)
+    flagged: set[str] = set()
+    tests: dict[str, NodeTest] = {}
+    q_values: dict[str, float] = {}
+    null = 0.0
+    for _ in range(ROUNDS):
+        null = _null_rate(f, inc, [index[n] for n in index if n not in flagged])
+        tests = {n: robust_test(inc, evidence(inc, f, index[n], entries[n]), null)
+                 for n in testable}
+        q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
+                            strict=True))
+        now = {n for n in testable if q_values[n] <= cfg.fdr
+               and tests[n].attributed >= cfg.min_failures
+               and tests[n].rate >= cfg.min_ratio * null}
+        # Only where the evidence would make a lemon: elsewhere a source is a small part of
+        # little, and taking it out of the fit would only move ordinary failures about.
+        q_all = benjamini_hochberg([tests[n].full_p for n in testable])
+        grown = False
+        for n, q in zip(testable, q_all, strict=True):
+            source = tests[n].source
+            if source is not None and q <= cfg.fdr:
+                hit = source_entries(inc, entries[n], source)
+                if not drop[hit].all():
+                    drop[hit] = True
+                    left_out[n] = "; ".join(x for x in (left_out.get(n), tests[n].left_out) if x)
+                    grown = True
+        if now == flagged and not grown:
+            break
+        flagged = now
+        if grown:
+            f = fit(inc, drop=drop)
+    return _Rounds(f, tests, q_values, flagged, null, left_out)

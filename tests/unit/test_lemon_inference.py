@@ -153,3 +153,51 @@ def test_incidence_builders_merge_into_the_same_arrays() -> None:
     assert list(merged.ptr) == list(one.ptr) and list(merged.flags) == list(one.flags)
     assert [merged.users[u] for u in merged.user] == ["u1", "u2", "u1"]
     assert list(merged.bucket_hours) == list(one.bucket_hours)
+
+
+def test_a_lemon_whose_evidence_no_one_source_dominates_keeps_all_of_it() -> None:
+    """Power check (issue 13): leaving out the top user and top script even when five users
+    each hold a small part of a lemon's failures threw away real evidence: a lemon at the
+    edge of detection (one named failure, eight silent gang failures from five users) was
+    missed (q = 0.02; 2e-5 with all of it). A source is left out only when it carries at
+    least half of the node's excess, as a framing user's or a broken partition's does."""
+    h = History()
+    background(h)
+    h.run("c5", "NODE_FAIL", failed_node="c5")
+    for _ in range(5):
+        h.run("c5")
+    for k in range(24):  # 8 silent gang failures, a different user and script each time
+        user = USERS[k % len(USERS)]
+        h.run("c[5-6]" if k % 2 else "c[5-8]", "FAILED" if k % 3 == 0 else "COMPLETED",
+              user=user, submit=f"sbatch -N2 {user}/train{k % 6}.sbatch")
+    s = h.scores()
+    assert [n for n, x in s.items() if x.lemon] == ["c5"], s["c5"].q_value
+    assert "left out" not in s["c5"].explanation
+
+
+def _lemon_beside_a_broken_partition(broken_runs: int) -> dict[str, NodeScore]:
+    h = History()
+    background(h)
+    for k in range(30):
+        h.run("c20", "NODE_FAIL" if k % 4 == 0 else "COMPLETED", failed_node="c20")
+    for k in range(30):  # silent failures of c20 in 16-node jobs shared with the partition
+        h.run("c[17-32]", "FAILED" if k % 3 == 0 else "COMPLETED")
+    rng = random.Random(3)
+    for _ in range(broken_runs):
+        pair = sorted(rng.sample(["c29", "c30", "c31", "c32"], 2))
+        h.run(",".join(pair), "FAILED", hours=0.5, user="oscar",
+              submit="sbatch -p small -N2 broken.sbatch")
+    return h.scores()
+
+
+def test_a_broken_partitions_failures_neither_explain_a_lemons_nor_raise_the_fleets_rate() -> None:
+    """Reproduced (benchmark fleets): the failures of a user whose jobs always fail on a small
+    partition were left out of the partition nodes' tests but kept in the fit, so those nodes
+    "explained" the lemon's failures in every big job they shared, and their rates raised the
+    fleet's (the bar every node is tested against) threefold: the lemon was missed."""
+    clean = _lemon_beside_a_broken_partition(0)
+    s = _lemon_beside_a_broken_partition(120)
+    assert [n for n, x in s.items() if x.lemon] == ["c20"], s["c20"].explanation
+    assert not any(f"with c{i}, which explains" in s["c20"].explanation for i in (29, 30, 31, 32))
+    assert s["c20"].expected < 1.5 * clean["c20"].expected
+    assert "of user oscar left out" in s["c30"].explanation and not s["c30"].lemon
