@@ -13,6 +13,11 @@
 
 GW_FAIL_JOB=86
 GW_CANNOT_IMPORT=87
+# Wall-clock limits (s): the health check ends before Slurm's 60 s kill; the prolog and epilog
+# 30 s before PrologEpilogTimeout=300 (docs/admin-guide.md). gpuwarden.health.cli keeps its
+# own run limits below these (a unit test holds them together).
+GW_HEALTHCHECK_LIMIT=55
+GW_HOOK_LIMIT=270
 # -I: ignore PYTHON* variables, the user site and the working directory.
 GW_BOOT='import sys
 try:
@@ -57,8 +62,10 @@ gw_python() { # DEFAULTS LOGGER: sets _gw_py (and _gw_hook_limit from GPUWARDEN_
             GPUWARDEN_HOOK_LIMIT_S=*)
                 _gw_lim=${_gw_line#GPUWARDEN_HOOK_LIMIT_S=}
                 case $_gw_lim in
-                    '' | *[!0-9]*) gw_say "$2" "ignoring GPUWARDEN_HOOK_LIMIT_S=$_gw_lim in $1:" \
-                        "not a whole number of seconds" ;;
+                    # 0 would be no limit at all in timeout(1): never allowed.
+                    '' | *[!0-9]* | 0* | ??????*) gw_say "$2" "ignoring" \
+                        "GPUWARDEN_HOOK_LIMIT_S=$_gw_lim in $1: not a whole number of seconds" \
+                        "from 1 to 99999" ;;
                     *) _gw_hook_limit=$_gw_lim ;;
                 esac
                 ;;
@@ -73,6 +80,22 @@ gw_python() { # DEFAULTS LOGGER: sets _gw_py (and _gw_hook_limit from GPUWARDEN_
     esac
 }
 
+gw_run() { # HOOK: gpuwarden's HOOK under the limit (uses _gw_timeout, _gw_limit, _gw_py)
+    if [ -n "$_gw_timeout" ]; then
+        GPUWARDEN_HOOK_LIMIT_S=$_gw_limit "$_gw_timeout" -k 3 "$_gw_limit" \
+            "$_gw_py" -I -c "$GW_BOOT" "$1" </dev/null
+    else
+        GPUWARDEN_HOOK_LIMIT_S=$_gw_limit "$_gw_py" -I -c "$GW_BOOT" "$1" </dev/null
+    fi
+}
+
+gw_tail() { # FILE: its last 64 KiB at most (a runaway writer cannot make this wait)
+    for _gw_t in /usr/bin/tail /bin/tail; do
+        if [ -x "$_gw_t" ]; then "$_gw_t" -c 65536 -- "$1" 2>/dev/null; return 0; fi
+    done
+    return 0
+}
+
 gw_hook() { # HOOK DEFAULTS LOGGER: run gpuwarden's HOOK (prolog, epilog, healthcheck)
     gw_python "$2" "$3"
     _gw_off="health gating is OFF on this node until this is fixed"
@@ -83,22 +106,44 @@ gw_hook() { # HOOK DEFAULTS LOGGER: run gpuwarden's HOOK (prolog, epilog, health
     fi
     # A hard wall-clock limit even where Python hangs before gpuwarden's own deadlines exist
     # (an import from a hung NFS mount): Slurm kills a HealthCheckProgram at 60 s, and a hung
-    # prolog holds the job in CONFIGURING (or drains the node at PrologEpilogTimeout).
+    # prolog holds the job in CONFIGURING (or drains the node at PrologEpilogTimeout, 300 s in
+    # docs/admin-guide.md: this limit stays 30 s below it). Python's own deadlines end its run
+    # before this limit (it is passed on as GPUWARDEN_HOOK_LIMIT_S).
     case $1 in
-        healthcheck) _gw_limit=55 ;;
-        *) _gw_limit=300 ;;
+        healthcheck) _gw_limit=$GW_HEALTHCHECK_LIMIT ;;
+        *) _gw_limit=$GW_HOOK_LIMIT ;;
     esac
-    [ -z "$_gw_hook_limit" ] || _gw_limit=$_gw_hook_limit
+    if [ -n "$_gw_hook_limit" ]; then
+        if [ "$1" = healthcheck ] && [ "$_gw_hook_limit" -gt "$GW_HEALTHCHECK_LIMIT" ]; then
+            gw_say "$3" "$1: GPUWARDEN_HOOK_LIMIT_S=$_gw_hook_limit ignored: the health check" \
+                "keeps ${GW_HEALTHCHECK_LIMIT} s (Slurm kills it at 60 s)"
+        else
+            _gw_limit=$_gw_hook_limit
+        fi
+    fi
     _gw_timeout=
     for _gw_t in /usr/bin/timeout /bin/timeout; do
         if [ -x "$_gw_t" ]; then _gw_timeout=$_gw_t; break; fi
     done
-    # stdout goes where it went; stderr is kept to quote in the log line, then passed on.
-    if [ -n "$_gw_timeout" ]; then
-        { _gw_err=$("$_gw_timeout" -k 3 "$_gw_limit" "$_gw_py" -I -c "$GW_BOOT" "$1" \
-            2>&1 1>&3 3>&-); _gw_rc=$?; } 3>&1
+    # stdout and stderr go to files, never to a pipe this script (or slurmd) reads to its end:
+    # a check child stuck in the kernel that still held it would keep the hook waiting past
+    # every limit. Their tails are passed on afterwards; stderr's last line is quoted.
+    _gw_tmp=
+    for _gw_t in /usr/bin/mktemp /bin/mktemp; do
+        if [ -x "$_gw_t" ]; then _gw_tmp=$("$_gw_t" -d /tmp/gpuwarden-hook.XXXXXX 2>/dev/null)
+            break; fi
+    done
+    if [ -n "$_gw_tmp" ] && [ -d "$_gw_tmp" ]; then
+        gw_run "$1" >"$_gw_tmp/out" 2>"$_gw_tmp/err"
+        _gw_rc=$?
+        _gw_err=$(gw_tail "$_gw_tmp/err")
+        gw_tail "$_gw_tmp/out"
+        /bin/rm -rf -- "$_gw_tmp" 2>/dev/null || rm -rf -- "$_gw_tmp" 2>/dev/null || :
     else
-        { _gw_err=$("$_gw_py" -I -c "$GW_BOOT" "$1" 2>&1 1>&3 3>&-); _gw_rc=$?; } 3>&1
+        # No private temp directory (/tmp full?): pass output straight on, quote nothing.
+        gw_run "$1"
+        _gw_rc=$?
+        _gw_err="no error output kept: /tmp unusable"
     fi
     [ -z "$_gw_err" ] || printf '%s\n' "$_gw_err" >&2
     case $_gw_rc in

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
 import tomllib
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -21,10 +23,18 @@ from gpuwarden.health.store import Store
 
 log = logging.getLogger(__name__)
 
-# slurmd kills a HealthCheckProgram after 60 s: the whole run, Slurm calls included, ends by
-# this, and a watchdog stops it a few seconds later wherever it is stuck.
-HEALTHCHECK_LIMIT_S = 45.0
+# The sh wrapper's hard limits (prolog/gpuwarden-hook.sh GW_HEALTHCHECK_LIMIT, GW_HOOK_LIMIT):
+# slurmd kills a HealthCheckProgram after 60 s; the prolog and epilog stay 30 s below
+# PrologEpilogTimeout=300. The wrapper passes its limit on in HOOK_LIMIT_ENV.
+WRAPPER_HEALTHCHECK_LIMIT_S = 55.0
+WRAPPER_HOOK_LIMIT_S = 270.0
+HOOK_LIMIT_ENV = "GPUWARDEN_HOOK_LIMIT_S"
 WATCHDOG_GRACE_S = 5.0
+# Python's run and its watchdog end this long before the wrapper's limit.
+WRAPPER_MARGIN_S = WATCHDOG_GRACE_S + 5.0
+# The whole health check run, Slurm calls included, ends by this; the watchdog stops it a few
+# seconds later wherever it is stuck; the wrapper a few seconds after that.
+HEALTHCHECK_LIMIT_S = WRAPPER_HEALTHCHECK_LIMIT_S - WRAPPER_MARGIN_S
 # A node whose config is broken still says so in Slurm, within this.
 CONFIG_OFF_LIMIT_S = 10.0
 
@@ -34,11 +44,30 @@ def health() -> None:
     """GPU and node health checks (prolog, epilog, HealthCheckProgram, by hand)."""
 
 
-def run_limit(what: str, budget: float) -> float:
+def run_limit(what: str, budget: float, extra_s: float = 0.0,
+              hook_limit_s: float | None = None) -> float:
     """Seconds the whole entry point may take: checks get up to the budget, all Slurm calls
-    together one more budget; the health check also ends well before Slurm's 60 s kill."""
-    limit = 2 * budget
-    return min(limit, HEALTHCHECK_LIMIT_S) if what == "health check" else limit
+    together one more budget, plus ``extra_s`` (the prolog's checkpoint stage-in); and it
+    ends, watchdog included, before the sh wrapper's limit (``hook_limit_s`` when it said)."""
+    wrapper = WRAPPER_HEALTHCHECK_LIMIT_S if what == "health check" else WRAPPER_HOOK_LIMIT_S
+    if hook_limit_s is not None:
+        wrapper = min(wrapper, hook_limit_s) if what == "health check" else hook_limit_s
+    return max(1.0, min(2 * budget + extra_s, wrapper - WRAPPER_MARGIN_S))
+
+
+def hook_limit(environ: Mapping[str, str]) -> float | None:
+    """The wrapper's limit from its environment; None when absent or not a positive number."""
+    try:
+        value = float(environ.get(HOOK_LIMIT_ENV, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def stage_in_s(cfg: Config, what: str) -> float:
+    """The prolog's checkpoint stage-in budget, when stage-in can run (as fastgate decides)."""
+    on = what == "prolog" and cfg.ckpt.stage_in and cfg.ckpt.shared_root
+    return cfg.ckpt.stage_in_budget_s if on else 0.0
 
 
 def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
@@ -50,7 +79,7 @@ def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
     except ConfigError as exc:
         return _config_failed(obj, what, exc)
     budget = getattr(cfg.health, budget_key)
-    end = start + run_limit(what, budget)
+    end = start + run_limit(what, budget, stage_in_s(cfg, what), hook_limit(entry.environ()))
     slurm = replace(cfg.slurm, command_timeout_s=min(cfg.slurm.command_timeout_s, budget),
                     retries=min(cfg.slurm.retries, 1))
     client = obj.client_for(replace(cfg, slurm=slurm), use_path=False, end=end)

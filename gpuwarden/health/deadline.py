@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.health.stdio import quiet_stdio
+
 log = logging.getLogger(__name__)
 
 _MAX_RESULT = 64 << 20
@@ -40,6 +42,7 @@ def _child(fd: int, fn: Callable[[], Any]) -> None:
     code = 0
     try:
         try:
+            quiet_stdio()
             payload = pickle.dumps(("ok", fn()))
         except BaseException as exc:  # everything must reach the parent
             detail = f"{exc.__class__.__name__}: {exc}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from gpuwarden.config import Config
 from gpuwarden.errors import GpuwardenError, SlurmError
 from gpuwarden.health import gate, marker
-from gpuwarden.health.gather import gather
+from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.reasons import health_reason, is_health_drain
@@ -156,11 +156,19 @@ def _act_or_report(env: Env, verdict: Verdict, resume_allowed: bool
         return None
 
 
-def _save(env: Env, verdict: Verdict) -> None:
+def _save(env: Env, verdict: Verdict, complete: bool = True,
+          gpus: set[int] | None = None) -> None:
     try:
-        env.store.save_verdict(verdict)
+        env.store.save_verdict(verdict, complete, gpus)
     except GpuwardenError as exc:
         env.fail("state", f"{verdict.context} {env.node}: {exc}")
+
+
+def note_gaps(env: Env, verdict: Verdict) -> None:
+    """Part of gating off (no GPU probe on a GPU node, no kernel log, a forgeable one): loud,
+    a self error with reason "config" and the marker's `off`, never a drain by itself."""
+    for gap in gating_gaps(verdict, env.config.health.expected_for(env.node)):
+        env.fail("config", f"{verdict.context} {env.node}: {gap}")
 
 
 def report_self(env: Env, always: bool) -> None:
@@ -185,6 +193,7 @@ def periodic(env: Env) -> int:
     h = env.config.health
     verdict = gather(h, env.node, "health check", checks_budget(env, h.periodic_budget_s),
                      probe=env.probe, now=env.clock)
+    note_gaps(env, verdict)
     acted = _act_or_report(env, verdict, resume_allowed=True)
     _save(env, verdict)
     if acted is not None:
@@ -232,15 +241,29 @@ def prolog(env: Env) -> int:
     return rc
 
 
+def _stored_complete(env: Env, what: str) -> Verdict | None:
+    """The stored verdict when it is this node's and complete, else None. A state directory
+    that cannot be trusted is a self error and no stored verdict: every check runs."""
+    try:
+        stored = env.store.load_stored()
+    except GpuwardenError as exc:
+        env.fail("state", f"{what}: {exc}: running every check")
+        return None
+    if stored is None or not stored[1] or stored[0].node != env.node:
+        return None
+    return stored[0]
+
+
 def prolog_gate(env: Env) -> int:
     """The stored verdict (re-checked when stale) plus the job's GPUs; 0 lets the job run."""
     h = env.config.health
     job = job_id(env.environ)
+    gpus = job_gpus(env.environ)
     start = env.clock()
-    stored = env.store.load_verdict()
+    stored = _stored_complete(env, f"prolog job {job}")
     fresh = stored is not None and 0 <= start - stored.at <= h.verdict_max_age_s
     if fresh and stored is not None:
-        quick = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s, gpus=job_gpus(env.environ),
+        quick = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s, gpus=gpus,
                        node_checks="mounts", probe=env.probe, now=env.clock)
         # Only the node checks the fast path does not repeat are taken from the stored verdict;
         # every GPU, XID and mount result is fresh.
@@ -248,13 +271,16 @@ def prolog_gate(env: Env) -> int:
         verdict = replace(quick, results=kept + quick.results)
     else:
         verdict = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s,
-                         gpus=job_gpus(env.environ), probe=env.probe, now=env.clock)
+                         gpus=gpus, probe=env.probe, now=env.clock)
+    note_gaps(env, verdict)
     for r in verdict.results:
         if r.status != Status.OK:
             log.warning("prolog job %s: %s %s: %s", job, r.check, r.status.name, r.message)
     acted = _act_or_report(env, verdict, False) if verdict.status == Status.CRITICAL else None
     if not fresh:
-        _save(env, verdict)
+        # A verdict on the job's GPUs only is not the node's: stored marked partial (neither
+        # the fast path nor the next prolog trusts it), kept out of the textfile.
+        _save(env, verdict, complete=gpus is None, gpus=gpus)
     report_self(env, always=False)
     if acted is None:
         return 0
@@ -280,15 +306,25 @@ JOB_INFLUENCED = ("scratch", "memory")
 
 def epilog_evidence(verdict: Verdict) -> Verdict:
     """The verdict the epilog may act on: CRITICAL only from the checks' own hardware evidence
-    (XID, GPU, mounts, links), never from what the job left behind or from its exit code."""
+    (XID, GPU, mounts, links), never from what the job left behind or from its exit code.
+
+    A result held back is UNKNOWN (not judged), never WARNING (which the prolog's fast path
+    takes as good); see needs_full_check."""
     def judged(r: CheckResult) -> CheckResult:
         timed_out = r.message.startswith(f"check {r.check} timed out")
         if r.status != Status.CRITICAL or not (r.check in JOB_INFLUENCED or timed_out):
             return r
-        return replace(r, status=Status.WARNING,
-                       message=f"{r.message} (not drain evidence after a job: the periodic "
-                               "check and the next prolog judge it)")
+        return replace(r, status=Status.UNKNOWN,
+                       message=f"{r.message} {HELD_BACK}")
     return replace(verdict, results=tuple(judged(r) for r in verdict.results))
+
+
+HELD_BACK = ("(not drain evidence after a job: the next prolog runs every check again and "
+             "judges it, as does the periodic check)")
+
+
+def needs_full_check(verdict: Verdict) -> bool:
+    return any(r.message.endswith(HELD_BACK) for r in verdict.results)
 
 
 def epilog(env: Env) -> int:
@@ -300,6 +336,11 @@ def epilog(env: Env) -> int:
     # Node memory a finished job's checkpoints held is freed (kept while Slurm will run the
     # job again); never raises.
     jobdirs.for_epilog(env.config, env.environ, env.client)
+    return epilog_gate(env)
+
+
+def epilog_gate(env: Env) -> int:
+    """The epilog's health part (the self-test's dry run calls only this)."""
     h = env.config.health
     job = job_id(env.environ)
     try:
@@ -314,9 +355,12 @@ def epilog(env: Env) -> int:
     verdict = epilog_evidence(gather(h, env.node, f"epilog job {job}",
                                      checks_budget(env, h.epilog_budget_s), probe=env.probe,
                                      now=env.clock))
+    note_gaps(env, verdict)
     if verdict.status == Status.CRITICAL:
         _act_or_report(env, verdict, resume_allowed=False)
-    _save(env, verdict)
+    # Results held back are stored as needing a full check: the fast path refuses the verdict
+    # and the next prolog runs every check again.
+    _save(env, verdict, complete=not needs_full_check(verdict))
     report_self(env, always=False)
     return 0
 

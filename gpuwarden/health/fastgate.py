@@ -9,8 +9,9 @@ which has every check, the drain and the checkpoint stage-in.
 The fast path lets the job start when all of these hold (docs/health.md lists them):
 * the settings derived from the config by an earlier full prolog are there and the config file
   has not changed since (same inode, size, mtime and ctime), for this node and this gpuwarden;
-* the stored verdict is this node's, at most ``verdict_max_age_s`` old, and no result in it is
-  CRITICAL or UNKNOWN;
+* the stored verdict is this node's, complete (it checked every GPU and every check: not a
+  prolog's verdict on a job's GPUs, not an epilog's with results left for a full check), at
+  most ``verdict_max_age_s`` old, and no result in it is CRITICAL or UNKNOWN;
 * the job is not a requeued one needing checkpoint stage-in, and tier 0's spool is already as
   the full prolog leaves it (a root-owned directory, mode 1777);
 * the kernel log has no record from the NVIDIA driver since shortly before the verdict (a
@@ -37,6 +38,7 @@ import time
 from gpuwarden import __version__
 from gpuwarden.health import mountprobe
 from gpuwarden.health.privfile import StateDirError, read_private
+from gpuwarden.health.stdio import quiet_stdio
 
 TYPE_CHECKING = False  # typing and collections.abc cost milliseconds the fast path has not got
 if TYPE_CHECKING:
@@ -109,10 +111,13 @@ def _check(environ: Mapping[str, str], now: float) -> str:
             _changed_since(str(s["fake_gpu_file"]), at - float(s["budget_s"])):
         return "the fake GPU file changed since the verdict"
     since = at - float(s["budget_s"]) - CLOCK_SLACK_S
+    # The same moment on the monotonic clock kmsg records are dated by: steps of the wall
+    # clock cannot hide a record.
+    since_up = float(v["mono"]) - float(s["budget_s"]) - CLOCK_SLACK_S
     # Healthy, these take milliseconds. Slower, the full path runs them again under the real
     # per-check deadline and judges them: waiting longer here would only add to its time.
     deadline = min(FAST_ANSWER_S, float(s["check_deadline_s"]))
-    return in_child(lambda: _live_checks(s, node, since), deadline)
+    return in_child(lambda: _live_checks(s, node, since, since_up), deadline)
 
 
 def _settings(environ: Mapping[str, str], node: str) -> dict[str, Any] | str:
@@ -136,13 +141,29 @@ def _verdict(s: Mapping[str, Any], node: str, now: float) -> dict[str, Any] | st
     v = json.loads(data)
     if not isinstance(v, dict) or v.get("node") != node:
         return "the stored verdict is not this node's"
-    age = now - float(v["at"])
-    if not 0 <= age <= float(s["verdict_max_age_s"]):
-        return f"the stored verdict is {age:.0f} s old"
+    if v.get("complete") is not True:  # gpuwarden.health.store.COMPLETE
+        return "the stored verdict did not check every GPU and check (a job's GPUs only, " \
+               "or results that need a full check)"
+    stale = _stale(v, float(s["verdict_max_age_s"]), now)
+    if stale:
+        return stale
     bad = [r for r in v["results"] if r["status"] not in _GOOD]
     if v.get("status") not in _GOOD or bad:
         return "the stored verdict is not OK"
     return v
+
+
+def _stale(v: Mapping[str, Any], max_age: float, now: float) -> str:
+    age = now - float(v["at"])
+    if not 0 <= age <= max_age:
+        return f"the stored verdict is {age:.0f} s old"
+    # The wall clock can be stepped back (chrony, ntpd) and make an old verdict look fresh:
+    # it must be fresh by this boot's monotonic clock too.
+    mono = v.get("mono")  # gpuwarden.health.store.MONO, BOOT_ID
+    if not isinstance(mono, (int, float)) or v.get("boot_id") != _boot_id() or \
+            not 0 <= time.monotonic() - mono <= max_age:
+        return "the stored verdict is not from this boot's last verdict_max_age_s"
+    return ""
 
 
 def _spool_ready(path: str) -> bool:
@@ -164,8 +185,8 @@ def _changed_since(path: str, since: float) -> bool:
 
 
 # ---- what runs under the deadline --------------------------------------------------------------
-def _live_checks(s: Mapping[str, Any], node: str, since: float) -> str:
-    why = driver_records_since(str(s["kernel_log"]), since)
+def _live_checks(s: Mapping[str, Any], node: str, since: float, since_up: float) -> str:
+    why = driver_records_since(str(s["kernel_log"]), since, since_up)
     if why:
         return why
     mounts = s["mounts"]
@@ -180,11 +201,15 @@ def _live_checks(s: Mapping[str, Any], node: str, since: float) -> str:
     return ""
 
 
-def driver_records_since(path: str, since: float) -> str:
-    """"" unless the kernel log holds a record from the NVIDIA driver at or after ``since``."""
-    boot = _boot_time()
+def driver_records_since(path: str, since: float, since_up: float | None = None) -> str:
+    """"" unless the kernel log holds a record from the NVIDIA driver at or after ``since``
+    (wall clock) or, when given, ``since_up`` (seconds of this boot's monotonic clock, which
+    kmsg records are dated by): whichever is earlier, so a step of the wall clock either way
+    never hides a record."""
+    boot_up = since - _boot_time()
+    since_up = boot_up if since_up is None else min(since_up, boot_up)
     if path == "/dev/kmsg":
-        return _scan(_kmsg_records(), since, boot)
+        return _scan(_kmsg_records(), since_up)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -193,7 +218,7 @@ def driver_records_since(path: str, since: float) -> str:
         if max(st.st_mtime, st.st_ctime) < since:
             return ""  # nothing written to it since the verdict
         f.seek(max(0, st.st_size - _TAIL_BYTES))
-        return _scan(f.read().split(b"\n"), since, boot)
+        return _scan(f.read().split(b"\n"), since_up)
 
 
 def _kmsg_records() -> list[bytes]:
@@ -215,8 +240,8 @@ def _kmsg_records() -> list[bytes]:
     return records
 
 
-def _scan(lines: list[bytes], since: float, boot: float) -> str:
-    since_us = (since - boot) * 1e6
+def _scan(lines: list[bytes], since_up: float) -> str:
+    since_us = since_up * 1e6
     for line in lines:
         head, sep, msg = line.partition(b";")
         fields = head.split(b",")
@@ -261,6 +286,15 @@ def _boot_time() -> float:
     raise OSError("no btime in /proc/stat")
 
 
+def _boot_id() -> str:
+    """gpuwarden.health.store.boot_id, without that module's imports."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read(64).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def in_child(fn: Callable[[], str], deadline_s: float) -> str:
     """``fn()`` (returning a short str) in a forked child; its answer, or why there is none.
 
@@ -272,6 +306,7 @@ def in_child(fn: Callable[[], str], deadline_s: float) -> str:
         os.close(r)
         code = 0
         try:
+            quiet_stdio()  # an abandoned child must not hold the hook's stdout/stderr
             answer = fn().encode()
         except BaseException as exc:  # everything must reach the parent
             answer = f"check failed: {exc.__class__.__name__}: {exc}".encode()
@@ -327,6 +362,8 @@ def remember(environ: Mapping[str, str]) -> str:
 
     try:
         before = fingerprint(config_file(environ))
+        if before is None:  # the full path refuses to run on defaults: so does the fast one
+            return f"no config file {config_file(environ)}"
         cfg = configmod.load(config_file(environ) if environ.get(CONFIG_ENV) else None)
         settings = settings_for(cfg, node_name(environ), environ)
         if settings["fingerprint"] != before:

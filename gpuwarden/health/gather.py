@@ -6,6 +6,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpuwarden.health import gpuchecks, nodechecks, xid
@@ -112,7 +113,42 @@ def _not_answered(o: Outcome, cfg: HealthConfig, deadline: float) -> CheckResult
         # A mount that errors (stale handle, EIO, missing canary) fails jobs: that is evidence.
         return CheckResult(o.name, Status.CRITICAL, f"check {o.name} failed: {o.error}", None,
                            f"{o.name} failed: {o.error[:60]}")
-    return CheckResult(o.name, Status.UNKNOWN, f"check {o.name} could not run: {o.error}")
+    return CheckResult(o.name, Status.UNKNOWN, f"{_COULD_NOT_RUN.format(o.name)}{o.error}")
+
+
+_COULD_NOT_RUN = "check {} could not run: "
+# The message of the result that says XID drains are off for a forgeable kernel_log.
+FORGEABLE = "XID drains off: "
+_FIX_KLOG = ("set [health] kernel_log to /dev/kmsg, or to a file written by "
+             "`journalctl -k -o json`")
+
+
+def _forgeable(results: list[CheckResult], path: str, renderings: frozenset[str]
+               ) -> list[CheckResult]:
+    """XID results from a rendering any user can write kernel-looking lines into (syslog,
+    dmesg): never drain evidence, and gating says it is degraded."""
+    why = (f"kernel_log {path} is in a rendering ({', '.join(sorted(renderings))}) in which any "
+           f"user can forge a kernel line; {_FIX_KLOG}")
+    out = [replace(r, status=Status.WARNING, message=f"{r.message} (not drain evidence: {why})")
+           if r.status == Status.CRITICAL else r for r in results]
+    return [*out, CheckResult("kernel log", Status.WARNING, FORGEABLE + why)]
+
+
+def gating_gaps(verdict: Verdict, exp: Expected) -> list[str]:
+    """What in ``verdict`` means part of health gating is off on this node (an install or
+    config problem: loud, but never a drain, or one mistake would drain the whole cluster)."""
+    gaps: list[str] = []
+    for r in verdict.results:
+        if r.check == "gpu" and r.status == Status.UNKNOWN and exp.gpu_count > 0 and \
+                r.message.startswith(_COULD_NOT_RUN.format("gpu")):
+            gaps.append(f"GPU gating off on a node that expects {exp.gpu_count} GPUs: "
+                        f"{r.message}")
+        elif r.check == "kernel log" and r.status == Status.UNKNOWN and \
+                r.message.startswith(_COULD_NOT_RUN.format("kernel log")):
+            gaps.append(f"XID detection off: {r.message}")
+        elif r.check == "kernel log" and r.message.startswith(FORGEABLE):
+            gaps.append(r.message)
+    return gaps
 
 
 def gather(cfg: HealthConfig, node: str, context: str, budget_s: float,
@@ -141,5 +177,8 @@ def gather(cfg: HealthConfig, node: str, context: str, budget_s: float,
         text, booted = klog.value
         log = xid.parse_kernel_log(text, booted, now())
         bus = snapshot.by_bus_id() if snapshot else {}
-        results.extend(xid.evaluate(log, bus, now(), cfg.xid_window_s, gpus))
+        found = xid.evaluate(log, bus, now(), cfg.xid_window_s, gpus)
+        if log.forgeable and cfg.kernel_log != "/dev/kmsg":
+            found = _forgeable(found, cfg.kernel_log, log.forgeable)
+        results.extend(found)
     return Verdict(node=node, at=now(), context=context, results=tuple(results))

@@ -18,6 +18,7 @@ REFRESH_S = 1800.0
 # A marker older than this means the periodic check has not run (or could not post) since.
 STALE_S = 2 * REFRESH_S + 600.0
 _MAX_OFF = 40
+NO_MARKER = "no health marker: gating has never reported from this node"
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,9 @@ def due(previous: Marker | None, new: Marker) -> bool:
 def describe(marker: Marker | None, now: float) -> str:
     """What `gpuwarden nodes` adds for a node; "" when its gating is on and current."""
     if marker is None:
-        return ""
+        # Never a silent "healthy": gating may never have run here (not installed, config
+        # broken before the first post, Extra holding other text).
+        return NO_MARKER
     if marker.off:
         return f"health gating off since {_when(marker.since or marker.at)}: {marker.off}"
     if now - marker.at > STALE_S:

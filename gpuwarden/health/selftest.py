@@ -155,9 +155,9 @@ def _dry_run(cfg: Config, client: SlurmClient, environ: Mapping[str, str]) -> li
     with tempfile.TemporaryDirectory(prefix="gpuwarden-selftest.") as tmp:
         state = os.path.join(tmp, "state")
         copy = Store(state)
-        verdict, counters = live.load_verdict(), live.load_counters()
-        if verdict is not None:
-            copy.save_verdict(verdict)
+        stored, counters = live.load_stored(), live.load_counters()
+        if stored is not None:  # a partial verdict stays marked partial in the copy
+            copy.save_verdict(stored[0], stored[1])
         copy.save_counters(counters)
         health = replace(cfg.health, state_dir=state, prom_dir="")
         dry_cfg = replace(cfg, health=health)
@@ -165,7 +165,8 @@ def _dry_run(cfg: Config, client: SlurmClient, environ: Mapping[str, str]) -> li
         runs: list[tuple[str, Callable[[entry.Env], int], Mapping[str, str]]] = [
             ("periodic", entry.periodic, environ),
             ("prolog", entry.prolog_gate, job),
-            ("epilog", entry.epilog, {**job, "SLURM_JOB_EXIT_CODE": "1"}),
+            # epilog_gate: the real epilog would free the job's tier-0 directories.
+            ("epilog", entry.epilog_gate, {**job, "SLURM_JOB_EXIT_CODE": "1"}),
         ]
         for name, fn, env_vars in runs:
             slurm = ReadOnlySlurm(client)

@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,21 @@ from gpuwarden.health.privfile import StateDirError, check_private_dir, read_pri
 __all__ = ["StateDirError", "check_private_dir", "read_private", "unsafe_dir_problem"]
 
 _MAX_STATE_BYTES = 1 << 20
+# The stored verdict's flag: true only for one that covered every check and GPU (the prolog's
+# fast path, gpuwarden.health.fastgate, reads it by this name).
+COMPLETE = "complete"
+BOOT_ID, MONO = "boot_id", "mono"
+_SAVE_LAG_MAX_S = 600.0
+_BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot's id ("" when the kernel does not say)."""
+    try:
+        with open(_BOOT_ID_FILE, "rb") as f:
+            return f.read(64).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
 
 
 class StateWriteError(GpuwardenError):
@@ -88,16 +104,31 @@ class Store:
     def _ready(self) -> None:
         ensure_private_dir(self.dir)
 
-    def save_verdict(self, verdict: Verdict) -> None:
+    def save_verdict(self, verdict: Verdict, complete: bool = True,
+                     gpus: set[int] | None = None) -> None:
         """The verdict file and the node_exporter textfile, each complete or left as it was;
-        one failing does not stop the other. Raises StateWriteError naming what failed."""
+        one failing does not stop the other. Raises StateWriteError naming what failed.
+
+        ``complete`` is False for a verdict that is not the node's: one that checked only a
+        job's ``gpus``, or holds results that still need a full check (the epilog's). It is
+        stored marked so (the prolog's fast path and fresh path refuse it) and never reaches
+        the textfile, whose node status it would misstate."""
         errors: list[str] = []
+        doc = verdict.to_json()
+        doc[COMPLETE] = complete
+        # Clocks the wall clock's steps do not move (chrony, ntpd): the fast path ages the
+        # verdict and dates kernel records by these.
+        # MONO is the verdict's own moment: saved up to one run later (never minutes).
+        doc[BOOT_ID] = boot_id()
+        doc[MONO] = time.monotonic() - min(max(0.0, time.time() - verdict.at), _SAVE_LAG_MAX_S)
+        if gpus is not None:
+            doc["gpus"] = sorted(gpus)
         try:
             self._ready()
-            atomic_write(self.dir, self.VERDICT, json.dumps(verdict.to_json(), indent=1).encode())
+            atomic_write(self.dir, self.VERDICT, json.dumps(doc, indent=1).encode())
         except (OSError, StateDirError) as exc:
             errors.append(f"{os.path.join(self.dir, self.VERDICT)}: {exc}")
-        if self.prom_dir:
+        if self.prom_dir and complete:
             try:
                 self._write_prom(self.PROM, prometheus(verdict))
             except OSError as exc:
@@ -129,6 +160,18 @@ class Store:
             return None
         try:
             return Verdict.from_json(json.loads(data))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def load_stored(self) -> tuple[Verdict, bool] | None:
+        """The stored verdict and whether it is complete (every check, every GPU, nothing left
+        for a full check); None when absent or unreadable. Raises StateDirError."""
+        data = read_private(os.path.join(self.dir, self.VERDICT))
+        if data is None:
+            return None
+        try:
+            doc = json.loads(data)
+            return Verdict.from_json(doc), doc.get(COMPLETE) is True
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 

@@ -1,5 +1,6 @@
 """Issue 11 items 1-2 in the real cluster: Xid text a user controls never drains a node; the
-driver's MIG format, NVSwitch SXids and saved-log renderings do, through HealthCheckProgram."""
+driver's MIG format and NVSwitch SXids do, through HealthCheckProgram, from the renderings no user
+can forge lines in (kmsg, journalctl -o json); a forgeable rendering (dmesg) never drains."""
 
 from __future__ import annotations
 
@@ -37,14 +38,28 @@ def test_user_controlled_xid_text_never_drains(clean: Harness) -> None:  # noqa:
     assert "not from the kernel ignored" in out and "malformed" not in out
 
 
-def test_mig_format_in_dmesg_rendering_drains_by_its_own_rst_flag(clean: Harness) -> None:  # noqa: F811
+def test_mig_format_in_kmsg_rendering_drains_by_its_own_rst_flag(clean: Harness) -> None:  # noqa: F811
     h = clean
-    line = (f"[{uptime(h, 'c6'):12.6f}] NVRM: Xid (PCI:0000:68:00 GPU-I:05): 94, pid=7194, "
+    usec = int(uptime(h, "c6") * 1e6)
+    line = (f"3,1,{usec},-;NVRM: Xid (PCI:0000:68:00 GPU-I:05): 94, pid=7194, "
             f"Contained: CE User Channel (0x9). RST: Yes, D-RST: No\n")
     h.write_fake("c6", "kmsg", line)
     periodic(h, "c6")
     reason = sinfo_reasons(h).get("c6", "")
     assert reason.startswith("gpuwarden: xid 94 on GPU 5") and "needs GPU reset" in reason
+
+
+def test_fatal_xid_in_a_forgeable_dmesg_rendering_never_drains_and_says_why(clean: Harness) -> None:  # noqa: F811
+    """In dmesg's rendering any user can forge a kernel line (a newline in a file name): the
+    XID is reported as a warning, gating says it is degraded, and no node drains."""
+    h = clean
+    line = (f"[{uptime(h, 'c6'):12.6f}] NVRM: Xid (PCI:0000:68:00 GPU-I:05): 94, pid=7194, "
+            f"Contained: CE User Channel (0x9). RST: Yes, D-RST: No\n")
+    h.write_fake("c6", "kmsg", line)
+    periodic(h, "c6")
+    assert "c6" not in sinfo_reasons(h)
+    out = h.gpuwarden("c6", "health", "check").out
+    assert "not drain evidence" in out and "XID drains off" in out and "/dev/kmsg" in out
 
 
 def test_fatal_sxid_in_journal_json_drains(clean: Harness) -> None:  # noqa: F811

@@ -49,6 +49,8 @@ def spool() -> Iterator[Path]:
     finally:
         with safeio.closing(os.open(os.path.dirname(base), os.O_RDONLY)) as fd:
             safeio.remove_at(fd, os.path.basename(base))
+        # Whatever the code under test left (a failing run), rm(1) takes any depth.
+        subprocess.run(["rm", "-rf", "--one-file-system", base], check=False)
 
 
 def state(value: float) -> dict[str, np.ndarray]:
@@ -138,8 +140,20 @@ def deep_tree(parent: Path, name: str, depth: int) -> None:
     os.close(cur)
 
 
+@pytest.fixture
+def deep_scratch() -> Iterator[Path]:
+    """Not tmp_path: pytest's own cleanup of old temp dirs recurses, and a tree left behind by a
+    failing run would crash every later pytest session with RecursionError. rm(1) does not."""
+    base = Path(tempfile.mkdtemp(prefix="gpuwarden-deep-"))
+    try:
+        yield base
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
 def test_removal_takes_a_tree_deeper_than_python_recurses_with_few_descriptors(
-        tmp_path: Path) -> None:
+        deep_scratch: Path) -> None:
+    tmp_path = deep_scratch
     deep_tree(tmp_path, "deep", 1500)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 200), hard))

@@ -82,7 +82,8 @@ def fleet() -> FakeClient:
 def test_nodes_shows_state_reason_and_who_set_it(fleet: FakeClient) -> None:
     code, out, _ = run(fleet, "nodes")
     assert code == 0
-    rows = {ln.split()[0]: ln.split(None, 3) for ln in out.splitlines()[1:]}
+    # Nodes without a health marker are flagged after the reason ("  [no health marker ...]").
+    rows = {ln.split()[0]: ln.split("  [")[0].split(None, 3) for ln in out.splitlines()[1:]}
     assert rows["c3"][1:] == ["IDLE+DRAIN", "gpuwarden", "gpuwarden: xid 79 on GPU 5"]
     assert rows["c4"][1:] == ["IDLE+DRAIN", "alice", "maintenance"]
     assert rows["c8"][2] == "slurm"
