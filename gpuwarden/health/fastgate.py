@@ -117,7 +117,7 @@ def _check(environ: Mapping[str, str], now: float) -> str:
     # Healthy, these take milliseconds. Slower, the full path runs them again under the real
     # per-check deadline and judges them: waiting longer here would only add to its time.
     deadline = min(FAST_ANSWER_S, float(s["check_deadline_s"]))
-    return in_child(lambda: _live_checks(s, node, since, since_up), deadline)
+    return in_child(lambda: _live_checks(s, node, since, since_up, environ), deadline)
 
 
 def _settings(environ: Mapping[str, str], node: str) -> dict[str, Any] | str:
@@ -185,7 +185,8 @@ def _changed_since(path: str, since: float) -> bool:
 
 
 # ---- what runs under the deadline --------------------------------------------------------------
-def _live_checks(s: Mapping[str, Any], node: str, since: float, since_up: float) -> str:
+def _live_checks(s: Mapping[str, Any], node: str, since: float, since_up: float,
+                 environ: Mapping[str, str]) -> str:
     why = driver_records_since(str(s["kernel_log"]), since, since_up)
     if why:
         return why
@@ -198,6 +199,52 @@ def _live_checks(s: Mapping[str, Any], node: str, since: float, since_up: float)
             problem = f"{path}: {exc}"
         if problem:
             return f"mount check: {problem}"
+    return job_dirs(s, environ)
+
+
+# ---- the job's checkpoint directories --------------------------------------------------------
+def job_dirs(s: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """Root makes the job's own checkpoint directories before the job can (job ids are
+    sequential and the spools world-writable: gpuwarden.ckpt.jobdirs). Here only the common
+    case: each name absent (made, 0700, the job user's) or already the job user's private
+    directory. Anything else (a squatter's entry, a link, an odd id) goes the full way, which
+    moves it aside and logs it."""
+    job, uid, gid = (environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_JOB_UID",
+                                                   "SLURM_JOB_GID"))
+    if not (job.isascii() and job.isdigit() and len(job) <= 12 and uid.isascii()
+            and uid.isdigit() and len(uid) <= 10):
+        return "the job's id or user is not plain digits: the full path decides"
+    g = int(gid) if gid.isascii() and gid.isdigit() and len(gid) <= 10 else -1
+    wanted = [(str(s["memory_root"]), f"job-{job}"), (str(s["memory_root"]), f"job-{job}.peer")]
+    if s.get("shared_root"):
+        wanted.append((str(s["shared_root"]), f"job-{job}"))
+    for root, name in wanted:
+        try:
+            why = _own_dir(root, name, int(uid), g)
+        except OSError as exc:  # a link (ELOOP), not a directory, the spool missing...
+            why = f"{exc.__class__.__name__}: {exc.strerror or exc}"
+        if why:
+            return f"checkpoint directory {root}/{name}: {why}"
+    return ""
+
+
+def _own_dir(root: str, name: str, uid: int, gid: int) -> str:
+    spool = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=spool)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=spool)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_uid != uid and stat.S_IMODE(st.st_mode) == 0o700:
+                os.fchown(fd, uid, gid)  # ours, just made: the job user's now
+                st = os.fstat(fd)
+            if st.st_uid != uid or st.st_mode & 0o077:
+                return f"owned by uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}"
+        finally:
+            os.close(fd)
+    finally:
+        os.close(spool)
     return ""
 
 
@@ -347,7 +394,7 @@ def settings_for(config: Any, node: str, environ: Mapping[str, str]) -> dict[str
         "budget_s": max(h.prolog_budget_s, h.epilog_budget_s, h.periodic_budget_s),
         "kernel_log": h.kernel_log, "gpu_probe": h.gpu_probe, "fake_gpu_file": h.fake_gpu_file,
         "mounts": [[m.path, m.canary] for m in exp.mounts],
-        "memory_root": config.ckpt.memory_root,
+        "memory_root": config.ckpt.memory_root, "shared_root": config.ckpt.shared_root,
         "stage_in": bool(config.ckpt.stage_in and config.ckpt.shared_root),
     }
 

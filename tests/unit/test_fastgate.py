@@ -17,6 +17,8 @@ from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.health.store import Store
 
+JOB_UID = 4321 if os.geteuid() == 0 else os.geteuid()
+
 
 class Site:
     """A node's config, state and run directories under tmp_path, as the prolog sees them."""
@@ -32,6 +34,9 @@ class Site:
         self.gpus.write_text(healthy_fake(2))
         self.shm.mkdir()
         self.shm.chmod(0o1777)
+        self.fsx = root / "fsx"
+        self.fsx.mkdir()
+        self.fsx.chmod(0o1777)
         self.config.write_text(f"""
 [health]
 gpu_probe = "{probe}"
@@ -44,10 +49,11 @@ verdict_max_age_s = 600.0
 gpu_count = 2
 [ckpt]
 memory_root = "{self.shm}"
-shared_root = "/fsx/ckpt"
+shared_root = "{self.fsx}"
 """)
         self.environ = {"GPUWARDEN_CONFIG": str(self.config), "GPUWARDEN_RUN_DIR": str(root / "run"),
-                        "SLURMD_NODENAME": "c1", "SLURM_JOB_ID": "7"}
+                        "SLURMD_NODENAME": "c1", "SLURM_JOB_ID": "7",
+                        "SLURM_JOB_UID": str(JOB_UID), "SLURM_JOB_GID": str(JOB_UID)}
         # Later than the files were written by more than the margin the fast path allows
         # for (budget + clock slack): they predate the verdict.
         self.now = self.kmsg.stat().st_mtime + 300
@@ -197,3 +203,32 @@ def test_settings_are_written_only_to_a_private_directory(site: Site) -> None:
     data = json.loads((site.root / "run" / fastgate.SETTINGS).read_text())
     assert data["node"] == "c1" and data["state_dir"] == str(site.state)
     assert oct(os.stat(site.root / "run").st_mode & 0o777) == "0o700"
+
+
+def test_the_fast_path_makes_the_jobs_checkpoint_directories_as_the_full_prolog_does(
+        site: Site) -> None:
+    """Found in the cluster: the fast path let jobs start without the prolog's part of
+    gpuwarden.ckpt.jobdirs, so a squatted future job id failed the job at restore."""
+    assert site.check() == ""
+    for path in (site.shm / "job-7", site.shm / "job-7.peer", site.fsx / "job-7"):
+        st = path.lstat()
+        assert path.is_dir() and not path.is_symlink()
+        assert (st.st_uid, st.st_mode & 0o777) == (JOB_UID, 0o700)
+    assert site.check() == ""  # the job's own directories are kept as they are
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (another uid's directory)")
+@pytest.mark.parametrize("squat", ["shm", "fsx", "link"])
+def test_a_squatted_job_directory_sends_the_job_the_full_way(site: Site, squat: str) -> None:
+    if squat == "link":
+        (site.shm / "job-7").symlink_to(site.root)
+    else:
+        path = getattr(site, squat) / "job-7"
+        path.mkdir(mode=0o700)
+        os.chown(path, 65534, 65534)
+    assert "checkpoint directory" in site.check()
+
+
+def test_a_job_without_a_plain_uid_goes_the_full_way(site: Site) -> None:
+    assert "not plain digits" in site.check(SLURM_JOB_UID="")
+    assert "not plain digits" in site.check(SLURM_JOB_ID="7/../8")
