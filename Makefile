@@ -46,6 +46,8 @@ test: lint $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/slurm_parse.py
 	$(PY) benchmarks/prolog_latency.py
+	$(PY) benchmarks/prolog_local.py
+	$(PY) benchmarks/drain_calls.py
 	$(PY) benchmarks/lemon_detection.py
 	$(PY) benchmarks/lemon_scale.py
 	$(PY) benchmarks/placement_lua.py

@@ -48,9 +48,11 @@ from datetime import UTC, datetime
 from functools import lru_cache
 
 from gpuwarden.lemon.incidence import IncidenceBuilder
+from gpuwarden.lemon.rangetally import RangeTally, shape
 from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
+from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.hostlist import HostlistError, expand
-from gpuwarden.slurm.models import REASON_PREFIX, AcctJob, NodeEvent
+from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 LEMON_PREFIX = f"{REASON_PREFIX} lemon"
@@ -201,7 +203,13 @@ def _expand(nodes: str) -> tuple[str, ...]:
     return tuple(expand(nodes))
 
 
-def _nodes(job: AcctJob) -> tuple[str, ...]:
+@lru_cache(maxsize=65_536)
+def _submit_facts(line: str) -> tuple[frozenset[str], str]:
+    # shlex is ~100 us a line, and failed runs repeat their submit lines (retries, arrays).
+    return named_nodes(line), script_key(line)
+
+
+def _nodes(job: AcctRecord) -> tuple[str, ...]:
     if not job.nodes or job.nodes in ("None assigned", "(null)"):
         return ()
     return _expand(job.nodes)
@@ -226,73 +234,108 @@ def _failed_nodes(nodes: tuple[str, ...], end: int, failures: Mapping[str, list[
     return hit
 
 
-def attribute_runs(jobs: Iterable[AcctJob], drains: Mapping[str, list[HealthDrain]],
+def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthDrain]],
                    grace_s: float = GRACE_S,
                    clears: Mapping[str, float] | None = None,
-                   failures: Mapping[str, list[HealthDrain]] | None = None) -> Attribution:
+                   failures: Mapping[str, list[HealthDrain]] | None = None,
+                   into: Attribution | None = None,
+                   tally: RangeTally | None = None) -> Attribution:
     """Rules 1-4, 6 and 7 over one batch of records; mergeable with other batches.
 
     ``drains``: health-gating drains by node; ``failures``: every node failure event by node
-    (DOWN and health drains), to pin a run's failure on the nodes that failed.
+    (DOWN and health drains), to pin a run's failure on the nodes that failed. ``into``: add
+    to this Attribution rather than a new one. ``tally``: leave the exposure of runs in it, for
+    the caller to `spread_exposure` once after many batches (by default, spread at the end).
     """
-    result = Attribution()
+    result = into if into is not None else Attribution()
     clears = clears or {}
     failures = drains if failures is None else failures
     exposure = result.exposure
-    # Exposure is tallied per distinct node list and spread over its nodes once at the end:
-    # at millions of records, touching every node of every run dominated the scan.
-    tally: dict[tuple[str, int], list[float]] = {}
+    # Exposure goes to a tally of node ranges, spread over the nodes once at the end: at
+    # millions of records, naming and touching every node of every run dominated the scan.
+    ranged = RangeTally() if tally is None else tally
+    gpu_runs, gpu_hours, runs_by_size = result.gpu_runs, result.gpu_hours, result.runs_by_size
+    add_hours = result.incidence.add_hours
+    first, last, gpu_total = result.first_start, result.last_end, result.gpu_hours_total
     for job in jobs:
-        try:
-            all_nodes = _nodes(job)
-        except HostlistError:
-            result.skipped["unreadable node list"] += 1
-            continue
-        if not all_nodes:
-            if job.state not in ("PENDING", "CANCELLED"):
-                result.skipped["no nodes"] += 1
-            continue
+        text, state = job.nodes, job.state
+        known = None if clears or not text else shape(text)
+        all_nodes: tuple[str, ...] = ()
+        if known is None or state in _BLAMABLE:
+            all_nodes = _named(job, state, result)
+            if not all_nodes:
+                continue
         start, end = job.start_time, job.end_time
         if start is None or end is None or end < start:
             result.skipped["no start or end time"] += 1
             continue
+        count = known[1] if known is not None else len(all_nodes)
         cleared = bool(clears) and any(n in clears for n in all_nodes)
         nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if cleared else all_nodes
         hours = (end - start) / 3600
-        size = size_bucket(len(all_nodes))
-        gclass = gpu_class(job.gpus)
-        result.gpu_runs[gclass] += 1
-        result.gpu_hours[gclass] += hours
-        result.gpu_hours_total += hours * max(0, job.gpus)
-        result.first_start = min(result.first_start, start)
-        result.last_end = max(result.last_end, end)
-        result.runs_by_size[size] += len(nodes)
-        result.incidence.add_hours(size, hours)
+        size = size_bucket(count)
+        gpus = job.gpus
+        gclass = gpu_class(gpus)
+        gpu_runs[gclass] += 1
+        gpu_hours[gclass] += hours
+        gpu_total += hours * max(0, gpus)
+        first = min(first, start)
+        last = max(last, end)
+        runs_by_size[size] += len(nodes) if cleared else count
+        add_hours(size, hours)
         if cleared:
-            for n in nodes:
-                e = exposure[n]
-                e.jobs += 1
-                e.hours += hours
-                e.by_size[size] += 1
+            _expose_each(exposure, nodes, size, hours)
+        elif known is not None:
+            ranged.add_list(text, size, end - start)
         else:
-            t = tally.get((job.nodes, size))
-            if t is None:
-                tally[(job.nodes, size)] = [1, hours]
-            else:
-                t[0] += 1
-                t[1] += hours
-        reason = _rule(job, all_nodes, drains, grace_s, start, end)
-        if reason is not None and job.state == "REQUEUED" and not (
-                failures and _failed_nodes(all_nodes, end, failures, grace_s)):
-            reason = None  # rule 2: a requeue no node failure explains
-        if reason is not None:
-            result.gpu_failures[gclass] += 1
-            _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s)
-    _spread_tally(exposure, tally)
+            ranged.add_names(all_nodes, size, end - start)
+        if state in _BLAMABLE:  # else rule 6
+            _judge(result, job, all_nodes, nodes, start, end, size, gclass, drains, failures,
+                   grace_s)
+    result.first_start, result.last_end, result.gpu_hours_total = first, last, gpu_total
+    if tally is None:
+        spread_exposure(exposure, ranged)
     return result
 
 
-def _blame(result: Attribution, job: AcctJob, all_nodes: tuple[str, ...],
+_BLAMABLE = NODE_STATES | {"REQUEUED", "FAILED"}  # the states _rule can blame
+
+
+def _named(job: AcctRecord, state: str, result: Attribution) -> tuple[str, ...]:
+    """The run's nodes by name; () for none (counted as skipped, with why)."""
+    try:
+        all_nodes = _nodes(job)
+    except HostlistError:
+        result.skipped["unreadable node list"] += 1
+        return ()
+    if not all_nodes and state not in ("PENDING", "CANCELLED"):
+        result.skipped["no nodes"] += 1
+    return all_nodes
+
+
+def _expose_each(exposure: dict[str, Exposure], nodes: Sequence[str], size: int,
+                 hours: float) -> None:
+    for n in nodes:
+        e = exposure[n]
+        e.jobs += 1
+        e.hours += hours
+        e.by_size[size] += 1
+
+
+def _judge(result: Attribution, job: AcctRecord, all_nodes: tuple[str, ...],
+           nodes: Sequence[str], start: int, end: int, size: int, gclass: int,
+           drains: Mapping[str, list[HealthDrain]], failures: Mapping[str, list[HealthDrain]],
+           grace_s: float) -> None:
+    reason = _rule(job, all_nodes, drains, grace_s, start, end)
+    if reason is not None and job.state == "REQUEUED" and not (
+            failures and _failed_nodes(all_nodes, end, failures, grace_s)):
+        reason = None  # rule 2: a requeue no node failure explains
+    if reason is not None:
+        result.gpu_failures[gclass] += 1
+        _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s)
+
+
+def _blame(result: Attribution, job: AcctRecord, all_nodes: tuple[str, ...],
            in_scope: Sequence[str], start: int, end: int, size: int, reason: str,
            failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
     job_id = job.job_id
@@ -302,12 +345,12 @@ def _blame(result: Attribution, job: AcctJob, all_nodes: tuple[str, ...],
     elif job.state in NODE_STATES and job.failed_node in all_nodes:
         culprits = [job.failed_node]  # sacct's own record of the node that failed
         reason += f"; Slurm recorded {job.failed_node} as the node that failed"
-    named = named_nodes(job.submit_line)
+    named, script = _submit_facts(job.submit_line)
     if named:
         named = frozenset(all_nodes) if named == ALL_NODES else named & frozenset(all_nodes)
     result.incidence.add_failure(
         job_id, float(end), (end - start) / 3600, size, in_scope, culprits, named, job.user,
-        script_key(job.submit_line), gameable=job.state == "FAILED" and not culprits)
+        script, gameable=job.state == "FAILED" and not culprits)
     targets = culprits or all_nodes
     blamed = list(targets) if in_scope is all_nodes else [n for n in targets if n in set(in_scope)]
     weight = 1.0 / len(culprits or all_nodes)
@@ -318,15 +361,13 @@ def _blame(result: Attribution, job: AcctJob, all_nodes: tuple[str, ...],
                                    float(start)))
 
 
-def _spread_tally(exposure: dict[str, Exposure],
-                  tally: dict[tuple[str, int], list[float]]) -> None:
-    for (text, size), (count, hours) in tally.items():
-        runs = int(count)
-        for n in _expand(text):
-            e = exposure[n]
-            e.jobs += runs
-            e.hours += hours
-            e.by_size[size] += runs
+def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
+    """Move what ``tally`` holds into the per-node exposure (``tally`` is left empty)."""
+    for n, size, runs, secs in tally.spread():
+        e = exposure[n]
+        e.jobs += runs
+        e.hours += secs / 3600
+        e.by_size[size] += runs
 
 
 def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
@@ -351,7 +392,7 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
     return att
 
 
-def attribute(jobs: Iterable[AcctJob], drains: Iterable[HealthDrain] = (),
+def attribute(jobs: Iterable[AcctRecord], drains: Iterable[HealthDrain] = (),
               grace_s: float = GRACE_S, clears: Mapping[str, float] | None = None,
               failures: Iterable[HealthDrain] | None = None) -> Attribution:
     grouped = by_node(drains)
@@ -360,7 +401,7 @@ def attribute(jobs: Iterable[AcctJob], drains: Iterable[HealthDrain] = (),
                            grace_s, clears)
 
 
-def _rule(job: AcctJob, nodes: tuple[str, ...], drains: Mapping[str, list[HealthDrain]],
+def _rule(job: AcctRecord, nodes: tuple[str, ...], drains: Mapping[str, list[HealthDrain]],
           grace_s: float, start: int, end: int) -> str | None:
     state = job.state
     if state in NODE_STATES:

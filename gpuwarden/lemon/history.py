@@ -30,8 +30,11 @@ from gpuwarden.lemon.attribution import (
     health_drains,
     lemon_clears,
     node_failures,
+    spread_exposure,
 )
+from gpuwarden.lemon.rangetally import RangeTally
 from gpuwarden.slurm import acctstream, parse
+from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 from gpuwarden.slurm.runner import CommandTimeoutError
@@ -81,27 +84,29 @@ class _Known:
         return add_lone_drains(att, self.drains, self.grace_s, self.clears)
 
 
-BATCH = 50_000  # records per attribute_runs call: bounds its per-batch tally of node lists
+BATCH = 50_000  # records per attribute_runs call: bounds the list of records held
 
 
-def _count(att: Attribution, records: Iterable[AcctJob | SlurmError], label: str,
+def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: str,
            known: _Known) -> tuple[Attribution, int]:
     """Fold a stream of records into ``att``; only per-node tallies and failed runs stay."""
     n = 0
-    good: list[AcctJob] = []
+    good: list[AcctRecord] = []
+    tally = RangeTally()  # exposure of every batch, spread over the nodes once at the end
     for r in records:
         n += 1
-        if isinstance(r, AcctJob):
+        if not isinstance(r, SlurmError):
             good.append(r)
             if len(good) >= BATCH:
-                att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
-                                         known.failures))
+                attribute_runs(good, known.drains, known.grace_s, known.clears,
+                               known.failures, into=att, tally=tally)
                 good = []
         else:
             att.skipped[f"{label}malformed record"] += 1
     if good:
-        att.merge(attribute_runs(good, known.drains, known.grace_s, known.clears,
-                                 known.failures))
+        attribute_runs(good, known.drains, known.grace_s, known.clears, known.failures,
+                       into=att, tally=tally)
+    spread_exposure(att.exposure, tally)
     return att, n
 
 
@@ -133,7 +138,7 @@ def _stream_file(path: str, known: _Known,
         if window == (None, None):
             window = acctstream.file_window(fh)
         stream = acctstream.AcctStream(acctstream.text_reader(fh), "sacct --json")
-        records: Iterable[AcctJob | SlurmError] = stream
+        records: Iterable[AcctRecord | SlurmError] = stream.runs()
         lo, hi = window
         if lo is not None or hi is not None:
             # Exported with a window: count only runs that ended in it, so that day files
@@ -179,6 +184,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                workers: int | None = None,
                progress: Callable[[int, int], None] | None = None) -> History:
     _refuse_repeats(paths)
+    log.info("reading %d accounting file(s), decoding with %s", len(paths),
+             acctstream.decoder_name())
     known = _Known.of(events, grace_s)
     att, total = Attribution(), 0
     workers = workers or _workers(len(paths))
@@ -210,12 +217,12 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
     return History(known.finish(att), total, tuple(events))
 
 
-def _ended_in(records: Iterable[AcctJob | SlurmError], lo: float,
-              hi: float) -> Iterator[AcctJob | SlurmError]:
+def _ended_in(records: Iterable[AcctRecord | SlurmError], lo: float,
+              hi: float) -> Iterator[AcctRecord | SlurmError]:
     """sacct lists a run in every window it overlaps: count it only in the one it ended in
     (runs still going are not finished, so not counted yet)."""
     for r in records:
-        if not isinstance(r, AcctJob) or (r.end_time is not None and lo <= r.end_time < hi):
+        if isinstance(r, SlurmError) or (r.end_time is not None and lo <= r.end_time < hi):
             yield r
 
 

@@ -1,0 +1,175 @@
+"""sacct records decoded by msgspec into typed structs: only the fields gpuwarden reads.
+
+Unknown fields (most of a real record: steps, tres.requested, limits...) are skipped in C, so
+a record costs a few microseconds instead of the ~30 that building and walking its whole dict
+costs. The schema is strict (a wrong type is an error, never a guess); any chunk it rejects is
+decoded again untyped and each of its records goes through `parse.acct_job_from_json`, so
+both decoders give the same records and the same errors (tests/unit/test_lemon_fastdecode.py).
+
+Optional: without msgspec (the `lemon` extra) `DECODER` is None and acctstream uses the
+standard library, correct but slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gpuwarden.slurm.models import AcctJob
+
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - exercised where the extra is not installed
+    msgspec = None  # type: ignore[assignment]
+
+
+if msgspec is not None:
+    class _Num(msgspec.Struct, gc=False):
+        """v0.0.40+'s {"set", "infinite", "number"} wrapper."""
+
+        set: bool = True
+        infinite: bool = False
+        number: int | None = None
+
+    Number = int | _Num | None
+
+    class _State(msgspec.Struct, gc=False):
+        current: str | list[str] | None = None
+        reason: str | None = None
+
+    class _Time(msgspec.Struct, gc=False):
+        submission: Number = None
+        start: Number = None
+        end: Number = None
+
+    class _Signal(msgspec.Struct, gc=False):
+        id: Number = None
+
+    class _Exit(msgspec.Struct, gc=False):
+        return_code: Number = None
+        signal: _Signal | None = None
+
+    class _Tres(msgspec.Struct, gc=False):
+        type: str | None = None
+        name: str | None = None
+        count: Number = None
+
+    class _TresSet(msgspec.Struct, gc=False):
+        allocated: list[_Tres] | None = None
+
+    def _num(v: Any) -> int | None:
+        # The same reading as parse._number, on the typed values.
+        if v is None or isinstance(v, int):
+            return v
+        if not v.set or v.infinite:
+            return None
+        return v.number  # type: ignore[no-any-return]
+
+    class Run(msgspec.Struct, gc=False):
+        """One record, with AcctJob's attributes read from it when asked (a scan reads
+        five of them for most records), each exactly as parse.acct_job_from_json reads it."""
+
+        id_: Number = msgspec.field(default=None, name="job_id")
+        name_: str | None = msgspec.field(default=None, name="name")
+        user_: str | None = msgspec.field(default=None, name="user")
+        state_: _State | None = msgspec.field(default=None, name="state")
+        partition_: str | None = msgspec.field(default=None, name="partition")
+        nodes_: str | None = msgspec.field(default=None, name="nodes")
+        allocation_nodes: Number = None
+        tres: _TresSet | None = None
+        exit_: _Exit | None = msgspec.field(default=None, name="exit_code")
+        time: _Time | None = None
+        restart_cnt: Number = None
+        failed_node_: str | None = msgspec.field(default=None, name="failed_node")
+        submit_line_: str | None = msgspec.field(default=None, name="submit_line")
+
+        @property
+        def job_id(self) -> int:
+            return self.id_ if isinstance(self.id_, int) else (_num(self.id_) or 0)
+
+        @property
+        def nodes(self) -> str:
+            return self.nodes_ or ""
+
+        @property
+        def state(self) -> str:
+            st = self.state_
+            cur = st.current if st is not None else None
+            if isinstance(cur, str):
+                cur = [v for v in cur.split(",") if v]
+            return ("REQUEUED" if "REQUEUED" in cur else cur[0]) if cur else ""
+
+        @property
+        def start_time(self) -> int | None:
+            t = self.time
+            return None if t is None else (
+                t.start if isinstance(t.start, int) else _num(t.start)) or None
+
+        @property
+        def end_time(self) -> int | None:
+            t = self.time
+            return None if t is None else (
+                t.end if isinstance(t.end, int) else _num(t.end)) or None
+
+        @property
+        def gpus(self) -> int:
+            total = 0
+            if self.tres is not None and self.tres.allocated:
+                for t in self.tres.allocated:
+                    if t.type == "gres" and t.name == "gpu":
+                        total += _num(t.count) or 0
+            return total
+
+        @property
+        def exit_code(self) -> int | None:
+            return None if self.exit_ is None else _num(self.exit_.return_code)
+
+        @property
+        def user(self) -> str:
+            return self.user_ or ""
+
+        @property
+        def failed_node(self) -> str:
+            return self.failed_node_ or ""
+
+        @property
+        def submit_line(self) -> str:
+            return self.submit_line_ or ""
+
+        def job(self) -> AcctJob:
+            ex, tm, st = self.exit_, self.time, self.state_
+            sig = _num(ex.signal.id) if ex is not None and ex.signal is not None else None
+            sub = _num(tm.submission) if tm is not None else None
+            return AcctJob(self.job_id, self.name_ or "", self.user, self.state,
+                           (st.reason or "") if st is not None else "", self.partition_ or "",
+                           self.nodes, _num(self.allocation_nodes) or 0, self.gpus,
+                           self.exit_code, sig, sub or None, self.start_time, self.end_time,
+                           _num(self.restart_cnt) or 0, self.failed_node, self.submit_line)
+
+    _TYPED = msgspec.json.Decoder(list[Run])
+    _UNTYPED = msgspec.json.Decoder()
+
+
+def _decode(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | None:
+    """``text`` is a JSON array of sacct records: the records (`Run`s if ``lazy``, else
+    AcctJobs; errors as ``record`` gives them), or None when it is not valid JSON (the
+    caller's cut was not between two records)."""
+    try:
+        items = _TYPED.decode(text)
+    except msgspec.ValidationError:
+        pass  # valid JSON of another shape: let the untyped path explain each record
+    except msgspec.DecodeError:
+        return None
+    else:
+        # A record without a job_id is the only one acct_job_from_json refuses.
+        if all(isinstance(r.id_, int) or _num(r.id_) is not None for r in items):
+            return items if lazy else [r.job() for r in items]
+    try:
+        raw = _UNTYPED.decode(text)
+    except msgspec.DecodeError:
+        return None
+    return [record(i) for i in raw] if isinstance(raw, list) else None
+
+
+DECODER: Callable[[str, Callable[[Any], Any], bool], list[Any] | None] | None = (
+    _decode if msgspec is not None else None)
