@@ -156,10 +156,21 @@ def _act_or_report(env: Env, verdict: Verdict, resume_allowed: bool
         return None
 
 
+def fake_gpu_fingerprint(env: Env) -> list[int] | None:
+    """With the fake GPU probe (test clusters), the file's identity before the checks read it:
+    stored with the verdict, so the prolog's fast path sees any change to it since, exactly."""
+    h = env.config.health
+    if h.gpu_probe != "fake":
+        return None
+    from gpuwarden.health.fastgate import fingerprint  # noqa: PLC0415
+
+    return fingerprint(h.fake_gpu_file)
+
+
 def _save(env: Env, verdict: Verdict, complete: bool = True,
-          gpus: set[int] | None = None) -> None:
+          gpus: set[int] | None = None, fake_fp: list[int] | None = None) -> None:
     try:
-        env.store.save_verdict(verdict, complete, gpus)
+        env.store.save_verdict(verdict, complete, gpus, fake_fp)
     except GpuwardenError as exc:
         env.fail("state", f"{verdict.context} {env.node}: {exc}")
 
@@ -191,11 +202,12 @@ def periodic(env: Env) -> int:
     """HealthCheckProgram: every check; drain or resume; then store the verdict and publish
     the node's health marker in Slurm."""
     h = env.config.health
+    fake_fp = fake_gpu_fingerprint(env)
     verdict = gather(h, env.node, "health check", checks_budget(env, h.periodic_budget_s),
                      probe=env.probe, now=env.clock)
     note_gaps(env, verdict)
     acted = _act_or_report(env, verdict, resume_allowed=True)
-    _save(env, verdict)
+    _save(env, verdict, fake_fp=fake_fp)
     if acted is not None:
         publish_marker(env, acted[1], verdict.status.name, verdict.at)
     report_self(env, always=True)
@@ -270,6 +282,7 @@ def prolog_gate(env: Env) -> int:
         kept = tuple(r for r in stored.results if r.check.startswith(STORED_CHECKS))
         verdict = replace(quick, results=kept + quick.results)
     else:
+        fake_fp = fake_gpu_fingerprint(env)
         verdict = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s,
                          gpus=gpus, probe=env.probe, now=env.clock)
     note_gaps(env, verdict)
@@ -280,7 +293,7 @@ def prolog_gate(env: Env) -> int:
     if not fresh:
         # A verdict on the job's GPUs only is not the node's: stored marked partial (neither
         # the fast path nor the next prolog trusts it), kept out of the textfile.
-        _save(env, verdict, complete=gpus is None, gpus=gpus)
+        _save(env, verdict, complete=gpus is None, gpus=gpus, fake_fp=fake_fp)
     report_self(env, always=False)
     if acted is None:
         return 0
@@ -352,6 +365,7 @@ def epilog_gate(env: Env) -> int:
                or env.clock() - stored.at > h.verdict_max_age_s)
     if not (suspect or _job_failed(env.environ)):
         return 0
+    fake_fp = fake_gpu_fingerprint(env)
     verdict = epilog_evidence(gather(h, env.node, f"epilog job {job}",
                                      checks_budget(env, h.epilog_budget_s), probe=env.probe,
                                      now=env.clock))
@@ -360,7 +374,7 @@ def epilog_gate(env: Env) -> int:
         _act_or_report(env, verdict, resume_allowed=False)
     # Results held back are stored as needing a full check: the fast path refuses the verdict
     # and the next prolog runs every check again.
-    _save(env, verdict, complete=not needs_full_check(verdict))
+    _save(env, verdict, complete=not needs_full_check(verdict), fake_fp=fake_fp)
     report_self(env, always=False)
     return 0
 

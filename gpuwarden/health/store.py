@@ -25,6 +25,7 @@ _MAX_STATE_BYTES = 1 << 20
 # The stored verdict's flag: true only for one that covered every check and GPU (the prolog's
 # fast path, gpuwarden.health.fastgate, reads it by this name).
 COMPLETE = "complete"
+FAKE_GPU_FP = "fake_gpu_fp"  # the fake GPU file as the checks found it (fastgate)
 BOOT_ID, MONO = "boot_id", "mono"
 _SAVE_LAG_MAX_S = 600.0
 _BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -105,7 +106,7 @@ class Store:
         ensure_private_dir(self.dir)
 
     def save_verdict(self, verdict: Verdict, complete: bool = True,
-                     gpus: set[int] | None = None) -> None:
+                     gpus: set[int] | None = None, fake_fp: list[int] | None = None) -> None:
         """The verdict file and the node_exporter textfile, each complete or left as it was;
         one failing does not stop the other. Raises StateWriteError naming what failed.
 
@@ -123,6 +124,8 @@ class Store:
         doc[MONO] = time.monotonic() - min(max(0.0, time.time() - verdict.at), _SAVE_LAG_MAX_S)
         if gpus is not None:
             doc["gpus"] = sorted(gpus)
+        if fake_fp is not None:
+            doc[FAKE_GPU_FP] = fake_fp
         try:
             self._ready()
             atomic_write(self.dir, self.VERDICT, json.dumps(doc, indent=1).encode())

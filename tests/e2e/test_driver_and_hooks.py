@@ -12,7 +12,8 @@ from tests.e2e.test_foundation import sinfo_reasons
 from tests.e2e.test_health import clean, periodic  # noqa: F401 - the fixture is used by name
 
 pytestmark = pytest.mark.timeout(300)
-PROLOG = "SLURMD_NODENAME={n} SLURM_JOB_ID=4243 /opt/gpuwarden/prolog/gpuwarden-prolog"
+JOB_ENV = "SLURM_JOB_ID=4243 SLURM_JOB_UID=2001 SLURM_JOB_GID=2001"
+PROLOG = "SLURMD_NODENAME={n} " + JOB_ENV + " /opt/gpuwarden/prolog/gpuwarden-prolog"
 
 
 def test_a_driver_nvml_cannot_open_drains_the_node(clean: Harness) -> None:  # noqa: F811
@@ -46,7 +47,7 @@ def test_the_prolog_fast_path_answers_a_fresh_good_verdict(clean: Harness) -> No
     periodic(h, "c6")
     assert h.sh("c6", PROLOG.format(n="c6")).rc == 0  # full path: leaves the settings
     assert h.sh("c6", "test -f /run/gpuwarden/prolog-gate.json").rc == 0
-    res = h.sh("c6", "python3 -c \"from gpuwarden.health import fastgate; import os; "
+    res = h.sh("c6", f"{JOB_ENV} python3 -c \"from gpuwarden.health import fastgate; import os; "
                      "print(repr(fastgate.check(dict(os.environ, SLURMD_NODENAME='c6'))))\"")
     assert res.out.strip() == "''", res.out
     # A fatal XID since the verdict: the fast path hands over and the full prolog drains.

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.harness import FAKE_JOB, Harness
 from gpuwarden.slurm.hostlist import expand
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import NODES, nodes, periodic
@@ -49,7 +49,29 @@ def fleet(cluster: Harness) -> Iterator[Harness]:
         cluster.clear_gpu_faults(n)
     if nodes(cluster)[LEMON].drained:
         cluster.gpuwarden("slurmctld", "resume", LEMON).check("resume the lemon")
-    cluster.exec("slurmctld", ["scancel", "--user=alice"])
+    for user in USERS:
+        cluster.exec("slurmctld", ["scancel", f"--user={user}"])
+
+
+USERS = ("alice", "bob")
+# Two job scripts that run the same thing: no single user or script carries the evidence.
+SCRIPTS = (f"srun {FAKE_JOB}", f"srun --label {FAKE_JOB}")
+
+
+def spread_rounds(h: Harness, rounds: int) -> list[int]:
+    """Whole-node jobs the scheduler places (nothing pinned by name), from two users and two
+    scripts: each round is held until all of it is queued, then released at once, so every node
+    runs one job of it. Pinned jobs, or one user's or one script's, are evidence the detector
+    discounts by design (a user can aim them at a node)."""
+    jobs: list[int] = []
+    for r in range(rounds):
+        batch = [h.sbatch("--hold", "--gpus-per-node=8", "--time=2", name="spread",
+                          user=USERS[(r + i) % 2], wrap=SCRIPTS[(r + i // 2) % 2])
+                 for i in range(len(NODES))]
+        h.exec("slurmctld", ["scontrol", "release", ",".join(map(str, batch))]).check("release")
+        h.wait_finished(batch, timeout=240)
+        jobs += batch
+    return jobs
 
 
 def test_a_flaky_node_is_found_in_accounting_and_drained_with_its_jobs_as_evidence(
@@ -67,7 +89,7 @@ def test_a_flaky_node_is_found_in_accounting_and_drained_with_its_jobs_as_eviden
     h.make_flaky(LEMON, 0.95)
     periodic(h, LEMON)
     assert not nodes(h)[LEMON].drained
-    flaky_jobs = h.submit_pairs(NODES, rounds=2)
+    flaky_jobs = spread_rounds(h, 8)
     states = h.wait_finished(flaky_jobs, timeout=420)
     failed = {j for j, s in states.items() if s == "FAILED"}
     on_lemon = {j for j in flaky_jobs if any(LEMON in expand(r.nodes) for r in h.acct(j))}
