@@ -25,6 +25,12 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
    (the user's or the scheduler's doing), nor any state not named above.
 7. A repaired lemon starts clean: once a lemon drain has ended (an operator resumed the node),
    runs on that node that ended before then no longer count for it, nor against it.
+8. One failure event explains at most one failed run: a node that went down between two runs
+   (near the end of one and the start of the next, both within the windows above) is the
+   culprit (rules 1-3) or the drain (rule 4) of the run whose end is nearest the event; on a
+   tie, of the run that ended at or before it. The other runs are judged as if the event had
+   not happened. Runs that claim an event wait (`Attribution.pending`) until every batch has
+   been read (`add_lone_drains`), so the owner does not depend on the order runs are read.
 
 The 1/k weights are the evidence listing only: which node of a failed run is to blame is
 decided by the joint fit over every run (`gpuwarden.lemon.inference`), from the incidence this
@@ -99,6 +105,9 @@ class Attribution:
     last_end: float = 0.0
     # The failed runs x nodes, for the joint inference (`gpuwarden.lemon.inference`).
     incidence: IncidenceBuilder = field(default_factory=IncidenceBuilder)
+    # Failed runs that claim a failure event another run may claim too (rule 8): judged once
+    # every batch is in (`settle`).
+    pending: list[Pending] = field(default_factory=list)
 
     def merge(self, other: Attribution) -> Attribution:
         self.blames.extend(other.blames)
@@ -119,6 +128,7 @@ class Attribution:
         self.first_start = min(self.first_start, other.first_start)
         self.last_end = max(self.last_end, other.last_end)
         self.incidence.merge(other.incidence)
+        self.pending.extend(other.pending)
         return self
 
 
@@ -127,6 +137,33 @@ class HealthDrain:
     node: str
     at: float
     reason: str
+
+
+@dataclass(frozen=True)
+class Held:
+    """What judging a failed run reads of its record (kept while it waits, rule 8)."""
+
+    job_id: int
+    user: str
+    state: str
+    exit_code: int | None
+    failed_node: str
+    submit_line: str
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A failed run waiting for the events it claims to be shared out (rule 8)."""
+
+    job: Held
+    all_nodes: tuple[str, ...]
+    nodes: tuple[str, ...]
+    start: int
+    end: int
+    size: int
+    gclass: int
+    claims: tuple[HealthDrain, ...]  # every event it could use
+    drained: tuple[HealthDrain, ...] = ()  # of those, the health drains rule 4 reads
 
 
 def size_bucket(nodes: int) -> int:
@@ -290,8 +327,15 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
         else:
             ranged.add_names(all_nodes, size, end - start)
         if state in _BLAMABLE:  # else rule 6
-            _judge(result, job, all_nodes, nodes, start, end, size, gclass, drains, failures,
-                   grace_s)
+            drained, claims = _claims(state, all_nodes, start, end, drains, failures, grace_s)
+            if claims:  # rule 8: judged once every run that may claim them is in
+                result.pending.append(Pending(
+                    Held(job.job_id, job.user, state, job.exit_code, job.failed_node,
+                         job.submit_line), all_nodes, tuple(nodes), start, end, size, gclass,
+                    claims, drained))
+            else:
+                _judge(result, job, all_nodes, nodes, start, end, size, gclass, {}, {},
+                       grace_s)
     result.first_start, result.last_end, result.gpu_hours_total = first, last, gpu_total
     if tally is None:
         spread_exposure(exposure, ranged)
@@ -322,7 +366,49 @@ def _expose_each(exposure: dict[str, Exposure], nodes: Sequence[str], size: int,
         e.by_size[size] += 1
 
 
-def _judge(result: Attribution, job: AcctRecord, all_nodes: tuple[str, ...],
+def _claims(state: str, nodes: tuple[str, ...], start: int, end: int,
+            drains: Mapping[str, list[HealthDrain]], failures: Mapping[str, list[HealthDrain]],
+            grace_s: float) -> tuple[tuple[HealthDrain, ...], tuple[HealthDrain, ...]]:
+    """(rule 4's drains, every event) a failed run could use: its nodes' failures around
+    its end (rules 1-3, culprits) and, for one node that FAILED, health drains while it ran or
+    after (rule 4)."""
+    drained: list[HealthDrain] = []
+    if state == "FAILED" and len(nodes) == 1:
+        drained = [d for d in drains.get(nodes[0], ()) if start <= d.at <= end + grace_s]
+        if not drained:
+            return (), ()  # the user's failure (rule 4): no event can change that
+    out = list(drained)
+    for n in nodes:
+        ds = failures.get(n)
+        if ds:
+            out.extend(d for d in ds if end - LEAD_S <= d.at <= end + grace_s and d not in out)
+    return tuple(drained), tuple(out)
+
+
+def _distance(p: Pending, d: HealthDrain) -> tuple[float, bool, int, int]:
+    # Nearest end first; on a tie the run that ended at or before the event; then a fixed
+    # order, so that the owner never depends on the order runs were read in.
+    return abs(p.end - d.at), p.end > d.at, p.job.job_id, p.start
+
+
+def settle(att: Attribution, grace_s: float = GRACE_S) -> Attribution:
+    """Rule 8, once every batch has been merged: each pending run is judged on the events
+    it is the nearest run to."""
+    owner: dict[HealthDrain, Pending] = {}
+    for p in att.pending:
+        for d in p.claims:
+            best = owner.get(d)
+            if best is None or _distance(p, d) < _distance(best, d):
+                owner[d] = p
+    for p in att.pending:
+        mine = [d for d in p.claims if owner[d] is p]
+        _judge(att, p.job, p.all_nodes, p.nodes, p.start, p.end, p.size, p.gclass,
+               by_node(d for d in mine if d in p.drained), by_node(mine), grace_s)
+    att.pending = []
+    return att
+
+
+def _judge(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ...],
            nodes: Sequence[str], start: int, end: int, size: int, gclass: int,
            drains: Mapping[str, list[HealthDrain]], failures: Mapping[str, list[HealthDrain]],
            grace_s: float) -> None:
@@ -335,7 +421,7 @@ def _judge(result: Attribution, job: AcctRecord, all_nodes: tuple[str, ...],
         _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s)
 
 
-def _blame(result: Attribution, job: AcctRecord, all_nodes: tuple[str, ...],
+def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ...],
            in_scope: Sequence[str], start: int, end: int, size: int, reason: str,
            failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
     job_id = job.job_id
@@ -373,7 +459,8 @@ def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
 def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                     grace_s: float = GRACE_S,
                     clears: Mapping[str, float] | None = None) -> Attribution:
-    """Rule 5, once every batch has been merged."""
+    """Rules 8 (`settle`) and 5, once every batch has been merged."""
+    settle(att, grace_s)
     clears = clears or {}
     blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for b in att.blames:
@@ -401,7 +488,7 @@ def attribute(jobs: Iterable[AcctRecord], drains: Iterable[HealthDrain] = (),
                            grace_s, clears)
 
 
-def _rule(job: AcctRecord, nodes: tuple[str, ...], drains: Mapping[str, list[HealthDrain]],
+def _rule(job: AcctRecord | Held, nodes: tuple[str, ...], drains: Mapping[str, list[HealthDrain]],
           grace_s: float, start: int, end: int) -> str | None:
     state = job.state
     if state in NODE_STATES:

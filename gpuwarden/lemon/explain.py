@@ -1,9 +1,16 @@
-"""Why the joint fit did or did not put a node's failures on it, in words. Pure."""
+"""Why the joint fit did or did not put a node's failures on it, in words. Pure.
+
+Everything per failed run that the words need (which node events name, which node's rate
+explains the most, what the background leaves) is computed once over the whole incidence, so
+explaining a node costs what its own entries do, not a pass over every run it was in.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import overload
 
 import numpy as np
 
@@ -12,9 +19,58 @@ from gpuwarden.lemon.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, In
 from gpuwarden.lemon.inference import Fit
 
 BACKGROUND = "the background rate of its job size"
+NONE = -1  # no entry; as an explainer code: the background
 
 
-@dataclass(frozen=True)
+def _first_per_row(hit: np.ndarray, row: IntArray, rows: int) -> IntArray:
+    """Per row, its first entry where ``hit`` holds (NONE if none); entries are row-ordered."""
+    idx = np.flatnonzero(hit)
+    out = np.full(rows, NONE, dtype=np.int64)
+    if len(idx):
+        r = row[idx]
+        first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        out[r[first]] = idx[first]
+    return out
+
+
+def _per_row(ufunc: np.ufunc, values: FloatArray, inc: Incidence, empty: float) -> FloatArray:
+    """``ufunc`` reduced over each row's entries (``empty`` for a row without any)."""
+    out = np.full(inc.rows, empty)
+    starts = inc.ptr[:-1]
+    full = inc.ptr[1:] > starts
+    if full.any():
+        out[full] = ufunc.reduceat(values, starts[full])
+    return out
+
+
+def _top(inc: Incidence, share: FloatArray, row: IntArray, among: np.ndarray) -> IntArray:
+    """Per row, the first entry with the largest share among the entries ``among``."""
+    vals = np.where(among, share, -np.inf)
+    best = _per_row(np.maximum, vals, inc, -np.inf)
+    return _first_per_row(among & (vals == best[row]), row, inc.rows)
+
+
+def _other_node(first: IntArray, inc: Incidence, row: IntArray) -> np.ndarray:
+    """Per entry: its node is not that of its row's ``first`` entry."""
+    head = np.where(first >= 0, inc.node[np.maximum(first, 0)], NONE)
+    out: np.ndarray = inc.node != head[row]
+    return out
+
+
+def _own(inc: Incidence, share: FloatArray, row: IntArray) -> FloatArray:
+    """Per entry: the share of its row on its node (a node listed twice: both entries)."""
+    order, _ = inc.by_node()
+    out = np.zeros(len(share))
+    if not len(order):
+        return out
+    n, r = inc.node[order], row[order]
+    start = np.r_[True, (n[1:] != n[:-1]) | (r[1:] != r[:-1])]
+    sums = np.add.reduceat(share[order], np.flatnonzero(start))
+    out[order] = sums[np.cumsum(start) - 1]
+    return out
+
+
+@dataclass(frozen=True, eq=False)
 class RowView:
     """Per failed run: what explains it, from the fit."""
 
@@ -22,66 +78,144 @@ class RowView:
     fit: Fit
     share: FloatArray  # per entry
     row: IntArray  # per entry
+    own: FloatArray  # per entry: its node's share of its row
+    background: FloatArray  # per row: the part no node's rate explains
+    culprit: IntArray  # per row: its first entry events name (NONE: none)
+    culprit2: IntArray  # per row: the first of another node than `culprit`'s
+    top: IntArray  # per row: the first entry with the largest share
+    top2: IntArray  # per row: the same among other nodes than `top`'s
 
     @classmethod
     def of(cls, inc: Incidence, f: Fit) -> RowView:
-        return cls(inc, f, f.share(inc), inc.entry_row())
+        share, row = f.share(inc), inc.entry_row()
+        named = (inc.flags & CULPRIT) > 0
+        culprit = _first_per_row(named, row, inc.rows)
+        top = _top(inc, share, row, np.ones(len(share), dtype=bool))
+        return cls(inc, f, share, row, _own(inc, share, row),
+                   1.0 - _per_row(np.add, share, inc, 0.0), culprit,
+                   _first_per_row(named & _other_node(culprit, inc, row), row, inc.rows),
+                   top, _top(inc, share, row, _other_node(top, inc, row)))
 
-    def explainer(self, r: int, node: int) -> str:
-        """What explains run r's failure, when it is not `node`."""
-        lo, hi = int(self.inc.ptr[r]), int(self.inc.ptr[r + 1])
-        nodes, shares = self.inc.node[lo:hi], self.share[lo:hi]
-        culprits = [int(n) for n, fl in zip(nodes, self.inc.flags[lo:hi], strict=True)
-                    if fl & CULPRIT and n != node]
-        if culprits:
-            return f"{self.inc.names[culprits[0]]} (events say it failed)"
-        others = shares.copy()
-        others[nodes == node] = -1.0
-        bg = 1.0 - float(shares.sum())
-        if len(others) and float(others.max()) >= bg:
-            return self.inc.names[int(nodes[int(np.argmax(others))])]
-        return BACKGROUND
+    def explainers(self, rows: IntArray, node: int) -> IntArray:
+        """Per run in ``rows``, what explains its failure when it is not ``node``: a node
+        events name (its index), a node whose rate explains the most (its index + the number
+        of nodes), or the background (NONE). See `label`."""
+        node_of = self.inc.node
+        c = self.culprit[rows]
+        c = np.where((c >= 0) & (node_of[np.maximum(c, 0)] != node), c, self.culprit2[rows])
+        t = self.top[rows]
+        t = np.where((t >= 0) & (node_of[np.maximum(t, 0)] != node), t, self.top2[rows])
+        # A run whose other nodes all explain less than the background is the background's.
+        value = np.where(t >= 0, self.share[np.maximum(t, 0)], -1.0)
+        plain = np.where((t >= 0) & (value >= self.background[rows]),
+                         node_of[np.maximum(t, 0)] + len(self.inc.names), NONE)
+        out: IntArray = np.where(c >= 0, node_of[np.maximum(c, 0)], plain)
+        return out
 
-    def node_share(self, r: int, node: int) -> float:
-        lo, hi = int(self.inc.ptr[r]), int(self.inc.ptr[r + 1])
-        hit = self.inc.node[lo:hi] == node
-        return float(self.share[lo:hi][hit].sum())
+    def label(self, code: int) -> str:
+        names = self.inc.names
+        if code == NONE:
+            return BACKGROUND
+        if code < len(names):
+            return f"{names[code]} (events say it failed)"
+        return names[code - len(names)]
+
+    def node_shares(self, rows: IntArray, entries: IntArray) -> FloatArray:
+        """Per run in ``rows``, the share on the node whose ``entries`` (row order) these are;
+        0 for a run without it."""
+        if not len(entries):
+            return np.zeros(len(rows))
+        at = self.row[entries]
+        pos = np.minimum(np.searchsorted(at, rows), len(entries) - 1)
+        hit = at[pos] == rows
+        out: FloatArray = np.where(hit, self.own[entries[pos]], 0.0)
+        return out
 
 
 def explain(view: RowView, node: int, entries: IntArray, null: float,
             left_out: str) -> str:
     """One line: how many failed runs, how many the node explains, what explains the rest."""
-    rows = view.row[entries]
-    if len(rows) == 0:
+    if len(entries) == 0:
         return "no failed runs"
     own = float(view.share[entries].sum())
-    others: Counter[str] = Counter()
-    for r in rows:
-        if view.node_share(int(r), node) < 0.5:
-            others[view.explainer(int(r), node)] += 1
+    low = entries[view.own[entries] < 0.5]
+    others: Counter[int] = Counter(view.explainers(view.row[low], node).tolist())
     expected = null * float(view.inc.node_hours[node])
-    parts = [f"{len(rows)} failed run(s) included it; the fit puts {own:.1f} on it "
+    parts = [f"{len(entries)} failed run(s) included it; the fit puts {own:.1f} on it "
              f"(a node like the fleet: {expected:.1f})"]
-    for who, k in others.most_common(3):
-        parts.append(f"{k} of its {len(rows)} failures were in jobs with {who}, which "
-                     "explains them" if who != BACKGROUND else
+    for code, k in others.most_common(3):
+        parts.append(f"{k} of its {len(entries)} failures were in jobs with "
+                     f"{view.label(code)}, which explains them" if code != NONE else
                      f"{k} are explained by {BACKGROUND}")
     if left_out:
         parts.append(f"tested with {left_out} (one source's evidence)")
     return "; ".join(parts)
 
 
-def annotate(view: RowView, node: int, blames: list[Blame],
-             rows_by_job: dict[tuple[int, float], int]) -> list[Blame]:
+class RowIndex:
+    """The incidence row of a blamed run, by (job id, end); built on first use."""
+
+    def __init__(self, inc: Incidence) -> None:
+        self._inc = inc
+        self._rows: dict[tuple[int, float], int] | None = None
+
+    def get(self, b: Blame) -> int | None:
+        if self._rows is None:
+            self._rows = {(int(j), float(t)): r for r, (j, t) in
+                          enumerate(zip(self._inc.job.tolist(), self._inc.end.tolist(),
+                                        strict=True))}
+        return self._rows.get((NO_JOB if b.job_id is None else b.job_id, b.at))
+
+
+def annotate(view: RowView, node: int, blames: Sequence[Blame], rows_by_job: RowIndex,
+             entries: IntArray) -> list[Blame]:
     """Each blamed run with the node's share of it, or what explains it instead."""
-    out = []
-    for b in blames:
-        r = rows_by_job.get((NO_JOB if b.job_id is None else b.job_id, b.at))
-        if r is None:
-            out.append(b)
-            continue
-        s = view.node_share(r, node)
+    found = [(i, r) for i, b in enumerate(blames) if (r := rows_by_job.get(b)) is not None]
+    rows = np.array([r for _, r in found], dtype=np.int64)
+    shares = view.node_shares(rows, entries).tolist()
+    who = view.explainers(rows, node).tolist()
+    out = list(blames)
+    for (i, _), s, w in zip(found, shares, who, strict=True):
         note = (f"{s:.0%} of it on this node" if s >= 0.5 else
-                f"explained by {view.explainer(r, node)} ({s:.0%} on this node)")
-        out.append(replace(b, reason=f"{b.reason}; {note}"))
+                f"explained by {view.label(w)} ({s:.0%} on this node)")
+        out[i] = replace(blames[i], reason=f"{blames[i].reason}; {note}")
     return out
+
+
+class LazyEvidence(Sequence[Blame]):
+    """A node's evidence list, built when first read: at millions of runs, annotating every
+    node's runs cost more than the fit, and most nodes' lists are never shown."""
+
+    def __init__(self, build: Callable[[], Sequence[Blame]]) -> None:
+        self._build: Callable[[], Sequence[Blame]] | None = build
+        self._items: tuple[Blame, ...] = ()
+
+    def _get(self) -> tuple[Blame, ...]:
+        if self._build is not None:
+            self._items, self._build = tuple(self._build()), None
+        return self._items
+
+    @overload
+    def __getitem__(self, i: int) -> Blame: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Blame, ...]: ...
+    def __getitem__(self, i: int | slice) -> Blame | tuple[Blame, ...]:
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self) -> Iterator[Blame]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and self._get() == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[Blame, ...]]]:
+        return tuple, (self._get(),)  # pickled as what it reads as

@@ -23,6 +23,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
@@ -150,4 +151,24 @@ class Incidence:
         return len(self.hours)
 
     def entry_row(self) -> IntArray:
-        return np.repeat(np.arange(self.rows, dtype=np.int64), np.diff(self.ptr))
+        """Per entry, its row (read-only; built once: every per-node step reads it)."""
+        return self._entry_row
+
+    def by_node(self) -> tuple[IntArray, IntArray]:
+        """Entries grouped by node: ``order[bounds[i]:bounds[i + 1]]`` are node i's, in row
+        order (read-only; built once)."""
+        return self._by_node
+
+    @cached_property
+    def _entry_row(self) -> IntArray:
+        out = np.repeat(np.arange(self.rows, dtype=np.int64), np.diff(self.ptr))
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def _by_node(self) -> tuple[IntArray, IntArray]:
+        order = np.argsort(self.node, kind="stable")
+        bounds = np.searchsorted(self.node[order], np.arange(len(self.names) + 1))
+        order.setflags(write=False)
+        bounds.setflags(write=False)
+        return order, bounds

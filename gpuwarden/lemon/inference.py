@@ -92,20 +92,26 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
     bhours = inc.bucket_hours
     bg = np.where(bhours > 0, max(rows, 1) / max(float(bhours.sum()), 1e-9) / 10, 0.0)
     size = inc.size
+    # Only the entries whose rate counts: most entries of a big run that events pin on one
+    # node count for nothing (use 0), and a 0 adds nothing to a sum, so the fit is the same.
+    counted = use > 0
+    node_c, row_c = inc.node[counted], row[counted]
+    bg_row = bg_use > 0
     lam_row = np.ones(rows)
     done = 0
     for done in range(1, iterations + 1):  # noqa: B007 - the count is reported
-        lam_row = np.bincount(row, weights=rate[inc.node] * use, minlength=rows) + bg[size] * bg_use
+        on_node = rate[node_c]
+        lam_row = np.bincount(row_c, weights=on_node, minlength=rows) + bg[size] * bg_use
         inv = np.divide(1.0, lam_row, out=np.zeros(rows), where=lam_row > 0)
-        shares = np.bincount(inc.node, weights=rate[inc.node] * use * inv[row], minlength=n)
+        shares = np.bincount(node_c, weights=on_node * inv[row_c], minlength=n)
         new_rate = np.divide(shares, exposure, out=np.zeros(n), where=exposure > 0)
-        bshares = np.bincount(size, weights=bg[size] * bg_use * inv, minlength=len(bg))
+        bshares = np.bincount(size[bg_row], weights=(bg[size] * inv)[bg_row], minlength=len(bg))
         new_bg = np.divide(bshares, bhours, out=np.zeros(len(bg)), where=bhours > 0)
         change = float(np.max(np.abs(new_rate - rate) * exposure, initial=0.0))
         rate, bg = new_rate, new_bg
         if change < tolerance:
             break
-    lam_row = np.bincount(row, weights=rate[inc.node] * use, minlength=rows) + bg[size] * bg_use
+    lam_row = np.bincount(row_c, weights=rate[node_c], minlength=rows) + bg[size] * bg_use
     return Fit(rate, bg, use, lam_row, done)
 
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from gpuwarden.lemon.attribution import Attribution, Blame, Exposure
-from gpuwarden.lemon.explain import RowView, annotate, explain
+from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
 from gpuwarden.lemon.incidence import Incidence, IntArray
 from gpuwarden.lemon.inference import (
     Fit,
@@ -53,7 +55,7 @@ class NodeScore:
     p_value: float
     q_value: float
     lemon: bool
-    evidence: tuple[Blame, ...]
+    evidence: Sequence[Blame]  # by time; built when first read (`LazyEvidence`)
     attributed: float = 0.0  # failures the joint fit puts on the node (on the evidence that stood)
     explanation: str = ""  # why it was or was not blamed (suspects and lemons)
 
@@ -114,12 +116,6 @@ def expected_failures(att: Attribution) -> dict[str, float]:
     return _expected(att, dict(failed), lone)
 
 
-def _entries_by_node(inc: Incidence) -> tuple[IntArray, IntArray]:
-    order = np.argsort(inc.node, kind="stable")
-    bounds = np.searchsorted(inc.node[order], np.arange(len(inc.names) + 1))
-    return order, bounds
-
-
 def _null_rate(f: Fit, inc: Incidence, keep: list[int]) -> float:
     """The fleet's rate: pooled over the nodes not (yet) found to be lemons."""
     if not keep:
@@ -147,27 +143,27 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     rate = len(att.blames) / total_runs if total_runs else 0.0
     inc = att.incidence.freeze({n: e.hours for n, e in exposure.items()})
     index = {n: i for i, n in enumerate(inc.names)}
-    order, bounds = _entries_by_node(inc)
+    order, bounds = inc.by_node()
     entries = {n: order[bounds[index[n]]:bounds[index[n] + 1]] for n in nodes}
     testable = [n for n in nodes if exposure[n].jobs >= cfg.min_jobs]
     r = _rounds(inc, cfg, index, entries, testable)
     f, tests, q_values, flagged, null = r.fit, r.tests, r.q_values, r.flagged, r.null
     view = RowView.of(inc, f)
-    rows_by_job = {(int(j), float(t)): r for r, (j, t) in enumerate(zip(inc.job, inc.end,
-                                                                        strict=True))}
+    rows_by_job = RowIndex(inc)
     out = []
     for n in nodes:
         i = index[n]
         t = tests.get(n)
         lemon = n in flagged
-        blames = sorted(per_node[n], key=lambda b: b.at)
+        blames = per_node[n]
         shown = len(entries[n]) > 0
         out.append(NodeScore(
             node=n, jobs=exposure[n].jobs, hours=exposure[n].hours, failures=len(blames),
             blame=float(f.rate[i] * inc.node_hours[i]), expected=null * float(inc.node_hours[i]),
             fleet_rate=rate, p_value=t.p_value if t else 1.0, q_value=q_values.get(n, 1.0),
             lemon=lemon,
-            evidence=tuple(annotate(view, i, blames, rows_by_job) if shown else blames),
+            evidence=LazyEvidence(partial(_evidence, view, i, blames, rows_by_job, entries[n]))
+            if shown else tuple(sorted(blames, key=_when)),
             attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
             explanation=explain(view, i, entries[n], null,
                                 r.left_out.get(n) or (t.left_out if t else ""))
@@ -175,6 +171,15 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
         ))
     out.sort(key=lambda s: (not s.lemon, s.q_value, -s.failures, s.node))
     return out
+
+
+def _when(b: Blame) -> float:
+    return b.at
+
+
+def _evidence(view: RowView, node: int, blames: list[Blame], rows_by_job: RowIndex,
+              entries: IntArray) -> list[Blame]:
+    return annotate(view, node, sorted(blames, key=_when), rows_by_job, entries)
 
 
 @dataclass(frozen=True, eq=False)
