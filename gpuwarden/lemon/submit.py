@@ -68,7 +68,8 @@ def script_key(line: str) -> str:
             # sacct joins the words without their quotes: the rest of the line is the command.
             return "wrap:" + " ".join(words[i + 1:])
         if w.startswith("--wrap="):
-            return "wrap:" + w.split("=", 1)[1]
+            # The same: sacct's line has lost the quotes around the command.
+            return "wrap:" + " ".join([w.split("=", 1)[1], *words[i + 1:]])
         if w == "--":
             return " ".join(words[i + 1:i + 2])
         if w.startswith("--"):

@@ -56,21 +56,31 @@ def fleet(cluster: Harness) -> Iterator[Harness]:
 USERS = ("alice", "bob")
 # Two job scripts that run the same thing: no single user or script carries the evidence.
 SCRIPTS = (f"srun {FAKE_JOB}", f"srun --label {FAKE_JOB}")
+# Nodes left free each round, two per leaf (c1-c4, c5-c8), so that each gang job fits one
+# leaf and the flaky c6 runs with a different neighbour from round to round.
+FREE = (("c1", "c2", "c5", "c6"), ("c3", "c4", "c6", "c7"), ("c1", "c3", "c6", "c8"))
 
 
-def spread_rounds(h: Harness, rounds: int) -> list[int]:
-    """Whole-node jobs the scheduler places (nothing pinned by name), from two users and two
-    scripts: each round is held until all of it is queued, then released at once, so every node
-    runs one job of it. Pinned jobs, or one user's or one script's, are evidence the detector
-    discounts by design (a user can aim them at a node)."""
+def busy_rounds(h: Harness, rounds: int) -> list[int]:
+    """Two-node jobs the scheduler places (nothing pinned by name), from two users and two
+    scripts, on a cluster kept busy: each round pinned filler jobs hold four nodes, then two gang
+    jobs are released at once onto the other four. Pinned jobs, and one user's or one script's
+    jobs, are evidence the detector discounts by design (a user can aim them at a node)."""
     jobs: list[int] = []
     for r in range(rounds):
-        batch = [h.sbatch("--hold", "--gpus-per-node=8", "--time=2", name="spread",
-                          user=USERS[(r + i) % 2], wrap=SCRIPTS[(r + i // 2) % 2])
-                 for i in range(len(NODES))]
+        free = FREE[r % len(FREE)]
+        fillers = [h.sbatch("-w", n, "--gpus-per-node=8", "--time=2", name="filler",
+                            wrap="sleep 600") for n in NODES if n not in free]
+        for f in fillers:
+            h.wait_job(f, want=("RUNNING",), timeout=60)
+        user, script = USERS[r % 2], SCRIPTS[(r // 2) % 2]
+        batch = [h.sbatch("--hold", "-N2", "--gpus-per-node=8", "--time=2", name="spread",
+                          user=user, wrap=script) for _ in range(2)]
         h.exec("slurmctld", ["scontrol", "release", ",".join(map(str, batch))]).check("release")
         h.wait_finished(batch, timeout=240)
-        jobs += batch
+        h.exec("slurmctld", ["scancel", *map(str, fillers)]).check("cancel the fillers")
+        h.wait_finished(fillers, timeout=60)
+        jobs += batch + fillers
     return jobs
 
 
@@ -89,7 +99,7 @@ def test_a_flaky_node_is_found_in_accounting_and_drained_with_its_jobs_as_eviden
     h.make_flaky(LEMON, 0.95)
     periodic(h, LEMON)
     assert not nodes(h)[LEMON].drained
-    flaky_jobs = spread_rounds(h, 8)
+    flaky_jobs = busy_rounds(h, 12)
     states = h.wait_finished(flaky_jobs, timeout=420)
     failed = {j for j, s in states.items() if s == "FAILED"}
     on_lemon = {j for j in flaky_jobs if any(LEMON in expand(r.nodes) for r in h.acct(j))}

@@ -137,6 +137,11 @@ def test_named_nodes_and_script_from_the_submit_line() -> None:
         == "wrap:sleep 300"
     assert script_key("sbatch --job-name foo -p gpu run.sh --lr 3") == "run.sh"
     assert script_key("") == ""
+    # Found in the cluster: `--wrap=CMD` kept only CMD's first word, so every `srun ...` job
+    # counted as one script and a lemon's evidence was left out as "one source's".
+    assert script_key("sbatch --parsable --wrap=srun /opt/job-a") == "wrap:srun /opt/job-a"
+    assert script_key("sbatch --wrap=srun --label /opt/job-a") != \
+        script_key("sbatch --wrap=srun /opt/job-a")
 
 
 def test_incidence_builders_merge_into_the_same_arrays() -> None:
