@@ -23,7 +23,8 @@ from gpuwarden.devcluster.spec import from_env
 _TIMER = r"""
 import os, subprocess, sys, time, json
 argv = json.loads(sys.argv[1]); n = int(sys.argv[2])
-env = dict(os.environ, SLURMD_NODENAME=sys.argv[3], SLURM_JOB_ID="1", SLURM_JOB_GPUS="0,1,2,3,4,5,6,7")
+env = dict(os.environ, SLURMD_NODENAME=sys.argv[3], SLURM_JOB_ID="1", SLURM_JOB_UID="2001",
+           SLURM_JOB_GID="2001", SLURM_JOB_GPUS="0,1,2,3,4,5,6,7")  # as slurmd sets them
 out = []
 for _ in range(n):
     t = time.perf_counter()

@@ -136,8 +136,10 @@ gw_hook() { # HOOK DEFAULTS LOGGER: run gpuwarden's HOOK (prolog, epilog, health
     if [ -n "$_gw_tmp" ] && [ -d "$_gw_tmp" ]; then
         gw_run "$1" >"$_gw_tmp/out" 2>"$_gw_tmp/err"
         _gw_rc=$?
-        _gw_err=$(gw_tail "$_gw_tmp/err")
-        gw_tail "$_gw_tmp/out"
+        # Usually both are empty: no tail (a process each) on every job start then.
+        _gw_err=
+        [ ! -s "$_gw_tmp/err" ] || _gw_err=$(gw_tail "$_gw_tmp/err")
+        [ ! -s "$_gw_tmp/out" ] || gw_tail "$_gw_tmp/out"
         /bin/rm -rf -- "$_gw_tmp" 2>/dev/null || rm -rf -- "$_gw_tmp" 2>/dev/null || :
     else
         # No private temp directory (/tmp full?): pass output straight on, quote nothing.
