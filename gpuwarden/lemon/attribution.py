@@ -39,7 +39,8 @@ no event does.
 
 Exposure: every run with nodes and start/end times adds one job and its hours to each node,
 filed by the run's size (node count, in powers of two), because big runs fail more often and a
-node's expected failures depend on the sizes of the runs it took part in.
+node's expected failures depend on the sizes of the runs it took part in. A run lasts at least
+a second (`MIN_RUN_S`, sacct's resolution), so one that failed at launch still counts.
 Records that are malformed or partial are counted as skipped, with why, and never stop the scan.
 Partial results from separate files merge (`Attribution.merge`), so a long history can be read
 in pieces, in parallel.
@@ -64,6 +65,15 @@ NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 LEMON_PREFIX = f"{REASON_PREFIX} lemon"
 GRACE_S = 3600.0
 LEAD_S = 300.0  # a run ends NODE_FAIL a little after its node stopped answering
+# sacct records whole seconds: a run it shows as 0 s ran for up to a second. Counted as 0, a
+# node whose jobs all die at launch had no exposure, so the fit could not give it a rate and
+# put its failures on its healthy neighbours.
+MIN_RUN_S = 1
+
+
+def run_seconds(start: int, end: int) -> int:
+    """A run's exposure: its recorded length, at least sacct's resolution."""
+    return max(end - start, MIN_RUN_S)
 
 
 @dataclass(frozen=True)
@@ -309,7 +319,8 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
         count = known[1] if known is not None else len(all_nodes)
         cleared = bool(clears) and any(n in clears for n in all_nodes)
         nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if cleared else all_nodes
-        hours = (end - start) / 3600
+        secs = run_seconds(start, end)
+        hours = secs / 3600
         size = size_bucket(count)
         gpus = job.gpus
         gclass = gpu_class(gpus)
@@ -323,9 +334,9 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
         if cleared:
             _expose_each(exposure, nodes, size, hours)
         elif known is not None:
-            ranged.add_list(text, size, end - start)
+            ranged.add_list(text, size, secs)
         else:
-            ranged.add_names(all_nodes, size, end - start)
+            ranged.add_names(all_nodes, size, secs)
         if state in _BLAMABLE:  # else rule 6
             drained, claims = _claims(state, all_nodes, start, end, drains, failures, grace_s)
             if claims:  # rule 8: judged once every run that may claim them is in
@@ -435,7 +446,7 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
     if named:
         named = frozenset(all_nodes) if named == ALL_NODES else named & frozenset(all_nodes)
     result.incidence.add_failure(
-        job_id, float(end), (end - start) / 3600, size, in_scope, culprits, named, job.user,
+        job_id, float(end), run_seconds(start, end) / 3600, size, in_scope, culprits, named, job.user,
         script, gameable=job.state == "FAILED" and not culprits)
     targets = culprits or all_nodes
     blamed = list(targets) if in_scope is all_nodes else [n for n in targets if n in set(in_scope)]

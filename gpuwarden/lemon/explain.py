@@ -19,7 +19,10 @@ from gpuwarden.lemon.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, In
 from gpuwarden.lemon.inference import Fit
 
 BACKGROUND = "the background rate of its job size"
+LEFT_OUT = ("held against no node (failures the user decided, of a job that named its nodes "
+            "or of a source left out)")
 NONE = -1  # no entry; as an explainer code: the background
+LEFT = -2  # as an explainer code: a run the fit leaves out (no hazard counts in it)
 
 
 def _first_per_row(hit: np.ndarray, row: IntArray, rows: int) -> IntArray:
@@ -110,12 +113,17 @@ class RowView:
         plain = np.where((t >= 0) & (value >= self.background[rows]),
                          node_of[np.maximum(t, 0)] + len(self.inc.names), NONE)
         out: IntArray = np.where(c >= 0, node_of[np.maximum(c, 0)], plain)
+        # A run nothing in the fit counts for was left out of it: saying the background
+        # explains it would be untrue (and the background's rate does not include it).
+        out[self.fit.row_rate[rows] <= 0] = LEFT
         return out
 
     def label(self, code: int) -> str:
         names = self.inc.names
         if code == NONE:
             return BACKGROUND
+        if code == LEFT:
+            return LEFT_OUT
         if code < len(names):
             return f"{names[code]} (events say it failed)"
         return names[code - len(names)]
@@ -133,20 +141,26 @@ class RowView:
 
 
 def explain(view: RowView, node: int, entries: IntArray, null: float,
-            left_out: str) -> str:
-    """One line: how many failed runs, how many the node explains, what explains the rest."""
+            left_out: str, attributed: float | None = None) -> str:
+    """One line: how many failed runs, how many the node explains, what explains the rest.
+    ``attributed``: what the node's test put on it, where it had one (the ATTRIB column):
+    with a source left out of the test alone, the fit's shares would say more than stood."""
     if len(entries) == 0:
         return "no failed runs"
-    own = float(view.share[entries].sum())
+    own = float(view.share[entries].sum()) if attributed is None else attributed
     low = entries[view.own[entries] < 0.5]
     others: Counter[int] = Counter(view.explainers(view.row[low], node).tolist())
     expected = null * float(view.inc.node_hours[node])
     parts = [f"{len(entries)} failed run(s) included it; the fit puts {own:.1f} on it "
              f"(a node like the fleet: {expected:.1f})"]
     for code, k in others.most_common(3):
-        parts.append(f"{k} of its {len(entries)} failures were in jobs with "
-                     f"{view.label(code)}, which explains them" if code != NONE else
-                     f"{k} are explained by {BACKGROUND}")
+        if code == NONE:
+            parts.append(f"{k} are explained by {BACKGROUND}")
+        elif code == LEFT:
+            parts.append(f"{k} are {LEFT_OUT}")
+        else:
+            parts.append(f"{k} of its {len(entries)} failures were in jobs with "
+                         f"{view.label(code)}, which explains them")
     if left_out:
         parts.append(f"tested with {left_out} (one source's evidence)")
     return "; ".join(parts)
@@ -176,7 +190,7 @@ def annotate(view: RowView, node: int, blames: Sequence[Blame], rows_by_job: Row
     who = view.explainers(rows, node).tolist()
     out = list(blames)
     for (i, _), s, w in zip(found, shares, who, strict=True):
-        note = (f"{s:.0%} of it on this node" if s >= 0.5 else
+        note = (f"{s:.0%} of it on this node" if s >= 0.5 else LEFT_OUT if w == LEFT else
                 f"explained by {view.label(w)} ({s:.0%} on this node)")
         out[i] = replace(blames[i], reason=f"{blames[i].reason}; {note}")
     return out

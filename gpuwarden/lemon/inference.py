@@ -24,8 +24,12 @@ against it, and when the node's most incriminating user or job script carries at
 `DOMINANT` of its excess over the fleet, the test is repeated without that source's
 failures; the largest p-value stands. Leaving a source out when none dominates (six users
 each holding a sixth) discards real evidence: a lemon then loses a fifth of its failures.
-Where such a source would make a lemon, the scorer refits without it for that node (`drop`):
-kept in, it made the node explain its neighbours' failures and raised the fleet's rate.
+Where such a source would make a lemon, the scorer refits without its failures on that node
+(`drop`), which then count against none of the runs' nodes nor the background: kept in, it made
+the node explain its neighbours' failures and raised the fleet's rate; moved onto the rest of
+the runs, it raised the background that then explained the node's other failures. That is the
+one source the node's test leaves out: leaving out a second (two users, each half) left a
+flaky node seen by two users with no evidence at all.
 """
 
 from __future__ import annotations
@@ -66,11 +70,14 @@ def _design(inc: Incidence, drop: npt.NDArray[np.bool_] | None
     """Per entry its row and whether its rate counts; per row whether the background does."""
     row = inc.entry_row()
     named = (inc.flags & NAMED) > 0
-    # A failure the user decided does not count against a node the job chose by name, nor
-    # against a node whose evidence one user or script dominates (`drop`).
+    # A failure the user decided does not count against a node the job chose by name.
     active = ~(named & inc.gameable[row])
     if drop is not None:
-        active &= ~(drop & inc.gameable[row])
+        # Nor, where one user or script dominates a node's evidence (`drop`), against any
+        # node of those runs: moved onto the neighbours or the background of the job size,
+        # that source's failures made the background explain the node's other failures.
+        out = np.bincount(row, weights=drop & inc.gameable[row], minlength=inc.rows) > 0
+        active &= ~out[row]
     culprit = ((inc.flags & CULPRIT) > 0) & active
     has_culprit = np.bincount(row, weights=culprit, minlength=inc.rows) > 0
     use = (active & (culprit | ~has_culprit[row])).astype(np.float64)
@@ -214,13 +221,15 @@ def evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
                     float(inc.node_hours[node]))
 
 
-def robust_test(inc: Incidence, ev: Evidence, null: float) -> NodeTest:
+def robust_test(inc: Incidence, ev: Evidence, null: float, spent: bool = False) -> NodeTest:
     """The node's test on all its evidence, then without the failures (the user decided) of
     its most incriminating user and job script, when that source dominates its excess; the
-    weakest result stands."""
+    weakest result stands. ``spent``: the fit already left one source out of this node's
+    evidence; one is all a node's test leaves out (with two users each holding half, leaving
+    out the second after the first left nothing, and a flaky node was missed)."""
     p, r = test_rate(ev.rest, ev.exposure, null)
     worst = NodeTest(p, r, r * ev.exposure, "", full_p=p)
-    if p >= 1.0 or not ev.gameable.any():
+    if spent or p >= 1.0 or not ev.gameable.any():
         return worst
     share = r / (r + ev.rest) if r > 0 else np.zeros(len(ev.rest))
     excess = (r - null) * ev.exposure

@@ -166,7 +166,8 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
             if shown else tuple(sorted(blames, key=_when)),
             attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
             explanation=explain(view, i, entries[n], null,
-                                r.left_out.get(n) or (t.left_out if t else ""))
+                                r.left_out.get(n) or (t.left_out if t else ""),
+                                t.attributed if t else None)
             if shown else "",
         ))
     out.sort(key=lambda s: (not s.lemon, s.q_value, -s.failures, s.node))
@@ -199,7 +200,8 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     A source found to dominate the evidence of a node that it would make a lemon is left out
     of the fit as well as of the node's test (sticky, so the rounds end): kept in the fit, a
     broken partition's failures made its nodes explain their neighbours' failures in every big
-    job they shared, and raised the fleet's rate that every node is tested against.
+    job they shared, and raised the fleet's rate that every node is tested against. It is the
+    one source that node's test leaves out (`robust_test`'s ``spent``).
     """
     drop = np.zeros(len(inc.node), dtype=bool)
     left_out: dict[str, str] = {}
@@ -210,7 +212,8 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     null = 0.0
     for _ in range(ROUNDS):
         null = _null_rate(f, inc, [index[n] for n in index if n not in flagged])
-        tests = {n: robust_test(inc, evidence(inc, f, index[n], entries[n]), null)
+        tests = {n: robust_test(inc, evidence(inc, f, index[n], entries[n]), null,
+                                spent=n in left_out)
                  for n in testable}
         q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
                             strict=True))
@@ -227,7 +230,7 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
                 hit = source_entries(inc, entries[n], source)
                 if not drop[hit].all():
                     drop[hit] = True
-                    left_out[n] = "; ".join(x for x in (left_out.get(n), tests[n].left_out) if x)
+                    left_out[n] = tests[n].left_out
                     grown = True
         if now == flagged and not grown:
             break

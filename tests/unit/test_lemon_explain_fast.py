@@ -9,7 +9,7 @@ import random
 import numpy as np
 
 from gpuwarden.lemon.attribution import HealthDrain, attribute
-from gpuwarden.lemon.explain import BACKGROUND, RowView
+from gpuwarden.lemon.explain import BACKGROUND, LEFT_OUT, RowView
 from gpuwarden.lemon.incidence import CULPRIT
 from gpuwarden.lemon.inference import fit
 from gpuwarden.lemon.scoring import score
@@ -40,9 +40,12 @@ def gang_history(seed: int) -> tuple[list[AcctJob], list[HealthDrain]]:
 
 
 def naive_explainer(view: RowView, r: int, node: int) -> str:
-    """The per-run reading: the first other node events name, else the other node whose rate
-    explains the most if it beats the background, else the background."""
+    """The per-run reading: nothing if the fit left the run out, else the first other node
+    events name, else the other node whose rate explains the most if it beats the background,
+    else the background."""
     inc = view.inc
+    if view.fit.row_rate[r] <= 0:
+        return LEFT_OUT
     lo, hi = int(inc.ptr[r]), int(inc.ptr[r + 1])
     nodes, shares = inc.node[lo:hi], view.share[lo:hi]
     named = [int(n) for n, f in zip(nodes, inc.flags[lo:hi], strict=True)

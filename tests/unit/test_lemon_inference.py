@@ -93,6 +93,8 @@ def test_one_users_failures_alone_cannot_make_a_lemon_even_without_w() -> None:
     s = h.scores()
     assert not s["c5"].lemon and s["c5"].q_value > 0.01
     assert "of user mallory left out" in s["c5"].explanation
+    # The ATTRIB column and the words give the same number: what stood without mallory.
+    assert f"the fit puts {s['c5'].attributed:.1f} on it" in s["c5"].explanation
 
 
 def test_one_job_script_run_by_several_users_cannot_make_a_lemon() -> None:
