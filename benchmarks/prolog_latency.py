@@ -53,7 +53,7 @@ def main() -> None:
     cluster = Cluster(docker.from_env(timeout=600), from_env(), progress=lambda m: None)
     cluster.exec(args.node, ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)
     # The first prolog after a config change takes the full path and leaves the settings the
-    # fast path reads (/run/gpuwarden/prolog-gate.json): not part of the steady state measured.
+    # fast path reads (/run/gpuwarden/prolog-gate.marshal): not part of the steady state measured.
     measure(cluster, args.node, ["/opt/gpuwarden/prolog/gpuwarden-prolog"], 1)
     base = measure(cluster, args.node, ["/usr/bin/python3", "-I", "-c", "pass"], args.runs)
     gate = measure(cluster, args.node, ["/opt/gpuwarden/prolog/gpuwarden-prolog"], args.runs)

@@ -11,6 +11,7 @@ same run: `python3 -I -c pass` with the same interpreter. Prints median and p95 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from gpuwarden import config as configmod
+from gpuwarden.health.fastgate import SETTINGS, fingerprint
 from gpuwarden.health.gather import gather
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.health.store import Store
@@ -51,12 +53,15 @@ memory_root = "{root / 'shm'}"
     (root / "default").chmod(0o600)
     environ = {"GPUWARDEN_CONFIG": str(root / "gpuwarden.toml"),
                "GPUWARDEN_RUN_DIR": str(root / "run"), "SLURMD_NODENAME": "c1",
-               "SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+               "SLURM_JOB_ID": "1", "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+               "SLURM_JOB_UID": str(os.getuid()), "SLURM_JOB_GID": str(os.getgid())}
     cfg = configmod.load(environ["GPUWARDEN_CONFIG"])
     # The fake GPU file must predate the verdict by more than a budget (else it is "new").
     time.sleep(1.1)
     verdict = gather(cfg.health, "c1", "health check", 10.0)
-    Store(cfg.health.state_dir).save_verdict(verdict)
+    # As the full checks save it: with the fake GPU file's fingerprint, else the fast path
+    # (rightly) sees the file as changed and every prolog takes the full path.
+    Store(cfg.health.state_dir).save_verdict(verdict, fake_fp=fingerprint(str(root / "gpus.json")))
     return environ
 
 
@@ -85,7 +90,7 @@ def main() -> None:
         hook = ["/bin/sh", "-c", f'. {REPO}/prolog/gpuwarden-hook.sh; '
                 f'gw_hook prolog {root / "default"} /bin/true']
         times(hook, environ, 1)  # the first prolog takes the full path and leaves the settings
-        if not (root / "run" / "prolog-gate.json").exists():
+        if not (root / "run" / SETTINGS).exists():
             raise SystemExit("the full prolog left no fast-path settings")
         base, gate = [], []
         for _ in range(args.runs):  # interleaved: both see the same machine load

@@ -16,8 +16,30 @@ def mount_points(mountinfo: str) -> set[str]:
     for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) > 4:
-            points.add(fields[4].encode().decode("unicode_escape"))
+            points.add(unescape(fields[4]))
     return points
+
+
+_OCTAL = frozenset("01234567")
+
+
+def unescape(field: str) -> str:
+    """The kernel's ``\\ooo`` escapes (of space, tab, newline, backslash) decoded; all else
+    as it is. Not the "unicode_escape" codec: that mangles any non-ASCII name (read back as
+    Latin-1, so such a mount was never found) and costs the fast path ~2 ms to import."""
+    if "\\" not in field:
+        return field
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        code = field[i + 1:i + 4]
+        if field[i] == "\\" and len(code) == 3 and set(code) <= _OCTAL:
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
 
 
 def read_mountinfo() -> str:

@@ -46,7 +46,8 @@ def check_private_dir(path: str) -> bool:
 
 
 def read_private(path: str) -> bytes | None:
-    """A regular file's bytes, never through a link and never blocking on a FIFO."""
+    """A regular file's bytes, never through a link and never blocking on a FIFO; None when
+    it or its directory is absent. Raises StateDirError when either is not ours alone."""
     if not check_private_dir(os.path.dirname(path)):
         return None
     try:
@@ -54,6 +55,12 @@ def read_private(path: str) -> bytes | None:
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
             raise StateDirError(f"{path} is not a regular file: refusing to read it")
+        # Ours alone, like its directory: what we read here only we may have written (the
+        # prolog's fast path unmarshals it).
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise StateDirError(f"{path} is owned by uid {st.st_uid}, mode "
+                                f"{stat.S_IMODE(st.st_mode):o}: not ours alone, refusing to read it")
         return f.read(MAX_STATE_BYTES)

@@ -46,7 +46,7 @@ def test_the_prolog_fast_path_answers_a_fresh_good_verdict(clean: Harness) -> No
     h = clean
     periodic(h, "c6")
     assert h.sh("c6", PROLOG.format(n="c6")).rc == 0  # full path: leaves the settings
-    assert h.sh("c6", "test -f /run/gpuwarden/prolog-gate.json").rc == 0
+    assert h.sh("c6", "test -f /run/gpuwarden/prolog-gate.marshal").rc == 0
     res = h.sh("c6", f"{JOB_ENV} python3 -c \"from gpuwarden.health import fastgate; import os; "
                      "print(repr(fastgate.check(dict(os.environ, SLURMD_NODENAME='c6'))))\"")
     assert res.out.strip() == "''", res.out

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import marshal
 import os
 import time
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.health import store as storemod
 from gpuwarden.health.deadline import run_all
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.nodechecks import available_memory_mb, ib_port_result, mount_points
-from gpuwarden.health.store import StateDirError, Store, ensure_private_dir, prometheus
+from gpuwarden.health.store import (
+    StateDirError,
+    StateWriteError,
+    Store,
+    ensure_private_dir,
+    fast_summary,
+    prometheus,
+)
 
 
 def test_a_hung_check_times_out_and_the_others_still_answer() -> None:
@@ -49,6 +59,54 @@ def test_verdicts_round_trip_and_files_are_private(tmp_path: Path) -> None:
     assert 'gpuwarden_health_status{node="c1"} 2' in prom
     assert 'gpuwarden_check_status{check="xid",gpu="5"} 2' in prom
     assert not [p for p in (tmp_path / "state").iterdir() if p.name.startswith(".")]
+
+
+def good() -> Verdict:
+    return Verdict("c1", 1.0e9, "health check", (CheckResult("gpu", Status.OK, "fine"),))
+
+
+def test_the_fast_paths_summary_is_written_with_the_verdict_and_says_the_same(
+        tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    Store(str(state)).save_verdict(verdict(), fake_fp=[1, 2, 3, 4, 5])
+    doc = json.loads((state / Store.VERDICT).read_text())
+    summary = marshal.loads((state / Store.FAST).read_bytes())
+    assert summary == fast_summary(doc)
+    assert summary["results"] == ["OK", "CRITICAL"] and summary["fake_gpu_fp"] == [1, 2, 3, 4, 5]
+    assert (state / Store.FAST).stat().st_mode & 0o777 == 0o600
+
+
+def _failing(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    real = storemod.atomic_write
+
+    def write(directory: str, n: str, data: bytes, mode: int = 0o600) -> None:
+        if n == name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(directory, n, data, mode)
+    monkeypatch.setattr(storemod, "atomic_write", write)
+
+
+@pytest.mark.parametrize("name", [Store.VERDICT, Store.FAST])
+def test_no_summary_is_left_that_a_failed_save_made_older_than_the_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Whichever write fails (a full disk), the fast path must not go on trusting the last
+    good summary once a newer, critical verdict was made: it finds none and runs the full way."""
+    state = tmp_path / "state"
+    Store(str(state)).save_verdict(good())
+    assert (state / Store.FAST).exists()
+    _failing(monkeypatch, name)
+    with pytest.raises(StateWriteError, match=f"{state / name}: .*No space left"):
+        Store(str(state)).save_verdict(verdict())
+    assert not (state / Store.FAST).exists()
+    assert not [p for p in state.iterdir() if p.name.startswith(".")]
+
+
+def test_a_state_file_others_could_have_written_is_not_read(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    Store(str(state)).save_verdict(good())
+    (state / Store.VERDICT).chmod(0o620)
+    with pytest.raises(StateDirError, match="not ours alone"):
+        Store(str(state)).load_verdict()
 
 
 def test_a_symlinked_state_dir_is_refused(tmp_path: Path) -> None:
@@ -91,6 +149,13 @@ def test_prometheus_labels_are_escaped() -> None:
 def test_mountinfo_parsing_decodes_escapes() -> None:
     text = "36 35 98:0 / /fsx rw - ext4 /dev/x rw\n37 35 98:0 / /mnt/with\\040space rw - ext4 /d rw\n"
     assert mount_points(text) == {"/fsx", "/mnt/with space"}
+
+
+def test_a_mount_point_with_a_non_ascii_name_is_found() -> None:
+    """Reproduced: the "unicode_escape" codec read /mnt/données back as /mnt/donnÃ©es, so the
+    mount check said "not mounted" (CRITICAL) for a mount that was there."""
+    text = "38 35 98:0 / /mnt/donn\u00e9es\\134x\\040y rw - ext4 /d rw\n"
+    assert mount_points(text) == {"/mnt/donn\u00e9es\\x y"}
 
 
 def test_meminfo_and_ib_parsing() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import subprocess
 import sys
@@ -13,6 +13,7 @@ import pytest
 
 from gpuwarden import config as configmod
 from gpuwarden.health import fastgate
+from gpuwarden.health import store as storemod
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.health.store import Store
@@ -192,7 +193,8 @@ def test_state_others_can_write_is_never_trusted(site: Site) -> None:
 def test_the_fast_path_follows_the_full_paths_own_rules() -> None:
     assert fastgate.CONFIG_ENV == configmod.ENV_VAR
     assert str(configmod.DEFAULT_PATH) == fastgate.DEFAULT_CONFIG
-    assert fastgate.VERDICT == Store.VERDICT
+    assert fastgate.VERDICT == Store.FAST
+    assert fastgate.VERDICT_FORMAT == storemod.FAST_FORMAT
 
 
 def test_the_fast_path_imports_almost_nothing() -> None:
@@ -207,8 +209,54 @@ def test_the_fast_path_imports_almost_nothing() -> None:
         assert heavy not in loaded, f"the fast path imports {heavy}"
 
 
+REPO = Path(__file__).resolve().parents[2]
+# Run by a bare interpreter (-S: no site, whose imports would hide the fast path's own), as
+# in the cluster's nodes, where gpuwarden is on the path but nothing has imported re & co.
+_BARE = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from gpuwarden.health import fastgate
+print(repr(fastgate.check(os.environ, now=float(sys.argv[2]))))
+fastgate.mountprobe.read_mountinfo_points()  # what the forked child does, here to be seen
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_the_fast_path_imports_neither_json_nor_re_nor_contextlib(site: Site) -> None:
+    """Reproduced (issue 11 item 7): json (re, enum, functools, collections) and contextlib
+    cost 10-14 ms of the fast path's 14-20 ms of imports on a cluster node, signal another
+    1.5 (enum)."""
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", _BARE, str(REPO), str(site.now)],
+                         env=site.environ, capture_output=True, text=True, check=True, timeout=30)
+    why, modules = out.stdout.splitlines()
+    assert why == "''"  # the whole fast path ran, and let the job start
+    loaded = set(modules.split())
+    for heavy in ("json", "re", "contextlib", "enum", "signal", "functools", "collections",
+                  "typing", "dataclasses", "tomllib", "click", "encodings.unicode_escape"):
+        assert heavy not in loaded, f"the fast path imports {heavy}"
+
+
+def test_the_fast_path_reads_only_the_summary_and_only_root_s(site: Site) -> None:
+    summary = site.state / fastgate.VERDICT
+    assert summary.stat().st_mode & 0o777 == 0o600
+    summary.chmod(0o666)  # anyone could have written what it says
+    assert "not ours alone" in site.check()
+    summary.unlink()  # the JSON alone is not read
+    assert "no stored verdict" in site.check()
+
+
+@pytest.mark.parametrize("data", [b"", b"{half", b"\xfb\x00", marshal.dumps([1, 2])])
+def test_unreadable_marshal_files_send_the_job_the_full_way(site: Site, data: bytes) -> None:
+    for path in (site.state / fastgate.VERDICT, site.root / "run" / fastgate.SETTINGS):
+        saved = path.read_bytes()
+        path.write_bytes(data)
+        assert "fast path unavailable" in site.check()
+        path.write_bytes(saved)
+        assert site.check() == ""
+
+
 def test_settings_are_written_only_to_a_private_directory(site: Site) -> None:
-    data = json.loads((site.root / "run" / fastgate.SETTINGS).read_text())
+    data = marshal.loads((site.root / "run" / fastgate.SETTINGS).read_bytes())
     assert data["node"] == "c1" and data["state_dir"] == str(site.state)
     assert oct(os.stat(site.root / "run").st_mode & 0o777) == "0o700"
 

@@ -5,6 +5,7 @@ gating that is off says so."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -40,8 +41,8 @@ def _fast(env: entry.Env, tmp: Path) -> str:
     run.mkdir(mode=0o700, exist_ok=True)
     environ = {"SLURMD_NODENAME": "c3", "GPUWARDEN_RUN_DIR": str(run),
                "GPUWARDEN_CONFIG": str(tmp / "none.toml")}
-    (run / fastgate.SETTINGS).write_text(json.dumps(fastgate.settings_for(env.config, "c3",
-                                                                          environ)))
+    (run / fastgate.SETTINGS).write_bytes(marshal.dumps(fastgate.settings_for(env.config, "c3",
+                                                                              environ)))
     os.chmod(run / fastgate.SETTINGS, 0o600)
     shm = Path(env.config.ckpt.memory_root)
     shm.mkdir(exist_ok=True)
@@ -320,11 +321,11 @@ def test_a_verdict_from_another_boot_is_not_fresh(node) -> None:  # type: ignore
     env = _live(env, tmp)
     entry.periodic(env)
     assert "this boot" not in _fast(env, tmp)  # (the fake GPU file is newer: the full way)
-    path = tmp / "state" / "verdict.json"
-    doc = json.loads(path.read_text())
-    path.write_text(json.dumps({**doc, "boot_id": "another boot"}))
+    path = tmp / "state" / fastgate.VERDICT  # what the fast path reads of the verdict
+    doc = marshal.loads(path.read_bytes())
+    path.write_bytes(marshal.dumps({**doc, "boot_id": "another boot"}))
     assert "this boot" in _fast(env, tmp)
-    path.write_text(json.dumps({**doc, "mono": time.monotonic() - 3600}))  # wall clock says fresh
+    path.write_bytes(marshal.dumps({**doc, "mono": time.monotonic() - 3600}))  # wall clock: fresh
     assert "this boot" in _fast(env, tmp)
 
 
