@@ -56,6 +56,17 @@ class Fit:
     use: FloatArray  # per entry: 1 where the node's rate counts in the row's hazard
     row_rate: FloatArray  # per row: the hazard that failed it, at the fit
     iterations: int
+    bg_use: FloatArray | None = None  # per row: 1 where the background counts in its hazard
+
+    def loglik(self, inc: Incidence) -> float:
+        """The log-likelihood of the fit: what a profile likelihood ratio compares."""
+        counted = np.bincount(inc.entry_row(), weights=self.use, minlength=inc.rows) > 0
+        if self.bg_use is not None:
+            counted |= self.bg_use > 0
+        with np.errstate(divide="ignore"):
+            logs = float(np.sum(np.log(self.row_rate[counted])))
+        return (logs - float(np.dot(self.rate, inc.node_hours))
+                - float(np.dot(self.background, inc.bucket_hours)))
 
     def share(self, inc: Incidence) -> FloatArray:
         """Per entry: the part of its row's failure the node's rate explains."""
@@ -89,15 +100,27 @@ def _design(inc: Incidence, drop: npt.NDArray[np.bool_] | None
 
 
 def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERANCE,
-        drop: npt.NDArray[np.bool_] | None = None) -> Fit:
-    """``drop``: per entry, the gameable failures the node is not to be held for."""
+        drop: npt.NDArray[np.bool_] | None = None, fixed: tuple[int, float] | None = None,
+        start: Fit | None = None) -> Fit:
+    """``drop``: per entry, the gameable failures the node is not to be held for.
+    ``fixed``: (node, rate) held at that rate, every other rate re-optimised (the null of a
+    profile likelihood-ratio test). ``start``: a fit to start from (fewer iterations)."""
     n, rows = len(inc.names), inc.rows
     row, use, bg_use = _design(inc, drop)
     exposure = inc.node_hours
     total = float(exposure.sum()) or 1.0
-    rate = np.where(exposure > 0, max(rows, 1) / total, 0.0)
     bhours = inc.bucket_hours
-    bg = np.where(bhours > 0, max(rows, 1) / max(float(bhours.sum()), 1e-9) / 10, 0.0)
+    if start is not None:
+        # A rate of 0 never moves under EM: start from a little above it.
+        floor = max(rows, 1) / total * 1e-3
+        rate = np.where(exposure > 0, np.maximum(start.rate, floor), 0.0)
+        bfloor = max(rows, 1) / max(float(bhours.sum()), 1e-9) * 1e-3
+        bg = np.where(bhours > 0, np.maximum(start.background, bfloor), 0.0)
+    else:
+        rate = np.where(exposure > 0, max(rows, 1) / total, 0.0)
+        bg = np.where(bhours > 0, max(rows, 1) / max(float(bhours.sum()), 1e-9) / 10, 0.0)
+    if fixed is not None:
+        rate[fixed[0]] = fixed[1]
     size = inc.size
     # Only the entries whose rate counts: most entries of a big run that events pin on one
     # node count for nothing (use 0), and a 0 adds nothing to a sum, so the fit is the same.
@@ -112,6 +135,8 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
         inv = np.divide(1.0, lam_row, out=np.zeros(rows), where=lam_row > 0)
         shares = np.bincount(node_c, weights=on_node * inv[row_c], minlength=n)
         new_rate = np.divide(shares, exposure, out=np.zeros(n), where=exposure > 0)
+        if fixed is not None:
+            new_rate[fixed[0]] = fixed[1]  # a conditional M-step: the rest is still EM
         bshares = np.bincount(size[bg_row], weights=(bg[size] * inv)[bg_row], minlength=len(bg))
         new_bg = np.divide(bshares, bhours, out=np.zeros(len(bg)), where=bhours > 0)
         change = float(np.max(np.abs(new_rate - rate) * exposure, initial=0.0))
@@ -119,7 +144,7 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
         if change < tolerance:
             break
     lam_row = np.bincount(row_c, weights=rate[node_c], minlength=rows) + bg[size] * bg_use
-    return Fit(rate, bg, use, lam_row, done)
+    return Fit(rate, bg, use, lam_row, done, bg_use)
 
 
 @dataclass(frozen=True)

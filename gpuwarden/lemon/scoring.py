@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
+import numpy.typing as npt
 
 from gpuwarden.lemon.attribution import Attribution, Blame, Exposure
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
@@ -31,6 +32,7 @@ from gpuwarden.lemon.inference import (
     robust_test,
     source_entries,
 )
+from gpuwarden.lemon.verdict import Bar, confirm, named_counts, named_null
 
 ROUNDS = 6
 
@@ -165,13 +167,20 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
             evidence=LazyEvidence(partial(_evidence, view, i, blames, rows_by_job, entries[n]))
             if shown else tuple(sorted(blames, key=_when)),
             attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
-            explanation=explain(view, i, entries[n], null,
-                                r.left_out.get(n) or (t.left_out if t else ""),
+            explanation=explain(view, i, entries[n], null, _left_out(r, n, t, cfg),
                                 t.attributed if t else None)
             if shown else "",
         ))
     out.sort(key=lambda s: (not s.lemon, s.q_value, -s.failures, s.node))
     return out
+
+
+def _left_out(r: _Rounds, n: str, t: NodeTest | None, cfg: ScoreConfig) -> str:
+    """Which source the node was tested without, where that mattered: a node whose whole
+    evidence was no case against it is not said to have had any left out."""
+    if n in r.left_out:
+        return r.left_out[n]
+    return t.left_out if t and min(t.full_p, t.p_value) <= cfg.fdr else ""
 
 
 def _when(b: Blame) -> float:
@@ -205,6 +214,7 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     """
     drop = np.zeros(len(inc.node), dtype=bool)
     left_out: dict[str, str] = {}
+    own: dict[str, IntArray] = {}  # per node: the entries of the source left out for it
     f = fit(inc)
     flagged: set[str] = set()
     tests: dict[str, NodeTest] = {}
@@ -231,10 +241,45 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
                 if not drop[hit].all():
                     drop[hit] = True
                     left_out[n] = tests[n].left_out
+                    own[n] = hit
                     grown = True
         if now == flagged and not grown:
             break
         flagged = now
         if grown:
             f = fit(inc, drop=drop)
+    tests, q_values, flagged = _confirm(inc, cfg, index, entries, testable, f, drop, own, null,
+                                        tests, flagged)
     return _Rounds(f, tests, q_values, flagged, null, left_out)
+
+
+def _confirm(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
+             entries: dict[str, IntArray], testable: list[str], f: Fit,
+             drop: npt.NDArray[np.bool_], own: dict[str, IntArray], null: float,
+             tests: dict[str, NodeTest], flagged: set[str]
+             ) -> tuple[dict[str, NodeTest], dict[str, float], set[str]]:
+    """Only what the profile test, and the same with any one user or job script left out,
+    confirms makes a lemon (`gpuwarden.lemon.verdict`); the rest of the fleet keeps its
+    conditional p-values (never larger), so the candidates' q-values are not flattered. The
+    source the rounds left out for a node is put back first: it is one of the sources its
+    confirmation leaves out in turn, and leaving out two (each user of two, half each) left a
+    flaky node with no evidence."""
+    keep = [index[n] for n in index if n not in flagged]
+    bar = Bar(cfg.fdr, cfg.min_failures, cfg.min_ratio)
+    counts = named_counts(inc, f)
+    named_rate = named_null(inc, counts, keep)
+    tests = dict(tests)
+    for n in sorted(flagged):
+        t = tests[n]
+        base, start = drop, f
+        if n in own:
+            base = drop.copy()
+            base[own[n]] = False
+            start = fit(inc, drop=base, start=f)
+        v = confirm(inc, start, base, index[n], entries[n], _null_rate(start, inc, keep),
+                    partial(_null_rate, inc=inc, keep=keep), bar, t.p_value,
+                    (float(counts[index[n]]), named_rate))
+        tests[n] = replace(t, p_value=v.p_value, left_out=v.weakest or t.left_out)
+    q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
+                        strict=True))
+    return tests, q_values, {n for n in flagged if q_values[n] <= cfg.fdr}

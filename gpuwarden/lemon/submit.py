@@ -6,6 +6,12 @@ nodes (`-w c5,c9`, `--nodelist=c5`, `-F hosts`) chose them; its failures say lit
 those nodes and a user can aim them, so the lemon detector discounts them. `#SBATCH -w` lines
 inside the script are not in the command line and are not seen (the stored script, if any,
 is not read).
+
+The line is read as sbatch/srun/salloc's getopt_long reads it (src/common/slurm_opt.c): short
+options bundle (`-vw c5` is -v -w c5, `-wc5` is -w c5), a long option may be any unique
+prefix (`--nodel=c5`), an option that takes a value takes the next word whatever it looks
+like (`-J -w` names the job "-w"), and the options end at the script or `--wrap`: what
+follows is the job's, never sbatch's (`job.sh -w c5`, `--wrap echo -w c7`).
 """
 
 from __future__ import annotations
@@ -16,15 +22,42 @@ from gpuwarden.slurm.hostlist import HostlistError, expand
 
 ALL_NODES = frozenset({"*"})  # -F/--nodefile: every node of the run was named
 _PROGS = ("sbatch", "srun", "salloc")
-# Options that take a value as the next word (so that the value is not taken for the script).
-_WITH_VALUE = frozenset("ABDFJLMacdeiklmnopqstuwx")
-_LONG_WITH_VALUE = frozenset({
-    "--account", "--array", "--chdir", "--constraint", "--cpus-per-task", "--dependency",
-    "--error", "--exclude", "--export", "--gpus", "--gpus-per-node", "--gres", "--input",
-    "--job-name", "--mem", "--mem-per-cpu", "--mem-per-gpu", "--nodefile", "--nodelist",
-    "--nodes", "--ntasks", "--ntasks-per-node", "--output", "--partition", "--qos",
-    "--reservation", "--time", "--time-min", "--wckey",
-})
+# Short options that take a value (required: the rest of the word or the next word).
+_SHORT_VALUE = frozenset("ABCDFGJLMNSTabcdeimnopqrtwx")
+# Long options (sbatch, srun, salloc) and whether they take a required value; a long option
+# with an optional value (`--wait`, `--exclusive`, ...) is listed as taking none: only
+# `--opt=value` gives it one, as in getopt_long.
+_LONG: dict[str, bool] = {
+    **dict.fromkeys((
+        "account", "acctg-freq", "array", "batch", "bb", "bbf", "begin", "bcast", "chdir",
+        "cluster-constraint", "clusters", "comment", "constraint", "container", "container-id",
+        "core-spec", "cores-per-socket", "cpu-bind", "cpu-freq", "cpus-per-gpu",
+        "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "error",
+        "exclude", "export-file", "extra", "extra-node-info", "gid", "gpu-bind", "gpu-freq",
+        "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags",
+        "hint", "input", "job-name", "jobid", "kill-on-invalid-dep", "licenses",
+        "mail-type", "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu",
+        "mem-per-gpu", "mincpus", "network", "nice", "nodefile", "nodelist", "nodes",
+        "ntasks", "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-node",
+        "ntasks-per-socket", "open-mode", "output", "partition", "power", "prefer",
+        "priority", "profile", "propagate", "qos", "reservation", "resv-ports",
+        "segment", "signal", "sockets-per-node", "switches", "thread-spec",
+        "threads-per-core", "time", "time-min", "tmp", "tres-bind", "tres-per-task",
+        "uid", "wckey", "wrap", "export", "het-group", "relative", "task-epilog",
+        "task-prolog", "label", "kill-command", "multi-prog", "mpi", "epilog", "prolog",
+        "immediate", "wait", "exclusive", "spread-job", "use-min-nodes", "requeue",
+        "no-requeue", "overcommit", "oversubscribe", "contiguous", "hold", "help",
+        "get-user-env", "ignore-pbs", "no-kill", "parsable", "quiet", "reboot", "test-only",
+        "usage", "verbose", "version", "overlap", "pty", "unbuffered", "x11",
+    ), True),
+}
+for _flag in ("batch", "immediate", "wait", "exclusive", "spread-job", "use-min-nodes",
+              "requeue", "no-requeue", "overcommit", "oversubscribe", "contiguous", "hold",
+              "help", "get-user-env", "ignore-pbs", "no-kill", "parsable", "quiet", "reboot",
+              "test-only", "usage", "verbose", "version", "overlap", "pty", "unbuffered",
+              "x11", "label", "multi-prog", "kill-on-invalid-dep", "propagate", "profile",
+              "export-file"):
+    _LONG[_flag] = _flag in ("kill-on-invalid-dep", "profile", "export-file")
 
 
 def _words(line: str) -> list[str]:
@@ -34,49 +67,83 @@ def _words(line: str) -> list[str]:
         return line.split()
 
 
+def _long(word: str) -> tuple[str | None, str | None, bool]:
+    """`--name[=value]`: (the option it abbreviates, the attached value, whether it takes
+    one); None for an unknown or ambiguous prefix."""
+    name, eq, value = word[2:].partition("=")
+    if name in _LONG:
+        return name, value if eq else None, _LONG[name]
+    hits = [o for o in _LONG if o.startswith(name)] if name else []
+    if len(hits) == 1:
+        return hits[0], value if eq else None, _LONG[hits[0]]
+    # Ambiguous or unknown: sbatch refuses the line, so it never ran; read it as a flag.
+    return None, value if eq else None, False
+
+
+def parse(line: str) -> tuple[frozenset[str], str]:
+    """(nodes the command named, `ALL_NODES` for a node file; what the job ran)."""
+    words = _words(line)
+    if not words:
+        return frozenset(), ""
+    i = 1 if words[0].rsplit("/", 1)[-1] in _PROGS else 0
+    lists: list[str] = []
+    whole = False
+    script = ""
+    while i < len(words):
+        w = words[i]
+        i += 1
+        if w == "--":
+            script = " ".join(words[i:i + 1])
+            break
+        if w.startswith("--"):
+            name, value, takes = _long(w)
+            if takes and value is None and i < len(words):
+                value = words[i]
+                i += 1
+            if name == "wrap":
+                # sacct joins the words without their quotes: the rest of the line is the
+                # command, and nothing in it is sbatch's.
+                script = "wrap:" + " ".join([value or "", *words[i:]]).strip()
+                break
+            if name == "nodelist" and value:
+                lists.append(value)
+            elif name == "nodefile":
+                whole = True
+            continue
+        if w.startswith("-") and len(w) >= 2:
+            k = 1
+            while k < len(w):
+                c = w[k]
+                k += 1
+                if c in _SHORT_VALUE:
+                    value = w[k:]
+                    if not value and i < len(words):
+                        value = words[i]
+                        i += 1
+                    if c == "w" and value:
+                        lists.append(value.lstrip("="))
+                    elif c == "F":
+                        whole = True
+                    break
+            continue
+        script = w  # the first word that is not an option: the script (srun: the program)
+        break
+    if whole:
+        return ALL_NODES, script
+    out: set[str] = set()
+    for value in lists:
+        try:
+            out.update(expand(value))
+        except HostlistError:
+            return ALL_NODES, script  # a list we cannot read still named nodes
+    return frozenset(out), script
+
+
 def named_nodes(line: str) -> frozenset[str]:
     """Nodes the command asked for by name; `ALL_NODES` for a node file; empty for none."""
-    words = _words(line)
-    out: set[str] = set()
-    for i, w in enumerate(words):
-        value = None
-        if w in ("-w", "--nodelist") and i + 1 < len(words):
-            value = words[i + 1]
-        elif w.startswith("--nodelist="):
-            value = w.split("=", 1)[1]
-        elif w.startswith("-w") and len(w) > 2 and not w.startswith("--"):
-            value = w[2:].lstrip("=")
-        elif w in ("-F", "--nodefile") or (w.startswith(("--nodefile=", "-F")) and len(w) > 2):
-            return ALL_NODES
-        if value:
-            try:
-                out.update(expand(value))
-            except HostlistError:
-                return ALL_NODES  # a list we cannot read still named nodes
-    return frozenset(out)
+    return parse(line)[0]
 
 
 def script_key(line: str) -> str:
     """What the job ran: the `--wrap` command or the batch script as given; "" when unknown."""
-    words = _words(line)
-    if not words:
-        return ""
-    i = 1 if words[0].rsplit("/", 1)[-1] in _PROGS else 0
-    while i < len(words):
-        w = words[i]
-        if w == "--wrap" and i + 1 < len(words):
-            # sacct joins the words without their quotes: the rest of the line is the command.
-            return "wrap:" + " ".join(words[i + 1:])
-        if w.startswith("--wrap="):
-            # The same: sacct's line has lost the quotes around the command.
-            return "wrap:" + " ".join([w.split("=", 1)[1], *words[i + 1:]])
-        if w == "--":
-            return " ".join(words[i + 1:i + 2])
-        if w.startswith("--"):
-            i += 2 if w in _LONG_WITH_VALUE else 1
-            continue
-        if w.startswith("-") and len(w) >= 2:
-            i += 2 if len(w) == 2 and w[1] in _WITH_VALUE else 1
-            continue
-        return w  # the first word that is not an option: the script (srun: the program)
-    return ""
+    return parse(line)[1]
