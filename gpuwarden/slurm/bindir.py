@@ -63,6 +63,11 @@ def daemon_dirs(proc: str = "/proc") -> list[Place]:
         return out
     for pid in pids:
         try:
+            # Only root's processes: any user can start a program named slurmd (prctl,
+            # a copied binary) and point the hooks at a directory of their choosing. slurmd
+            # runs as root; a slurmctld running as SlurmUser is not trusted here.
+            if os.stat(os.path.join(proc, pid)).st_uid != 0:
+                continue
             with open(os.path.join(proc, pid, "comm"), "rb") as f:
                 comm = f.read(32).decode(errors="replace").strip()
             if comm not in DAEMONS:

@@ -319,6 +319,26 @@ def test_slurm_is_found_beside_the_running_slurmd_without_path(tmp_path: Path) -
         daemon.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a process of another uid)")
+def test_a_users_process_named_slurmd_is_not_trusted() -> None:
+    """Found in review: any user can run a program named slurmd from a directory of theirs."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gpuwarden-slurmd-"))  # one another uid can reach
+    base.chmod(0o755)
+    root = fake_slurm_install(base / "opt-slurm")
+    daemon = subprocess.Popen([str(root / "sbin" / "slurmd"), "30"], user=65534, group=65534)
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert [p.path for p in bindir.daemon_dirs() if p.path.startswith(str(base))] == []
+            time.sleep(0.1)
+    finally:
+        daemon.kill()
+        daemon.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_no_slurm_anywhere_names_the_config_key(tmp_path: Path) -> None:
     with pytest.raises(bindir.SlurmNotFoundError, match=r"set \[slurm\] bin_dir"):
         bindir.locate("", use_path=False, environ={"PATH": "/usr/bin"}, proc=str(tmp_path),
