@@ -128,27 +128,38 @@ def walk(root: str, names: Sequence[str], owner: int | None) -> int:
     return fd
 
 
-def read_file(parent: int, name: str, owner: int | None, limit: int, where: str,
-              exact: bool = False) -> bytearray:
-    """The whole regular file ``name`` (at most ``limit`` bytes, exactly that many when
-    ``exact``), checked before a byte is read; Refused when it is anything else."""
+def _open_checked(parent: int, name: str, owner: int | None, where: str) -> tuple[int, int]:
+    """The regular file ``name`` opened (no link, no FIFO wait) and its size; Refused when it is
+    anything else or not ``owner``'s. The caller closes the fd."""
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=parent)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
             raise Refused(f"{where}: not a regular file (a link?)") from None
         raise
-    with closing(fd):
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise Refused(f"{where}: not a regular file")
         if owner is not None and st.st_uid != owner:
             raise Refused(f"{where} belongs to uid {st.st_uid}, not to the job's user "
                           f"(uid {owner})")
-        if st.st_size > limit or (exact and st.st_size != limit):
-            raise Refused(f"{where}: {st.st_size} bytes, expected "
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_file(parent: int, name: str, owner: int | None, limit: int, where: str,
+              exact: bool = False) -> bytearray:
+    """The whole regular file ``name`` (at most ``limit`` bytes, exactly that many when
+    ``exact``), checked before a byte is read; Refused when it is anything else."""
+    fd, size = _open_checked(parent, name, owner, where)
+    with closing(fd):
+        if size > limit or (exact and size != limit):
+            raise Refused(f"{where}: {size} bytes, expected "
                           f"{'' if exact else 'at most '}{limit}")
-        buf = bytearray(st.st_size)
+        buf = bytearray(size)
         view = memoryview(buf)
         while view:
             n = os.readv(fd, [view])
@@ -166,21 +177,10 @@ def stream_file(parent: int, name: str, owner: int | None, size: int, where: str
     """Feed the regular file ``name`` of exactly ``size`` bytes to ``sink`` in chunks of at
     most `CHUNK`, checked as `read_file` checks before a byte is read. Memory stays bounded
     whatever size a (user's) manifest declares: root's verify never allocates it."""
-    try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):
-            raise Refused(f"{where}: not a regular file (a link?)") from None
-        raise
+    fd, found = _open_checked(parent, name, owner, where)
     with closing(fd):
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Refused(f"{where}: not a regular file")
-        if owner is not None and st.st_uid != owner:
-            raise Refused(f"{where} belongs to uid {st.st_uid}, not to the job's user "
-                          f"(uid {owner})")
-        if st.st_size != size:
-            raise Refused(f"{where}: {st.st_size} bytes, expected {size}")
+        if found != size:
+            raise Refused(f"{where}: {found} bytes, expected {size}")
         buf = bytearray(min(size, CHUNK))
         view, left = memoryview(buf), size
         while left:
