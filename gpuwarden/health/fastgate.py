@@ -280,7 +280,7 @@ def driver_records_since(path: str, since: float, since_up: float | None = None)
     boot_up = since - _boot_time()
     since_up = boot_up if since_up is None else min(since_up, boot_up)
     if path == "/dev/kmsg":
-        return _scan(_kmsg_records(), since_up)
+        return _scan(kmsg_records(), since_up)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
@@ -292,10 +292,14 @@ def driver_records_since(path: str, since: float, since_up: float | None = None)
         return _scan(f.read().split(b"\n"), since_up)
 
 
-def _kmsg_records() -> list[bytes]:
+def kmsg_records(path: str = "/dev/kmsg") -> list[bytes]:
+    """Every record the kernel's ring buffer holds, without waiting for more. Shared with the
+    full checks (gpuwarden.health.gather), which the fast path cannot afford to import."""
     records: list[bytes] = []
-    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        if not stat.S_ISCHR(os.fstat(fd).st_mode):
+            raise OSError(f"{path}: not a character device")
         while True:
             try:
                 rec = os.read(fd, 8192)

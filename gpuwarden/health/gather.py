@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from gpuwarden.health import gpuchecks, nodechecks, xid
+from gpuwarden.health import fastgate, gpuchecks, nodechecks, xid
 from gpuwarden.health.config import Expected, HealthConfig
 from gpuwarden.health.deadline import Outcome, run_all
 from gpuwarden.health.model import CheckResult, GpuSnapshot, Status, Verdict
@@ -66,24 +66,8 @@ def _check_log_file(path: str, st: os.stat_result) -> None:
 
 
 def _read_kmsg(path: str) -> str:
-    records: list[str] = []
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISCHR(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a character device")
-        while True:
-            try:
-                rec = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except BrokenPipeError:  # records overwritten while reading: go on
-                continue
-            if not rec:
-                break
-            records.append(rec.decode("utf-8", errors="replace").rstrip("\n"))
-    finally:
-        os.close(fd)
-    return "\n".join(records)
+    return "\n".join(r.decode("utf-8", errors="replace").rstrip("\n")
+                     for r in fastgate.kmsg_records(path))
 
 
 def _tasks(cfg: HealthConfig, exp: Expected, node: str, probe: GpuProbe | None,
