@@ -294,13 +294,18 @@ class FsTier:
         with closing(fd):
             return self._read_at(fd, owner, step, shards)
 
-    def _read_at(self, fd: int, owner: int, step: int,
-                 shards: bool) -> tuple[Manifest, dict[str, Buf]]:
+    def _step_dir_at(self, fd: int, owner: int, step: int) -> tuple[int, str]:
+        """The step's directory, opened as its owner's (CorruptStep otherwise), and its path."""
         where = os.path.join(self.dir, step_dir(step))
         try:
             sfd, _ = safeio.open_dir(fd, step_dir(step), owner, where)
         except (Refused, OSError) as exc:
             raise CorruptStep(f"{self.name} step {step}: {_why(exc)}") from None
+        return sfd, where
+
+    def _read_at(self, fd: int, owner: int, step: int,
+                 shards: bool) -> tuple[Manifest, dict[str, Buf]]:
+        sfd, where = self._step_dir_at(fd, owner, step)
         with closing(sfd):
             m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
             out: dict[str, Buf] = {}
@@ -327,11 +332,7 @@ class FsTier:
             return self._verify_at(fd, owner, step)
 
     def _verify_at(self, fd: int, owner: int, step: int) -> Manifest:
-        where = os.path.join(self.dir, step_dir(step))
-        try:
-            sfd, _ = safeio.open_dir(fd, step_dir(step), owner, where)
-        except (Refused, OSError) as exc:
-            raise CorruptStep(f"{self.name} step {step}: {_why(exc)}") from None
+        sfd, where = self._step_dir_at(fd, owner, step)
         with closing(sfd):
             m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
             for shard in m.shards:
