@@ -1,15 +1,21 @@
-# gpuwarden task runner. `make demo` and `make test` do all set-up on a fresh Linux machine
-# with Docker (root is needed once, to build the cluster image with debootstrap).
+# gpuwarden task runner. `make demo` and `make test` do all set-up on a fresh Debian/Ubuntu
+# machine with Docker: scripts/host-deps.sh installs python3-venv, debootstrap (and lua5.1 for
+# the tests) with apt-get when missing, saying so in one line; that needs root once, as does
+# building the cluster image with debootstrap (not root: it prints the command to run).
+# `make test` removes the test cluster at the end; KEEP_CLUSTER=1 make test leaves it running.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+HOST_DEPS := PY=$(PY) bash scripts/host-deps.sh
+KEEP_CLUSTER ?=
 
 .PHONY: all venv image cluster-up cluster-down demo test unit e2e lint bench clean
 
 all: test
 
 $(STAMP): pyproject.toml
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -18,15 +24,18 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 image: $(STAMP)
+	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster image
 
 cluster-up: $(STAMP)
+	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster up
 
 cluster-down: $(STAMP)
 	$(PY) -m gpuwarden.devcluster down
 
 demo: $(STAMP)
+	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster up
 	$(PY) -m gpuwarden.devcluster demo
 
@@ -38,10 +47,21 @@ unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
 
 e2e: $(STAMP)
+	@$(HOST_DEPS) debootstrap
 	$(PY) -m pytest tests/e2e -q -m e2e
 
+# The e2e session leaves its cluster up (11 containers): removed here, whatever the tests did,
+# unless KEEP_CLUSTER=1; the tests' exit status is make's.
 test: lint $(STAMP)
-	$(PY) -m pytest tests -q
+	@$(HOST_DEPS) debootstrap lua
+	@status=0; $(PY) -m pytest tests -q || status=$$?; \
+	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
+	    echo "KEEP_CLUSTER=1: the test cluster is left running (make cluster-down removes it)"; \
+	elif docker info >/dev/null 2>&1; then \
+	    $(PY) -m gpuwarden.devcluster down \
+	        || echo "make test: removing the test cluster failed: run make cluster-down" >&2; \
+	fi; \
+	exit $$status
 
 bench: $(STAMP)
 	$(PY) benchmarks/slurm_parse.py

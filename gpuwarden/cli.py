@@ -14,11 +14,12 @@ from typing import Any, NoReturn
 import click
 
 from gpuwarden import config as configmod
-from gpuwarden import logsetup, slurmconf
+from gpuwarden import extras, logsetup, slurmconf
 from gpuwarden.errors import ConfigError, NotOurDrainError, SlurmError
 from gpuwarden.slurm import bindir
 from gpuwarden.slurm.client import CliSlurmClient, NodeBusyError, SlurmClient
 from gpuwarden.slurm.runner import CommandRunner, DeadlineRunner, SubprocessRunner
+from gpuwarden.slurmconfneeds import FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ _LAZY = {
     "simulate": ("gpuwarden.fleet.cli", "simulate"),
     "placement": ("gpuwarden.placement.cli", "placement"),
     "ckpt": ("gpuwarden.ckpt.cli", "ckpt"),
+    "install-files": ("gpuwarden.install.cli", "install_files"),
 }
 
 
@@ -274,18 +276,35 @@ def resume_cmd(obj: Context, node: str) -> None:
 
 # ---- slurm-conf -----------------------------------------------------------------------------
 @cli.command("slurm-conf")
-@click.option("--part", type=click.Choice([*slurmconf.PARTS, "all"]), default="all",
-              show_default=True, help="which file's lines to print")
+@click.option("--part", type=click.Choice([*slurmconf.PARTS, "gpuwarden", "all"]), default="all",
+              show_default=True, help="which file's lines to print; gpuwarden: the settings "
+              "gpuwarden's features need in slurm.conf, merged into one block")
+@click.option("--check", "check_path", type=click.Path(dir_okay=False), default=None,
+              help="check this slurm.conf (and what it includes) for what gpuwarden needs: exit 0 "
+              "all there, 1 something missing or conflicting, 2 a file unreadable")
+@click.option("--feature", "features", type=click.Choice(list(FEATURES)), multiple=True,
+              help="only this feature, for --check and --part gpuwarden (repeatable; default: all)")
 @click.option("--autodetect/--no-autodetect", default=True, show_default=True,
               help="gres.conf: AutoDetect=nvml (real GPUs) or explicit File= lines")
 @click.option("--nodes", type=int, default=None, help="override [cluster] nodes")
 @click.option("--nodes-per-leaf", type=int, default=None, help="override [cluster] nodes_per_leaf")
 @click.pass_obj
-def slurm_conf_cmd(obj: Context, part: str, autodetect: bool, nodes: int | None,
-                   nodes_per_leaf: int | None) -> None:
-    """Print the slurm.conf, gres.conf and topology.conf lines for the [cluster] description."""
+def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tuple[str, ...],
+                   autodetect: bool, nodes: int | None, nodes_per_leaf: int | None) -> None:
+    """Print the slurm.conf, gres.conf and topology.conf lines for the [cluster] description,
+    or check a site's slurm.conf (--check FILE) for the lines gpuwarden needs."""
     from dataclasses import replace  # noqa: PLC0415
 
+    from gpuwarden import slurmconfcheck  # noqa: PLC0415
+
+    chosen = features or tuple(FEATURES)
+    if check_path is not None:
+        wait_s = slurmconfcheck.placement_wait_s(obj.config_or_exit().placement)
+        sys.exit(slurmconfcheck.check(check_path, chosen, wait_s, click.echo,
+                                      lambda line: click.echo(line, err=True)))
+    if part == "gpuwarden":
+        click.echo(slurmconfcheck.block(chosen), nl=False)
+        return
     try:
         cluster = obj.config().cluster
         cluster = replace(
@@ -319,6 +338,13 @@ def main() -> int:
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         return EXIT_CONFIG
+    except ModuleNotFoundError as exc:
+        # A path to an extra's package that no command marks `required`: still one line.
+        line = extras.missing_line("gpuwarden", exc, None)
+        if line is None:
+            raise
+        click.echo(line, err=True)
+        return extras.EXIT_MISSING
     return 0
 
 

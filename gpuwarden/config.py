@@ -135,7 +135,9 @@ def load(path: str | os.PathLike[str] | None = None, *, missing_ok: bool = True)
         explicit = path is not None or ENV_VAR in os.environ
         if missing_ok and not explicit:
             return Config()
-        raise ConfigError(str(p), "", "file not found") from None
+        raise ConfigError(str(p), "", "file not found: write one (`gpuwarden config show > FILE` "
+                          "prints the defaults) or point --config / $GPUWARDEN_CONFIG at "
+                          "yours") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), "", f"cannot read ({exc})") from None
     return parse(text, str(p))

@@ -9,13 +9,19 @@ from typing import Any
 
 import click
 
-from gpuwarden.ckpt.build import tiers
-from gpuwarden.ckpt.fstier import ANY_JOB_USER, CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.names import BadName, check_name
-from gpuwarden.ckpt.retention import to_delete
 from gpuwarden.errors import GpuwardenError
+from gpuwarden.extras import Needs
 from gpuwarden.fleet.cli import parse_cost
-from gpuwarden.fleet.mttf import daly, human_hours, young
+
+# numpy and xxhash: the base install still lists and explains these commands (--help).
+with Needs("ckpt") as CKPT:
+    from gpuwarden.ckpt.build import tiers
+    from gpuwarden.ckpt.fstier import ANY_JOB_USER, CorruptStep, FsTier, TierError
+    from gpuwarden.ckpt.retention import to_delete
+# `interval` reads the MTTF from accounting as `fleet mttf` does (numpy, not xxhash).
+with Needs("lemon") as MTTF:
+    from gpuwarden.fleet.mttf import daly, human_hours, young
 
 
 def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
@@ -43,7 +49,7 @@ def _s3_key(cfg: Any, job: str, owner: int | None) -> bytes | None:
         return read_job_key(cfg.shared_root, job,
                             None if owner == ANY_JOB_USER else os.geteuid())
     except PeerError as exc:
-        click.echo(f"s3       steps cannot be authenticated: {exc}")
+        click.echo(f"s3       steps cannot be authenticated: {exc}", err=True)
         return None
 
 
@@ -64,29 +70,51 @@ def _listed(tiers_: list[Any]) -> Iterator[tuple[Any, list[int]]]:
 def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
     """The JOB argument and --rank option, handed to the command as that rank's tiers."""
     def command(obj: Any, /, job: str, rank: int, **options: Any) -> None:
-        fn(obj, _tiers_or_exit(obj, job, rank), **options)
+        tiers_ = _tiers_or_exit(obj, job, rank)
+        # One rank's steps, this host's memory: say so, or they read as the whole job's.
+        host = os.uname().nodename.split(".")[0]
+        click.echo(f"{job} rank {rank}, memory tier on {host} (this host); --rank N for "
+                   f"another rank, `gpuwarden ckpt ls {job}` lists every rank")
+        fn(obj, tiers_, **options)
     command.__name__, command.__doc__ = fn.__name__, fn.__doc__
     command.__dict__.update(fn.__dict__)  # the command's own options (click keeps them there)
     with_obj = click.pass_obj(command)
-    return click.argument("job")(click.option("--rank", default=0, show_default=True)(with_obj))
+    rank = click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
+    return click.argument("job")(rank(with_obj))
 
 
 @ckpt.command("ls")
-@_job_tiers
-def ls(obj: Any, tiers_: list[Any]) -> None:
-    """Committed steps of JOB on every configured tier."""
-    for t, steps in _listed(tiers_):
-        shown = ", ".join(map(str, steps[-10:])) or "none"
-        click.echo(f"{t.name:<8} {len(steps)} step(s): {shown}")
+@CKPT.required
+@click.argument("job")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="this rank only  [default: every rank]")
+@click.option("--json", "as_json", is_flag=True, help="one object per tier and rank")
+@click.pass_obj
+def ls(obj: Any, job: str, rank: int | None, as_json: bool) -> None:
+    """Committed steps of JOB, per tier and rank: this host's memory (ranks that ran here),
+    the replicas it holds for other ranks (peer), the shared filesystem and S3."""
+    import json  # noqa: PLC0415 - the import block above is the extras check's
+
+    from gpuwarden.ckpt import listing  # noqa: PLC0415
+
+    rows = list(listing.rows(listing.with_peer(_tiers_or_exit(obj, job, rank or 0)), rank))
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        return
+    for line in listing.table(rows, job):
+        click.echo(line)
 
 
 @ckpt.command("verify")
+@CKPT.required
 @_job_tiers
 def verify(obj: Any, tiers_: list[Any]) -> None:
     """Read every step back and check every shard; exit 1 when any copy is corrupt. Changes
     nothing."""
     bad = 0
     for t, steps in _listed(tiers_):
+        if not steps:
+            click.echo(f"{t.name:<8} no steps to verify")
         for step in steps:
             try:
                 m = t.verify(step)  # streamed: bounded memory whatever the manifest says
@@ -100,6 +128,7 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
 
 
 @ckpt.command("gc")
+@CKPT.required
 @_job_tiers
 @click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
 def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
@@ -123,7 +152,8 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
 
 
 @ckpt.command("interval")
-@click.option("--gpus", type=int, required=True, help="the job's GPU count")
+@MTTF.required
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="the job's GPU count")
 @click.option("--cost", default=None, help="measured stall per checkpoint (30s, 2m)")
 @click.option("--mttf", "mttf_text", default=None, help="MTTF for this size (7.9h); default: "
               "measured from accounting (`fleet mttf`), else [ckpt] mttf_h")
@@ -140,8 +170,8 @@ def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since
         measured, source = _measured_mttf(obj, gpus, since)
     if measured is None:
         if not cfg.mttf_h:
-            raise click.ClickException("no failures of this size in the accounting history "
-                                       "and no [ckpt] mttf_h: give --mttf")
+            raise click.ClickException(f"{source} and no [ckpt] mttf_h: give --mttf (7.9h), "
+                                       "or set [ckpt] mttf_h")
         measured, source = cfg.mttf_h, "[ckpt] mttf_h"
     mttf_h: float = measured
     c = cost_s / 3600
@@ -152,6 +182,7 @@ def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since
 
 
 def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
+    """The MTTF for ``gpus`` from accounting and where it came from; None and why not."""
     # Only `interval` without --mttf reads the accounting history.
     from gpuwarden.fleet.mttf import report  # noqa: PLC0415
     from gpuwarden.lemon.attribution import gpu_class  # noqa: PLC0415
@@ -159,12 +190,13 @@ def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
 
     try:
         hist = load_history(obj, since, (), None, obj.config_or_exit().lemon.grace_s)
-    except click.ClickException:
-        return None, ""
+    except click.ClickException as exc:
+        # Not "no failures": a history that could not be read says nothing about failures.
+        return None, f"the accounting history cannot be read ({exc.format_message()})"
     rep = report(hist.attribution, hist.events, 8, 30.0, (gpus,))
     for c in rep.classes:
         if c.gpus == gpu_class(gpus) and c.mttf_h:
             return c.mttf_h, f"measured: {c.failures} failures in {c.hours:.0f} job-hours"
     if rep.per_gpu_mttf_h:
         return rep.per_gpu_mttf_h / gpus, "projected 1/N from the fleet's per-GPU rate"
-    return None, ""
+    return None, f"no failures of {gpus}-GPU jobs in the accounting history since {since}"

@@ -411,7 +411,9 @@ def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_a
         # Loaded by root before the fork: the child then needs nothing but the two tiers.
         import gpuwarden.ckpt.stagecopy  # noqa: F401, PLC0415
     except ImportError as exc:
-        log.warning("stage-in job %s: skipped: the checkpoint extra is not installed (%s)",
+        # ERROR: reaches syslog (a WARNING from a hook that exits 0 is seen by nobody).
+        log.error("stage-in job %s: skipped: the checkpoint extra is not installed (%s): "
+                  "pip install 'gpuwarden[ckpt]' into the hooks' interpreter",
                     req.job_id, exc)
         return
     code = runner(lambda: stage(req), req)

@@ -2,22 +2,57 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
 from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
+from gpuwarden.devcluster.progress import waiting
 
 Say = Callable[[str], None]
 
+# Where scenario 6 writes its simulated month on the slurmctld container: root's own
+# directory (the demo runs its commands as root), not a name anyone may take first in /tmp.
+FLEET_DIR = "/root/gpuwarden-demo-fleet"
 
-def _show(h: Harness, say: Say, title: str, argv: list[str], host: str = "slurmctld") -> str:
-    res = h.exec(host, argv, timeout=60)
+
+def shown(text: str, limit: int | None = None) -> list[str]:
+    """A command's output as the demo prints it: indented, and cut after ``limit`` lines with
+    a line saying how many more there were."""
+    lines = [f"    {line}" for line in text.rstrip().splitlines()]
+    if limit is None or len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"    ... ({len(lines) - limit} more lines)"]
+
+
+def _show(h: Harness, say: Say, title: str, argv: list[str], host: str = "slurmctld",
+          limit: int | None = None, wait: tuple[str, float] | None = None,
+          timeout: float = 60) -> str:
+    """Run a command on ``host`` and print it with its output. ``wait`` (what, usual seconds)
+    shows progress while a slow one runs; a non-empty ``title`` ends with a blank line."""
     say(f"$ {' '.join(argv)}")
-    for line in (res.out + res.err).rstrip().splitlines():
-        say(f"    {line}")
+    if wait is None:
+        res = h.exec(host, argv, timeout=timeout)
+    else:
+        with waiting(wait[0], wait[1]):
+            res = h.exec(host, argv, timeout=timeout)
+    for line in shown(res.out + res.err, limit):
+        say(line)
     if title:
         say("")
     return res.out
+
+
+def detection(scan_json: str, truth_json: str) -> str:
+    """How the scan's verdicts compare with the lemons the simulator planted (truth.json)."""
+    flagged = {n["node"] for n in json.loads(scan_json)["nodes"] if n.get("lemon")}
+    truth = set(json.loads(truth_json)["lemons"])
+    found = len(flagged & truth)
+    wrong = sorted(flagged - truth)
+    return (f"The simulator planted {len(truth)} lemons (truth.json); the scan flagged "
+            f"{len(flagged)}: {found} of the {len(truth)}"
+            + (f", and {len(wrong)} ordinary node(s) ({', '.join(wrong[:5])})" if wrong else
+               ", and no ordinary node") + ".")
 
 
 def foundation(h: Harness, say: Say) -> None:
@@ -56,8 +91,9 @@ def health(h: Harness, say: Say) -> None:
     _show(h, say, "", ["tail", "-n1", "/var/lib/gpuwarden-fake/kmsg"], host="c3")
     job = h.sbatch("-N1", "--gpus-per-node=8", name="demo-victim", wrap="hostname")
     say(f"submitted job {job}; its prolog on c3 fails, c3 is drained and Slurm requeues the job "
-        "(Slurm holds a requeued job back about 2 minutes)...")
-    h.wait_job(job, timeout=300)
+        "(Slurm holds a requeued job back for cred_expire + 1 s: 31 s here, 121 s by default)")
+    with waiting(f"job {job}: drain, requeue, hold, run elsewhere", 45) as w:
+        h.wait_job(job, timeout=300, on_poll=w.note)
     h.wait_acct(job, "COMPLETED", timeout=60)
     _show(h, say, "", ["sacct", "-X", "--duplicates", "-j", str(job), "-o",
                        "JobID,JobName,State,NodeList,Restarts"])
@@ -79,8 +115,9 @@ def lemons(h: Harness, say: Say) -> None:
     h.make_flaky("c6", 0.95)
     _show(h, say, "", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], host="c6")
     jobs = h.submit_pairs(nodes, rounds=2, name="demo-pair")
-    say(f"submitted {len(jobs)} two-node jobs, one for each pair of nodes, twice; waiting...")
-    states = h.wait_finished(jobs, timeout=600)
+    say(f"submitted {len(jobs)} two-node jobs, one for each pair of nodes, twice")
+    with waiting(f"{len(jobs)} two-node jobs on 8 nodes", 40) as w:
+        states = h.wait_finished(jobs, timeout=600, on_poll=w.note)
     failed = sum(1 for s in states.values() if s != "COMPLETED")
     say(f"{len(jobs) - failed} COMPLETED, {failed} FAILED. Which node is to blame? Slurm's "
         "accounting knows:")
@@ -91,13 +128,42 @@ def lemons(h: Harness, say: Say) -> None:
     h.write_fake("c6", "flaky", "0\n")
     _show(h, say, "", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], host="c6")
     _show(h, say, "", ["sinfo", "-n", "c6", "-o", "%N %t %E"])
-    say("MTTF by job size from the same accounting, and the checkpoint interval:")
-    _show(h, say, "", ["gpuwarden", "fleet", "mttf", "--since", start, "--ckpt-cost", "1s"])
     _show(h, say, "x", ["gpuwarden", "resume", "c6"])
-    say("== 6. The same analytics on a simulated 2,000-node fleet, calibrated to Meta's "
+    say("(A few minutes of demo jobs are no basis for an MTTF: a rate needs months of node "
+        "time. Scenario 6 runs `gpuwarden fleet mttf` on a month of a 2,000-node fleet.)")
+    say("")
+
+
+def fleet_history(h: Harness, say: Say) -> None:
+    say("== 6. A month of a 2,000-node fleet: lemons found, MTTF by job size beside Meta's "
         "published figures ==")
-    _show(h, say, "x", ["gpuwarden", "simulate", "--nodes", "2000", "--days", "30",
-                        "--seeds", "1"])
+    say("`gpuwarden simulate` writes a month of a 2,000-node, 16,000-GPU fleet as the exports "
+        "a site makes (docs/lemons.md): one `sacct --json` file a day and `sacctmgr show "
+        "events`. Its failure rates are solved so that the fleet reproduces Meta's published "
+        "figures; 1.2% of its nodes are lemons.")
+    sacct, events = f"{FLEET_DIR}/sacct", f"{FLEET_DIR}/events.txt"
+    h.exec("slurmctld", ["rm", "-rf", FLEET_DIR]).check("clear the demo's fleet directory")
+    _show(h, say, "", ["gpuwarden", "simulate", "--nodes", "2000", "--days", "30", "--out",
+                       FLEET_DIR, "--no-compare"],
+          wait=("simulating 30 days of 2,000 nodes", 5), timeout=300)
+    _show(h, say, "", ["head", "-n", "3", events])
+    say("The lemon scan reads it as it reads a site's export (the first lemons, with their "
+        "evidence):")
+    _show(h, say, "", ["gpuwarden", "lemon", "scan", "--from", sacct, "--events", events],
+          limit=18, wait=("scanning 51,000 job records", 5), timeout=300)
+    with waiting("the same scan, as JSON, to check it against truth.json", 5):
+        scan = h.exec("slurmctld", ["gpuwarden", "lemon", "scan", "--from", sacct, "--events",
+                                    events, "--json"], timeout=300).check("lemon scan --json")
+    truth = h.exec("slurmctld", ["cat", f"{FLEET_DIR}/truth.json"]).check("truth.json")
+    say(detection(scan.out, truth.out))
+    say("")
+    say("MTTF by job size from the same month, its projection to larger jobs, and the "
+        "checkpoint interval, with Meta's published figures beside ours:")
+    _show(h, say, "x", ["gpuwarden", "fleet", "mttf", "--from", sacct, "--events", events],
+          wait=("reading 30 days of accounting", 4), timeout=300)
+    say("(`gpuwarden simulate` without --no-compare also runs a second month with the flagged "
+        "lemons drained, and sets the >=512-GPU failure rate beside the paper's 14% -> 4%.)")
+    say("")
 
 
 def placement(h: Harness, say: Say) -> None:
@@ -130,8 +196,9 @@ def checkpointing(h: Harness, say: Say) -> None:
     job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args])
     say(f"$ sbatch -N4 --gpus-per-node=8 ckpt/train.sbatch {' '.join(args)}    # job {job}")
     deadline = time.monotonic() + 180
-    while 10 not in h.shared_steps(job, 3) and time.monotonic() < deadline:
-        time.sleep(1)
+    with waiting(f"job {job}: starting and checkpointing step 10", None):
+        while 10 not in h.shared_steps(job, 3) and time.monotonic() < deadline:
+            time.sleep(1)
     first = h.exec("slurmctld", ["scontrol", "show", "hostnames",
                                  h.job_fields(job)["NodeList"]]).out.split()
     say(f"Running on {','.join(first)}; every rank saves to node memory, a partner node's "
@@ -142,11 +209,18 @@ def checkpointing(h: Harness, say: Say) -> None:
     h.kill(victim)
     try:
         deadline = time.monotonic() + 180
-        while h.job_fields(job).get("Restarts", "0") == "0" and time.monotonic() < deadline:
-            time.sleep(2)
-        say("Slurm notices (SlurmdTimeout), requeues the job; the prolog on the new nodes "
-            "stages the newest step every rank holds into their memory; the ranks resume:")
-        h.wait_job(job, timeout=400)
+        with waiting(f"Slurm notices {victim} is gone (SlurmdTimeout=30 s) and requeues job "
+                     f"{job}", 40) as w:
+            while time.monotonic() < deadline:
+                fields = h.job_fields(job)
+                if fields.get("Restarts", "0") != "0":
+                    break
+                w.note(f"job {job} {fields.get('JobState', '?')}")
+                time.sleep(2)
+        say("Slurm requeued the job; the prolog on the new nodes stages the newest step every "
+            "rank holds into their memory; the ranks resume:")
+        with waiting(f"job {job}: requeue hold, stage-in, restore, train to step 60", 50) as w:
+            h.wait_job(job, timeout=400, on_poll=w.note)
     finally:
         h.heal(victim)
     out = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/train-{job}.out"]).out
@@ -166,6 +240,7 @@ def run(h: Harness, say: Say) -> None:
     foundation(h, say)
     health(h, say)
     lemons(h, say)
+    fleet_history(h, say)
     placement(h, say)
     checkpointing(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")

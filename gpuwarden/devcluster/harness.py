@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
@@ -57,6 +57,14 @@ TERMINAL = frozenset({
 
 class JobWaitError(AssertionError):
     pass
+
+
+def job_status(job_id: int, job: Job | None) -> str:
+    """A job's state as a progress line shows it: "job 12 PENDING (BeginTime)"."""
+    if job is None or not job.state:
+        return f"job {job_id}: not known to slurmctld yet"
+    reason = job.state_reason if job.state_reason not in ("", "None") else ""
+    return f"job {job_id} {','.join(job.state)}" + (f" ({reason})" if reason else "")
 
 
 class Harness:
@@ -112,14 +120,17 @@ class Harness:
         return [r for r in parse.iter_acct_jobs(res.out) if isinstance(r, AcctJob)]
 
     def wait_job(self, job_id: int, want: Iterable[str] = ("COMPLETED",),
-                 timeout: float = 120.0) -> Job:
-        """Wait until the job reaches a terminal state; fail unless it is one of ``want``."""
+                 timeout: float = 120.0, on_poll: Callable[[str], None] | None = None) -> Job:
+        """Wait until the job reaches a terminal state; fail unless it is one of ``want``.
+        ``on_poll`` hears the job's state at each look (for progress lines)."""
         wanted = set(want)
         deadline = time.monotonic() + timeout
         last: Job | None = None
         while time.monotonic() < deadline:
             last = self.job(job_id)
             state = last.state[0] if last and last.state else ""
+            if on_poll is not None:
+                on_poll(job_status(job_id, last))
             if state in wanted:
                 return last  # type: ignore[return-value]
             if state in TERMINAL:
@@ -151,8 +162,10 @@ class Harness:
                                             "--time=2", name=name, wrap=f"srun {FAKE_JOB}"))
         return jobs
 
-    def wait_finished(self, jobs: list[int], timeout: float = 300.0) -> dict[int, str]:
-        """Wait until accounting shows every job finished; each job's final state."""
+    def wait_finished(self, jobs: list[int], timeout: float = 300.0,
+                      on_poll: Callable[[str], None] | None = None) -> dict[int, str]:
+        """Wait until accounting shows every job finished; each job's final state.
+        ``on_poll`` hears how many have finished at each look (for progress lines)."""
         done: dict[int, str] = {}
         deadline = time.monotonic() + timeout
         ids = ",".join(map(str, jobs))
@@ -166,6 +179,8 @@ class Harness:
                     done[int(jid)] = word
             if len(done) == len(jobs):
                 return done
+            if on_poll is not None:
+                on_poll(f"{len(done)} of {len(jobs)} jobs finished")
             time.sleep(3.0)
         raise JobWaitError(f"{len(jobs) - len(done)} of {len(jobs)} jobs not finished after "
                            f"{timeout:.0f} s")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.devcluster.progress import waiting
 from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -107,35 +108,39 @@ def _debootstrap_log_tail(root: Path) -> str:
 def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -> None:
     mirror = os.environ.get("GPUWARDEN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
     progress(f"debootstrap {SUITE} from {mirror}, first stage (downloads, about 1 minute)")
-    _run(
-        ["debootstrap", "--foreign", "--variant=minbase",
-         f"--include={','.join(packages(repo_root))}", SUITE, str(root), mirror],
-        "debootstrap (first stage)",
-        timeout=1800,
-    )
+    with waiting("debootstrap first stage: downloading packages", 60, stream=sys.stderr):
+        _run(
+            ["debootstrap", "--foreign", "--variant=minbase",
+             f"--include={','.join(packages(repo_root))}", SUITE, str(root), mirror],
+            "debootstrap (first stage)",
+            timeout=1800,
+        )
     # Package scripts must not start services: a MariaDB postinst that sees the host's other
     # mariadbd processes (say, a running test cluster) fails the whole install otherwise.
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\n# no services start inside image builds\nexit 101\n")
     policy.chmod(0o755)
-    progress("debootstrap second stage (installs the packages, about 2 minutes)")
+    progress("debootstrap second stage (installs the packages, about 70 s)")
     try:
-        _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"],
-             "debootstrap (second stage)", timeout=1800)
+        with waiting("debootstrap second stage: installing packages", 70, stream=sys.stderr):
+            _run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"],
+                 "debootstrap (second stage)", timeout=1800)
     except ImageBuildError as exc:
         raise ImageBuildError(f"{exc}\n--- debootstrap.log ---\n{_debootstrap_log_tail(root)}") from None
     progress("adding SeaweedFS (weed) and the gpuwarden hooks")
     shutil.copy2(_weed_binary(cache), root / "usr/local/bin/weed")
     # The script runs inside the chroot, so its path there is root-relative.
     shutil.copy2(image_dir(repo_root) / "customize.sh", root / "customize.sh")
-    _run(["chroot", str(root), "/bin/sh", "/customize.sh"], "customize.sh", timeout=300)
+    with waiting("customize.sh in the image root", None, stream=sys.stderr):
+        _run(["chroot", str(root), "/bin/sh", "/customize.sh"], "customize.sh", timeout=300)
     (root / "customize.sh").unlink()
 
 
 def import_rootfs(client: Any, root: Path, tag: str, progress: Progress) -> None:
     progress(f"importing the root file system as {tag}")
     repo, _, version = tag.partition(":")
-    with tempfile.NamedTemporaryFile(suffix=".tar", dir=root.parent) as tar:
+    with tempfile.NamedTemporaryFile(suffix=".tar", dir=root.parent) as tar, \
+            waiting("tar and docker import of the image root", None, stream=sys.stderr):
         _run(["tar", "-C", str(root), "--numeric-owner", "-cf", tar.name, "."], "tar",
              timeout=900)
         client.api.import_image_from_file(

@@ -10,11 +10,15 @@ from typing import Any
 
 import click
 
+from gpuwarden.extras import Needs
 from gpuwarden.fleet.calibrate import CalibrationError, PaperFigures, solve
-from gpuwarden.fleet.compare import compare
-from gpuwarden.fleet.mttf import human_hours, report
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.cli import load_history, progress
+
+# numpy (the joint attribution): the base install still lists and explains these commands.
+with Needs("lemon") as LEMON:
+    from gpuwarden.fleet.compare import compare
+    from gpuwarden.fleet.mttf import human_hours, report
 
 _COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 
@@ -42,6 +46,7 @@ def fleet() -> None:
 
 
 @fleet.command("mttf")
+@LEMON.required
 @click.option("--since", default=None,
               help="how far back to read: 30d, 12h, or a time (UTC) [default: 30d]")
 @click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
@@ -67,33 +72,57 @@ def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
     if as_json:
         click.echo(json.dumps({"records": hist.records, **asdict(rep)}, indent=2, default=str))
         return
-    click.echo(f"{hist.records} job records; failures are those the attribution rules blame on "
-               "the infrastructure (docs/lemons.md)")
-    click.echo(f"{'GPUS':>6} {'RUNS':>7} {'JOB-HOURS':>10} {'FAILED':>6} {'RATE':>6} "
-               f"{'MTTF':>9} {'YOUNG':>9} {'DALY':>9}   (checkpoint cost {cost:g} s)")
+    click.echo("\n".join(mttf_lines(hist.records, rep, gpus_per_node)))
+
+
+_PAPER = "Meta (paper)"
+
+
+def mttf_lines(records: int, rep: Any, gpus_per_node: int) -> list[str]:
+    """`fleet mttf`'s text: the site's figures, with Meta's published ones beside them where
+    the paper gives one. ``rep`` is an `mttf.MttfReport`."""
+    fig = rep.paper
+    out = [f"{records} job records; failures are those the attribution rules blame on the "
+           "infrastructure (docs/lemons.md)",
+           f"{'GPUS':>6} {'RUNS':>7} {'JOB-HOURS':>10} {'FAILED':>6} {'RATE':>6} {'MTTF':>9} "
+           f"{'YOUNG':>9} {'DALY':>9} {_PAPER.upper():>13}   (checkpoint cost "
+           f"{rep.ckpt_cost_s:g} s)"]
     for c in rep.classes:
-        click.echo(f"{'<=' + str(c.gpus):>6} {c.runs:>7} {c.hours:>10.1f} {c.failures:>6} "
+        paper = human_hours(c.paper_mttf_h) if c.paper_mttf_h is not None else ""
+        out.append(f"{'<=' + str(c.gpus):>6} {c.runs:>7} {c.hours:>10.1f} {c.failures:>6} "
                    f"{100 * c.failure_rate:>5.1f}% {human_hours(c.mttf_h):>9} "
-                   f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9}")
+                   f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9} {paper:>13}"
+                   .rstrip())
+    if rep.big_runs:
+        out.append(f"runs of >=512 GPUs (classes <=512 and up): {rep.big_failures} of "
+                   f"{rep.big_runs} failed ({100 * rep.big_failures / rep.big_runs:.1f}%); "
+                   f"{_PAPER}: {100 * fig.big_fail_with_lemons:.0f}% with lemons in service, "
+                   f"{100 * fig.big_fail_without_lemons:.0f}% with them drained")
     if rep.node_days < 30 or (rep.node_failures and rep.node_rate is None):
-        click.echo(f"node failure rate r_f: too little history ({rep.node_days:.1f} node-days, "
+        out.append(f"node failure rate r_f: too little history ({rep.node_days:.1f} node-days, "
                    f"{rep.node_failures} health-gating drains; a rate needs months of node "
                    "time)")
     elif rep.node_rate:
-        click.echo(f"node failure rate r_f: {rep.node_failures} health-gating drains in "
+        out.append(f"node failure rate r_f: {rep.node_failures} health-gating drains in "
                    f"{rep.node_days:.0f} node-days = {1000 * rep.node_rate:.2f} per 1000 "
-                   "node-days")
+                   f"node-days; {_PAPER}: {1000 * fig.node_rate:.2f}, implied by its "
+                   f"{fig.projection_16k_h:g} h projection at 16,384 GPUs")
     else:
-        click.echo("node failure rate r_f: no health-gating drains in this history")
+        out.append("node failure rate r_f: no health-gating drains in this history")
     if rep.insufficient and rep.node_rate is None:
-        click.echo(f"projected MTTF (1/N): {rep.insufficient}")
-        return
-    click.echo("projected MTTF (1/N):" + (f" (from r_f only; {rep.insufficient})"
-                                           if rep.insufficient else ""))
+        return [*out, f"projected MTTF (1/N): {rep.insufficient}"]
+    out.append(f"{'PROJECTED MTTF (1/N)':<20} {'FROM r_f':>9} {'FROM JOB FAILURES':>18} "
+               f"{_PAPER.upper():>13}")
     for pr in rep.projections:
-        click.echo(f"  {pr.gpus:>7} GPUs: {human_hours(pr.from_node_rate_h):>9} from r_f;  "
-                   f"{human_hours(pr.from_history_h):>9} from the pooled per-GPU job failure "
-                   "rate")
+        paper = human_hours(pr.paper_h) if pr.paper_h is not None else ""
+        out.append(f"{f'{pr.gpus} GPUs':>20} {human_hours(pr.from_node_rate_h):>9} "
+                   f"{human_hours(pr.from_history_h):>18} {paper:>13}".rstrip())
+    out.append(f"FROM r_f: N/{gpus_per_node} nodes at the node failure rate r_f (the paper's "
+               "method); FROM JOB FAILURES: the pooled per-GPU rate of the runs above"
+               + (f" ({rep.insufficient})" if rep.insufficient else ""))
+    out.append(f"{_PAPER}: Kokolis et al., \"Revisiting Reliability in Large-Scale ML Research "
+               "Clusters\" (2024): 11 months, >150M A100 GPU-hours")
+    return out
 
 
 def _simulate(nodes: int, days: int, seed: int, lemon_fraction: float, records: int | None,
@@ -126,6 +155,7 @@ def _simulate(nodes: int, days: int, seed: int, lemon_fraction: float, records: 
 
 
 @click.command("simulate")
+@LEMON.required
 @click.option("--nodes", default=2000, show_default=True)
 @click.option("--days", default=30, show_default=True)
 @click.option("--seed", default=0, show_default=True)

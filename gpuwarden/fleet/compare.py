@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -86,6 +87,9 @@ def compare(p: SimParams, nodes: int, days: int, seeds: int, fig: PaperFigures |
             b = run_month(p, replace(fleet, exclude=a.detection.flagged,
                                      lemons=tuple(sorted(a.detection.truth))),
                           Path(tmp) / f"s{seed}b")
+            # A 2,000-node month is ~110 MB of sacct's JSON: keep one seed's on disk at a time.
+            for month in ("a", "b"):
+                shutil.rmtree(Path(tmp) / f"s{seed}{month}")
             for c in a.report.classes:
                 if c.gpus == 8:
                     hours8 += c.hours

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures
 from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution, event_time
 from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
@@ -33,6 +34,7 @@ class SizeClass:
     mttf_h: float | None  # None: no failure seen, so no estimate
     young_h: float | None
     daly_h: float | None
+    paper_mttf_h: float | None = None  # Meta's, where the paper gives one for this size
 
     @property
     def failure_rate(self) -> float:
@@ -44,6 +46,7 @@ class Projection:
     gpus: int
     from_history_h: float | None
     from_node_rate_h: float | None
+    paper_h: float | None = None  # Meta's projection, where the paper gives one
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,11 @@ class MttfReport:
     ckpt_cost_s: float
     span_days: float = 0.0
     insufficient: str = ""  # why the projections are withheld, and the history they need
+    # Runs and failures of the classes from BIG_GPUS up: the paper's ">=512-GPU jobs" (the
+    # 512 class holds runs of 257 to 512 GPUs).
+    big_runs: int = 0
+    big_failures: int = 0
+    paper: PaperFigures = field(default_factory=PaperFigures)
 
 
 MIN_FAILURES = 10  # below this a rate's error is over +-30%: no projection is made from it
@@ -104,16 +112,31 @@ def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
     return n
 
 
+# Meta's published figures (Kokolis et al., "Revisiting Reliability in Large-Scale ML Research
+# Clusters", 2024), carried in a report so that its readers see them beside the site's own.
+def paper_mttf_h(gpus: int, fig: PaperFigures) -> float | None:
+    """The paper's MTTF of jobs of ``gpus`` GPUs (hours), where it gives one."""
+    return {8: fig.mttf_8gpu_days * 24, 1024: fig.mttf_1024gpu_h}.get(gpus)
+
+
+def paper_projection_h(gpus: int, fig: PaperFigures) -> float | None:
+    """The paper's projected MTTF at ``gpus`` GPUs (hours), where it gives one."""
+    return {16_384: fig.projection_16k_h, 131_072: fig.projection_131k_h}.get(gpus)
+
+
 def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
-           ckpt_cost_s: float, project_to: Sequence[int]) -> MttfReport:
+           ckpt_cost_s: float, project_to: Sequence[int],
+           paper: PaperFigures | None = None) -> MttfReport:
     cost_h = ckpt_cost_s / 3600
+    fig = paper or PaperFigures()
     classes = []
     for g in sorted(k for k in att.gpu_runs if k > 0):
         hours, fails = att.gpu_hours.get(g, 0.0), att.gpu_failures.get(g, 0)
         m = hours / fails if fails else None
         classes.append(SizeClass(g, att.gpu_runs[g], hours, fails, m,
                                  young(cost_h, m) if m else None,
-                                 daly(cost_h, m) if m else None))
+                                 daly(cost_h, m) if m else None, paper_mttf_h(g, fig)))
+    big = [c for c in classes if c.gpus >= BIG_GPUS]
     gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)
     span_days = max(0.0, att.last_end - att.first_start) / 86_400
@@ -124,11 +147,13 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     rate = nf / node_days if node_days and nf >= MIN_FAILURES else None
     projections = tuple(
         Projection(n, per_gpu / n if per_gpu and enough else None,
-                   24 / (n / gpus_per_node * rate) if rate else None)
+                   24 / (n / gpus_per_node * rate) if rate else None,
+                   paper_projection_h(n, fig))
         for n in project_to)
     return MttfReport(tuple(classes), gpu_hours, failures, per_gpu, nf, node_days, rate,
                       projections, ckpt_cost_s, span_days,
-                      "" if enough else history_needed(failures, span_days))
+                      "" if enough else history_needed(failures, span_days),
+                      sum(c.runs for c in big), sum(c.failures for c in big), fig)
 
 
 def human_hours(h: float | None) -> str:

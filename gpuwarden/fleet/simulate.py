@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from bisect import bisect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -252,36 +253,112 @@ class Generator:
         return "NODE_FAIL", node
 
 
-_RECORD = ('{{"job_id":{id},"name":"train","user":"{user}","partition":"gpu","nodes":"{nodes}",'
-           '"allocation_nodes":{n},"state":{{"current":["{state}"],"reason":"None"}},'
-           '"exit_code":{{"status":["{status}"],"return_code":{{"set":true,"infinite":false,'
-           '"number":{code}}},"signal":{{"id":{{"set":{sigset},"infinite":false,"number":{sig}}},'
-           '"name":""}}}},"time":{{"submission":{sub},"start":{start},"end":{end},'
-           '"elapsed":{el}}},"tres":{{"allocated":[{{"type":"node","name":"","id":4,'
-           '"count":{n}}},{{"type":"gres","name":"gpu","id":1001,"count":{gpus}}}]}},'
-           '"restart_cnt":0,"submit_line":{submit},"failed_node":"{failed}"}}')
+# A record as Slurm 24.11's `sacct --json` (data_parser v0.0.42) prints it, in its key order
+# and layout (two-space indents), less the fields nobody reads from an export. Allocated TRES
+# as a GPU node reports them (AccountingStorageTRES always tracks cpu, mem, node, billing).
+CPUS_PER_NODE = 112
+MEM_PER_NODE_MB = 2_000_000
+
+
+def _num(field: str) -> dict[str, object]:
+    return {"set": True, "infinite": False, "number": f"@{field}@"}
+
+
+_SAMPLE: dict[str, object] = {
+    "account": "research", "allocation_nodes": "@n@", "cluster": CLUSTER,
+    "time": {"elapsed": "@elapsed@", "eligible": "@submission@", "end": "@end@",
+             "start": "@start@", "submission": "@submission@", "suspended": 0,
+             "limit": _num("limit")},
+    "exit_code": {"status": ["@status@"], "return_code": _num("code"),
+                  "signal": {"id": {"set": "@sigset@", "infinite": False, "number": "@sig@"},
+                             "name": ""}},
+    "failed_node": "@failed@", "flags": ["STARTED_ON_SCHEDULE"], "group": "@user@",
+    "job_id": "@id@", "name": "train", "nodes": "@nodes@", "partition": "gpu",
+    "qos": "normal", "restart_cnt": 0,
+    "state": {"current": ["@state@"], "reason": "None"},
+    "steps": [], "submit_line": "@submit@",
+    "tres": {"allocated": [
+        {"type": "cpu", "name": "", "id": 1, "count": "@cpus@"},
+        {"type": "mem", "name": "", "id": 2, "count": "@mem@"},
+        {"type": "node", "name": "", "id": 4, "count": "@n@"},
+        {"type": "billing", "name": "", "id": 5, "count": "@cpus@"},
+        {"type": "gres", "name": "gpu", "id": 1001, "count": "@gpus@"}]},
+    "user": "@user@",
+}
+# Fields that are JSON values as given (numbers, booleans, an encoded string), not text.
+_RAW = ("n", "elapsed", "submission", "end", "start", "limit", "code", "sigset", "sig", "id",
+        "cpus", "mem", "gpus", "submit")
+
+
+def _template() -> str:
+    text = json.dumps(_SAMPLE, indent=2).replace("{", "{{").replace("}", "}}")
+    text = "\n".join("    " + line for line in text.splitlines())  # an element of "jobs"
+    for f in _RAW:
+        text = text.replace(f'"@{f}@"', "{" + f + "}")
+    return re.sub(r"@(\w+)@", r"{\1}", text)
+
+
+_RECORD = _template()
+
+
+def _slurm_json(value: object, indent: int | None = None) -> str:
+    # Slurm's serializer escapes every "/" (data_parser\/v0.0.42); JSON allows both.
+    return json.dumps(value, indent=indent).replace("/", "\\/")
 
 
 def sacct_record(r: Run) -> str:
     status = "SUCCESS" if r.state == "COMPLETED" else ("SIGNALED" if r.signal else "ERROR")
+    # The time limit (minutes) the run asked for: a TIMEOUT ran into it, the rest ended sooner.
+    limit = -(-(r.end - r.start) // 60) if r.state == "TIMEOUT" else 24 * 60
     return _RECORD.format(id=r.job_id, user=r.user, nodes=r.nodes, n=r.num_nodes,
                           state=r.state, status=status, code=r.exit_code,
                           sigset="true" if r.signal else "false", sig=r.signal,
-                          sub=r.start - 60, start=r.start, end=r.end, el=r.end - r.start,
-                          gpus=r.gpus, submit=json.dumps(r.submit), failed=r.failed_node)
+                          submission=r.start - 60, start=r.start, end=r.end,
+                          elapsed=r.end - r.start, limit=max(limit, 1),
+                          cpus=CPUS_PER_NODE * r.num_nodes, mem=MEM_PER_NODE_MB * r.num_nodes,
+                          gpus=r.gpus, submit=_slurm_json(r.submit), failed=r.failed_node)
 
 
-def _local(ts: int | None) -> str:
-    # As `TZ=UTC sacctmgr` prints it: gpuwarden reads event times as UTC.
+def _utc(ts: int | None) -> str:
+    # As `TZ=UTC SLURM_TIME_FORMAT=standard` sacct and sacctmgr print times (docs/lemons.md).
     return "Unknown" if ts is None else datetime.fromtimestamp(ts, UTC).strftime(
         "%Y-%m-%dT%H:%M:%S")
 
 
-def events_text(events: list[Event]) -> str:
+def sacct_meta(lo: int, hi: int) -> dict[str, object]:
+    """`meta` as Slurm writes it: its command line names the export's window, which the
+    reader holds the file to (a run counts in the window it ended in)."""
+    return {
+        "plugin": {"type": "", "name": "", "data_parser": "data_parser/v0.0.42",
+                   "accounting_storage": "accounting_storage/slurmdbd"},
+        "client": {"source": "", "user": "root", "group": "root"},
+        "command": ["sacct", "--json", "--allusers", "--allocations", "--duplicates",
+                    f"--starttime={_utc(lo)}", f"--endtime={_utc(hi)}"],
+        "slurm": {"version": {"major": "24", "micro": "5", "minor": "11"},
+                  "release": "24.11.5", "cluster": CLUSTER}}
+
+
+def sacct_document(records: Iterable[str], lo: int, hi: int) -> Iterator[str]:
+    """The pieces of one day's export: "jobs", then "meta", "errors", "warnings", as sacct
+    lays them out."""
+    yield '{\n  "jobs": ['
+    first = True
+    for rec in records:
+        yield ("\n" if first else ",\n") + rec
+        first = False
+    meta = _slurm_json(sacct_meta(lo, hi), indent=2).replace("\n", "\n  ")
+    yield ("\n  ],\n" if not first else "],\n") + f'  "meta": {meta},\n  "errors": [],\n' \
+        '  "warnings": []\n}\n'
+
+
+def events_text(events: list[Event], start: int | None = None) -> str:
+    """`sacctmgr -P -n show events format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User`;
+    with ``start``, led by the cluster's own registration event, as slurmdbd records it."""
     uid = {"root": 0}
-    return "".join(f"{CLUSTER}|{e.node}|{_local(e.start)}|{_local(e.end)}|{e.state}|{e.reason}|"
-                   f"{e.user}({uid.get(e.user, 1000)})\n"
-                   for e in sorted(events, key=lambda e: e.start))
+    head = f"{CLUSTER}||{_utc(start)}|Unknown||Cluster Registered TRES|\n" if start else ""
+    return head + "".join(
+        f"{CLUSTER}|{e.node}|{_utc(e.start)}|{_utc(e.end)}|{e.state}|{e.reason}|"
+        f"{e.user}({uid.get(e.user, 1000)})\n" for e in sorted(events, key=lambda e: e.start))
 
 
 @dataclass(frozen=True)
@@ -289,30 +366,34 @@ class Written:
     files: tuple[Path, ...]
     events: Path
     truth: Path
-    records: int
+    records: int  # distinct runs (a run that crossed midnight is listed in both days' files)
     lemons: tuple[str, ...]
 
 
 def write_history(p: SimParams, fleet: Fleet, out: Path,
                   progress: Callable[[int, int], None] | None = None) -> Written:
-    """One `sacct --json` file per day (runs by start day) under ``out/sacct/``, the events
-    (``out/events.txt``) and the truth (``out/truth.json``: which nodes are lemons)."""
+    """The history as a site exports it (docs/lemons.md): under ``out/sacct/``, one
+    `sacct --json` file per day, each listing every run that overlaps its day, as sacct's
+    --starttime/--endtime do; the events (``out/events.txt``); and the truth
+    (``out/truth.json``: which nodes are lemons)."""
     (out / "sacct").mkdir(parents=True, exist_ok=True)
     gen = Generator(p, fleet)
     files, records = [], 0
+    going: list[Run] = []  # runs from earlier days still running when this day began
     for day, runs in gen.runs():
+        lo = fleet.start + day * 86_400
+        hi = lo + 86_400
+        listed = going + runs
         path = out / "sacct" / f"day{day + 1:03d}.json"
         with path.open("w", encoding="utf-8") as fh:
-            fh.write('{"jobs":[')
-            fh.write(",".join(sacct_record(r) for r in runs))
-            fh.write('],"meta":{"plugin":{"type":"gpuwarden-simulate"}},"errors":[],'
-                     '"warnings":[]}\n')
+            fh.writelines(sacct_document((sacct_record(r) for r in listed), lo, hi))
         files.append(path)
         records += len(runs)
+        going = [r for r in listed if r.end >= hi]
         if progress:
             progress(day + 1, fleet.days)
     events = out / "events.txt"
-    events.write_text(events_text(gen.events), encoding="utf-8")
+    events.write_text(events_text(gen.events, fleet.start), encoding="utf-8")
     truth = out / "truth.json"
     lemons = tuple(sorted(gen.lemons & set(gen.avail)))
     truth.write_text(json.dumps({"lemons": lemons, "records": records,

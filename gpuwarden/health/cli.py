@@ -216,3 +216,70 @@ def selftest_cmd(obj: Any) -> None:
     click.echo(f"{len(findings) - len(bad)} of {len(findings)} checks passed"
                + ("" if not bad else "; do not enable the hooks until the FAIL lines are fixed"))
     sys.exit(1 if bad else 0)
+
+
+# ---- rehearsing a drain on a test node --------------------------------------------------------
+@health.group("inject")
+def inject_group() -> None:
+    """Rehearse a drain on a TEST node: write a fault where its config reads faults from (a
+    fake GPU file and a kernel-log file). Refused where the node reads real GPUs or /dev/kmsg.
+    See docs/testing-without-gpus.md."""
+
+
+def _fault_files(obj: Any) -> Any:
+    from gpuwarden.health import inject  # noqa: PLC0415 - never on a hook's path
+
+    try:
+        return inject.fault_files(obj.config_required().health)
+    except GpuwardenError as exc:
+        click.echo(f"gpuwarden: health inject: {exc}", err=True)
+        sys.exit(2)
+
+
+@inject_group.command("xid")
+@click.argument("code", type=click.IntRange(1, 99999))
+@click.option("--gpu", type=click.IntRange(0, 63), required=True, help="the GPU's index")
+@click.option("--text", default="", help="the driver's words after the code (default: what "
+              "the driver prints for it)")
+@click.pass_obj
+def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
+    """Log Xid CODE for GPU --gpu in the test kernel log, as the NVIDIA driver does. The next
+    health check, or the next job's prolog here, judges it like a real one."""
+    from gpuwarden.health import inject  # noqa: PLC0415
+
+    files = _fault_files(obj)
+    cfg = obj.config_required().health
+    try:
+        line = inject.inject_xid(files, code, gpu, text)
+    except GpuwardenError as exc:
+        click.echo(f"gpuwarden: health inject: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"{files.kernel_log}: {line}")
+    click.echo(inject.outcome(code, text))
+    click.echo("it is judged at the next health check (HealthCheckInterval) or job start here; "
+               "see it now: gpuwarden health check")
+    click.echo(f"undo: gpuwarden health inject clear; a node gpuwarden drained is resumed "
+               f"after {cfg.resume_after_passes} passing health checks")
+
+
+@inject_group.command("clear")
+@click.pass_obj
+def inject_clear_cmd(obj: Any) -> None:
+    """Undo every injected fault: empty the test kernel log and write a healthy fake GPU file
+    (the GPU count, model and NVLinks this node's class expects). Also the first step on a
+    new test node."""
+    from gpuwarden.health import inject  # noqa: PLC0415
+
+    files = _fault_files(obj)
+    cfg = obj.config_required().health
+    node = entry.Env(config=obj.config_required(), client=None,  # type: ignore[arg-type]
+                     environ=entry.environ()).node
+    try:
+        done = inject.clear(files, cfg.expected_for(node))
+    except GpuwardenError as exc:
+        click.echo(f"gpuwarden: health inject: {exc}", err=True)
+        sys.exit(2)
+    for what in done:
+        click.echo(what)
+    click.echo(f"a node gpuwarden drained is resumed after {cfg.resume_after_passes} passing "
+               "health checks (HealthCheckInterval apart; `gpuwarden nodes` shows it)")

@@ -95,6 +95,9 @@ def _imports(cfg: Config | None) -> str:
     mods = list(_MODULES)
     if cfg is not None and cfg.health.gpu_probe == "nvml":
         mods.append("pynvml")
+    if cfg is not None and cfg.ckpt.shared_root:
+        # The prolog's stage-in needs the checkpoint extra (numpy, xxhash).
+        mods.append("gpuwarden.ckpt.stagecopy")
     for m in mods:
         importlib.import_module(m)
     return f"{len(mods)} modules import"

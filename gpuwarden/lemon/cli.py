@@ -16,10 +16,15 @@ from typing import Any
 import click
 
 from gpuwarden.errors import ConfigError, GpuwardenError
-from gpuwarden.lemon import history, listfile
-from gpuwarden.lemon.drain import Outcome, drain_lemons
-from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
+from gpuwarden.extras import Needs
+from gpuwarden.lemon import listfile
 from gpuwarden.slurm import acctstream, bindir
+
+# numpy (the joint attribution): `lemon list` and every --help work on the base install.
+with Needs("lemon") as LEMON:
+    from gpuwarden.lemon import history
+    from gpuwarden.lemon.drain import Outcome, drain_lemons
+    from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
 
 DEFAULT_SINCE = "30d"
 _SPAN = re.compile(r"^(\d+)([mhdw])$")
@@ -141,6 +146,7 @@ def lemon() -> None:
 
 
 @lemon.command("scan")
+@LEMON.required
 @click.option("--since", "since", default=None,
               help="how far back to read accounting: 90m, 12h, 30d, 2w, or a time "
                    "(2026-11-29T12:00:00, UTC unless it gives an offset) [default: 30d]")

@@ -59,10 +59,11 @@ def daemon_cmd(obj: Any, once: bool) -> None:
 
 @placement.command("explain")
 @click.option("-N", "--nodes", "nodes", required=True, help="as sbatch -N: N or MIN-MAX")
-@click.option("--gpus-per-node", type=int, default=8, show_default=True)
-@click.option("--gpus", "gpus_per_job", type=int, default=0, help="as sbatch --gpus")
+@click.option("--gpus-per-node", type=click.IntRange(min=0), default=8, show_default=True)
+@click.option("--gpus", "gpus_per_job", type=click.IntRange(min=0), default=0,
+              help="as sbatch --gpus")
 @click.option("-p", "--partition", default="", help="as sbatch -p (default: the default one)")
-@click.option("--switches", type=int, default=None, help="as sbatch --switches")
+@click.option("--switches", type=click.IntRange(min=1), default=None, help="as sbatch --switches")
 @click.option("-w", "--nodelist", default="", help="as sbatch --nodelist")
 @click.option("-x", "--exclude", default="", help="as sbatch --exclude")
 @click.option("--contiguous", is_flag=True)
@@ -86,7 +87,8 @@ def explain(obj: Any, nodes: str, gpus_per_node: int, gpus_per_job: int, partiti
     part = partition or snap.default_partition
     view = snap.partitions.get(part)
     if view is not None:
-        click.echo(f"partition {part}: {view.healthy} healthy nodes in {len(view.capacity)} "
+        click.echo(f"partition {part}: {view.size} nodes, {view.in_service} in service, "
+                   f"{view.healthy} healthy in {len(view.capacity)} "
                    f"{'leaf switches' if snap.kind == 'tree' else 'blocks'} "
                    f"(per leaf: {', '.join(map(str, view.capacity)) or 'none'}); policy "
                    f"{view.policy.mode}, wait {view.policy.wait_s} s"

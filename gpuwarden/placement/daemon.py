@@ -38,7 +38,10 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
         with open(cfg.topology_file, encoding="utf-8") as fh:
             text = fh.read()
     except OSError as exc:
-        raise topology.TopologyError(f"{cfg.topology_file}: cannot read ({exc.strerror})") from None
+        raise topology.TopologyError(
+            f"{cfg.topology_file}: cannot read ({exc.strerror}): set [placement] topology_file "
+            "to slurm.conf's topology.conf (`gpuwarden slurm-conf --part topology.conf` prints "
+            "one for [cluster])") from None
     topo = topology.parse(text, cfg.topology_file)
     try:
         state.lemons = {e.node: e.action for e in listfile.read(lemon_file).entries}

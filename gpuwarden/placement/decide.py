@@ -164,6 +164,65 @@ def too_long(job: JobRequest) -> str:
     return ""
 
 
+def refused(view: PartitionView, job: JobRequest) -> str:
+    """What Slurm refuses at submission, whatever the nodes' state: more nodes than the
+    partition has in all, or than it has with that many GPUs per node ("" when neither, or
+    when that cannot be told). Only the minimum counts: Slurm trims the rest of -N a-b."""
+    part, want, per_node = view.name, job.min_nodes, job.gpus_per_node
+    most_gpus = view.gpus[0][0] if view.gpus else None
+    if per_node and most_gpus is not None and per_node > most_gpus:
+        return (f"asks for {per_node} GPUs per node but no node of partition {part} has more "
+                f"than {most_gpus}: Slurm refuses it; ask for at most {most_gpus} "
+                "(--gpus-per-node)")
+    if want > view.size:
+        return (f"asks for {want} nodes but partition {part} has {view.size} in all: Slurm "
+                f"refuses it; ask for at most {view.size} (-N), or name a larger partition (-p)")
+    able = usable(view, job)
+    if want > able:
+        return (f"asks for {want} nodes with {per_node} GPUs each but partition {part} has "
+                f"{able} such nodes in all: Slurm refuses it; ask for at most {able} (-N), or "
+                "for fewer GPUs per node")
+    return ""
+
+
+def usable(view: PartitionView, job: JobRequest) -> int:
+    """Nodes of the partition, any state, with the GPUs per node the job asks for."""
+    if not (job.gpus_per_node and view.gpus):
+        return view.size
+    return sum(n for g, n in view.gpus if g >= job.gpus_per_node)
+
+
+def too_few(view: PartitionView, job: JobRequest, nodes: int) -> str:
+    """What the user is told when the job needs more than the healthy nodes (``nodes``): only
+    what Slurm will do. Fewer in service than its minimum, it waits for nodes to come back;
+    enough in service, it may start now on suspect nodes. When the user's --exclude may leave
+    too few (Slurm would refuse), nothing: neither is promised."""
+    part, want = view.name, job.min_nodes
+    mine = count_names(job.exc_nodes)
+    if mine is None or usable(view, job) - mine < want:
+        return ""
+    if view.in_service < want:
+        return (f"gpuwarden: this job asks for {want} nodes and partition {part} has "
+                f"{view.in_service} in service now ({view.size - view.in_service} drained or "
+                "down): it waits until enough are back")
+    return (f"gpuwarden: this job asks for {nodes} nodes but partition {part} has "
+            f"{view.healthy} healthy now: it may start on nodes gpuwarden suspects; ask for at "
+            f"most {view.healthy} (-N) to keep off them")
+
+
+def _left_alone(view: PartitionView, job: JobRequest) -> str:
+    """Why the partition's policy leaves this job alone; "" when it does not."""
+    p = view.policy
+    if p.mode == "off":
+        return f"placement is off for partition {view.name}"
+    if job.min_nodes < p.min_nodes or not job.gpus:
+        return f"not a gang job (needs >= {p.min_nodes} nodes with GPUs)"
+    if job.reservation:
+        # Its nodes are the reservation's: an exclusion could leave too few of them for good.
+        return "--reservation kept"
+    return ""
+
+
 def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
     """``reserved``: nodes held by reservations the job is not in (None: cannot tell, so no
     exclusions); the filter reads them from slurm.reservations."""
@@ -175,25 +234,25 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
     if view is None:
         return Decision("pass", f"partition {part or '(default)'} is not in the snapshot")
     p = view.policy
-    if p.mode == "off":
-        return Decision("pass", f"placement is off for partition {part}")
-    if job.min_nodes < p.min_nodes or not job.gpus:
-        return Decision("pass", f"not a gang job (needs >= {p.min_nodes} nodes with GPUs)")
-    if job.reservation:
-        # Its nodes are the reservation's: an exclusion could leave too few of them for good.
-        return Decision("pass", "--reservation kept")
+    alone = _left_alone(view, job)
+    if alone:
+        return Decision("pass", alone)
+    several = "," in job.partition  # Slurm may run it in another: tell the user nothing
+    larger = refused(view, job)
+    if larger:
+        return Decision("pass", f"Slurm refuses it in partition {part}",
+                        user_message="" if several else f"gpuwarden: this job {larger}")
     need = most_nodes(job)
     # -N a-b: Slurm picks the count when it starts the job, so no switch count fits it.
     elastic = job.max_nodes is not None and job.max_nodes > job.min_nodes
     nodes = job.min_nodes if elastic else need
-    notes = []
+    notes: list[str] = []
     switches = wait = None
     k = fewest_leaves(view.capacity, nodes) if nodes <= view.healthy else None
     message = ""
     if k is None:
-        message = (f"gpuwarden: this job asks for {nodes} nodes but partition {part} has "
-                   f"{view.healthy} healthy nodes now; it waits for repairs")
         notes.append(f"only {view.healthy} healthy nodes")
+        message = "" if several else too_few(view, job, nodes)
     elif job.req_switch is not None:
         notes.append(f"--switches={job.req_switch} kept")
     elif job.req_nodes:

@@ -22,7 +22,7 @@ from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
 from gpuwarden.placement.topology import Topology
 from gpuwarden.slurm.models import REASON_PREFIX, Node
 
-FORMAT = 2
+FORMAT = 3
 # job_submit.lua's caps (MAX_BYTES, MAX_ITEMS): the daemon refuses to write what it would refuse.
 MAX_BYTES = 4 << 20
 MAX_ITEMS = 100_000
@@ -40,6 +40,13 @@ class PartitionView:
     policy: PartitionPolicy
     capacity: tuple[int, ...]  # healthy nodes per leaf, most first (leaves with none left out)
     healthy: int
+    # What Slurm checks a job against at submission, whatever the nodes' state: a job asking
+    # for more than this is refused, not queued, so the filter must not promise it a wait.
+    size: int  # every node of the partition
+    in_service: int  # nodes neither drained nor down: fewer than a job needs, and it waits
+    # (GPUs per node, how many nodes have that many), most GPUs first; () when a node's gres
+    # cannot be read (then the filter checks no GPU count against it).
+    gpus: tuple[tuple[int, int], ...]
     exclude: tuple[str, ...]  # suspect nodes of this partition that Slurm would still use
     # The suspects again, grouped by node kind (gres and features: what a job can ask for per
     # node), each with how many nodes of that kind the partition keeps once they are excluded
@@ -100,11 +107,42 @@ def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
             if leaf is not None:
                 per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
         capacity = tuple(sorted(per_leaf.values(), reverse=True))
-        views[part] = PartitionView(part, policy, capacity, sum(capacity),
+        known = [by_name[n] for n in members if n in by_name]
+        in_service = sum(1 for n in known if not (n.drained or n.down))
+        views[part] = PartitionView(part, policy, capacity, sum(capacity), len(members),
+                                    in_service, _gpu_sizes(members, by_name),
                                     tuple(sorted(excluded)),
                                     _avoid_groups(members, by_name, set(excluded)))
     default = cfg.default_partition or (next(iter(views)) if len(views) == 1 else "")
     return Snapshot(generation, now, cfg.stale_after_s, default, topo.kind, views, why)
+
+
+def gpus_per_node(gres: str) -> int | None:
+    """GPUs a node has by its gres ("gpu:h100:8(S:0-1),shard:16"): every gpu type counts, as
+    Slurm counts them for an untyped --gpus-per-node; None when a gpu entry cannot be read."""
+    total = 0
+    for entry in re.sub(r"\([^)]*\)", "", gres).split(","):
+        name, *rest = entry.strip().split(":")
+        if name != "gpu":
+            continue
+        if rest and rest[-1].isascii() and rest[-1].isdigit() and len(rest) <= 2:
+            total += int(rest[-1])
+        elif len(rest) <= 1 and all(r and not r.isdigit() for r in rest):
+            total += 1  # "gpu" or "gpu:h100": one
+        else:
+            return None
+    return total
+
+
+def _gpu_sizes(members: Iterable[str], by_name: Mapping[str, Node]) -> tuple[tuple[int, int], ...]:
+    per: dict[int, int] = {}
+    for name in members:
+        node = by_name.get(name)
+        gpus = gpus_per_node(node.gres) if node is not None else None
+        if gpus is None:
+            return ()  # one node we cannot read could have any number: claim nothing
+        per[gpus] = per.get(gpus, 0) + 1
+    return tuple(sorted(per.items(), reverse=True))
 
 
 def _avoid_groups(members: Iterable[str], by_name: Mapping[str, Node],
@@ -145,7 +183,9 @@ def render(s: Snapshot) -> str:
         p = v.policy
         lines.append(
             f"partition {_token(v.name, 'partition')} mode={p.mode} wait={p.wait_s} "
-            f"min_nodes={p.min_nodes} shadow={1 if p.shadow else 0} healthy={v.healthy} "
+            f"min_nodes={p.min_nodes} shadow={1 if p.shadow else 0} size={v.size} "
+            f"in_service={v.in_service} healthy={v.healthy} "
+            f"gpus={','.join(f'{g}:{n}' for g, n in v.gpus)} "
             f"capacity={','.join(map(str, v.capacity))}")
         for keep, nodes in v.avoid:
             names = ",".join(_token(n, "node") for n in nodes)
@@ -154,7 +194,8 @@ def render(s: Snapshot) -> str:
         lines.append(f"why {_token(node, 'node')} {' '.join(w.split())}")
     lines += ["end", ""]
     text = "\n".join(lines)
-    items = sum(1 + len(v.capacity) + len(v.avoid) for v in s.partitions.values())
+    items = sum(1 + len(v.capacity) + len(v.gpus) + len(v.avoid)
+                for v in s.partitions.values())
     if len(text.encode()) > MAX_BYTES or items > MAX_ITEMS:
         raise SnapshotError(f"the snapshot would be {len(text.encode())} bytes and {items} "
                             f"items, over the filter's caps ({MAX_BYTES} bytes, {MAX_ITEMS} "

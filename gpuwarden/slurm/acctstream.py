@@ -7,7 +7,16 @@ buffer) and handed on, so memory holds one buffer and one record whatever the si
 With msgspec installed (`gpuwarden.slurm.acctfast`), the records in each ~1 MB of the buffer
 are decoded in one call into typed structs of only the fields gpuwarden reads: about 10x
 faster than the standard library (which stays as the fallback, and for the first and last
-record of the list, where the separator between records is learnt and the list ends).
+record of the list).
+
+The cut that ends such a batch must fall between two records, and "},{" alone does not tell:
+compact output has it inside every record (the TRES lists). The cut is looked for first as
+the text between the first two records up to the second's first key (`},{"account":`
+compact; with a newline and Slurm's indentation as it prints), which nothing inside a sacct
+record repeats. A cut the decoder refuses (that text was inside a record after all) switches
+the stream to finding each record's end with `jsonspans`: one regular-expression pass that
+skips strings and balances brackets. Either way each character is scanned and decoded about
+once, so the cost is linear in the input whatever its layout (tests/unit/test_acct_compact.py).
 
 Slurm writes "meta" (with the command line, hence the export's window) after "jobs", so the
 window of a file is read first from its tail (`file_window`); the document's other top-level
@@ -29,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 from gpuwarden.errors import SlurmError, SlurmParseError
-from gpuwarden.slurm import acctfast, parse
+from gpuwarden.slurm import acctfast, jsonspans, parse
 from gpuwarden.slurm.models import AcctJob
 from gpuwarden.slurm.runner import SLURM_ENV, CommandTimeoutError
 
@@ -39,7 +48,8 @@ CHUNK = 1 << 20
 MAX_VALUE = 64 << 20  # one record (or meta) this large is not sacct's output
 TAIL = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
-_SEP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*\{")
+# From the end of one record to the first key of the next: the cut the fast path looks for.
+_SEP = re.compile(r'[ \t\n\r]*,[ \t\n\r]*\{[ \t\n\r]*"[^"\\]*+(?:\\.[^"\\]*+)*+"[ \t\n\r]*:')
 _META = re.compile(r'"meta"[ \t\n\r]*:[ \t\n\r]*\{')
 _DECODE = json.JSONDecoder().raw_decode
 
@@ -82,6 +92,11 @@ class _Buffer:
         else:
             self.eof = True
 
+    def fill(self, n: int) -> None:
+        """At least ``n`` characters after ``pos`` in ``text``, or all there are."""
+        while len(self.text) - self.pos < n and not self.eof:
+            self._more()
+
     def peek(self) -> str:
         """The next character that is not white space ('' at the end)."""
         while True:
@@ -105,15 +120,20 @@ class _Buffer:
                 obj, end = _DECODE(self.text, self.pos)
             except json.JSONDecodeError as exc:
                 if self.eof:
-                    raise SlurmParseError(f"{self._what}: not JSON ({exc.msg} at character "
-                                          f"{self.offset + exc.pos})") from None
-                self._more()
+                    raise self.not_json(exc) from None
+                # Twice the text before decoding again: a value longer than a chunk costs a
+                # few decodes, not one per chunk.
+                self.fill(2 * (len(self.text) - self.pos))
                 continue
             if end == len(self.text) and not self.eof:
                 self._more()  # a number or literal may go on in the next chunk
                 continue
             self.pos = end
             return obj
+
+    def not_json(self, exc: json.JSONDecodeError) -> SlurmParseError:
+        return SlurmParseError(f"{self._what}: not JSON ({exc.msg} at character "
+                               f"{self.offset + exc.pos})")
 
 
 class AcctRecord(Protocol):
@@ -152,6 +172,7 @@ class AcctStream:
         self._lazy = False
         self._what = what
         self._saw_jobs = False
+        self._sep: str | None = None
         self.top: dict[str, Any] = {}
 
     def __iter__(self) -> Iterator[AcctJob | SlurmError]:
@@ -192,42 +213,58 @@ class AcctStream:
             b.pos += 1
             return
         yield record(b.value())
-        # The text between two records, as this writer lays it out ("},{" compact, "},\n  {"
-        # pretty): cuts for the fast decoder are made only there.
-        m = _SEP.match(b.text, b.pos)
-        sep = "}" + m.group() if m and self._decode is not None else None
+        if self._decode is not None:
+            b.fill(CHUNK)
+            m = _SEP.match(b.text, b.pos)
+            self._sep = "}" + m.group() if m else None
         if b.expect(",]") == "]":
             return
         while True:
-            if sep is not None:
-                yield from self._chunks(sep)
-            yield record(b.value())  # the last record, or one the fast path could not cut
+            if self._decode is not None:
+                yield from self._batches()
+            yield record(b.value())  # the last record, or one the fast path could not take
             if b.expect(",]") == "]":
                 return
 
-    def _chunks(self, sep: str) -> Iterator[Any]:
-        """Many records per call of the fast decoder. A cut at a separator that is not between
-        two records (inside a string, or between nested objects) leaves invalid JSON, which
-        the decoder refuses: then the cut before it is tried, and after a few the caller reads
-        one record the slow way."""
+    def _batches(self) -> Iterator[Any]:
+        """Many records per call of the fast decoder, up to a record the caller reads the slow
+        way: ``pos`` is left at an element of "jobs"."""
         b = self._buf
         decode = self._decode
         assert decode is not None
         while True:
-            while len(b.text) - b.pos < CHUNK and not b.eof:
-                b._more()
-            cut = len(b.text)
-            for _ in range(3):
-                cut = b.text.rfind(sep, b.pos, cut)
-                if cut < 0:
-                    return
-                jobs = decode("[" + b.text[b.pos:cut + 1] + "]", record, self._lazy)
-                if jobs is not None:
-                    break
-            else:
+            b.fill(CHUNK)
+            if self._sep is not None:
+                cut = b.text.rfind(self._sep, b.pos)
+                if cut >= 0:
+                    jobs = decode("[" + b.text[b.pos:cut + 1] + "]", record, self._lazy)
+                    if jobs is not None:
+                        yield from jobs
+                        b.pos = cut + self._sep.index("{")
+                        continue
+                    # Refused: the separator is inside records here (or one is not JSON
+                    # msgspec takes); find each record's end from now on.
+                    self._sep = None
+            spans, after = jsonspans.object_spans(b.text, b.pos)
+            if not spans:
                 return
-            yield from jobs
-            b.pos = cut + len(sep) - 1  # at the next record's "{"
+            jobs = decode("[" + b.text[spans[0][0]:spans[-1][1]] + "]", record, self._lazy)
+            if jobs is not None:
+                yield from jobs
+            else:
+                # One of them is not JSON msgspec takes (NaN, a broken record): the standard
+                # library says which, or reads it as the slow path would.
+                for start, _ in spans:
+                    yield self._at(start)
+            b.pos = after
+
+    def _at(self, start: int) -> AcctJob | SlurmError:
+        b = self._buf
+        try:
+            obj, _ = _DECODE(b.text, start)
+        except json.JSONDecodeError as exc:
+            raise b.not_json(exc) from None
+        return record(obj)
 
 
 def _check_errors(top: Mapping[str, Any], what: str) -> None:

@@ -115,7 +115,9 @@ def locate(configured: str, *, use_path: bool, environ: Mapping[str, str] | None
     if configured:
         why = problem(configured)
         if why:
-            raise SlurmNotFoundError(f"[slurm] bin_dir = {configured!r} cannot be used: {why}")
+            raise SlurmNotFoundError(f"[slurm] bin_dir = {configured!r} cannot be used: {why} (set it "
+                                    "to the directory holding scontrol, or leave it empty to find "
+                                    "it beside slurmd)")
         return Place(configured, "[slurm] bin_dir")
     looked = []
     for place in candidates(env, proc, well_known):

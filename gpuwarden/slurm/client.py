@@ -85,7 +85,8 @@ class NodeBusyError(NotOurDrainError):
 
 def check_node_name(name: str) -> str:
     if not _NODE_NAME.match(name):
-        raise SlurmError(f"not a valid node name: {name!r}")
+        raise SlurmError(f"not a valid node name: {name!r} (a Slurm node name: letters, digits, "
+                         "'.', '_' and '-', up to 64; `gpuwarden nodes` lists them)")
     return name
 
 

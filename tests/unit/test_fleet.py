@@ -47,6 +47,20 @@ def test_mttf_by_size_counts_only_infrastructure_failures() -> None:
     assert rep.per_gpu_mttf_h == pytest.approx((20 * 8 + 4 * 16) / 2)  # GPU-hours / failures
 
 
+def test_a_report_carries_the_papers_figures_beside_its_own() -> None:
+    def gjob(jid: int, state: str, gpus: int) -> AcctJob:
+        return replace(job(jid, state, "c[1-2]", start=T0 + jid * 10_000, hours=2.0,
+                           exit_code=1), gpus=gpus)
+    jobs = [gjob(1, "COMPLETED", 8), gjob(2, "NODE_FAIL", 512), gjob(3, "COMPLETED", 1024),
+            gjob(4, "COMPLETED", 64)]
+    rep = mttf.report(attribute(jobs), [], 8, 30.0, (16_384, 2_048))
+    by = {c.gpus: c for c in rep.classes}
+    assert by[8].paper_mttf_h == pytest.approx(47.7 * 24) and by[1024].paper_mttf_h == 7.9
+    assert by[64].paper_mttf_h is None and by[512].paper_mttf_h is None
+    assert [p.paper_h for p in rep.projections] == [1.8, None]
+    assert (rep.big_runs, rep.big_failures) == (2, 1)  # the 512 and 1024 classes
+
+
 def test_calibration_reproduces_every_published_figure_in_expectation() -> None:
     p = solve()
     fig = PaperFigures()
@@ -68,8 +82,8 @@ def test_impossible_targets_are_a_clear_error() -> None:
 def test_the_simulated_history_is_sacct_json_the_real_parser_reads(tmp_path: Path) -> None:
     w = write_history(solve(), Fleet(nodes=300, days=3, seed=7), tmp_path)
     recs = [r for f in w.files for r in parse.iter_acct_jobs(f.read_text())]
-    assert len(recs) == w.records > 500
     assert all(isinstance(r, AcctJob) for r in recs)
+    assert len({r.job_id for r in recs if isinstance(r, AcctJob)}) == w.records > 500
     states = {r.state for r in recs if isinstance(r, AcctJob)}
     assert {"COMPLETED", "NODE_FAIL", "FAILED", "CANCELLED", "TIMEOUT"} <= states
     events = parse.parse_events(w.events.read_text())
@@ -78,6 +92,79 @@ def test_the_simulated_history_is_sacct_json_the_real_parser_reads(tmp_path: Pat
     assert len(w.lemons) == round(0.012 * 300)
     again = write_history(solve(), Fleet(nodes=300, days=3, seed=7), tmp_path / "again")
     assert again.files[0].read_bytes() == w.files[0].read_bytes()  # a seed is a fleet
+
+
+def _shape_fits(ours: object, real: object, path: str = "") -> list[str]:
+    """Where ``ours`` has a field the real record lacks, or one of another JSON type."""
+    if isinstance(ours, dict) and isinstance(real, dict):
+        out = []
+        for key, value in ours.items():
+            if key in real:
+                out.extend(_shape_fits(value, real[key], f"{path}.{key}"))
+            else:
+                out.append(f"{path}.{key}: not in the real record")
+        return out
+    if isinstance(ours, list) and isinstance(real, list):
+        return _shape_fits(ours[0], real[0], f"{path}[]") if ours and real else []
+    if type(ours) is type(real):
+        return []
+    return [f"{path}: {type(ours).__name__}, real {type(real).__name__}"]
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "sacct.json"
+
+
+def slurm_layout(doc: object) -> str:
+    """How Slurm 24.11 lays out `sacct --json` (the captured fixture is exactly this): two-space
+    indents, and every "/" escaped."""
+    return json.dumps(doc, indent=2).replace("/", "\\/") + "\n"
+
+
+def test_simulated_day_files_are_what_sacct_prints_for_a_day(tmp_path: Path) -> None:
+    real_text = FIXTURE.read_text()
+    real = json.loads(real_text)
+    assert real_text == slurm_layout(real)  # the rule holds for Slurm's own output
+    fleet = Fleet(nodes=300, days=3, seed=7)
+    w = write_history(solve(), fleet, tmp_path)
+    day2 = w.files[1].read_text()
+    doc = json.loads(day2)
+    assert day2 == slurm_layout(doc)
+    assert list(doc) == list(real)  # jobs, meta, errors, warnings, in Slurm's order
+    assert _shape_fits({"job_id": "1", "gres": 1}, real["jobs"][0]) == [
+        ".job_id: str, real int", ".gres: not in the real record"]  # the check can fail
+    assert _shape_fits(doc["jobs"][0], real["jobs"][0]) == []
+    assert _shape_fits(doc["meta"], real["meta"]) == []
+    lo = fleet.start + 86_400
+    # The export's own command line names its day, as the documented export loop makes it.
+    assert doc["meta"]["command"][:5] == ["sacct", "--json", "--allusers", "--allocations",
+                                          "--duplicates"]
+    assert parse.acct_window(doc) == (lo, lo + 86_400)
+
+
+def test_a_run_that_crossed_midnight_is_in_both_days_and_counted_once(tmp_path: Path) -> None:
+    from gpuwarden.lemon.history import from_files, read_events
+
+    fleet = Fleet(nodes=300, days=3, seed=7)
+    w = write_history(solve(), fleet, tmp_path)
+    days = [{r.job_id: r for r in parse.iter_acct_jobs(f.read_text())
+             if isinstance(r, AcctJob)} for f in w.files]
+    end = fleet.start + 3 * 86_400
+    crossed = {j for j, r in days[0].items()
+               if r.end_time is not None and r.end_time >= fleet.start + 86_400}
+    assert crossed and crossed <= set(days[1])  # sacct lists a run in every day it overlaps
+    runs = {j: r for d in days for j, r in d.items()}
+    ended = sum(1 for r in runs.values() if r.end_time is not None and r.end_time < end)
+    hist = from_files([str(f) for f in w.files], read_events(str(w.events)))
+    assert hist.records == ended  # each once, in the day it ended; none still running counted
+    assert 0 < len(runs) - ended < len(runs) // 10
+
+
+def test_the_events_export_starts_with_the_cluster_registering(tmp_path: Path) -> None:
+    w = write_history(solve(), Fleet(nodes=300, days=2, seed=7), tmp_path)
+    events = parse.parse_events(w.events.read_text())
+    assert (events[0].node, events[0].reason, events[0].end) == ("", "Cluster Registered TRES",
+                                                                 "Unknown")
+    assert {e.user for e in events[1:]} <= {"root", "admin"}
 
 
 def test_no_run_lands_on_an_excluded_node(tmp_path: Path) -> None:
@@ -116,6 +203,21 @@ def test_fleet_mttf_and_simulate_commands(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "<=1024" in res.stdout and "checkpoint cost 45 s" in res.stdout
     assert "per 1000 node-days" in res.stdout and "16384 GPUs" in res.stdout
+    # Meta's published figures beside the site's, on the rows where the paper gives one.
+    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
+    assert "META (PAPER)" in rows["GPUS"]
+    assert rows["<=8"].endswith(" 47.7 d") and rows["<=1024"].endswith(" 7.9 h")
+    assert rows["<=16"].endswith(("h", "d", "min", "-")) and "47.7" not in rows["<=16"]
+    assert rows["16384"].endswith(" 1.8 h") and rows["131072"].endswith(" 13.8 min")
+    assert "Meta (paper): 14% with lemons in service, 4% with them drained" in res.stdout
+    assert "Meta (paper): 6.51, implied by its 1.8 h projection" in res.stdout
+    assert "Kokolis et al." in res.stdout
+    js = CliRunner().invoke(cli, ["fleet", "mttf", "--from", str(out / "sacct"), "--events",
+                                  str(out / "events.txt"), "--json"], obj=Context())
+    doc = json.loads(js.stdout)
+    by = {c["gpus"]: c for c in doc["classes"]}
+    assert by[8]["paper_mttf_h"] == pytest.approx(47.7 * 24) and by[16]["paper_mttf_h"] is None
+    assert doc["paper"]["projection_16k_h"] == 1.8
     bad = CliRunner().invoke(cli, ["fleet", "mttf", "--from", str(out / "sacct"),
                                    "--ckpt-cost", "soon"], obj=Context())
     assert bad.exit_code == 2 and "30s, 2m or 0.5h" in bad.output

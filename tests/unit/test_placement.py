@@ -246,7 +246,7 @@ def head(t: str) -> str:
     (lambda t: "garbage {{{\n", "no generation line"),
     (lambda t: head(t) + "\nreturn {{{\n", "cannot parse"),
     (lambda t: head(t) + "\nreturn 42\nend\n", "cannot parse: line 2: not a comment line"),
-    (lambda t: head(t) + "\n-- x\nreturn {version = 1}\nend\n", "not a format 2 snapshot"),
+    (lambda t: head(t) + "\n-- x\nreturn {version = 1}\nend\n", "not a format 3 snapshot"),
     (lambda t: t.replace("capacity=4,3", "capacity=x"), "line 7: not a valid partition line"),
     (lambda t: t.replace("capacity=4,3", "capacity=4,,3"), "capacity is not a list"),
     (lambda t: t.replace("avoid gpu", "avoid cpu"), "not a valid avoid line"),

@@ -49,7 +49,7 @@ local MAX_BYTES = 4 * 1024 * 1024 -- snapshot.MAX_BYTES; 10,000 nodes take about
 local MAX_ITEMS = 100000 -- partitions + capacity entries + exclusion groups
 local MAX_FIELD = 64 * 1024 -- decide.MAX_FIELD: a longer user string is not parsed at all
 local LIST_CHARS = 200 -- decide.LIST_CHARS: node names shown per list in admin_comment and logs
-local FORMAT_LINE = "format 2"
+local FORMAT_LINE = "format 3"
 
 local cache = { snap = nil, generation = nil, written = 0, checked = nil, err = "not read yet",
                 warned = false, failed = nil, failed_err = nil, parses = 0 }
@@ -161,10 +161,29 @@ end
 local MODES = { required = true, preferred = true, off = true }
 local NAMES = "^[%w_.@+%-]+$" -- a node or partition name as the daemon writes it
 
+-- "8:6,0:2" (GPUs per node:nodes), most GPUs first, as a list of pairs; nil when malformed.
+local function parse_gpus(text, budget)
+  local gpus = {}
+  for g, n in string.gmatch(text, "(%d+):(%d+)") do
+    if #gpus >= budget then
+      return nil
+    end
+    gpus[#gpus + 1] = { gpus = tonumber(g), nodes = tonumber(n) }
+  end
+  local back = {}
+  for i, e in ipairs(gpus) do
+    back[i] = e.gpus .. ":" .. e.nodes
+  end
+  if table.concat(back, ",") ~= text then
+    return nil
+  end
+  return gpus
+end
+
 local function parse_partition(line, snap, budget)
-  local name, mode, wait, min_nodes, shadow, healthy, cap = string.match(line,
-    "^partition (%S+) mode=(%a+) wait=(%d+) min_nodes=(%d+) shadow=([01]) healthy=(%d+) "
-    .. "capacity=([%d,]*)$")
+  local name, mode, wait, min_nodes, shadow, size, in_service, healthy, gpus, cap =
+    string.match(line, "^partition (%S+) mode=(%a+) wait=(%d+) min_nodes=(%d+) shadow=([01]) "
+      .. "size=(%d+) in_service=(%d+) healthy=(%d+) gpus=([%d:,]*) capacity=([%d,]*)$")
   if not name or not MODES[mode] or not string.match(name, NAMES) or snap.partitions[name] then
     return nil, "not a valid partition line"
   end
@@ -178,9 +197,15 @@ local function parse_partition(line, snap, budget)
   if table.concat(capacity, ",") ~= cap then
     return nil, "capacity is not a list of numbers"
   end
-  snap.partitions[name] = { mode = mode, wait = tonumber(wait), min_nodes = tonumber(min_nodes),
-    shadow = shadow == "1", healthy = tonumber(healthy), capacity = capacity, avoid = {} }
-  return 1 + #capacity
+  local per_node = parse_gpus(gpus, budget - #capacity)
+  if not per_node then
+    return nil, "gpus is not a list of GPUs:nodes pairs (or has too many items)"
+  end
+  snap.partitions[name] = { name = name, mode = mode, wait = tonumber(wait),
+    min_nodes = tonumber(min_nodes), shadow = shadow == "1", size = tonumber(size),
+    in_service = tonumber(in_service), healthy = tonumber(healthy), gpus = per_node,
+    capacity = capacity, avoid = {} }
+  return 1 + #capacity + #per_node
 end
 
 local function parse_avoid(line, snap)
@@ -552,6 +577,62 @@ local function fewest_leaves(capacity, nodes)
   return nil
 end
 
+-- Nodes of the partition, any state, with the GPUs per node the job asks for (decide.usable).
+local function usable(view, per_node)
+  if per_node == 0 or #view.gpus == 0 then
+    return view.size
+  end
+  local n = 0
+  for _, e in ipairs(view.gpus) do
+    if e.gpus >= per_node then
+      n = n + e.nodes
+    end
+  end
+  return n
+end
+
+-- What Slurm refuses at submission, whatever the nodes' state (decide.refused): more nodes
+-- than the partition has in all, or than it has with that many GPUs per node; nil when
+-- neither or when that cannot be told. Only the minimum counts: Slurm trims -N a-b's maximum.
+local function refused(view, want, per_node)
+  local most = view.gpus[1] and view.gpus[1].gpus
+  if per_node > 0 and most and per_node > most then
+    return string.format("asks for %d GPUs per node but no node of partition %s has more than "
+      .. "%d: Slurm refuses it; ask for at most %d (--gpus-per-node)", per_node, view.name,
+      most, most)
+  end
+  if want > view.size then
+    return string.format("asks for %d nodes but partition %s has %d in all: Slurm refuses it; "
+      .. "ask for at most %d (-N), or name a larger partition (-p)", want, view.name,
+      view.size, view.size)
+  end
+  local able = usable(view, per_node)
+  if want > able then
+    return string.format("asks for %d nodes with %d GPUs each but partition %s has %d such "
+      .. "nodes in all: Slurm refuses it; ask for at most %d (-N), or for fewer GPUs per node",
+      want, per_node, view.name, able, able)
+  end
+  return nil
+end
+
+-- What the user is told when the job needs more than the healthy nodes (decide.too_few): only
+-- what Slurm will do. Fewer in service than its minimum, it waits for nodes to come back;
+-- enough, it may start now on suspect nodes. An --exclude that may leave too few: nothing.
+local function too_few(view, job, want, nodes, per_node)
+  local mine = count_names(job.exc_nodes or "")
+  if mine == nil or usable(view, per_node) - mine < want then
+    return nil
+  end
+  if view.in_service < want then
+    return string.format("gpuwarden: this job asks for %d nodes and partition %s has %d in "
+      .. "service now (%d drained or down): it waits until enough are back", want, view.name,
+      view.in_service, view.size - view.in_service)
+  end
+  return string.format("gpuwarden: this job asks for %d nodes but partition %s has %d healthy "
+    .. "now: it may start on nodes gpuwarden suspects; ask for at most %d (-N) to keep off "
+    .. "them", nodes, view.name, view.healthy, view.healthy)
+end
+
 -- The same decision as gpuwarden/placement/decide.py (tests run both on the same cases).
 local function decide(snap, job)
   local part = job.partition
@@ -578,6 +659,14 @@ local function decide(snap, job)
     -- Its nodes are the reservation's: an exclusion could leave too few of them for good.
     return { action = "pass", why = "--reservation kept" }
   end
+  -- Several partitions: Slurm may run it in another, so the user is told nothing.
+  local several = job.partition ~= nil and string.find(job.partition, ",", 1, true) ~= nil
+  local per_node = gpu_count(job.tres_per_node) or 0
+  local larger = refused(view, min_nodes, per_node)
+  if larger then
+    return { action = "pass", why = "Slurm refuses it in partition " .. part,
+      message = not several and "gpuwarden: this job " .. larger or nil }
+  end
   local need = most_nodes(job, min_nodes)
   -- -N a-b: Slurm picks the count when it starts the job, so no switch count fits it.
   local elastic = set(job.max_nodes) and job.max_nodes > min_nodes
@@ -588,8 +677,9 @@ local function decide(snap, job)
   end
   local d = { notes = {} }
   if k == nil then
-    d.message = string.format("gpuwarden: this job asks for %d nodes but partition %s has %d "
-      .. "healthy nodes now; it waits for repairs", nodes, part, view.healthy)
+    if not several then
+      d.message = too_few(view, job, min_nodes, nodes, per_node)
+    end
     table.insert(d.notes, string.format("only %d healthy nodes", view.healthy))
   elseif set(job.req_switch) then
     table.insert(d.notes, string.format("--switches=%d kept", job.req_switch))

@@ -55,7 +55,7 @@ def main() -> int:
         for step in range(1, args.steps + 1):
             for s in states:
                 train_step(s, step)
-        print(json.dumps([checksum(memoryview(s["w"]).cast("B")) for s in states]))
+        print(json.dumps([checksum(s["w"].data.cast("B")) for s in states]))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ck = JobCheckpointer.from_slurm(args.config)  # also handles SIGUSR1: save now, requeue
@@ -88,7 +88,7 @@ def main() -> int:
     ck.finish(args.steps, timeout=300)
     shared = ck.cfg.shared_root
     (Path(shared) / ck.env.job / f"final-rank-{rank}.txt").write_text(
-        checksum(memoryview(state["w"]).cast("B")))
+        checksum(state["w"].data.cast("B")))
     return 0
 
 

@@ -1,0 +1,160 @@
+"""`gpuwarden ckpt ls`: a job's committed steps, one row per tier and rank, each saying where it
+is: this host's memory (tier 0 of the ranks that ran here), the replicas this host holds for
+other ranks (peer), the shared filesystem and S3. Every rank is listed unless one is asked for:
+a row that does not say its rank and host reads as the whole job's."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpuwarden.ckpt import safeio
+from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier, TierError
+from gpuwarden.ckpt.names import PEER_SUFFIX
+
+_RANK_DIR = re.compile(r"rank-([0-9]{5,9})")
+# A job's directory is its user's: a million planted rank directories must not make root's
+# `ckpt ls` run for minutes. No real job has this many ranks per tier.
+MAX_RANKS = 100_000
+
+
+@dataclass(frozen=True)
+class Row:
+    tier: str  # memory, peer, shared, s3
+    where: str  # "c3 (this host)", the shared root, s3://bucket/prefix
+    rank: int | None  # None: no rank (nothing there, or the tier could not be listed)
+    steps: tuple[int, ...] = ()
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "steps": list(self.steps)}
+
+
+def this_host() -> str:
+    return f"{os.uname().nodename.split('.')[0]} (this host)"
+
+
+def where(tier: Any) -> str:
+    if isinstance(tier, FsTier):
+        return this_host() if tier.name in ("memory", "peer") else tier.root
+    return f"s3://{tier.s.bucket}/{tier.s.prefix}"
+
+
+def with_peer(tiers: list[Any]) -> list[Any]:
+    """The tiers, with this host's replicas of other ranks (``<job>.peer``) after its memory."""
+    out: list[Any] = []
+    for t in tiers:
+        out.append(t)
+        if isinstance(t, FsTier) and t.name == "memory" and not t.namespace.endswith(PEER_SUFFIX):
+            out.append(FsTier("peer", t.root, t.namespace + PEER_SUFFIX, 0, t.owner))
+    return out
+
+
+def at_rank(tier: Any, rank: int) -> Any:
+    """The same tier, for another rank of the job."""
+    if isinstance(tier, FsTier):
+        return FsTier(tier.name, tier.root, tier.namespace, rank, tier.owner)
+    return type(tier)(tier.name, tier.s, tier.job, rank, s3=tier.s3, key=tier.key)
+
+
+def ranks(tier: Any) -> list[int]:
+    """The ranks with a directory (a prefix in S3) under the job's on this tier, in order; []
+    when the job has none there. TierError when it cannot be listed."""
+    names = _fs_names(tier) if isinstance(tier, FsTier) else _s3_names(tier)
+    found: list[int] = []
+    for name in names:
+        m = _RANK_DIR.fullmatch(name)
+        if m:
+            found.append(int(m.group(1)))
+            if len(found) > MAX_RANKS:
+                raise TierError(f"{tier.name}: more than {MAX_RANKS} rank directories under "
+                                f"job {tier.job}: give --rank")
+    return sorted(found)
+
+
+def _fs_names(tier: FsTier) -> Iterator[str]:
+    path = os.path.join(tier.root, tier.namespace)
+    # The job's directory only has to be a real directory writable by its owner alone (root
+    # lists any user's job); each rank's is then held to that owner when its steps are read.
+    owner = None if tier.owner == ANY_JOB_USER else tier.owner
+    try:
+        fd = safeio.walk(tier.root, [tier.namespace], owner)
+    except FileNotFoundError:
+        return
+    except safeio.Refused as exc:
+        raise TierError(f"{tier.name}: {exc}: refusing it") from None
+    except OSError as exc:
+        raise TierError(f"{tier.name}: cannot list {path} ({exc.strerror})") from None
+    with safeio.closing(fd), os.scandir(fd) as entries:
+        for e in entries:
+            yield e.name
+
+
+def _s3_names(tier: Any) -> Iterator[str]:
+    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - S3 only
+
+    base = f"{tier.s.prefix}/{tier.job}/"
+    try:
+        pages = tier.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=tier.s.bucket, Prefix=base, Delimiter="/")
+        for page in pages:
+            for p in page.get("CommonPrefixes", []):
+                yield p["Prefix"][len(base):].rstrip("/")
+    except (BotoCoreError, ClientError) as exc:
+        raise TierError(f"{tier.name}: cannot list s3://{tier.s.bucket}/{base} ({exc})") from None
+
+
+def rows(tiers: Iterable[Any], rank: int | None) -> Iterator[Row]:
+    """One row per tier and rank: ``rank`` only, or every rank the tier holds."""
+    for t in tiers:
+        place = where(t)
+        try:
+            wanted = [rank] if rank is not None else ranks(t)
+        except TierError as exc:
+            yield Row(t.name, place, None, error=str(exc))
+            continue
+        if not wanted:
+            yield Row(t.name, place, None)
+        for r in wanted:
+            try:
+                yield Row(t.name, place, r, tuple(at_rank(t, r).steps()))
+            except TierError as exc:
+                yield Row(t.name, place, r, error=str(exc))
+
+
+def _runs(rs: list[Row]) -> Iterator[tuple[str, Row]]:
+    """Consecutive ranks of one tier with the same steps, as one line: "0-63"."""
+    runs: list[tuple[int | None, int | None, Row]] = []
+    for r in rs:
+        if runs:
+            first, last, head = runs[-1]
+            if (r.tier == head.tier and r.rank is not None and last is not None
+                    and r.rank == last + 1 and (r.steps, r.error) == (head.steps, head.error)):
+                runs[-1] = (first, r.rank, head)
+                continue
+        runs.append((r.rank, r.rank, r))
+    for first, last, r in runs:
+        yield ("-" if first is None else str(first) if first == last else f"{first}-{last}"), r
+
+
+def _steps(r: Row, job: str) -> str:
+    if r.error:
+        return f"unavailable: {r.error}"
+    if r.rank is None:
+        return f"no steps of {job}"
+    shown = ", ".join(map(str, r.steps[-10:])) or "none"
+    return f"{len(r.steps)} step(s): {shown}"
+
+
+def table(rs: list[Row], job: str) -> list[str]:
+    """The rows as aligned lines under a header; ranks with the same steps share a line."""
+    lines = [(label, r) for label, r in _runs(rs)]
+    rank_w = max([4, *(len(label) for label, _ in lines)])
+    where_w = max([5, *(len(r.where) for _, r in lines)])
+    out = [f"{'TIER':<8} {'RANK':<{rank_w}} {'WHERE':<{where_w}} STEPS"]
+    out += [f"{r.tier:<8} {label:<{rank_w}} {r.where:<{where_w}} {_steps(r, job)}"
+            for label, r in lines]
+    return out

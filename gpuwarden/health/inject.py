@@ -1,0 +1,227 @@
+"""`gpuwarden health inject`: rehearse a drain on a TEST node, without a faulty GPU.
+
+A real fault cannot be forged, on purpose: gpuwarden trusts only kernel-facility records, and
+the kernel stamps whatever userspace writes to /dev/kmsg with facility LOG_USER. So injecting
+works only on a node whose config reads its GPUs and its kernel log from test files
+(``[health] gpu_probe = "fake"``, ``fake_gpu_file``, ``kernel_log`` = a file), as the test
+cluster's nodes do. An Xid is written exactly as the NVIDIA driver prints it, in /dev/kmsg's
+record format, so the same parser and policy that judge a real one drain the node.
+
+Root only; the files are replaced atomically, never written through a link, and only in a
+directory that root alone can write (health.privfile's rule for root's own files).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+
+from gpuwarden.errors import GpuwardenError
+from gpuwarden.health import kernlog
+from gpuwarden.health.config import Expected, HealthConfig
+from gpuwarden.health.privfile import unsafe_dir_problem
+from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
+from gpuwarden.health.store import atomic_write
+from gpuwarden.health.xidcatalog import CATALOG
+from gpuwarden.health.xidpolicy import DRAINS, SUFFIX, Rule, xid_rule
+
+KMSG = "/dev/kmsg"
+MAX_BYTES = 16 << 20
+DOC = "docs/testing-without-gpus.md"
+# KERN_ERR from the kernel facility: <facility 0> * 8 + <level 3>, as the driver logs an Xid.
+PRIORITY = 3
+# What the driver prints after "<code>, pid=..., name=..., " for the codes worth rehearsing;
+# any other code gets NVIDIA's catalog name.
+DRIVER_TEXT = {
+    79: "GPU has fallen off the bus.",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer "
+        "at partition 0, subpartition 0.",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    13: "Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address",
+    31: "Ch 00000010, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ "
+        "0x0_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    92: "High single-bit ECC error rate",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+         "(GSP_RM_CONTROL) (0x20801341 0x4).",
+}
+_SEQ = re.compile(rb"^(\d{1,4}),(\d{1,20}),")
+
+
+class InjectError(GpuwardenError):
+    """Refused: not root, not a test node, or a test file that is not safe to write."""
+
+
+@dataclass(frozen=True)
+class FaultFiles:
+    kernel_log: str
+    fake_gpu_file: str
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def fault_files(cfg: HealthConfig) -> FaultFiles:
+    """The test files this node's config reads faults from; refused on a node that reads the
+    real kernel log or real GPUs."""
+    setup = (f'on a TEST node set [health] gpu_probe = "fake", fake_gpu_file and kernel_log '
+             f"to files (see {DOC})")
+    if not is_root():
+        raise InjectError("run it as root (sudo gpuwarden health inject ...): the test files "
+                          "are root's, like the hooks that read them")
+    if cfg.kernel_log == KMSG:
+        raise InjectError(f"this node reads the real kernel log ({KMSG}): a record written "
+                          "there from userspace is stamped facility user, which gpuwarden "
+                          f"ignores, so no drain can be rehearsed here; {setup}")
+    if cfg.gpu_probe != "fake":
+        raise InjectError(f'this node reads its GPUs through gpu_probe = "{cfg.gpu_probe}", not '
+                          f"a test file: an Xid needs a fake GPU to name; {setup}")
+    return FaultFiles(cfg.kernel_log, cfg.fake_gpu_file)
+
+
+def xid_line(code: int, bus_id: str, text: str, seq: int, usec: int) -> str:
+    """One /dev/kmsg record as the driver logs an Xid: ``3,<seq>,<usec>,-;NVRM: Xid
+    (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.``"""
+    parts = bus_id.lower().split(":")
+    if len(parts) != 3:
+        raise InjectError(f"PCI bus id {bus_id!r}: expected domain:bus:device.function")
+    domain, bus, dev = parts[0][-4:].rjust(4, "0"), parts[1], parts[2].split(".")[0]
+    return (f"{PRIORITY},{seq},{usec},-;NVRM: Xid (PCI:{domain}:{bus}:{dev}): {code}, "
+            f"pid='<unknown>', name=<unknown>, {text}\n")
+
+
+def default_text(code: int) -> str:
+    if code in DRIVER_TEXT:
+        return DRIVER_TEXT[code]
+    return CATALOG[code][0] if code in CATALOG else "Unknown error"
+
+
+def inject_xid(files: FaultFiles, code: int, gpu: int, text: str = "",
+               usec: int | None = None) -> str:
+    """Append an Xid for ``gpu`` to the test kernel log; the record written."""
+    gpus = _read_own(files.fake_gpu_file)
+    if gpus is None:
+        raise InjectError(f"fake_gpu_file {files.fake_gpu_file} does not exist: write a healthy "
+                          "one first with `gpuwarden health inject clear`")
+    try:
+        snap = parse_fake(gpus.decode("utf-8", errors="replace"), files.fake_gpu_file)
+    except ProbeError as exc:
+        raise InjectError(f"{exc}; `gpuwarden health inject clear` writes a healthy one") from None
+    by_index = {g.index: g for g in snap.gpus}
+    if gpu not in by_index or not by_index[gpu].pci_bus_id:
+        have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+        raise InjectError(f"GPU {gpu} is not in {files.fake_gpu_file} with a pci_bus_id "
+                          f"(GPUs there: {have})")
+    old = _fault_log(files.kernel_log)
+    if usec is None:
+        # kmsg stamps records with this boot's monotonic clock, which is what the prolog's fast
+        # path compares them against.
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+    line = xid_line(code, by_index[gpu].pci_bus_id, text or default_text(code),
+                    _next_seq(old), usec)
+    prefix = old if not old or old.endswith(b"\n") else old + b"\n"
+    _replace(files.kernel_log, prefix + line.encode())
+    return line.rstrip("\n")
+
+
+def clear(files: FaultFiles, exp: Expected) -> list[str]:
+    """Empty the test kernel log and write a healthy fake GPU file for this node's class."""
+    _fault_log(files.kernel_log)
+    _replace(files.kernel_log, b"")
+    count = exp.gpu_count or _count(files.fake_gpu_file) or 8
+    _replace(files.fake_gpu_file, healthy_fake(
+        count, nvlinks=exp.nvlink_links or 18,
+        model=exp.gpu_model or "NVIDIA H100 80GB HBM3").encode())
+    return [f"{files.kernel_log}: emptied (no Xid left)",
+            f"{files.fake_gpu_file}: {count} healthy GPUs"]
+
+
+def outcome(code: int, text: str = "") -> str:
+    """What gpuwarden's policy does with this Xid, in words."""
+    rule: Rule = xid_rule(code, text or default_text(code))
+    if rule.action in DRAINS:
+        times = "" if rule.threshold == 1 else f" once seen {rule.threshold} times in the window"
+        return (f"xid {code} ({rule.what}): drains the node{times}"
+                f"{rule.needs or SUFFIX.get(rule.action, '')}")
+    return (f"xid {code} ({rule.what}): {rule.action.name.lower()}, no drain; to rehearse a "
+            "drain use 79 (fallen off the bus) or 48 (double-bit ECC error)")
+
+
+# ---- files ------------------------------------------------------------------------------------
+def _fault_log(path: str) -> bytes:
+    """The test kernel log's bytes; refused unless it is empty or holds only /dev/kmsg-format
+    records: anything else is a real log, which gpuwarden must never write into."""
+    data = _read_own(path) or b""
+    text = data.decode("utf-8", errors="replace")
+    recs = kernlog.parse(text, 0.0, time.time())
+    other = sorted(recs.renderings - {"kmsg"})
+    if other or recs.malformed:
+        why = f"records in another rendering ({', '.join(other)})" if other else \
+            f"lines that are no kernel record ({recs.malformed[0]})"
+        raise InjectError(f"kernel_log {path} holds {why}: it looks like a real log, not a "
+                          f"test file; point kernel_log at a file of its own (see {DOC})")
+    return data
+
+
+def _next_seq(data: bytes) -> int:
+    seqs = [int(m.group(2)) for line in data.split(b"\n") if (m := _SEQ.match(line))]
+    return max(seqs, default=0) + 1
+
+
+def _count(path: str) -> int:
+    try:
+        data = _read_own(path)
+        return len(parse_fake(data.decode(), path).gpus) if data else 0
+    except (InjectError, ProbeError, UnicodeDecodeError):
+        return 0
+
+
+def _safe_dir(path: str) -> str:
+    directory = os.path.dirname(path) or "/"
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise InjectError(f"{directory} does not exist: create it (install -d -m 0755 "
+                          f"{directory})") from None
+    problem = unsafe_dir_problem(directory, st)
+    if problem:
+        raise InjectError(f"{path}: {problem}; the test files must be in a directory only "
+                          "root can write")
+    return directory
+
+
+def _read_own(path: str) -> bytes | None:
+    """A file of ours alone, never through a link or from a FIFO; None when absent."""
+    _safe_dir(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InjectError(f"{path}: cannot open it ({exc.strerror}; a link?)") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InjectError(f"{path}: not a regular file")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise InjectError(f"{path}: owned by uid {st.st_uid}, mode "
+                              f"{stat.S_IMODE(st.st_mode):o}: not root's alone")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise InjectError(f"{path}: larger than {MAX_BYTES >> 20} MiB: clear it first "
+                          "(gpuwarden health inject clear)")
+    return data
+
+
+def _replace(path: str, data: bytes) -> None:
+    """Replace ``path`` whole (a new file renamed over it): readers see the old or the new
+    file, and a link planted at the name is replaced, never followed."""
+    directory = _safe_dir(path)
+    try:
+        atomic_write(directory, os.path.basename(path), data, mode=0o644)
+    except OSError as exc:
+        raise InjectError(f"{path}: cannot write it ({exc.strerror or exc})") from None

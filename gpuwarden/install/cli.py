@@ -1,0 +1,76 @@
+"""`gpuwarden install-files PREFIX`: wiring only (gpuwarden.install.run does the work)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gpuwarden.install import plan, run
+
+EXIT_REFUSED = 3
+_DONE = {"create": "created", "update": "updated", "keep": "unchanged", "add": "line added",
+         "replace": "line replaced"}
+_WOULD = {"create": "would create", "update": "would update", "keep": "unchanged",
+          "add": "would add the line", "replace": "would replace the line"}
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"gpuwarden: install-files: {message}", err=True)
+    sys.exit(code)
+
+
+@click.command("install-files")
+@click.argument("prefix")
+@click.option("--defaults-file", default=plan.DEFAULTS_FILE, show_default=True,
+              help="where to name this interpreter as GPUWARDEN_PYTHON= (the hooks read "
+                   f"{plan.DEFAULTS_FILE})")
+@click.option("--no-defaults-file", is_flag=True,
+              help="leave the defaults file alone (a host that runs no Slurm hooks)")
+@click.option("--replace-python", is_flag=True,
+              help="replace a different GPUWARDEN_PYTHON= already in the defaults file")
+@click.option("--dry-run", is_flag=True, help="list what would be written; write nothing")
+def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
+                  replace_python: bool, dry_run: bool) -> None:
+    """Copy the Slurm hooks (prolog/, epilog/), the Lua plugins (plugins/), the checkpoint kit
+    (ckpt/) and the systemd units (systemd/) from this install into PREFIX (e.g.
+    /opt/gpuwarden), rendered for this install's interpreter and `gpuwarden`, and name the
+    interpreter in the defaults file the hooks read. Safe to rerun: unchanged files are left
+    alone. Refuses (exit 3) links and directories others can write."""
+    owner = os.geteuid()
+    try:
+        req = run.Request(run.this_install(prefix), run.source_dir(),
+                          None if no_defaults_file else defaults_file, replace_python, dry_run,
+                          owner)
+        steps = run.install(req)
+    except plan.InstallError as exc:
+        _fail(str(exc), EXIT_REFUSED)
+        return
+    except OSError as exc:
+        what = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"cannot write under {prefix}: {exc.strerror}{what}; run it as root, or fix "
+              "that, and rerun (files already written are left as they are)", 1)
+        return
+    words = _WOULD if dry_run else _DONE
+    click.echo(f"{'dry run: ' if dry_run else ''}install-files {req.target.prefix} for "
+               f"{req.target.python} ({req.target.gpuwarden})")
+    for step in steps:
+        detail = f"  {step.detail}" if step.detail else ""
+        click.echo(f"  {words[step.action]:<22} {step.path} ({step.mode:04o}){detail}")
+    have = run.extras()
+    click.echo("extras here: " + ", ".join(f"{name} {'yes' if ok else 'no'}"
+                                           for name, ok in have.items()))
+    for name, ok in have.items():
+        if not ok:
+            click.echo(f"  no {name}: needed on {run.NEEDED_ON[name]}; add it with "
+                       f"{os.path.dirname(req.target.python)}/pip install "
+                       f"'<the gpuwarden wheel>[{name}]'")
+    if owner != 0:
+        click.echo("note: not root: slurmd runs the hooks as root, and they trust only root's "
+                   "files; run install-files as root for the cluster")
+    if dry_run:
+        click.echo("next: rerun without --dry-run")
+        return
+    click.echo(f"next: as root on this node, `{req.target.gpuwarden} health selftest`; then "
+               "the remaining steps of docs/admin-guide.md (slurm.conf lines come last)")

@@ -1,0 +1,148 @@
+"""Writing root's files where no user can steer the writes: directories opened one component at
+a time without following links, and written only when nobody else can write them.
+
+The hooks these files become run as root on every node, so a directory another user could
+write (or a link they planted) would let that user choose what root runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+
+from gpuwarden.install.plan import InstallError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+MAX_EXISTING_BYTES = 16 << 20
+
+
+def _ancestor_problem(path: str, st: os.stat_result, owner: int) -> str:
+    """A directory above the one we write in: whoever could rename its entries could swap ours."""
+    if st.st_uid not in (0, owner):
+        return f"{path} is owned by uid {st.st_uid}, not by root or uid {owner}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{path} is writable by group or others: chmod go-w {path}"
+    return ""
+
+
+def _dir_problem(path: str, st: os.stat_result, owner: int) -> str:
+    """A directory we write in: ours alone."""
+    if st.st_uid != owner:
+        return f"{path} is owned by uid {st.st_uid}, not by uid {owner} (who installs)"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others: chmod go-w {path}"
+    return ""
+
+
+@contextlib.contextmanager
+def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
+    """An fd of directory ``path`` (absolute, plain), or None when it is missing and ``create``
+    is false. Missing components are made 0755 when ``create``. Raises InstallError for a
+    link, a non-directory, or a directory someone other than root or ``owner`` could change."""
+    fd = os.open("/", _DIR_FLAGS)
+    shown = ""
+    try:
+        parts = [p for p in path.split("/") if p]
+        for i, name in enumerate(parts):
+            st = os.fstat(fd)
+            problem = _ancestor_problem(shown or "/", st, owner)
+            if problem:
+                raise InstallError(f"{problem}: refusing to install below it")
+            shown = f"{shown}/{name}"
+            try:
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    os.close(fd)
+                    fd = -1
+                    yield None
+                    return
+                os.mkdir(name, 0o755, dir_fd=fd)
+                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                # The umask may have taken r-x from others: job users must read the kit.
+                os.fchmod(nxt, 0o755)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise InstallError(f"{shown} is a symbolic link or not a directory: give "
+                                       "the real path of a directory (readlink -f)") from exc
+                raise
+            os.close(fd)
+            fd = nxt
+            if i == len(parts) - 1:
+                problem = _dir_problem(shown, os.fstat(fd), owner)
+                if problem:
+                    raise InstallError(f"{problem}: refusing to install into it")
+        yield fd
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def read_existing(dir_fd: int | None, name: str, shown: str) -> tuple[bytes, os.stat_result] | None:
+    """A regular file's bytes and status, never through a link or from a FIFO; None if absent."""
+    if dir_fd is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InstallError(f"{shown} is a symbolic link: remove it, then rerun") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise InstallError(f"{shown} is not a regular file: remove it, then rerun")
+        if st.st_size > MAX_EXISTING_BYTES:
+            raise InstallError(f"{shown} is larger than any file gpuwarden ships: remove it, "
+                               "then rerun")
+        return f.read(MAX_EXISTING_BYTES), st
+
+
+def same(existing: tuple[bytes, os.stat_result] | None, data: bytes, mode: int,
+         owner: int) -> bool:
+    if existing is None:
+        return False
+    old, st = existing
+    return old == data and stat.S_IMODE(st.st_mode) == mode and st.st_uid == owner
+
+
+def write_at(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Replace ``name`` atomically: an exclusive temp file beside it, fsync, rename. A failure
+    leaves the previous file as it was."""
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def read_source(root: str, rel: str) -> bytes:
+    """A shipped file from the installed package: a regular file, never through a link."""
+    path = os.path.join(root, rel)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InstallError(f"cannot read {path} ({exc.strerror}): this gpuwarden install is "
+                           "incomplete; reinstall it (pip install --force-reinstall)") from exc
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise InstallError(f"{path} is not a regular file: reinstall gpuwarden")
+        return f.read()

@@ -1,0 +1,318 @@
+"""What each gpuwarden feature needs in slurm.conf: the one list that both the merged block
+(`gpuwarden slurm-conf --part gpuwarden`, quoted by the admin guide) and the check
+(`gpuwarden slurm-conf --check`) are made from. Pure.
+
+Facts behind the rules (Slurm 24.11 source, read_config.c and the plugins):
+* defaults: JobRequeue=1, HealthCheckNodeState=ANY, ReturnToService=0, PrologEpilogTimeout
+  unset = wait for ever; PrologTimeout/EpilogTimeout (25.05+) override PrologEpilogTimeout;
+* job_submit.lua and cli_filter.lua are read from slurm.conf's directory; without the file,
+  slurmctld (JobSubmitPlugins=lua) and sbatch/salloc/srun (CliFilterPlugins=lua) stop at start;
+* SchedulerParameters' options are looked up case-insensitively; max_switch_wait defaults to 300 s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpuwarden.slurmconfread import SlurmConf
+
+FEATURES = {"health": "health gating", "ckpt": "checkpointing", "placement": "placement",
+            "lemon": "lemon draining"}
+OK, MISSING, CONFLICT = "ok", "missing", "conflict"
+# The sh wrappers' limit for the prolog and epilog (prolog/gpuwarden-hook.sh GW_HOOK_LIMIT) and
+# the margin the admin guide keeps below Slurm's timeout ("The time limits nest").
+HOOK_LIMIT_S = 270
+HOOK_MARGIN_S = 30
+HOOK_TIMEOUT_S = HOOK_LIMIT_S + HOOK_MARGIN_S
+SWITCH_WAIT_S = 3600
+SLURM_SWITCH_WAIT_S = 300
+# Where the admin guide installs the hooks; the check accepts any directory (the file name
+# says which hook it is).
+# Where a site finds gpuwarden's plugins/ (Lua filters) to copy beside slurm.conf.
+FROM = "`gpuwarden install-files PREFIX` puts them in PREFIX/plugins"
+HOOKS = {"Prolog": "/opt/gpuwarden/prolog/gpuwarden-prolog",
+         "Epilog": "/opt/gpuwarden/epilog/gpuwarden-epilog",
+         "HealthCheckProgram": "/opt/gpuwarden/prolog/gpuwarden-healthcheck"}
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the check sees besides slurm.conf: the files in its directory (name -> their text,
+    "" when present but unreadable; absent names are not there), the longest [placement]
+    wait_s of a "preferred" partition, and how to expand a glob (Prolog=/etc/slurm/prolog.d/*)."""
+
+    beside: Mapping[str, str] = field(default_factory=dict)
+    placement_wait_s: int = 0
+    # The prolog's and epilog's limit: GPUWARDEN_HOOK_LIMIT_S in the hooks' defaults file,
+    # when this host has one the hooks would read ("" = the wrappers' own limit).
+    hook_limit_s: int = HOOK_LIMIT_S
+    hook_limit_from: str = ""
+    expand: Callable[[str], list[str]] = lambda pattern: []
+
+
+@dataclass(frozen=True)
+class Verdict:
+    severity: str
+    found: str
+    fix: str = ""  # the exact line to add or change, or what to do before it
+    # A list key lacks this need's item: the fix ends with the one merged line for the key.
+    item: bool = False
+
+
+Judge = Callable[["Need", SlurmConf, Site], "Verdict | None"]
+
+
+@dataclass(frozen=True)
+class Need:
+    key: str
+    features: tuple[str, ...]
+    value: str  # what the merged block sets (for a list key: this need's item of the list)
+    why: str
+    judge: Judge
+    listed: bool = False  # ``value`` is one item of a comma-separated list
+    block: bool = True  # part of the merged block (False: a note there, for some sites only)
+
+
+def items(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def option_name(item: str) -> str:
+    """A SchedulerParameters option's name (max_switch_wait=3600 -> max_switch_wait), or a
+    plugin's (job_submit/lua -> lua)."""
+    return item.split("=", 1)[0].rsplit("/", 1)[-1].lower()
+
+
+def merged(key: str, current: str, wanted: list[str]) -> str:
+    """``key=`` the current list with the wanted items added (an option given with another
+    value is replaced): the exact line to write."""
+    out = items(current)
+    for want in wanted:
+        names = [option_name(i) for i in out]
+        if option_name(want) in names:
+            out[names.index(option_name(want))] = want
+        else:
+            out.append(want)
+    return f"{key}={','.join(out)}"
+
+
+def _where(conf: SlurmConf, key: str) -> str:
+    s = conf.last(key)
+    return f"{s.key}={s.value} ({s.where})" if s else ""
+
+
+def _int(value: str) -> int | None:
+    return int(value) if value.strip().isdigit() else None
+
+
+# ---- judges -----------------------------------------------------------------------------------
+def hook(need: Need, conf: SlurmConf, site: Site) -> Verdict:
+    name = os.path.basename(need.value)
+    found = conf.all(need.key)
+    if not found:
+        return Verdict(MISSING, f"{need.key} not set: {need.why}", f"add: {need.key}={need.value}")
+    for s in found:
+        for path in items(s.value):
+            # A glob (Prolog=/etc/slurm/prolog.d/*) is expanded on this host.
+            names = site.expand(path) if any(c in path for c in "*?[") else [path]
+            if any(os.path.basename(p) == name for p in names):
+                return Verdict(OK, f"{s.key}={s.value} ({s.where})")
+    shown = ", ".join(f"{s.value} ({s.where})" for s in found)
+    if need.key.lower() in ("prolog", "epilog"):
+        return Verdict(MISSING, f"{need.key}={shown} does not run gpuwarden's {name} (Slurm "
+                       "24.05+ runs every Prolog=/Epilog= line; older Slurm only the last)",
+                       f"add: {need.key}={need.value}")
+    return Verdict(CONFLICT, f"{need.key}={shown}: Slurm runs one health check program, and "
+                   f"it is not gpuwarden's {name}",
+                   f"set: {need.key}={need.value}, or have yours run it too")
+
+
+def positive(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
+    s = conf.last(need.key)
+    n = _int(s.value) if s else 0
+    if n:
+        return Verdict(OK, _where(conf, need.key))
+    what = f"{_where(conf, need.key)}" if s else f"{need.key} not set"
+    return Verdict(MISSING, f"{what}: {need.why}", f"set: {need.key}={need.value}")
+
+
+def node_state(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
+    s = conf.last(need.key)
+    if s is None:
+        return Verdict(OK, f"{need.key} not set (Slurm's default: ANY)")
+    if "any" in (option_name(i) for i in items(s.value)):
+        return Verdict(OK, _where(conf, need.key))
+    return Verdict(CONFLICT, f"{_where(conf, need.key)}: {need.why}",
+                   f"set: {need.key}={need.value}")
+
+
+def timeouts(need: Need, conf: SlurmConf, site: Site) -> Verdict:
+    floor = site.hook_limit_s + HOOK_MARGIN_S
+    limit = f"{site.hook_limit_s} s" + (f", {site.hook_limit_from}" if site.hook_limit_from else "")
+    both = conf.last("PrologEpilogTimeout")
+    short: list[str] = []
+    seen: list[str] = []
+    for own in ("PrologTimeout", "EpilogTimeout"):
+        s = conf.last(own) or both
+        if s is None:
+            continue
+        seen.append(f"{s.key}={s.value} ({s.where})")
+        n = _int(s.value)
+        if n is None or n < floor:
+            short.append(s.key)
+    if not seen:
+        return Verdict(OK, f"{need.key} not set: Slurm waits for the prolog and epilog for "
+                       f"ever; gpuwarden's hooks end themselves within {limit}")
+    if not short:
+        return Verdict(OK, ", ".join(dict.fromkeys(seen)))
+    fixes = " and ".join(f"{k}={max(floor, int(need.value))}" for k in dict.fromkeys(short))
+    return Verdict(CONFLICT, f"{', '.join(dict.fromkeys(seen))}: below {floor} s, the hooks' "
+                   f"own limit ({limit}) + {HOOK_MARGIN_S} s: slurmd drains a node whose prolog "
+                   "it has to kill (\"Prolog error\")",
+                   f"set: {fixes} (or GPUWARDEN_HOOK_LIMIT_S in the hooks' defaults file "
+                   f"{HOOK_MARGIN_S} s below yours)")
+
+
+def listed(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
+    s = conf.last(need.key)
+    have = {option_name(i): i for i in items(s.value)} if s else {}
+    if option_name(need.value) in have:
+        return Verdict(OK, _where(conf, need.key))
+    what = f"{need.value} not in {_where(conf, need.key)}" if s else f"{need.key} not set"
+    return Verdict(MISSING, f"{what}: {need.why}", item=True)
+
+
+def switch_wait(need: Need, conf: SlurmConf, site: Site) -> Verdict | None:
+    topo = conf.last("TopologyPlugin")
+    if topo and topo.value.lower() == "topology/block":
+        return None  # --switches is topology/tree's; block placement goes by --segment
+    s = conf.last(need.key)
+    opts = {option_name(i): i for i in items(s.value)} if s else {}
+    if "max_switch_wait" not in opts:
+        return Verdict(MISSING, f"max_switch_wait not in {_where(conf, need.key) or need.key}: "
+                       f"{need.why}", item=True)
+    n = _int(opts["max_switch_wait"].split("=", 1)[-1])
+    if n is None or n < site.placement_wait_s:
+        return Verdict(CONFLICT, f"{opts['max_switch_wait']} ({s.where if s else ''}) is below "
+                       f"[placement] wait_s={site.placement_wait_s}: Slurm cuts those waits "
+                       "short", item=True)
+    return Verdict(OK, f"{opts['max_switch_wait']} ({s.where if s else ''})")
+
+
+def _one_of(need: Need, conf: SlurmConf, accepted: tuple[str, ...]) -> Verdict:
+    s = conf.last(need.key)
+    if s is not None and s.value.lower() in accepted:
+        return Verdict(OK, _where(conf, need.key))
+    what = _where(conf, need.key) if s else f"{need.key} not set"
+    return Verdict(MISSING if s is None else CONFLICT, f"{what}: {need.why}",
+                   f"set: {need.key}={need.value}")
+
+
+def one_of(*accepted: str) -> Judge:
+    return lambda need, conf, _site: _one_of(need, conf, accepted)
+
+
+def requeue(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
+    s = conf.last(need.key)
+    if s is None:
+        return Verdict(OK, f"{need.key} not set (Slurm's default: 1)")
+    if (_int(s.value) or 0) >= 1:
+        return Verdict(OK, _where(conf, need.key))
+    return Verdict(CONFLICT, f"{_where(conf, need.key)}: {need.why}",
+                   f"set: {need.key}={need.value}")
+
+
+def topology(need: Need, conf: SlurmConf, site: Site) -> Verdict:
+    v = _one_of(need, conf, ("topology/tree", "topology/block"))
+    if v.severity != OK or "topology.conf" in site.beside or "topology.yaml" in site.beside:
+        return v
+    return Verdict(MISSING, f"{v.found}, but no topology.conf beside slurm.conf: Slurm knows "
+                   "no switches to pack jobs into",
+                   f"write it: gpuwarden slurm-conf --part topology.conf > "
+                   f"{conf.directory}/topology.conf")
+
+
+def lua_plugin(script: str, stops: str) -> Judge:
+    """JobSubmitPlugins / CliFilterPlugins: lua listed, and its script beside slurm.conf (the
+    order matters: the script first, or ``stops``)."""
+    def judge(need: Need, conf: SlurmConf, site: Site) -> Verdict | None:
+        if need.key == "CliFilterPlugins":
+            topo = conf.last("TopologyPlugin")
+            if not (topo and topo.value.lower() == "topology/block"):
+                return None  # only topology/block needs the client-side --segment
+        path = f"{conf.directory}/{script}"
+        v = listed(need, conf, site)
+        if v.severity != OK:
+            first = "" if script in site.beside else \
+                f"first copy {script} from gpuwarden's plugins/ ({FROM}) to {path}, then "
+            return Verdict(v.severity, v.found, first, item=True)
+        if script not in site.beside:
+            return Verdict(CONFLICT, f"{v.found} but {path} is absent: {stops}",
+                           f"copy {script} from gpuwarden's plugins/ ({FROM}) to {path} "
+                           "before (re)starting")
+        if site.beside[script] and "gpuwarden" not in site.beside[script]:
+            return Verdict(MISSING, f"{v.found}; {path} is not gpuwarden's and does not load it",
+                           f"call gpuwarden's {script} from it (docs/placement.md, Setup)")
+        return v
+    return judge
+
+
+def _switch_wait_value(site: Site) -> str:
+    return f"max_switch_wait={max(SWITCH_WAIT_S, site.placement_wait_s)}"
+
+
+NEEDS: tuple[Need, ...] = (
+    Need("GresTypes", ("health", "placement"), "gpu",
+         "GPUs are GRES: jobs ask for them and the prolog checks the job's own GPUs", listed,
+         listed=True),
+    Need("Prolog", ("health", "ckpt"), HOOKS["Prolog"],
+         "the prolog gates every job on the node's health and stages checkpoints into "
+         "requeued jobs", hook),
+    Need("Epilog", ("health",), HOOKS["Epilog"],
+         "the epilog checks a node deeper after a failed job", hook),
+    Need("HealthCheckProgram", ("health",), HOOKS["HealthCheckProgram"],
+         "the periodic check drains failing nodes and resumes repaired ones", hook),
+    Need("HealthCheckInterval", ("health",), "300",
+         "how often slurmd runs the health check (unset or 0: never)", positive),
+    Need("HealthCheckNodeState", ("health",), "ANY",
+         "run the health check on nodes in every state: on busy ones (a new fault drains "
+         "them) and on drained ones (a repaired node is resumed)", node_state),
+    Need("PrologEpilogTimeout", ("health", "ckpt"), str(HOOK_TIMEOUT_S),
+         f"at least the hooks' own limit ({HOOK_LIMIT_S} s) + {HOOK_MARGIN_S} s: slurmd drains "
+         f"a node whose prolog it has to kill (\"Prolog error\")", timeouts),
+    Need("SchedulerParameters", ("health",), "nohold_on_prolog_fail",
+         "a job whose prolog fails on a bad node is requeued elsewhere instead of held",
+         listed, listed=True),
+    Need("SchedulerParameters", ("placement",), f"max_switch_wait={SWITCH_WAIT_S}",
+         f"the longest a gang job waits for its switches (Slurm's default: "
+         f"{SLURM_SWITCH_WAIT_S} s)", switch_wait, listed=True),
+    Need("ReturnToService", ("health",), "2",
+         "a node that went DOWN (not responding, rebooted after a GPU reset) comes back when "
+         "its slurmd registers (0, the default: only when someone resumes it)",
+         one_of("1", "2")),
+    Need("JobRequeue", ("ckpt",), "1",
+         "requeue jobs after a node failure (0: only jobs submitted with --requeue, as "
+         "ckpt/train.sbatch is)", requeue),
+    Need("AccountingStorageType", ("lemon",), "accounting_storage/slurmdbd",
+         "the lemon scan reads job and node history from slurmdbd (sacct, sacctmgr)",
+         one_of("accounting_storage/slurmdbd")),
+    Need("TopologyPlugin", ("placement",), "topology/tree",
+         "gang jobs are packed by leaf switch (topology/block works too)", topology),
+    Need("JobSubmitPlugins", ("placement",), "lua",
+         "the submit filter sets each gang job's switches and excluded nodes",
+         lua_plugin("job_submit.lua", "slurmctld does not start (fatal: failed to initialize "
+                    "job_submit plugin)"), listed=True),
+    Need("CliFilterPlugins", ("placement",), "lua",
+         "topology/block only: cli_filter.lua sets --segment for gang jobs",
+         lua_plugin("cli_filter.lua", "sbatch, salloc and srun stop (fatal: failed to "
+                    "initialize cli_filter plugin)"), listed=True, block=False),
+)
+
+
+def wanted(need: Need, site: Site) -> str:
+    """The value or list item to write for ``need`` at this site."""
+    if need.judge is switch_wait:
+        return _switch_wait_value(site)
+    return need.value

@@ -1,0 +1,1 @@
+gpuwarden/sitefiles/prolog

@@ -1,0 +1,152 @@
+"""scripts/host-deps.sh: what `make demo` and `make test` install on a fresh Debian/Ubuntu
+machine, driven with stand-in commands (id, docker, apt-get, lua5.1) on PATH."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "host-deps.sh"
+
+
+def _stub(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """A PATH with only the basics and the stubs: nothing of what the script installs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        real = shutil.which(tool)
+        assert real is not None
+        (bin_dir / tool).symlink_to(real)
+    _stub(bin_dir, "id", 'echo "${FAKE_UID:-0}"')
+    _stub(bin_dir, "docker", 'exit "${FAKE_DOCKER:-0}"')
+    _stub(bin_dir, "apt-get", f'echo "$*" >> {tmp_path}/apt.log')
+    return tmp_path
+
+
+def _run(host: Path, *needs: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(host / "bin" / "bash"), str(SCRIPT), *needs], capture_output=True, text=True,
+        timeout=30, check=False, env={"PATH": str(host / "bin"), **env})
+
+
+def _apt(host: Path) -> list[str]:
+    log = host / "apt.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_as_root_it_installs_what_is_missing_and_says_why_in_one_line(host: Path) -> None:
+    proc = _run(host, "debootstrap", "lua")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
+        "host-deps: installing debootstrap lua5.1 lua-filesystem with apt-get (debootstrap "
+        "builds the cluster image; the unit tests run plugins/job_submit.lua under Lua 5.1)\n")
+    assert _apt(host) == ["update -qq", "install -y -qq debootstrap lua5.1 lua-filesystem"]
+
+
+def test_not_root_it_fails_with_the_exact_command(host: Path) -> None:
+    proc = _run(host, "debootstrap", "lua", FAKE_UID="1000")
+    assert proc.returncode == 1
+    assert proc.stderr.endswith(
+        "run as root: sudo apt-get install -y debootstrap lua5.1 lua-filesystem\n")
+    assert proc.stderr.count("\n") == 1
+    assert _apt(host) == []
+
+
+def test_without_apt_get_it_names_the_packages(host: Path) -> None:
+    (host / "bin" / "apt-get").unlink()
+    proc = _run(host, "lua")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("host-deps: missing lua5.1 lua-filesystem (")
+    assert "install them with your package manager" in proc.stderr
+
+
+def test_nothing_to_do_when_all_is_there(host: Path) -> None:
+    _stub(host / "bin", "debootstrap", "exit 0")
+    _stub(host / "bin", "lua5.1", "exit 0")  # `lua5.1 -e 'require "lfs"'` succeeds too
+    proc = _run(host, "debootstrap", "lua")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert _apt(host) == []
+
+
+def test_lua_filesystem_alone_when_lua_is_there_without_it(host: Path) -> None:
+    _stub(host / "bin", "lua5.1", 'case "$*" in *lfs*) exit 1;; esac')
+    proc = _run(host, "lua")
+    assert proc.returncode == 0, proc.stderr
+    assert _apt(host)[-1] == "install -y -qq lua-filesystem"
+
+
+def test_debootstrap_is_not_needed_without_docker(host: Path) -> None:
+    # Nothing could be built: `make demo` then says Docker is unreachable, e2e tests skip.
+    proc = _run(host, "debootstrap", FAKE_DOCKER="1")
+    assert (proc.returncode, proc.stdout) == (0, "")
+    assert _apt(host) == []
+
+
+def test_a_python_without_venv_gets_python3_venv_and_an_old_one_is_refused(
+        host: Path) -> None:
+    proc = _run(host, "venv", PYTHON=sys.executable)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    old = host / "bin" / "python-old"
+    old.write_text("#!/bin/sh\nexit 1\n")
+    old.chmod(0o755)
+    proc = _run(host, "venv", PYTHON=str(old))
+    assert proc.returncode == 1 and "needs Python >= 3.11" in proc.stderr
+
+
+def _make(tmp_path: Path, *args: str, pytest_status: int = 0) -> tuple[int, str, list[str]]:
+    """`make ARGS` with the venv's python and docker stood in for: what ran, in order."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    bin_dir = tmp_path / "stubs"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "ran.log"
+    _stub(bin_dir, "python", f'echo "python $*" >> {log}\n'
+                             f'case "$*" in "-m pytest"*) exit {pytest_status};; esac')
+    _stub(bin_dir, "docker", f'echo "docker $*" >> {log}')
+    _stub(bin_dir, "host-deps", f'echo "host-deps $*" >> {log}')
+    stamp = tmp_path / "installed"
+    stamp.touch()  # the venv is up to date
+    os.utime(stamp, (2**31, 2**31))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAKEFLAGS": ""}
+    env.pop("KEEP_CLUSTER", None)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}",
+         f"HOST_DEPS={bin_dir}/host-deps", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
+    ran = log.read_text().splitlines() if log.exists() else []
+    return proc.returncode, proc.stdout + proc.stderr, ran
+
+
+def test_make_demo_installs_before_it_builds(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "demo")
+    assert code == 0, out
+    assert ran[0] == "host-deps debootstrap"
+    assert ran[1].endswith("-m gpuwarden.devcluster up")
+
+
+def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "test", pytest_status=3)
+    assert code != 0 and "Error 3" in out, out
+    assert "host-deps debootstrap lua" in ran
+    i = ran.index("python -m pytest tests -q")
+    assert ran[i + 1:] == ["docker info", "python -m gpuwarden.devcluster down"]
+
+
+def test_make_test_with_keep_cluster_leaves_it(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "test", "KEEP_CLUSTER=1")
+    assert code == 0, out
+    assert ran[-1] == "python -m pytest tests -q"
+    assert "KEEP_CLUSTER=1: the test cluster is left running" in out
