@@ -1,6 +1,7 @@
 #!/bin/bash
 # Container entrypoint of the gpuwarden test cluster: `entrypoint.sh ROLE`.
-# /etc/gpuwarden-cluster holds what `up` rendered (slurm.conf, munge.key, ...), read-only.
+# /etc/gpuwarden-cluster holds what `up` rendered (slurm.conf, munge.key, the wheel, ...),
+# read-only; /src/gpuwarden is the working tree (test-only files such as fake-gpu-job).
 set -euo pipefail
 role=${1:?role: slurmdbd, slurmctld, node or s3}
 state=/etc/gpuwarden-cluster
@@ -11,18 +12,33 @@ start_munge() {
     runuser -u munge -- /usr/sbin/munged --force
 }
 
+# gpuwarden as docs/admin-guide.md installs it: the wheel into a venv (Debian's numpy and
+# xxhash through --system-site-packages), then its Slurm hooks, plugins and kit under
+# /opt/gpuwarden, and /etc/default/gpuwarden naming the venv's interpreter for the hooks.
+install_gpuwarden() {
+    # --clear: a node the tests killed and started again installs afresh.
+    python3 -m venv --clear --system-site-packages --without-pip /opt/gpuwarden/venv
+    /opt/gpuwarden/venv/bin/python -m installer "$state"/wheel/gpuwarden-*.whl
+    /opt/gpuwarden/venv/bin/gpuwarden install-files /opt/gpuwarden > /var/log/gpuwarden-install.log
+    ln -sf /opt/gpuwarden/venv/bin/gpuwarden /usr/local/bin/gpuwarden
+}
+
 install_slurm_conf() {
     mkdir -p /etc/slurm
     cp "$state/slurm.conf" "$state/gres.conf" "$state/topology.conf" "$state/cgroup.conf" /etc/slurm/
-    # Every sbatch/srun runs gpuwarden's cli_filter (docs/placement.md).
-    ln -sf /opt/gpuwarden/plugins/cli_filter.lua /etc/slurm/cli_filter.lua
+    # Every sbatch/srun runs gpuwarden's cli_filter (docs/placement.md); slurmdbd's host has
+    # Slurm's client commands but no gpuwarden.
+    if [ -f /opt/gpuwarden/plugins/cli_filter.lua ]; then
+        install -m 0644 /opt/gpuwarden/plugins/cli_filter.lua /etc/slurm/cli_filter.lua
+    fi
 }
 
 case "$role" in
 slurmdbd)
     start_munge
     install_slurm_conf
-    install -m 0600 "$state/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+    install -o slurm -g slurm -m 0600 "$state/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+    install -d -o slurm -g slurm -m 0755 /run/slurm
     mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
     if [ ! -d /var/lib/mysql/mysql ]; then
         mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
@@ -37,17 +53,20 @@ slurmdbd)
     ;;
 slurmctld)
     start_munge
+    install_gpuwarden
     install_slurm_conf
+    install -d -o slurm -g slurm -m 0755 /run/slurm
     install -d -m 0755 /etc/gpuwarden
     cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
     # Placement (docs/placement.md): slurmctld loads job_submit.lua from beside slurm.conf; the
-    # daemon keeps its snapshot current. Both come from the mounted tree.
-    ln -sf /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua
+    # daemon keeps its snapshot current. Both come from the installed wheel.
+    install -m 0644 /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua
     gpuwarden placement daemon >> /var/log/gpuwarden-placement.log 2>&1 &
     exec slurmctld -D -i
     ;;
 node)
     start_munge
+    install_gpuwarden
     install_slurm_conf
     # Fake GPUs: gres.conf's File= entries must exist (see docs/test-cluster.md).
     mkdir -p /opt/fakegpu
@@ -55,7 +74,7 @@ node)
     # What the fake GPU probe and the XID check read; tests inject faults here.
     install -d -m 0755 /var/lib/gpuwarden-fake /etc/gpuwarden
     cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
-    python3 -c "from gpuwarden.health.probe import healthy_fake; print(healthy_fake(${GPUWARDEN_GPUS:-8}))" \
+    /opt/gpuwarden/venv/bin/python -c "from gpuwarden.health.probe import healthy_fake; print(healthy_fake(${GPUWARDEN_GPUS:-8}))" \
         > /var/lib/gpuwarden-fake/gpus.json
     : > /var/lib/gpuwarden-fake/kmsg
     install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"

@@ -284,24 +284,42 @@ def resume_cmd(obj: Context, node: str) -> None:
               "all there, 1 something missing or conflicting, 2 a file unreadable")
 @click.option("--feature", "features", type=click.Choice(list(FEATURES)), multiple=True,
               help="only this feature, for --check and --part gpuwarden (repeatable; default: all)")
+@click.option("--slurm-version", "release", metavar="RELEASE", default=None,
+              help="--check: the Slurm release whose slurm.conf keys to accept, e.g. 24.11 "
+              "(default: `scontrol --version` on this host)")
 @click.option("--autodetect/--no-autodetect", default=True, show_default=True,
               help="gres.conf: AutoDetect=nvml (real GPUs) or explicit File= lines")
 @click.option("--nodes", type=int, default=None, help="override [cluster] nodes")
 @click.option("--nodes-per-leaf", type=int, default=None, help="override [cluster] nodes_per_leaf")
+@click.option("--example", is_flag=True, help="print the lines even when the config file does not "
+              "set [cluster] (they then describe gpuwarden's example cluster, not yours)")
 @click.pass_obj
 def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tuple[str, ...],
-                   autodetect: bool, nodes: int | None, nodes_per_leaf: int | None) -> None:
+                   release: str | None, autodetect: bool, nodes: int | None,
+                   nodes_per_leaf: int | None, example: bool) -> None:
     """Print the slurm.conf, gres.conf and topology.conf lines for the [cluster] description,
     or check a site's slurm.conf (--check FILE) for the lines gpuwarden needs."""
     from dataclasses import replace  # noqa: PLC0415
 
     from gpuwarden import slurmconfcheck  # noqa: PLC0415
+    from gpuwarden.slurmconfkeys import parse_release  # noqa: PLC0415
 
     chosen = features or tuple(FEATURES)
+    config_file = configmod.config_path(obj.config_path)
+    slurm_version = None if release is None else parse_release(release)
+    if release is not None and slurm_version is None:
+        _die(f"--slurm-version {release!r}: give a release such as 24.11 or 25.05.2 "
+             "(`scontrol --version` on a Slurm host says which)", EXIT_CONFIG)
     if check_path is not None:
-        wait_s = slurmconfcheck.placement_wait_s(obj.config_or_exit().placement)
-        sys.exit(slurmconfcheck.check(check_path, chosen, wait_s, click.echo,
-                                      lambda line: click.echo(line, err=True)))
+        cfg = obj.config_or_exit()
+        how = "--slurm-version"
+        if slurm_version is None:
+            runner = SubprocessRunner(lambda: bindir.locate(cfg.slurm.bin_dir, use_path=True).path)
+            slurm_version, how = slurmconfcheck.running_version(runner), "scontrol --version"
+        sys.exit(slurmconfcheck.check(
+            check_path, chosen, slurmconfcheck.placement_wait_s(cfg.placement), click.echo,
+            lambda line: click.echo(line, err=True), slurm_version=slurm_version,
+            version_from=how, cluster_set=slurmconf.described(config_file)))
     if part == "gpuwarden":
         click.echo(slurmconfcheck.block(chosen), nl=False)
         return
@@ -316,6 +334,12 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
         _die(str(exc), EXIT_CONFIG)
     except ValueError as exc:
         _die(f"bad option: {exc}", EXIT_CONFIG)
+    if not example and not slurmconf.described(config_file):
+        warning = slurmconf.example_warning(config_file, cluster)
+        if part == "topology.conf":
+            # The file the guide writes straight into /etc/slurm: refused, not just warned.
+            _die(f"{warning}; or pass --example to see the example's", EXIT_CONFIG)
+        click.echo(f"gpuwarden: warning: {warning}", err=True)
     parts = slurmconf.PARTS if part == "all" else (part,)
     for i, p in enumerate(parts):
         if len(parts) > 1:

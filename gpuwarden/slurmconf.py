@@ -1,13 +1,17 @@
 """Render the slurm.conf, gres.conf and topology.conf lines for a cluster description.
 
 One description ([cluster] in the config) drives the node count and the switch layout; the
-dockerized test cluster and `gpuwarden slurm-conf` use the same templates.
+dockerized test cluster and `gpuwarden slurm-conf` use the same templates. Without [cluster] in
+the config file the description is gpuwarden's example (ClusterConfig's defaults, c[1-8]), not
+the site's: `described` tells the two apart.
 """
 
 from __future__ import annotations
 
 import functools
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.config import ClusterConfig
@@ -72,6 +76,26 @@ def _env() -> Any:
     )
 
 PARTS = ("slurm.conf", "gres.conf", "topology.conf")
+
+
+def described(config_file: Path) -> bool:
+    """Whether ``config_file`` sets [cluster]: only then do the rendered lines describe the
+    site's nodes and switches rather than the example's."""
+    try:
+        table = tomllib.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(table.get("cluster"), dict)
+
+
+def example_warning(config_file: Path, cluster: ClusterConfig) -> str:
+    """Why lines rendered from the example [cluster] must not go into a site's files."""
+    lay = layout(cluster)
+    return (f"[cluster] is not set in {config_file}: these lines describe gpuwarden's example "
+            f"cluster ({lay.nodes_expr}, {cluster.nodes_per_leaf} per leaf switch), not yours; "
+            "Slurm only warns about nodes in topology.conf that it does not know, so placement "
+            "would run with no real switches. Describe your nodes in [cluster] (name, "
+            "node_prefix, nodes, nodes_per_leaf, gpus_per_node ...) first")
 
 
 def render(part: str, cluster: ClusterConfig, **extra: object) -> str:

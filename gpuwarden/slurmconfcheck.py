@@ -1,15 +1,17 @@
 """`gpuwarden slurm-conf --check FILE` and `--part gpuwarden`: a site's slurm.conf against what
 each gpuwarden feature needs (slurmconfneeds.NEEDS), and the merged block of those lines.
 
-One finding per line: ``ok``, ``missing`` or ``conflict`` (and ``unread`` for an Include we
-could not read), the feature, what was found, and after ``->`` the exact line to write. Exit 0
-when everything the checked features need is there, 1 when something is missing or conflicts,
-2 when a file could not be read (the findings may then be incomplete).
+One finding per line: ``ok``, ``missing`` or ``conflict`` (and ``unread`` for a file we could
+not read), the feature, what was found, and after ``->`` the exact line to write. Every key is
+also checked against the keys of the Slurm release at hand (slurmconfkeys): one it does not know
+stops slurmctld. Exit 0 when everything the checked features need is there, 1 when something is
+missing or conflicts, 2 when a file could not be read (the findings may then be incomplete).
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import stat
@@ -17,7 +19,10 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from gpuwarden.errors import SlurmError
 from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.slurm.runner import CommandRunner
+from gpuwarden.slurmconfkeys import Version, judge_key, parse_version, show
 from gpuwarden.slurmconfneeds import (
     CONFLICT,
     FEATURES,
@@ -26,6 +31,8 @@ from gpuwarden.slurmconfneeds import (
     MISSING,
     NEEDS,
     OK,
+    UNREAD,
+    Beside,
     Need,
     Site,
     Verdict,
@@ -34,9 +41,9 @@ from gpuwarden.slurmconfneeds import (
     option_name,
     wanted,
 )
-from gpuwarden.slurmconfread import COLLECTED, SlurmConf, UnreadableError, read
+from gpuwarden.slurmconfread import COLLECTED, SlurmConf, UnreadableError, read, read_regular
 
-UNREAD = "unread"
+log = logging.getLogger(__name__)
 BESIDE = ("job_submit.lua", "cli_filter.lua", "topology.conf", "topology.yaml")
 # Where the hooks read GPUWARDEN_HOOK_LIMIT_S from (the wrappers in sitefiles/ name it).
 DEFAULTS_FILE = "/etc/default/gpuwarden"
@@ -72,8 +79,19 @@ def evaluate(conf: SlurmConf, site: Site, features: Iterable[str]) -> list[Findi
             fix = f"{v.fix}set: {merged(n.key, last.value if last else '', _lacking(applies, n.key, site))}"
         out.append(Finding(v.severity, tuple(f for f in n.features if f in on), v.found, fix))
     out.extend(_duplicates(conf, site, applies, on))
+    out.extend(_unknown_keys(conf, site.slurm_version))
     out.extend(Finding(UNREAD if p.unreadable else CONFLICT, ("slurm.conf",),
                        f"{p.where}: {p.message}") for p in conf.problems)
+    return out
+
+
+def _unknown_keys(conf: SlurmConf, version: Version | None) -> list[Finding]:
+    """Keys the Slurm at hand does not know: slurmctld stops at the first."""
+    out: list[Finding] = []
+    for s in conf.settings:
+        bad = judge_key(s.key, version)
+        if bad is not None:
+            out.append(Finding(CONFLICT, ("slurm.conf",), f"{s.where}: {bad[0]}", bad[1]))
     return out
 
 
@@ -162,21 +180,43 @@ def placement_wait_s(placement: PlacementConfig) -> int:
 
 def site_for(conf: SlurmConf, placement_wait_s: int,
              expand: Callable[[str], list[str]] = glob.glob,
-             defaults_file: str = DEFAULTS_FILE) -> Site:
+             defaults_file: str = DEFAULTS_FILE, slurm_version: Version | None = None,
+             cluster_set: bool = False) -> Site:
     """The files beside slurm.conf that the needs look at, read as regular files only, and the
     hooks' limit from this host's defaults file."""
     beside: dict[str, str] = {}
+    unusable: dict[str, Beside] = {}
     for name in BESIDE:
-        path = os.path.join(conf.directory, name)
-        if os.path.lexists(path):
-            try:
-                beside[name] = read_text(path)
-            except OSError:
-                beside[name] = ""  # there, but not readable by us: presence is what matters
+        text, bad = beside_file(os.path.join(conf.directory, name))
+        if text is not None:
+            beside[name] = text
+        elif bad is not None:
+            unusable[name] = bad
     limit = hook_limit(defaults_file)
-    return Site(beside=beside, placement_wait_s=placement_wait_s, expand=expand,
-                hook_limit_s=limit or HOOK_LIMIT_S,
-                hook_limit_from=f"GPUWARDEN_HOOK_LIMIT_S in {defaults_file}" if limit else "")
+    return Site(beside=beside, unusable=unusable, placement_wait_s=placement_wait_s,
+                expand=expand, hook_limit_s=limit or HOOK_LIMIT_S,
+                hook_limit_from=f"GPUWARDEN_HOOK_LIMIT_S in {defaults_file}" if limit else "",
+                slurm_version=slurm_version, cluster_set=cluster_set)
+
+
+def beside_file(path: str) -> tuple[str | None, Beside | None]:
+    """(text, None) for a regular file we read; (None, why) for a name that is there but
+    cannot be used; (None, None) when nothing is. Links are followed, as Slurm follows them
+    (the guide links the plugins in); one that leads nowhere is no file to Slurm either."""
+    got = read_regular(path)
+    if got.text is not None:
+        return got.text, None
+    return None, None if got.absent else Beside(got.why, got.denied)
+
+
+def running_version(runner: CommandRunner, timeout: float = 10.0) -> Version | None:
+    """The release of this host's Slurm (``scontrol --version``), None when there is none."""
+    try:
+        res = runner.run(["scontrol", "--version"], timeout)
+    except SlurmError as exc:
+        log.debug("no Slurm version: %s", exc)
+        return None
+    return parse_version(res.stdout) if res.returncode == 0 else None
 
 
 def hook_limit(path: str) -> int:
@@ -201,18 +241,12 @@ def hook_limit(path: str) -> int:
     return found
 
 
-def read_text(path: str, limit: int = 1 << 20) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        return f.read(limit).decode("utf-8", errors="replace")
-
-
 def check(path: str, features: Iterable[str], placement_wait_s: int,
           echo: Callable[[str], None], echo_err: Callable[[str], None] | None = None,
-          defaults_file: str = DEFAULTS_FILE) -> int:
-    """Print the findings for ``path``; the exit code (module doc)."""
+          defaults_file: str = DEFAULTS_FILE, slurm_version: Version | None = None,
+          version_from: str = "", cluster_set: bool = False) -> int:
+    """Print the findings for ``path``; the exit code (module doc). ``slurm_version``: the
+    release the keys are checked against, found by ``version_from``; None: unknown."""
     on = [f for f in FEATURES if f in set(features)]
     try:
         conf = read(path)
@@ -220,10 +254,15 @@ def check(path: str, features: Iterable[str], placement_wait_s: int,
         (echo_err or echo)(f"gpuwarden: cannot read {exc}; give the path of slurm.conf (scontrol show config "
              "| grep SLURM_CONF says where it is), and run as root if it is not readable")
         return EXIT_UNREADABLE
-    findings = evaluate(conf, site_for(conf, placement_wait_s, defaults_file=defaults_file), on)
+    site = site_for(conf, placement_wait_s, defaults_file=defaults_file,
+                    slurm_version=slurm_version, cluster_set=cluster_set)
+    findings = evaluate(conf, site, on)
     included = len(conf.files) - 1
+    against = f"Slurm {show(slurm_version)} ({version_from})" if slurm_version else \
+        "Slurm of unknown release (no answer from scontrol --version here: " \
+        "--slurm-version names it)"
     echo(f"# {path}{f' and {included} included file(s)' if included else ''}, checked for "
-         f"{', '.join(FEATURES[f] for f in on)}")
+         f"{', '.join(FEATURES[f] for f in on)}, against {against}")
     for f in findings:
         echo(f.line())
     echo(summary(findings, on))

@@ -7,7 +7,10 @@ Facts behind the rules (Slurm 24.11 source, read_config.c and the plugins):
   unset = wait for ever; PrologTimeout/EpilogTimeout (25.05+) override PrologEpilogTimeout;
 * job_submit.lua and cli_filter.lua are read from slurm.conf's directory; without the file,
   slurmctld (JobSubmitPlugins=lua) and sbatch/salloc/srun (CliFilterPlugins=lua) stop at start;
-* SchedulerParameters' options are looked up case-insensitively; max_switch_wait defaults to 300 s.
+* SchedulerParameters' options are looked up case-insensitively; max_switch_wait defaults to 300 s;
+* each Prolog=/Epilog= line is one glob (prep_script_slurmd.c): a pattern that matches no file
+  fails the job's prolog, and a comma is part of the pattern, not a separator; HealthCheckProgram
+  is one program, run by its path as written.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuwarden.slurmconfread import SlurmConf
+from gpuwarden.slurmconfkeys import Version
+from gpuwarden.slurmconfread import Setting, SlurmConf
 
 FEATURES = {"health": "health gating", "ckpt": "checkpointing", "placement": "placement",
             "lemon": "lemon draining"}
-OK, MISSING, CONFLICT = "ok", "missing", "conflict"
+OK, MISSING, CONFLICT, UNREAD = "ok", "missing", "conflict", "unread"
 # The sh wrappers' limit for the prolog and epilog (prolog/gpuwarden-hook.sh GW_HOOK_LIMIT) and
 # the margin the admin guide keeps below Slurm's timeout ("The time limits nest").
 HOOK_LIMIT_S = 270
 HOOK_MARGIN_S = 30
 HOOK_TIMEOUT_S = HOOK_LIMIT_S + HOOK_MARGIN_S
+OWN_TIMEOUTS: Version = (25, 5)  # PrologTimeout and EpilogTimeout
 SWITCH_WAIT_S = 3600
 SLURM_SWITCH_WAIT_S = 300
 # Where the admin guide installs the hooks; the check accepts any directory (the file name
@@ -39,17 +44,31 @@ HOOKS = {"Prolog": "/opt/gpuwarden/prolog/gpuwarden-prolog",
 
 @dataclass(frozen=True)
 class Site:
-    """What the check sees besides slurm.conf: the files in its directory (name -> their text,
-    "" when present but unreadable; absent names are not there), the longest [placement]
-    wait_s of a "preferred" partition, and how to expand a glob (Prolog=/etc/slurm/prolog.d/*)."""
+    """What the check sees besides slurm.conf: the files in its directory (name -> their text;
+    a name there but not readable as a file is in ``unusable`` instead, with why), the longest
+    [placement] wait_s of a "preferred" partition, how to expand a glob
+    (Prolog=/etc/slurm/prolog.d/*), the Slurm release at hand (None: unknown) and whether the
+    gpuwarden config describes the cluster ([cluster] set in the file)."""
 
     beside: Mapping[str, str] = field(default_factory=dict)
+    # name -> why it cannot be used; Beside.denied: only we may not read it (not Slurm, root).
+    unusable: Mapping[str, Beside] = field(default_factory=dict)
     placement_wait_s: int = 0
     # The prolog's and epilog's limit: GPUWARDEN_HOOK_LIMIT_S in the hooks' defaults file,
     # when this host has one the hooks would read ("" = the wrappers' own limit).
     hook_limit_s: int = HOOK_LIMIT_S
     hook_limit_from: str = ""
     expand: Callable[[str], list[str]] = lambda pattern: []
+    slurm_version: Version | None = None
+    cluster_set: bool = False
+
+
+@dataclass(frozen=True)
+class Beside:
+    """A file beside slurm.conf that is there (a name, a link) but that could not be read."""
+
+    why: str
+    denied: bool = False  # permission: Slurm (root) may well read it
 
 
 @dataclass(frozen=True)
@@ -113,20 +132,40 @@ def hook(need: Need, conf: SlurmConf, site: Site) -> Verdict:
     found = conf.all(need.key)
     if not found:
         return Verdict(MISSING, f"{need.key} not set: {need.why}", f"add: {need.key}={need.value}")
+    globbed = need.key.lower() in ("prolog", "epilog")
+    listed = [s for s in found if "," in s.value]
+    if listed:
+        return _comma(need, listed[0], globbed)
     for s in found:
-        for path in items(s.value):
-            # A glob (Prolog=/etc/slurm/prolog.d/*) is expanded on this host.
-            names = site.expand(path) if any(c in path for c in "*?[") else [path]
-            if any(os.path.basename(p) == name for p in names):
-                return Verdict(OK, f"{s.key}={s.value} ({s.where})")
+        # A glob (Prolog=/etc/slurm/prolog.d/*) is expanded on this host; HealthCheckProgram
+        # is run by its path as written.
+        names = site.expand(s.value) if globbed and any(c in s.value for c in "*?[") \
+            else [s.value]
+        if any(os.path.basename(p) == name for p in names):
+            return Verdict(OK, f"{s.key}={s.value} ({s.where})")
     shown = ", ".join(f"{s.value} ({s.where})" for s in found)
-    if need.key.lower() in ("prolog", "epilog"):
+    if globbed:
         return Verdict(MISSING, f"{need.key}={shown} does not run gpuwarden's {name} (Slurm "
                        "24.05+ runs every Prolog=/Epilog= line; older Slurm only the last)",
                        f"add: {need.key}={need.value}")
     return Verdict(CONFLICT, f"{need.key}={shown}: Slurm runs one health check program, and "
                    f"it is not gpuwarden's {name}",
                    f"set: {need.key}={need.value}, or have yours run it too")
+
+
+def _comma(need: Need, s: Setting, globbed: bool) -> Verdict:
+    """A hook line naming several paths with commas: Slurm takes the whole value as one path
+    (Prolog/Epilog: one glob), which names no file."""
+    paths = items(s.value)
+    found = f"{s.key}={s.value} ({s.where})"
+    if globbed:
+        return Verdict(CONFLICT, f"{found}: Slurm reads this as ONE path (a glob), not a list; it "
+                       f"matches no file, so every job's {need.key.lower()} fails and the node "
+                       "drains", "one line per path: " + " and ".join(
+                           f"{need.key}={p}" for p in dict.fromkeys([*paths, need.value])))
+    return Verdict(CONFLICT, f"{found}: Slurm runs ONE program, by this whole value as its path, "
+                   "which is no file: no health check runs", f"set: {need.key}={need.value} "
+                   f"(and have it run yours), or {need.key}=<yours> that runs {need.value}")
 
 
 def positive(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
@@ -154,8 +193,10 @@ def timeouts(need: Need, conf: SlurmConf, site: Site) -> Verdict:
     both = conf.last("PrologEpilogTimeout")
     short: list[str] = []
     seen: list[str] = []
+    # Before 25.05 these two are unknown keys (reported as such) and override nothing.
+    own_too = site.slurm_version is None or site.slurm_version >= OWN_TIMEOUTS
     for own in ("PrologTimeout", "EpilogTimeout"):
-        s = conf.last(own) or both
+        s = (conf.last(own) if own_too else None) or both
         if s is None:
             continue
         seen.append(f"{s.key}={s.value} ({s.where})")
@@ -226,12 +267,22 @@ def requeue(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
 
 def topology(need: Need, conf: SlurmConf, site: Site) -> Verdict:
     v = _one_of(need, conf, ("topology/tree", "topology/block"))
-    if v.severity != OK or "topology.conf" in site.beside or "topology.yaml" in site.beside:
+    names = ("topology.conf", "topology.yaml")
+    # Only Slurm's reading matters here: a file we may not read is there all the same.
+    there = {*site.beside, *(n for n, b in site.unusable.items() if b.denied)}
+    if v.severity != OK or there & set(names):
         return v
-    return Verdict(MISSING, f"{v.found}, but no topology.conf beside slurm.conf: Slurm knows "
-                   "no switches to pack jobs into",
-                   f"write it: gpuwarden slurm-conf --part topology.conf > "
-                   f"{conf.directory}/topology.conf")
+    broken = "; ".join(f"{conf.directory}/{n}: {site.unusable[n].why}"
+                       for n in names if n in site.unusable)
+    where = f"{conf.directory}/topology.conf"
+    # Rendered from a [cluster] the site never set, it would describe gpuwarden's example
+    # nodes, and Slurm only warns about unknown nodes: placement without real switches.
+    fix = f"write it: gpuwarden slurm-conf --part topology.conf > {where}" if site.cluster_set \
+        else (f"describe your switches in {where} (man topology.conf); `gpuwarden slurm-conf "
+              "--part topology.conf` writes one only once [cluster] in the gpuwarden config "
+              "describes your nodes")
+    return Verdict(MISSING, f"{v.found}, but {broken or 'no topology.conf beside slurm.conf'}: "
+                   "Slurm knows no switches to pack jobs into", fix)
 
 
 def lua_plugin(script: str, stops: str) -> Judge:
@@ -244,15 +295,20 @@ def lua_plugin(script: str, stops: str) -> Judge:
                 return None  # only topology/block needs the client-side --segment
         path = f"{conf.directory}/{script}"
         v = listed(need, conf, site)
+        bad = site.unusable.get(script)
         if v.severity != OK:
             first = "" if script in site.beside else \
                 f"first copy {script} from gpuwarden's plugins/ ({FROM}) to {path}, then "
             return Verdict(v.severity, v.found, first, item=True)
+        if bad is not None and bad.denied:
+            return Verdict(UNREAD, f"{v.found}; {path}: {bad.why}: whether it is gpuwarden's "
+                           "or loads it is unknown")
         if script not in site.beside:
-            return Verdict(CONFLICT, f"{v.found} but {path} is absent: {stops}",
+            what = f"{path}: {bad.why}" if bad else f"{path} is absent"
+            return Verdict(CONFLICT, f"{v.found} but {what}: {stops}",
                            f"copy {script} from gpuwarden's plugins/ ({FROM}) to {path} "
                            "before (re)starting")
-        if site.beside[script] and "gpuwarden" not in site.beside[script]:
+        if "gpuwarden" not in site.beside[script]:
             return Verdict(MISSING, f"{v.found}; {path} is not gpuwarden's and does not load it",
                            f"call gpuwarden's {script} from it (docs/placement.md, Setup)")
         return v

@@ -5,9 +5,10 @@ What Slurm does, and so what this does: keys are case-insensitive; ``#`` starts 
 escaped (``\\#``); a line ending in an odd number of backslashes continues on the next; one
 ``Key=value`` per line (a quoted value may hold spaces), except the record keys (NodeName,
 PartitionName ...) whose line carries more keys; ``Include FILE`` reads FILE in place, a relative
-name from slurm.conf's directory, ``%c`` standing for the ClusterName given before it, and no
-glob patterns (Slurm skips them with an error). A key given twice keeps the last value, except
-the keys Slurm collects (Prolog, Epilog and the record keys).
+name from slurm.conf's directory, ``%c`` standing for the ClusterName given before it, nothing
+after the file name, and no glob patterns; each Include reads its file again, however often it
+is named. A key given twice keeps the last value, except the keys Slurm collects (Prolog, Epilog
+and the record keys). What Slurm cannot parse stops it: "Unable to process configuration file".
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ RECORDS = frozenset({"nodename", "partitionname", "nodeset", "downnodes", "front
                      "slurmctldhost"})
 MAX_BYTES = 16 << 20
 MAX_DEPTH = 16
+# What one check follows at most: Slurm reads an included file again at each Include naming
+# it, so a few files including each other several times fan out without end.
+MAX_INCLUDES = 1000
+MAX_TOTAL_BYTES = 64 << 20
 _KEYVALUE = re.compile(r'[ \t]*([A-Za-z0-9_.]+)[ \t]*[-*+/]?=[ \t]*(?:"([^"]*)"|(\S+))(?=\s|$)')
 
 
@@ -129,12 +134,15 @@ def parse_line(line: str, file: str, number: int) -> tuple[Setting | None, str]:
 def read(path: str) -> SlurmConf:
     """Read ``path`` and what it includes. Raises UnreadableError when ``path`` itself cannot
     be read; an Include that cannot be is a Problem."""
-    got = _read_file(path)
+    got = read_regular(path)
     if got.text is None:
         raise UnreadableError(f"{path}: {got.why}")
     reader = _Reader(os.path.dirname(os.path.abspath(path)))
+    reader.read_bytes = len(got.text)
     reader.parse(got.text, path, 0, {got.identity})
-    return SlurmConf(path, tuple(reader.settings), tuple(reader.problems), tuple(reader.files))
+    # One Include line reached along many paths is one problem.
+    return SlurmConf(path, tuple(reader.settings), tuple(dict.fromkeys(reader.problems)),
+                     tuple(reader.files))
 
 
 class _Reader:
@@ -143,15 +151,28 @@ class _Reader:
         self.settings: list[Setting] = []
         self.problems: list[Problem] = []
         self.files: list[str] = []
+        self.includes = 0  # Include lines followed
+        self.read_bytes = 0
+        self.stopped = False  # MAX_INCLUDES or MAX_TOTAL_BYTES reached: nothing more is read
 
     def parse(self, text: str, file: str, depth: int, seen: set[tuple[int, int]]) -> None:
         self.files.append(file)
         for number, line in logical_lines(text):
+            if self.stopped:
+                return
             if not line.strip():
                 continue
-            target = _include_target(line)
-            if target is not None:
-                self.include(target, f"{file}:{number}", depth, seen)
+            included = _include_target(line)
+            if included is not None:
+                target, rest = included
+                where = f"{file}:{number}"
+                if not target:
+                    self.problems.append(Problem(where, "Include names no file"))
+                    continue
+                self.include(target, where, depth, seen)
+                if rest:
+                    self.problems.append(Problem(where, f"Slurm cannot parse {rest[:60]!r} after "
+                                                 f"Include {target} (one file per Include line)"))
                 continue
             setting, rest = parse_line(line, file, number)
             if setting is not None:
@@ -161,23 +182,32 @@ class _Reader:
                                              f"{rest[:60]!r} (one Key=value per line)"))
 
     def include(self, target: str, where: str, depth: int, seen: set[tuple[int, int]]) -> None:
+        self.includes += 1
+        if self.includes > MAX_INCLUDES or self.read_bytes >= MAX_TOTAL_BYTES:
+            self.stopped = True
+            self.problems.append(Problem(where, f"Include {target}: more than {MAX_INCLUDES} "
+                                         f"Include lines or {MAX_TOTAL_BYTES >> 20} MiB followed "
+                                         "(Slurm reads a file again at each Include naming it, "
+                                         "so it would take as long or hang); stopped reading "
+                                         "here: include each file once"))
+            return
         name = self.substitute(target, where)
         if name is None:
             return
         if "*" in name:
             self.problems.append(Problem(where, f"Include {target}: Slurm does not expand glob "
-                                         "patterns (it skips the line with an error); name "
-                                         "each file"))
+                                         "patterns (an error that stops it); name each file"))
             return
         path = name if name.startswith("/") else os.path.join(self.conf_dir, name)
         if depth >= MAX_DEPTH:
             self.problems.append(Problem(where, f"Include {target}: nested more than "
                                          f"{MAX_DEPTH} deep (a loop?)"))
             return
-        got = _read_file(path)
+        got = read_regular(path)
         if got.text is None:
             self.problems.append(Problem(where, f"Include {path}: {got.why}", got.denied))
             return
+        self.read_bytes += len(got.text)
         if got.identity in seen:
             self.problems.append(Problem(where, f"Include {path}: includes itself (a loop)"))
             return
@@ -195,38 +225,58 @@ class _Reader:
         return target.replace("%c", cluster.lower())
 
 
-def _include_target(line: str) -> str | None:
-    """The file an ``Include`` line names (it must start the line, as in Slurm)."""
+def _include_target(line: str) -> tuple[str, str] | None:
+    """The file an ``Include`` line names ("" when none) and what follows it, when the line is
+    one (``Include`` must start the line, as in Slurm)."""
     if len(line) > 7 and line[:7].lower() == "include" and line[7] in " \t":
-        parts = line[8:].split()
-        return parts[0] if parts else None
+        parts = line[8:].split(None, 1)
+        return (parts[0], parts[1].strip() if len(parts) > 1 else "") if parts else ("", "")
     return None
 
 
 @dataclass(frozen=True)
-class _Read:
+class FileRead:
     text: str | None
     why: str = ""
     denied: bool = False  # permission: what the file holds is unknown to us, not to Slurm
+    absent: bool = False  # nothing by that name (a link that leads nowhere is not absent)
     identity: tuple[int, int] = (0, 0)  # (device, inode): an Include loop repeats one
 
 
-def _read_file(path: str) -> _Read:
-    """Only a regular file is read: never a FIFO or a device (O_NONBLOCK: opening a FIFO does
-    not wait for a writer)."""
+def read_regular(path: str, limit: int = MAX_BYTES) -> FileRead:
+    """``path`` as text when it is a regular file, links followed as Slurm follows them; else
+    why not. Never a FIFO or a device: looked at before it is opened (opening some devices
+    does something), and O_NONBLOCK (opening a FIFO does not wait for a writer)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data, st = _regular_bytes(path, limit)
     except OSError as exc:
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            return _Read(None, "permission denied (run the check as root)", denied=True)
-        if exc.errno == errno.ENOENT:
-            return _Read(None, "no such file (slurmctld waits 60 s for it, then fails)")
-        return _Read(None, exc.strerror or str(exc))
+        return _failed(path, exc)
+    if len(data) > limit:
+        return FileRead(None, f"larger than {limit >> 20} MiB")
+    return FileRead(data.decode("utf-8", errors="replace"), identity=(st.st_dev, st.st_ino))
+
+
+def _regular_bytes(path: str, limit: int) -> tuple[bytes, os.stat_result]:
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(0, "not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            return _Read(None, "not a regular file")
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        return _Read(None, f"larger than {MAX_BYTES >> 20} MiB")
-    return _Read(data.decode("utf-8", errors="replace"), identity=(st.st_dev, st.st_ino))
+        if not stat.S_ISREG(st.st_mode):  # replaced since the look
+            raise OSError(0, "not a regular file")
+        return f.read(limit + 1), st
+
+
+def _failed(path: str, exc: OSError) -> FileRead:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return FileRead(None, "permission denied (run the check as root)", denied=True)
+    if exc.errno == errno.ENOENT and os.path.islink(path):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return FileRead(None, f"a link to {target}, which does not exist")
+    if exc.errno == errno.ENOENT:
+        return FileRead(None, "no such file (slurmctld waits 60 s for it, then fails)",
+                        absent=True)
+    return FileRead(None, exc.strerror or str(exc))

@@ -4,20 +4,13 @@ set -eu
 # Test users: the same uid on every node because every node is this image.
 useradd -m -u 2001 -s /bin/bash alice
 useradd -m -u 2002 -s /bin/bash bob
-mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /fsx /opt/gpuwarden
+# Slurm's daemons run as SlurmUser=slurm (the user Debian's packages create), as sites run them.
+mkdir -p /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /fsx /src
+chown slurm:slurm /var/spool/slurmctld /var/log/slurm
 chown munge:munge /run/munge
-# The working tree is bind-mounted at /opt/gpuwarden: put it on every Python's path
-# and give it the console script a pip install would have made.
-site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo /opt/gpuwarden > /usr/lib/python3/dist-packages/gpuwarden-worktree.pth
-cat > /usr/local/bin/gpuwarden <<'PY'
-#!/usr/bin/python3
-import sys
-from gpuwarden.cli import main
-sys.exit(main())
-PY
-chmod 0755 /usr/local/bin/gpuwarden
-echo "site-packages: $site"
+# gpuwarden itself is NOT in the image: each container installs the wheel `up` built from the
+# working tree, by the admin guide's steps (docker-cluster/entrypoint.sh), so the tests run
+# what a site installs.
 # slurmdbd 24.11.5 cannot use trixie's Connector/C (libmariadb3 11.8.9): every query fails
 # with error 5027 "Number of columns in result set exceeds maximum allowed (=0)". Bookworm's
 # libmariadb3 (Connector/C 3.3) works against the 11.8 server; slurmdbd alone loads it.

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import jinja2
 
 from gpuwarden import slurmconf
-from gpuwarden.devcluster import image
+from gpuwarden.devcluster import image, wheel
 from gpuwarden.devcluster.exec import ExecResult, run_in
 from gpuwarden.devcluster.spec import LABEL, PREFIX, Spec
 from gpuwarden.errors import GpuwardenError
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 NETWORK = f"{PREFIX}-net"
+# The working tree inside every container (read-only): test-only files such as fake-gpu-job.
+# gpuwarden itself is installed from the wheel under /opt/gpuwarden (docker-cluster/entrypoint.sh).
+SRC = "/src/gpuwarden"
+VENV_PYTHON = "/opt/gpuwarden/venv/bin/python"
 FSX_VOLUME = f"{PREFIX}-fsx"
 FSX_PATH = "/fsx"
 # /dev/shm of each node (checkpoint tier 0); part of the config hash.
@@ -80,7 +85,7 @@ class Cluster:
             "slurmdbd.conf": env.get_template("slurmdbd.conf.j2").render(
                 db_password=self._secret("db.password", 12)),
             "gpuwarden.toml": env.get_template("gpuwarden.toml.j2").render(
-                gpus=cl.gpus_per_node),
+                gpus=cl.gpus_per_node, cluster=cl),
             "s3.json": json.dumps({"identities": [{
                 "name": "gpuwarden", "credentials": [{"accessKey": access, "secretKey": secret}],
                 "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}),
@@ -90,6 +95,10 @@ class Cluster:
         digest = hashlib.sha256()
         # The mounted working tree is part of the identity: never reuse another checkout's cluster.
         digest.update(str(self.root).encode() + b"\0")
+        self.progress("building the gpuwarden wheel the nodes install")
+        built = wheel.build(self.root, self.state_dir / "wheel")
+        # What the containers installed: a changed tree means new containers.
+        digest.update(b"wheel=" + wheel.digest(built).encode() + b"\0")
         digest.update(f"shm={NODE_SHM}".encode() + b"\0")
         for name, text in sorted(files.items()):
             path = self.state_dir / name
@@ -117,14 +126,14 @@ class Cluster:
         import docker  # noqa: PLC0415
 
         volumes = {
-            str(self.root): {"bind": "/opt/gpuwarden", "mode": "ro"},
+            str(self.root): {"bind": SRC, "mode": "ro"},
             str(self.state_dir): {"bind": "/etc/gpuwarden-cluster", "mode": "ro"},
         }
         if role in ("node", "slurmctld"):
             volumes[FSX_VOLUME] = {"bind": FSX_PATH, "mode": "rw"}
         return self.client.containers.run(
             tag,
-            ["/opt/gpuwarden/docker-cluster/entrypoint.sh", role],
+            [f"{SRC}/docker-cluster/entrypoint.sh", role],
             name=self.spec.container_name(host),
             hostname=host,
             detach=True,
@@ -181,9 +190,7 @@ class Cluster:
             if vol.name == FSX_VOLUME:
                 vol.remove(force=True)
         if not keep_state and self.state_dir.exists():
-            for f in self.state_dir.iterdir():
-                f.unlink()
-            self.state_dir.rmdir()
+            shutil.rmtree(self.state_dir)
 
     # ---- readiness ----------------------------------------------------------------------------
     def container(self, host: str) -> Any:
@@ -274,5 +281,5 @@ class Cluster:
 
     def _s3_ok(self) -> str:
         node = self.spec.node_names[0]
-        res = self.exec(node, ["python3", "-m", "gpuwarden.devcluster.s3probe"], timeout=30)
+        res = self.exec(node, [VENV_PYTHON, "-m", "gpuwarden.devcluster.s3probe"], timeout=30)
         return "" if res.rc == 0 else (res.err.strip().splitlines() or [f"exit {res.rc}"])[-1]

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, Cluster
+from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, SRC, VENV_PYTHON, Cluster
 from gpuwarden.devcluster.exec import ExecResult
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.slurm import parse
@@ -20,7 +20,7 @@ JOBS_DIR = f"{FSX_PATH}/jobs"
 FAKE_DIR = "/var/lib/gpuwarden-fake"
 CKPT_DIR = "/fsx/gpuwarden-ckpt"
 # A training step on fake GPUs, for jobs to `srun` (see docker-cluster/fake-gpu-job).
-FAKE_JOB = "/opt/gpuwarden/docker-cluster/fake-gpu-job"
+FAKE_JOB = f"{SRC}/docker-cluster/fake-gpu-job"
 TRAIN_EXAMPLE = "/opt/gpuwarden/ckpt/train_example.py"
 TRAIN_SBATCH = "/opt/gpuwarden/ckpt/train.sbatch"
 
@@ -188,7 +188,7 @@ class Harness:
     # ---- checkpointing (ckpt/train_example.py) ----------------------------------------------
     def train_reference(self, world: int, args: Sequence[str]) -> list[str]:
         """Per-rank checksums of an uninterrupted, checkpoint-free run of the same training."""
-        res = self.exec("c1", ["python3", TRAIN_EXAMPLE, "--reference", str(world), *args],
+        res = self.exec("c1", [VENV_PYTHON, TRAIN_EXAMPLE, "--reference", str(world), *args],
                         timeout=120)
         return list(json.loads(res.check("reference run").out.strip().splitlines()[-1]))
 
@@ -235,7 +235,7 @@ class Harness:
     # ---- GPU faults (fake probe and kernel log) -------------------------------------------------
     def _fault(self, host: str, **args: object) -> None:
         payload = json.dumps({"dir": FAKE_DIR, **args})
-        self.exec(host, ["python3", "-c", _FAULT_SCRIPT, payload], timeout=20).check("inject fault")
+        self.exec(host, [VENV_PYTHON, "-c", _FAULT_SCRIPT, payload], timeout=20).check("inject fault")
 
     def set_gpu(self, host: str, gpu: int, **fields: object) -> None:
         self._fault(host, op="set", gpu=gpu, fields=fields)

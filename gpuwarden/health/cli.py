@@ -236,19 +236,32 @@ def _fault_files(obj: Any) -> Any:
         sys.exit(2)
 
 
+def _this_node(obj: Any) -> str:
+    """The node's Slurm name, as its hooks see it."""
+    try:
+        return entry.Env(config=obj.config_required(), client=None,  # type: ignore[arg-type]
+                         environ=entry.environ()).node
+    except GpuwardenError as exc:
+        click.echo(f"gpuwarden: health inject: {exc}; set SLURMD_NODENAME to this node's "
+                   "Slurm name", err=True)
+        sys.exit(2)
+
+
 @inject_group.command("xid")
 @click.argument("code", type=click.IntRange(1, 99999))
 @click.option("--gpu", type=click.IntRange(0, 63), required=True, help="the GPU's index")
-@click.option("--text", default="", help="the driver's words after the code (default: what "
-              "the driver prints for it)")
+@click.option("--text", default="", help="the driver's words after the code, on one line "
+              "(default: what the driver prints for it)")
 @click.pass_obj
 def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
     """Log Xid CODE for GPU --gpu in the test kernel log, as the NVIDIA driver does. The next
-    health check, or the next job's prolog here, judges it like a real one."""
+    health check, or the next job's prolog here, judges it like a real one, and Slurm's
+    accounting records the drain like a real one."""
     from gpuwarden.health import inject  # noqa: PLC0415
 
     files = _fault_files(obj)
     cfg = obj.config_required().health
+    node = _this_node(obj)
     try:
         line = inject.inject_xid(files, code, gpu, text)
     except GpuwardenError as exc:
@@ -260,6 +273,10 @@ def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
                "see it now: gpuwarden health check")
     click.echo(f"undo: gpuwarden health inject clear; a node gpuwarden drained is resumed "
                f"after {cfg.resume_after_passes} passing health checks")
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+    click.echo(f"note: Slurm's accounting keeps a drain this causes like a real one (lemon scan "
+               f"and fleet mttf count it); injected on {node} at {at} UTC: to leave it out, see "
+               f"{inject.DOC}")
 
 
 @inject_group.command("clear")
@@ -267,13 +284,12 @@ def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
 def inject_clear_cmd(obj: Any) -> None:
     """Undo every injected fault: empty the test kernel log and write a healthy fake GPU file
     (the GPU count, model and NVLinks this node's class expects). Also the first step on a
-    new test node."""
+    new test node. Refused when either file is anything but a test file."""
     from gpuwarden.health import inject  # noqa: PLC0415
 
     files = _fault_files(obj)
     cfg = obj.config_required().health
-    node = entry.Env(config=obj.config_required(), client=None,  # type: ignore[arg-type]
-                     environ=entry.environ()).node
+    node = _this_node(obj)
     try:
         done = inject.clear(files, cfg.expected_for(node))
     except GpuwardenError as exc:

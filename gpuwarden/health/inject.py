@@ -8,25 +8,31 @@ cluster's nodes do. An Xid is written exactly as the NVIDIA driver prints it, in
 record format, so the same parser and policy that judge a real one drain the node.
 
 Root only; the files are replaced atomically, never written through a link, and only in a
-directory that root alone can write (health.privfile's rule for root's own files).
+directory that root alone can write, reached from / without links through directories only root
+can change (install.safewrite's walk), then read and written through its descriptor. A file is
+replaced only when it is absent or is a test file: /dev/kmsg-format records, a fake GPU file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.health import kernlog
 from gpuwarden.health.config import Expected, HealthConfig
-from gpuwarden.health.privfile import unsafe_dir_problem
+from gpuwarden.health.model import GpuObs
 from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
-from gpuwarden.health.store import atomic_write
 from gpuwarden.health.xidcatalog import CATALOG
 from gpuwarden.health.xidpolicy import DRAINS, SUFFIX, Rule, xid_rule
+from gpuwarden.install.plan import InstallError
+from gpuwarden.install.safewrite import opened_dir, write_at
 
 KMSG = "/dev/kmsg"
 MAX_BYTES = 16 << 20
@@ -49,6 +55,7 @@ DRIVER_TEXT = {
          "(GSP_RM_CONTROL) (0x20801341 0x4).",
 }
 _SEQ = re.compile(rb"^(\d{1,4}),(\d{1,20}),")
+_BUS_ID = re.compile(r"^([0-9a-f]{1,8}):([0-9a-f]{2}):([0-9a-f]{2})\.[0-7]$")
 
 
 class InjectError(GpuwardenError):
@@ -83,13 +90,25 @@ def fault_files(cfg: HealthConfig) -> FaultFiles:
     return FaultFiles(cfg.kernel_log, cfg.fake_gpu_file)
 
 
+def check_text(text: str) -> None:
+    """Refuse words that are not one printable line: a line break would start a record of its
+    own (a second Xid, say one that drains, while the output names only the first)."""
+    bad = next((ch for ch in text if not ch.isprintable()), None)
+    if bad is not None:
+        raise InjectError(f"--text {text!r}: {bad!r} is a control character or line break; "
+                          "a record is one line: give the driver's words on one line, without "
+                          "control characters")
+
+
 def xid_line(code: int, bus_id: str, text: str, seq: int, usec: int) -> str:
     """One /dev/kmsg record as the driver logs an Xid: ``3,<seq>,<usec>,-;NVRM: Xid
     (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.``"""
-    parts = bus_id.lower().split(":")
-    if len(parts) != 3:
-        raise InjectError(f"PCI bus id {bus_id!r}: expected domain:bus:device.function")
-    domain, bus, dev = parts[0][-4:].rjust(4, "0"), parts[1], parts[2].split(".")[0]
+    check_text(text)
+    m = _BUS_ID.match(bus_id.lower())
+    if not m:
+        raise InjectError(f"PCI bus id {bus_id!r}: expected domain:bus:device.function in hex, "
+                          "as NVML gives it (00000000:3B:00.0)")
+    domain, bus, dev = m.group(1)[-4:].rjust(4, "0"), m.group(2), m.group(3)
     return (f"{PRIORITY},{seq},{usec},-;NVRM: Xid (PCI:{domain}:{bus}:{dev}): {code}, "
             f"pid='<unknown>', name=<unknown>, {text}\n")
 
@@ -103,39 +122,41 @@ def default_text(code: int) -> str:
 def inject_xid(files: FaultFiles, code: int, gpu: int, text: str = "",
                usec: int | None = None) -> str:
     """Append an Xid for ``gpu`` to the test kernel log; the record written."""
-    gpus = _read_own(files.fake_gpu_file)
+    check_text(text)
+    with _test_dir(files.fake_gpu_file) as gdir:
+        gpus = _fake_gpus(gdir, files.fake_gpu_file)
     if gpus is None:
         raise InjectError(f"fake_gpu_file {files.fake_gpu_file} does not exist: write a healthy "
                           "one first with `gpuwarden health inject clear`")
-    try:
-        snap = parse_fake(gpus.decode("utf-8", errors="replace"), files.fake_gpu_file)
-    except ProbeError as exc:
-        raise InjectError(f"{exc}; `gpuwarden health inject clear` writes a healthy one") from None
-    by_index = {g.index: g for g in snap.gpus}
+    by_index = {g.index: g for g in gpus}
     if gpu not in by_index or not by_index[gpu].pci_bus_id:
         have = ", ".join(str(i) for i in sorted(by_index)) or "none"
         raise InjectError(f"GPU {gpu} is not in {files.fake_gpu_file} with a pci_bus_id "
                           f"(GPUs there: {have})")
-    old = _fault_log(files.kernel_log)
-    if usec is None:
-        # kmsg stamps records with this boot's monotonic clock, which is what the prolog's fast
-        # path compares them against.
-        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-    line = xid_line(code, by_index[gpu].pci_bus_id, text or default_text(code),
-                    _next_seq(old), usec)
-    prefix = old if not old or old.endswith(b"\n") else old + b"\n"
-    _replace(files.kernel_log, prefix + line.encode())
+    with _test_dir(files.kernel_log) as kdir:
+        old = _fault_log(kdir, files.kernel_log)
+        if usec is None:
+            # kmsg stamps records with this boot's monotonic clock, which is what the prolog's
+            # fast path compares them against.
+            usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        line = xid_line(code, by_index[gpu].pci_bus_id, text or default_text(code),
+                        _next_seq(old), usec)
+        prefix = old if not old or old.endswith(b"\n") else old + b"\n"
+        _replace(kdir, files.kernel_log, prefix + line.encode())
     return line.rstrip("\n")
 
 
 def clear(files: FaultFiles, exp: Expected) -> list[str]:
-    """Empty the test kernel log and write a healthy fake GPU file for this node's class."""
-    _fault_log(files.kernel_log)
-    _replace(files.kernel_log, b"")
-    count = exp.gpu_count or _count(files.fake_gpu_file) or 8
-    _replace(files.fake_gpu_file, healthy_fake(
-        count, nvlinks=exp.nvlink_links or 18,
-        model=exp.gpu_model or "NVIDIA H100 80GB HBM3").encode())
+    """Empty the test kernel log and write a healthy fake GPU file for this node's class.
+    Both files are checked before either is written: each must be absent or a test file."""
+    with _test_dir(files.kernel_log) as kdir, _test_dir(files.fake_gpu_file) as gdir:
+        _fault_log(kdir, files.kernel_log)
+        gpus = _fake_gpus(gdir, files.fake_gpu_file)
+        count = exp.gpu_count or len(gpus or ()) or 8
+        _replace(kdir, files.kernel_log, b"")
+        _replace(gdir, files.fake_gpu_file, healthy_fake(
+            count, nvlinks=exp.nvlink_links or 18,
+            model=exp.gpu_model or "NVIDIA H100 80GB HBM3").encode())
     return [f"{files.kernel_log}: emptied (no Xid left)",
             f"{files.fake_gpu_file}: {count} healthy GPUs"]
 
@@ -152,10 +173,37 @@ def outcome(code: int, text: str = "") -> str:
 
 
 # ---- files ------------------------------------------------------------------------------------
-def _fault_log(path: str) -> bytes:
+@contextlib.contextmanager
+def _test_dir(path: str) -> Iterator[int]:
+    """A descriptor of the directory holding the test file ``path``, reached from / one
+    component at a time (install's walk): no link on the way, every directory above root's
+    (or sticky), the last one root's alone. Reads and writes then go through it, so renaming a
+    directory on the way after this check changes nothing."""
+    directory, name = os.path.split(path)
+    if not name or not os.path.isabs(path) or {".", ".."} & set(path.split("/")):
+        raise InjectError(f"{path}: expected an absolute path to a file, without . or .. "
+                          "(readlink -f gives one)")
+    with contextlib.ExitStack() as stack:
+        try:
+            fd = stack.enter_context(opened_dir(directory, os.geteuid(), create=False))
+        except InstallError as exc:
+            # safewrite words its refusal for install-files: keep the finding, say ours.
+            problem = str(exc).split(": refusing to install", 1)[0]
+            raise InjectError(f"{path}: {problem}; the test files must be in a directory only "
+                              f"root can write, below directories only root can change (see "
+                              f"{DOC})") from None
+        except OSError as exc:
+            raise InjectError(f"{directory}: cannot open it ({exc.strerror or exc})") from None
+        if fd is None:
+            raise InjectError(f"{directory} does not exist: create it (install -d -m 0755 "
+                              f"{directory})")
+        yield fd
+
+
+def _fault_log(dir_fd: int, path: str) -> bytes:
     """The test kernel log's bytes; refused unless it is empty or holds only /dev/kmsg-format
     records: anything else is a real log, which gpuwarden must never write into."""
-    data = _read_own(path) or b""
+    data = _read_own(dir_fd, path) or b""
     text = data.decode("utf-8", errors="replace")
     recs = kernlog.parse(text, 0.0, time.time())
     other = sorted(recs.renderings - {"kmsg"})
@@ -167,38 +215,43 @@ def _fault_log(path: str) -> bytes:
     return data
 
 
+def _fake_gpus(dir_fd: int, path: str) -> tuple[GpuObs, ...] | None:
+    """The GPUs the fake GPU file lists; None when absent. Refused unless it is one: a file
+    that is not is something else, which gpuwarden must never replace."""
+    data = _read_own(dir_fd, path)
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if isinstance(doc, dict):
+            # Read for its GPUs only: a rehearsed hang must not stall the command undoing it.
+            doc = {k: v for k, v in doc.items() if k not in ("hang", "init_error")}
+        return parse_fake(json.dumps(doc), path).gpus
+    except UnicodeDecodeError:
+        why = "not UTF-8"
+    except json.JSONDecodeError as exc:
+        why = f"not JSON: {exc.msg} at line {exc.lineno}"
+    except RecursionError:
+        why = "JSON nested too deep"
+    except ProbeError as exc:
+        why = str(exc).removeprefix(f"{path}: ")
+    raise InjectError(f"fake_gpu_file {path} is not a fake GPU file ({why}): refusing to "
+                      f"replace it; if it is a test file, remove it (rm {path}) and run "
+                      "`gpuwarden health inject clear`, else point fake_gpu_file at a file of "
+                      f"its own (see {DOC})")
+
+
 def _next_seq(data: bytes) -> int:
     seqs = [int(m.group(2)) for line in data.split(b"\n") if (m := _SEQ.match(line))]
     return max(seqs, default=0) + 1
 
 
-def _count(path: str) -> int:
+def _read_own(dir_fd: int, path: str) -> bytes | None:
+    """A file of ours alone in ``dir_fd``, never through a link or from a FIFO; None when
+    absent."""
     try:
-        data = _read_own(path)
-        return len(parse_fake(data.decode(), path).gpus) if data else 0
-    except (InjectError, ProbeError, UnicodeDecodeError):
-        return 0
-
-
-def _safe_dir(path: str) -> str:
-    directory = os.path.dirname(path) or "/"
-    try:
-        st = os.lstat(directory)
-    except FileNotFoundError:
-        raise InjectError(f"{directory} does not exist: create it (install -d -m 0755 "
-                          f"{directory})") from None
-    problem = unsafe_dir_problem(directory, st)
-    if problem:
-        raise InjectError(f"{path}: {problem}; the test files must be in a directory only "
-                          "root can write")
-    return directory
-
-
-def _read_own(path: str) -> bytes | None:
-    """A file of ours alone, never through a link or from a FIFO; None when absent."""
-    _safe_dir(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -212,16 +265,16 @@ def _read_own(path: str) -> bytes | None:
                               f"{stat.S_IMODE(st.st_mode):o}: not root's alone")
         data = f.read(MAX_BYTES + 1)
     if len(data) > MAX_BYTES:
-        raise InjectError(f"{path}: larger than {MAX_BYTES >> 20} MiB: clear it first "
-                          "(gpuwarden health inject clear)")
+        raise InjectError(f"{path}: larger than {MAX_BYTES >> 20} MiB, more than a test file "
+                          f"holds: if it is one, remove it (rm {path}) and run `gpuwarden "
+                          "health inject clear`")
     return data
 
 
-def _replace(path: str, data: bytes) -> None:
-    """Replace ``path`` whole (a new file renamed over it): readers see the old or the new
-    file, and a link planted at the name is replaced, never followed."""
-    directory = _safe_dir(path)
+def _replace(dir_fd: int, path: str, data: bytes) -> None:
+    """Replace ``path`` whole (a new file renamed over it, in ``dir_fd``): readers see the old
+    or the new file, and a link planted at the name is replaced, never followed."""
     try:
-        atomic_write(directory, os.path.basename(path), data, mode=0o644)
+        write_at(dir_fd, os.path.basename(path), data, 0o644)
     except OSError as exc:
         raise InjectError(f"{path}: cannot write it ({exc.strerror or exc})") from None

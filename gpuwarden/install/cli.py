@@ -21,6 +21,22 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _warn(req: run.Request, unreachable: list[str]) -> None:
+    if req.defaults_file is not None and req.defaults_file != plan.DEFAULTS_FILE:
+        click.echo(f"warning: the shipped hooks read {plan.DEFAULTS_FILE}, not "
+                   f"{req.defaults_file}: on a node that runs them, put the line "
+                   f"GPUWARDEN_PYTHON={req.target.python} in {plan.DEFAULTS_FILE} (rerun "
+                   "without --defaults-file)", err=True)
+    if unreachable:
+        shown = ", ".join(unreachable[:6]) + (f" and {len(unreachable) - 6} more"
+                                              if len(unreachable) > 6 else "")
+        click.echo(f"warning: users other than root cannot get through {shown}: jobs cannot "
+                   f"run {req.target.python} (train.sbatch's GW_PYTHON) or read "
+                   f"{req.target.prefix}/ckpt/; chmod o+rx those directories and o+r those "
+                   "files (a umask such as 077 made them so) if jobs checkpoint here",
+                   err=True)
+
+
 @click.command("install-files")
 @click.argument("prefix")
 @click.option("--defaults-file", default=plan.DEFAULTS_FILE, show_default=True,
@@ -43,7 +59,7 @@ def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
         req = run.Request(run.this_install(prefix), run.source_dir(),
                           None if no_defaults_file else defaults_file, replace_python, dry_run,
                           owner)
-        steps = run.install(req)
+        outcome = run.install(req)
     except plan.InstallError as exc:
         _fail(str(exc), EXIT_REFUSED)
         return
@@ -55,7 +71,7 @@ def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
     words = _WOULD if dry_run else _DONE
     click.echo(f"{'dry run: ' if dry_run else ''}install-files {req.target.prefix} for "
                f"{req.target.python} ({req.target.gpuwarden})")
-    for step in steps:
+    for step in outcome.steps:
         detail = f"  {step.detail}" if step.detail else ""
         click.echo(f"  {words[step.action]:<22} {step.path} ({step.mode:04o}){detail}")
     have = run.extras()
@@ -66,6 +82,7 @@ def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
             click.echo(f"  no {name}: needed on {run.NEEDED_ON[name]}; add it with "
                        f"{os.path.dirname(req.target.python)}/pip install "
                        f"'<the gpuwarden wheel>[{name}]'")
+    _warn(req, outcome.unreachable)
     if owner != 0:
         click.echo("note: not root: slurmd runs the hooks as root, and they trust only root's "
                    "files; run install-files as root for the cluster")

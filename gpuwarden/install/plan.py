@@ -4,7 +4,7 @@ defaults file the hooks read. The side effects are in gpuwarden.install.safewrit
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuwarden.errors import GpuwardenError
@@ -108,51 +108,83 @@ def outputs(sources: Mapping[str, bytes], target: Target) -> list[Output]:
 
 
 # ---- the defaults file ---------------------------------------------------------------------
-def current_python(text: str) -> str | None:
+# Read as the hooks' `while IFS= read -r` reads it: bytes, lines split on \n alone (a \r stays
+# in the value), so what this reports is what the hooks run.
+_PY_KEY = PY_KEY.encode()
+
+
+def _lines(data: bytes) -> list[bytes]:
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _names_python(line: bytes) -> bool:
+    return line.removeprefix(b"export ").startswith(_PY_KEY)
+
+
+def current_python(data: bytes) -> str | None:
     """GPUWARDEN_PYTHON as prolog/gpuwarden-hook.sh reads it: the last such line, after an
-    optional `export `, with one leading and one trailing quote removed; None when absent."""
+    optional `export `, with one leading and one trailing quote removed; None when absent.
+    Bytes that are not UTF-8 come back as surrogates (they match no plain path)."""
     value = None
-    for raw in text.splitlines():
-        line = raw.removeprefix("export ")
-        if line.startswith(PY_KEY):
-            value = line[len(PY_KEY):]
+    for line in _lines(data):
+        if _names_python(line):
+            value = line.removeprefix(b"export ")[len(_PY_KEY):]
     if value is None:
         return None
-    if value[:1] in ("'", '"'):
+    if value[:1] in (b"'", b'"'):
         value = value[1:]
-    if value[-1:] in ("'", '"'):
+    if value[-1:] in (b"'", b'"'):
         value = value[:-1]
-    return value
+    return value.decode(errors="surrogateescape")
 
 
 @dataclass(frozen=True)
 class DefaultsChange:
-    """What becomes of the defaults file: ``data`` None means it stays as it is."""
+    """What becomes of the defaults file: ``data`` None means it stays as it is; ``named`` is
+    the interpreter it names when kept (another spelling of this one)."""
 
     data: bytes | None
     action: str
+    named: str | None = None
 
 
-def merge_defaults(path: str, existing: bytes | None, python: str,
-                   replace: bool) -> DefaultsChange:
-    """The defaults file naming ``python``, keeping every other line a site wrote there.
+def _why_not_run(value: str) -> str:
+    """What makes a named interpreter no file the hooks could start, beyond being another."""
+    if "\r" in value:
+        return (" (a carriage return, \\r: the file was saved with Windows line endings; the "
+                "hooks keep it as part of the name, find no such interpreter and leave health "
+                "gating off)")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        return (" (it holds blanks or control characters, which the hooks keep as part of the "
+                "name: no such interpreter, so health gating is off)")
+    return ""
+
+
+def merge_defaults(path: str, existing: bytes | None, python: str, replace: bool,
+                   is_this: Callable[[str], bool]) -> DefaultsChange:
+    """The defaults file naming ``python``, keeping every other line a site wrote there byte
+    for byte. ``is_this`` says whether a named interpreter is this one spelled differently.
 
     A different interpreter already named there is the site's choice: replaced only when asked."""
-    line = f"{PY_KEY}{python}"
+    line = f"{PY_KEY}{python}\n".encode()
     if existing is None:
-        head = "# Read by gpuwarden's Slurm hooks (docs/admin-guide.md): root's, mode 0644.\n"
-        return DefaultsChange(f"{head}{line}\n".encode(), "create")
-    text = existing.decode(errors="replace")
-    now = current_python(text)
-    if now == python:
-        return DefaultsChange(None, "keep")
+        head = b"# Read by gpuwarden's Slurm hooks (docs/admin-guide.md): root's, mode 0644.\n"
+        return DefaultsChange(head + line, "create")
+    now = current_python(existing)
+    if now is not None and is_this(now):
+        return DefaultsChange(None, "keep", now)
     if now is None:
-        sep = "" if text.endswith("\n") or not text else "\n"
-        return DefaultsChange(f"{text}{sep}{line}\n".encode(), "add")
+        sep = b"" if existing.endswith(b"\n") or not existing else b"\n"
+        return DefaultsChange(existing + sep + line, "add")
     if not replace:
+        odd = _why_not_run(now)
+        shown = ascii(now) if odd else now
         raise InstallError(
-            f"{path} names GPUWARDEN_PYTHON={now}, not this install's {python}: the hooks run "
-            f"{now}. To make them run this install, rerun with --replace-python (the file's "
-            f"other lines stay), or edit {path} yourself")
-    kept = [ln for ln in text.splitlines() if not ln.removeprefix("export ").startswith(PY_KEY)]
-    return DefaultsChange("".join(f"{ln}\n" for ln in [*kept, line]).encode(), "replace")
+            f"{path} names GPUWARDEN_PYTHON={shown}, not this install's {python}: the hooks run "
+            f"{shown}{odd}. To make them run this install, rerun with "
+            f"--replace-python (the file's other lines stay), or edit {path} yourself")
+    kept = b"".join(ln + b"\n" for ln in _lines(existing) if not _names_python(ln))
+    return DefaultsChange(kept + line, "replace")

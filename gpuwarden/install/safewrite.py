@@ -23,7 +23,9 @@ MAX_EXISTING_BYTES = 16 << 20
 def _ancestor_problem(path: str, st: os.stat_result, owner: int) -> str:
     """A directory above the one we write in: whoever could rename its entries could swap ours."""
     if st.st_uid not in (0, owner):
-        return f"{path} is owned by uid {st.st_uid}, not by root or uid {owner}"
+        who = "root" if owner == 0 else f"root or uid {owner}"
+        return (f"{path} is owned by uid {st.st_uid}, not by {who}: chown root {path}, or pick "
+                "a place whose directories only root can change")
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         return f"{path} is writable by group or others: chmod go-w {path}"
     return ""
@@ -32,7 +34,10 @@ def _ancestor_problem(path: str, st: os.stat_result, owner: int) -> str:
 def _dir_problem(path: str, st: os.stat_result, owner: int) -> str:
     """A directory we write in: ours alone."""
     if st.st_uid != owner:
-        return f"{path} is owned by uid {st.st_uid}, not by uid {owner} (who installs)"
+        # Run as someone else, the hooks' own files would be that user's: root's hooks must
+        # be written by root.
+        fix = "run install-files as root" if owner != 0 else f"chown root {path}"
+        return f"{path} is owned by uid {st.st_uid}, not by uid {owner} (who installs): {fix}"
     if st.st_mode & 0o022:
         return f"{path} is writable by group or others: chmod go-w {path}"
     return ""
@@ -51,7 +56,7 @@ def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
             st = os.fstat(fd)
             problem = _ancestor_problem(shown or "/", st, owner)
             if problem:
-                raise InstallError(f"{problem}: refusing to install below it")
+                raise InstallError(f"refusing to install below {shown or '/'}: {problem}")
             shown = f"{shown}/{name}"
             try:
                 nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
@@ -75,7 +80,7 @@ def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
             if i == len(parts) - 1:
                 problem = _dir_problem(shown, os.fstat(fd), owner)
                 if problem:
-                    raise InstallError(f"{problem}: refusing to install into it")
+                    raise InstallError(f"refusing to install into {shown}: {problem}")
         yield fd
     finally:
         if fd >= 0:

@@ -152,8 +152,8 @@ if msgspec is not None:
 
 def _decode(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | None:
     """``text`` is a JSON array of sacct records: the records (`Run`s if ``lazy``, else
-    AcctJobs; errors as ``record`` gives them), or None when it is not valid JSON (the
-    caller's cut was not between two records)."""
+    AcctJobs; errors as ``record`` gives them), or None when it is not JSON msgspec takes
+    (the caller's cut was not between two records, or a record is broken or holds NaN)."""
     try:
         items = _TYPED.decode(text)
     except msgspec.ValidationError:

@@ -12,11 +12,13 @@ record of the list).
 The cut that ends such a batch must fall between two records, and "},{" alone does not tell:
 compact output has it inside every record (the TRES lists). The cut is looked for first as
 the text between the first two records up to the second's first key (`},{"account":`
-compact; with a newline and Slurm's indentation as it prints), which nothing inside a sacct
-record repeats. A cut the decoder refuses (that text was inside a record after all) switches
-the stream to finding each record's end with `jsonspans`: one regular-expression pass that
-skips strings and balances brackets. Either way each character is scanned and decoded about
-once, so the cost is linear in the input whatever its layout (tests/unit/test_acct_compact.py).
+compact; with a newline and Slurm's indentation as it prints): no string can hold it (its
+quotes would end the string), and the lists inside sacct's records hold objects that start
+with other keys ("type" in the TRES lists). A cut the decoder refuses (a list inside a record
+did hold one) switches the stream to finding each record's end with `jsonspans`: one
+regular-expression pass that skips strings and balances brackets. Either way each character
+is scanned and decoded about once, so the cost is linear in the input whatever its layout
+(tests/unit/test_acct_compact.py).
 
 Slurm writes "meta" (with the command line, hence the export's window) after "jobs", so the
 window of a file is read first from its tail (`file_window`); the document's other top-level
@@ -122,7 +124,7 @@ class _Buffer:
                 if self.eof:
                     raise self.not_json(exc) from None
                 # Twice the text before decoding again: a value longer than a chunk costs a
-                # few decodes, not one per chunk.
+                # few decodes, not one per chunk (`_more` still refuses one past MAX_VALUE).
                 self.fill(2 * (len(self.text) - self.pos))
                 continue
             if end == len(self.text) and not self.eof:

@@ -7,14 +7,15 @@ import time
 
 import pytest
 
+from gpuwarden.devcluster.cluster import SRC, VENV_PYTHON
 from gpuwarden.devcluster.harness import Harness
 
 pytestmark = pytest.mark.timeout(300)
-PROBE = "/opt/gpuwarden/tests/e2e/ckpt_s3_probe.py"
+PROBE = f"{SRC}/tests/e2e/ckpt_s3_probe.py"
 
 
 def probe(h: Harness, job: str, mode: str) -> tuple[int, dict[str, object]]:
-    res = h.exec("c1", ["env", "PYTHONPATH=/opt/gpuwarden", "python3", PROBE, job, mode],
+    res = h.exec("c1", [VENV_PYTHON, PROBE, job, mode],
                  timeout=180)
     last = res.out.strip().splitlines()[-1] if res.out.strip() else "{}"
     return res.rc, json.loads(last) if last.startswith("{") else {}

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import Harness
 from tests.e2e.test_health import NODES, nodes, periodic
 
@@ -48,7 +49,7 @@ def test_the_client_reads_only_nodes_out_of_service_with_the_controllers_clock(
                          "reason=maintenance"]).check("operator drain")
     h.exec("slurmctld", ["scontrol", "update", "nodename=c7", "state=drain",
                          "reason=gpuwarden: xid 79 on GPU 5"]).check("gpuwarden drain")
-    doc = json.loads(h.exec("slurmctld", ["python3", "-c", _PROBE]).check("probe").out)
+    doc = json.loads(h.exec("slurmctld", [VENV_PYTHON, "-c", _PROBE]).check("probe").out)
     assert set(doc["nodes"]) == {"c2", "c7", "c3"}
     assert doc["nodes"]["c7"][1] == "gpuwarden: xid 79 on GPU 5"
     assert doc["nodes"]["c7"][2] and doc["nodes"]["c7"][3] == ["gpu"]

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import Harness
 from tests.e2e.test_foundation import sinfo_reasons
 from tests.e2e.test_health import clean, periodic  # noqa: F401 - the fixture is used by name
@@ -47,7 +48,7 @@ def test_the_prolog_fast_path_answers_a_fresh_good_verdict(clean: Harness) -> No
     periodic(h, "c6")
     assert h.sh("c6", PROLOG.format(n="c6")).rc == 0  # full path: leaves the settings
     assert h.sh("c6", "test -f /run/gpuwarden/prolog-gate.marshal").rc == 0
-    res = h.sh("c6", f"{JOB_ENV} python3 -c \"from gpuwarden.health import fastgate; import os; "
+    res = h.sh("c6", f"{JOB_ENV} {VENV_PYTHON} -I -c \"from gpuwarden.health import fastgate; import os; "
                      "print(repr(fastgate.check(dict(os.environ, SLURMD_NODENAME='c6'))))\"")
     assert res.out.strip() == "''", res.out
     # A fatal XID since the verdict: the fast path hands over and the full prolog drains.

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 
 pytestmark = pytest.mark.timeout(300)
@@ -86,7 +87,7 @@ def test_shared_filesystem_is_the_same_on_every_node(cluster: Harness) -> None:
 
 
 def test_s3_server_round_trips_an_object(cluster: Harness) -> None:
-    cluster.exec("c5", ["python3", "-m", "gpuwarden.devcluster.s3probe"], timeout=30).check("s3")
+    cluster.exec("c5", [VENV_PYTHON, "-m", "gpuwarden.devcluster.s3probe"], timeout=30).check("s3")
 
 
 def test_bad_config_is_refused_with_exit_2_inside_the_cluster(cluster: Harness) -> None:

@@ -3,8 +3,11 @@ path as a real one, and nothing is written where it must not be."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -139,3 +142,140 @@ def test_xid_line_shortens_nvmls_bus_id_as_the_driver_prints_it() -> None:
     line = inject.xid_line(79, "00000000:3B:00.0", "GPU has fallen off the bus.", 7, 1_500_000)
     assert line == ("3,7,1500000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', "
                     "name=<unknown>, GPU has fallen off the bus.\n")
+
+
+def test_xid_output_warns_that_accounting_keeps_the_drain(node: Path) -> None:
+    code, out, err = gw("health", "inject", "xid", "79", "--gpu", "5")
+    assert code == 0, err
+    assert "lemon scan" in out and "injected on c3 at " in out and "UTC" in out
+
+
+# ---- clear replaces only a test file (review LOW 7) -------------------------------------------
+def point_gpu_file_at(path: Path) -> None:
+    conf = Path(os.environ["GPUWARDEN_CONFIG"])
+    conf.write_text("\n".join(f'fake_gpu_file = "{path}"' if line.startswith("fake_gpu_file")
+                              else line for line in conf.read_text().splitlines()))
+
+
+@pytest.mark.parametrize("content", [
+    b"[server]\nport = 8080\n",                   # a site's config, not JSON
+    b'{"listen": "0.0.0.0", "port": 8080}\n',      # JSON, but no GPU list
+    b'{"gpus": [{"index": 0, "colour": "red"}]}',  # a GPU field no fake file has
+    b'{"gpus": [], "note": "caf\xe9"}',            # not UTF-8
+])
+def test_clear_never_replaces_a_file_that_is_not_a_fake_gpu_file(node: Path,
+                                                                    content: bytes) -> None:
+    precious = node / "precious.conf"
+    precious.write_bytes(content)
+    before = precious.read_bytes()
+    (node / "kmsg").write_text("3,1,5,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, gone\n")
+    point_gpu_file_at(precious)
+    code, _out, err = gw("health", "inject", "clear")
+    assert code == 2
+    assert "not a fake GPU file" in err and f"rm {precious}" in err
+    assert precious.read_bytes() == before
+    # Both files are checked before either is written.
+    assert (node / "kmsg").read_text().startswith("3,1,5,-;NVRM: Xid")
+
+
+@pytest.mark.parametrize("args", [("clear",), ("xid", "79", "--gpu", "5")])
+def test_a_rehearsed_hang_does_not_stall_inject(node: Path, args: tuple[str, ...]) -> None:
+    """The fake file's `hang` stands in for a wedged driver in the probe; inject only reads the
+    file's GPUs, and clear is how a hang is undone."""
+    doc = json.loads((node / "gpus.json").read_text())
+    (node / "gpus.json").write_text(json.dumps({**doc, "hang": 5}))
+    started = time.monotonic()
+    code, _out, err = gw("health", "inject", *args)
+    assert code == 0, err
+    assert time.monotonic() - started < 3
+
+
+# ---- --text is one line (review LOW 8) --------------------------------------------------------
+@pytest.mark.parametrize("sep", ["\n", "\r", "\x85", "\u2028", "\x00", "\x1b"])
+def test_text_with_a_line_break_or_control_character_is_refused(node: Path, sep: str) -> None:
+    forged = "3,99,1,-;NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, DBE"
+    code, out, err = gw("health", "inject", "xid", "13", "--gpu", "0", "--text", f"x{sep}{forged}")
+    assert code == 2 and "one line" in err and out == ""
+    assert (node / "kmsg").read_text() == ""
+    assert [s for s, _, _ in verdict_xid(node)] == [Status.OK]
+
+
+def test_xid_line_refuses_a_bus_id_that_is_not_nvmls() -> None:
+    with pytest.raises(inject.InjectError, match="00000000:3B:00.0"):
+        inject.xid_line(79, "0:18:00.0\n3,9,1,-;x", "gone", 1, 1)
+
+
+# ---- the whole path is checked, and written through what was checked (review LOW 9) -----------
+def move_faults_to(node: Path, parent: Path) -> Path:
+    """The fault files moved under ``parent``, and the config pointed there."""
+    faults = parent / "fake"
+    node.rename(faults)
+    conf = Path(os.environ["GPUWARDEN_CONFIG"])
+    conf.write_text(conf.read_text().replace(f"{node}/", f"{faults}/"))
+    return faults
+
+
+def test_a_parent_directory_others_can_write_is_refused(node: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone could rename fake/ away and put their own in its place
+    faults = move_faults_to(node, shared)
+    code, _out, err = gw("health", "inject", "xid", "79", "--gpu", "5")
+    assert code == 2 and f"{shared} is writable by group or others" in err
+    assert (faults / "kmsg").read_text() == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_parent_directory_of_another_user_is_refused(node: Path, tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    faults = move_faults_to(node, theirs)
+    code, _out, err = gw("health", "inject", "clear")
+    assert code == 2 and f"{theirs} is owned by uid 65534" in err
+    assert (faults / "kmsg").read_text() == ""
+
+
+def test_a_link_above_the_test_directory_is_refused(node: Path, tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    move_faults_to(node, real)
+    (tmp_path / "via").symlink_to(real)
+    conf = Path(os.environ["GPUWARDEN_CONFIG"])
+    conf.write_text(conf.read_text().replace(f"{real}/", f"{tmp_path}/via/"))
+    code, _out, err = gw("health", "inject", "xid", "79", "--gpu", "5")
+    assert code == 2 and "symbolic link" in err
+    assert (real / "fake" / "kmsg").read_text() == ""
+
+
+def test_the_record_goes_into_the_directory_that_was_checked(
+        node: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Renaming the directory away between the check and the write, and putting another in
+    its place, does not redirect the write."""
+    moved = tmp_path / "moved"
+    real_xid_line = inject.xid_line
+
+    def swap_then_format(*args: Any) -> str:
+        node.rename(moved)
+        node.mkdir(mode=0o755)
+        (node / "kmsg").write_text("")
+        return real_xid_line(*args)
+
+    monkeypatch.setattr(inject, "xid_line", swap_then_format)
+    code, _out, err = gw("health", "inject", "xid", "79", "--gpu", "5")
+    assert code == 0, err
+    assert (node / "kmsg").read_text() == ""
+    assert ": 79, " in (moved / "kmsg").read_text()
+
+
+def test_a_path_with_dot_dot_is_refused(node: Path) -> None:
+    conf = Path(os.environ["GPUWARDEN_CONFIG"])
+    conf.write_text(conf.read_text().replace(f"{node}/kmsg", f"{node}/../fake/kmsg"))
+    code, _out, err = gw("health", "inject", "clear")
+    assert code == 2 and "without . or .." in err
+
+
+def test_a_deeply_nested_file_is_refused_not_a_traceback(node: Path) -> None:
+    (node / "gpus.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _out, err = gw("health", "inject", "clear")
+    assert code == 2 and "not a fake GPU file" in err

@@ -25,10 +25,11 @@ def conf_dir(tmp_path: Path, text: str, beside: tuple[str, ...] = ()) -> Path:
 
 
 def run(path: Path, features: list[str] = ALL, wait_s: int = 300,
-        defaults: str = "/nonexistent/default/gpuwarden") -> tuple[int, list[str]]:
+        defaults: str = "/nonexistent/default/gpuwarden",
+        version: tuple[int, int] | None = None) -> tuple[int, list[str]]:
     out: list[str] = []
     code = check.check(str(path), features, wait_s, out.append, out.append,
-                       defaults_file=defaults)
+                       defaults_file=defaults, slurm_version=version, version_from="test")
     return code, out
 
 
@@ -145,8 +146,15 @@ def test_another_health_check_program_is_a_conflict(tmp_path: Path) -> None:
 ])
 def test_slurms_hook_timeout_must_outlast_the_hooks(tmp_path: Path, text: str,
                                                     severity: str) -> None:
-    _code, out = run(conf_dir(tmp_path, text), ["ckpt"])
+    _code, out = run(conf_dir(tmp_path, text), ["ckpt"], version=(25, 5))
     assert finding(out, "Timeout").startswith(severity)
+
+
+def test_before_25_05_the_own_timeouts_override_nothing(tmp_path: Path) -> None:
+    path = conf_dir(tmp_path, "PrologEpilogTimeout=120\nPrologTimeout=600\n")
+    _code, out = run(path, ["ckpt"], version=(24, 11))
+    assert finding(out, "PrologEpilogTimeout=120 ").startswith("conflict")
+    assert "needs Slurm >= 25.05, this is 24.11" in finding(out, "slurm.conf:2")
 
 
 def test_a_lower_hook_limit_in_the_defaults_file_allows_a_shorter_timeout(tmp_path: Path) -> None:
