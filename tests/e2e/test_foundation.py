@@ -122,3 +122,13 @@ def test_faults_kill_pause_and_cut_take_nodes_down_and_heal_brings_them_back(
         cluster.exec("slurmctld", ["scancel", str(job)])
     wait_for(lambda: all(node_state(cluster, n) == "idle" for n in ("c6", "c7", "c8")), 150,
              "c6, c7 and c8 are idle again", interval=3)
+
+
+def test_the_clusters_slurm_conf_passes_gpuwardens_check(cluster: Harness) -> None:
+    """What the admin guide tells a site to run, on this cluster's own slurm.conf (with Slurm
+    as SlurmUser=slurm and the hooks installed from the wheel): nothing missing for any feature."""
+    res = cluster.gpuwarden("slurmctld", "slurm-conf", "--check", "/etc/slurm/slurm.conf")
+    assert res.rc == 0, res.out + res.err
+    assert "missing" not in res.out and "conflict" not in res.out, res.out
+    owner = cluster.exec("slurmctld", ["ps", "-o", "user=", "-C", "slurmctld"]).check("ps").out
+    assert owner.split() == ["slurm"]

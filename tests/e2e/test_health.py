@@ -164,3 +164,19 @@ def test_epilog_checks_a_node_after_a_failed_job_and_drains_it(clean: Harness) -
     # drain): wait for the stored verdict, do not race it.
     wait_for(lambda: f"epilog job {job}" in h.gpuwarden("c5", "health", "show").out, 30,
              "the epilog's verdict to be stored")
+
+
+def test_an_admin_rehearses_a_drain_with_health_inject_and_undoes_it(clean: Harness) -> None:
+    """docs/testing-without-gpus.md on a real node: the command writes the driver's record, the
+    periodic check drains on it, `inject clear` and two passing checks bring the node back."""
+    h = clean
+    h.gpuwarden("c7", "health", "inject", "xid", "79", "--gpu", "5").check("inject")
+    periodic(h, "c7")
+    wait_for(lambda: "xid 79" in sinfo_reasons(h).get("c7", ""), 60, "c7 drained for xid 79")
+    h.gpuwarden("c7", "health", "inject", "clear").check("clear")
+    for _ in range(2):
+        periodic(h, "c7")
+    wait_for(lambda: "drain" not in node_state(h, "c7"), 60, "c7 back in service")
+    # A non-root user cannot rehearse anything.
+    res = h.sh("c7", "runuser -u alice -- /usr/local/bin/gpuwarden health inject xid 79 --gpu 1")
+    assert res.rc != 0 and "root" in (res.out + res.err)
