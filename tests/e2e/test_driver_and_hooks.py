@@ -29,18 +29,23 @@ def test_a_driver_nvml_cannot_open_drains_the_node(clean: Harness) -> None:  # n
 
 def test_a_prolog_that_cannot_import_gpuwarden_lets_the_job_run(clean: Harness) -> None:  # noqa: F811
     h = clean
+    # The file install-files wrote (the venv's interpreter) comes back afterwards.
+    h.sh("c5", "cp -p /etc/default/gpuwarden /root/gpuwarden.defaults").check("save defaults")
     h.sh("c5", "printf 'GPUWARDEN_PYTHON=/nonexistent/venv/bin/python\\n' > /etc/default/gpuwarden"
                " && chmod 644 /etc/default/gpuwarden").check("defaults")
     try:
         res = h.sh("c5", PROLOG.format(n="c5"))
         assert res.rc == 0 and "health gating is OFF" in res.err
+        # The system interpreter, without gpuwarden: still fails open.
         h.sh("c5", "printf 'GPUWARDEN_PYTHON=/usr/bin/python3\\n' > /etc/default/gpuwarden"
              ).check("defaults")
         res = h.sh("c5", "cd / && env -i /opt/gpuwarden/epilog/gpuwarden-epilog")
         assert res.rc == 0
     finally:
-        h.sh("c5", "rm -f /etc/default/gpuwarden")
+        h.sh("c5", "cp -p /root/gpuwarden.defaults /etc/default/gpuwarden").check("restore")
     assert "c5" not in sinfo_reasons(h)
+    res = h.sh("c5", "/opt/gpuwarden/prolog/gpuwarden-healthcheck")
+    assert res.rc == 0 and "healthy" in res.err and "OFF" not in res.err, res.err
 
 
 def test_the_prolog_fast_path_answers_a_fresh_good_verdict(clean: Harness) -> None:  # noqa: F811
