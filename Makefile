@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@# compat: the tree on sys.path by one .pth (setuptools' default editable mode warns on every build).
+	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
