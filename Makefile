@@ -18,8 +18,7 @@ $(STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	@# compat: the tree on sys.path by one .pth (setuptools' default editable mode warns on every build).
-	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
