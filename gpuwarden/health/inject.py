@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,11 +27,13 @@ from gpuwarden.errors import GpuwardenError
 from gpuwarden.health import kernlog
 from gpuwarden.health.config import Expected, HealthConfig
 from gpuwarden.health.model import GpuObs
+from gpuwarden.health.privfile import StateDirError, read_own_at
 from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
+from gpuwarden.health.store import write_at
 from gpuwarden.health.xidcatalog import CATALOG
 from gpuwarden.health.xidpolicy import DRAINS, SUFFIX, Rule, xid_rule
 from gpuwarden.install.plan import InstallError
-from gpuwarden.install.safewrite import opened_dir, write_at
+from gpuwarden.install.safewrite import opened_dir
 
 KMSG = "/dev/kmsg"
 MAX_BYTES = 16 << 20
@@ -250,20 +251,13 @@ def _read_own(dir_fd: int, path: str) -> bytes | None:
     """A file of ours alone in ``dir_fd``, never through a link or from a FIFO; None when
     absent."""
     try:
-        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
+        data = read_own_at(dir_fd, os.path.basename(path), path, MAX_BYTES + 1)
+    except StateDirError as exc:
+        raise InjectError(str(exc)) from None
     except OSError as exc:
         raise InjectError(f"{path}: cannot open it ({exc.strerror}; a link?)") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise InjectError(f"{path}: not a regular file")
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise InjectError(f"{path}: owned by uid {st.st_uid}, mode "
-                              f"{stat.S_IMODE(st.st_mode):o}: not root's alone")
-        data = f.read(MAX_BYTES + 1)
+    if data is None:
+        return None
     if len(data) > MAX_BYTES:
         raise InjectError(f"{path}: larger than {MAX_BYTES >> 20} MiB, more than a test file "
                           f"holds: if it is one, remove it (rm {path}) and run `gpuwarden "

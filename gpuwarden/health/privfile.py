@@ -50,8 +50,18 @@ def read_private(path: str) -> bytes | None:
     it or its directory is absent. Raises StateDirError when either is not ours alone."""
     if not check_private_dir(os.path.dirname(path)):
         return None
+    return read_own_at(None, path, path)
+
+
+def read_own_at(dir_fd: int | None, name: str, path: str,
+                limit: int = MAX_STATE_BYTES) -> bytes | None:
+    """At most ``limit`` bytes of the regular file ``name`` (in ``dir_fd``; None: a path), ours
+    alone, never through a link and never blocking on a FIFO; None when absent. Raises
+    StateDirError (``path`` names it) when it is anything else; OSError when it cannot be
+    opened (ELOOP: a link)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
@@ -63,4 +73,4 @@ def read_private(path: str) -> bytes | None:
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             raise StateDirError(f"{path} is owned by uid {st.st_uid}, mode "
                                 f"{stat.S_IMODE(st.st_mode):o}: not ours alone, refusing to read it")
-        return f.read(MAX_STATE_BYTES)
+        return f.read(limit)

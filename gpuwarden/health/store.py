@@ -7,8 +7,8 @@ import contextlib
 import json
 import marshal
 import os
+import secrets
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -74,12 +74,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Exclusive temp file in the same directory, fsync, rename, fsync the directory.
+def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``name`` in the directory ``dir_fd``: an exclusive temp file beside it (never
+    through a link), fsync, rename, fsync the directory.
 
     The file is complete or absent: any failure before the rename removes the temp file and
     raises, leaving the previous file (if any) as it was."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                 dir_fd=dir_fd)
     try:
         try:
             os.fchmod(fd, mode)
@@ -87,14 +90,19 @@ def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> N
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, os.path.join(directory, name))
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
+    os.fsync(dir_fd)
+
+
+def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
+    """`write_at` in the directory at ``directory``."""
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dfd)
+        write_at(dfd, name, data, mode)
     finally:
         os.close(dfd)
 

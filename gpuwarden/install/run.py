@@ -12,6 +12,7 @@ import sysconfig
 from dataclasses import dataclass, field
 
 from gpuwarden.extras import EXTRAS
+from gpuwarden.health.store import write_at
 from gpuwarden.install import plan, safewrite, trust
 from gpuwarden.install.plan import InstallError, Target
 
@@ -226,6 +227,6 @@ def install(req: Request) -> Outcome:
                 where, name = posixpath.split(step.path)
                 with safewrite.opened_dir(where, req.owner, create=True) as fd:
                     assert fd is not None
-                    safewrite.write_at(fd, name, data, step.mode)
+                    write_at(fd, name, data, step.mode)
     unreachable += [u for u in kit_unreachable(req) if u not in unreachable]
     return Outcome([step for step, _ in steps], unreachable)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 
@@ -115,28 +114,6 @@ def same(existing: tuple[bytes, os.stat_result] | None, data: bytes, mode: int,
         return False
     old, st = existing
     return old == data and stat.S_IMODE(st.st_mode) == mode and st.st_uid == owner
-
-
-def write_at(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """Replace ``name`` atomically: an exclusive temp file beside it, fsync, rename. A failure
-    leaves the previous file as it was."""
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    os.fsync(dir_fd)
 
 
 def read_source(root: str, rel: str) -> bytes:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.listing import this_host
 from gpuwarden.ckpt.manifest import Manifest
+from tests.unit.test_ckpt_ownership import _cli as cli
 
 JOB = "job-64"
 HOST = this_host()
@@ -28,23 +28,6 @@ def save(root: Path, rank: int, *steps: int, namespace: str = JOB) -> None:
     for step in steps:
         shards, data = codec.encode({"w": np.full((4,), step, dtype=np.float32)})
         tier.commit(Manifest(JOB, step, 4, rank, tuple(shards), time.time(), {}), data)
-
-
-def cli(tmp_path: Path) -> Any:
-    from click.testing import CliRunner
-
-    from gpuwarden.ckpt.config import CkptConfig
-    from gpuwarden.cli import Context, cli
-    from gpuwarden.config import Config
-
-    ctx = Context()
-    ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),
-                                                    shared_root=str(tmp_path / "fsx")))
-
-    def run(*args: str) -> tuple[int, str]:
-        res = CliRunner().invoke(cli, list(args), obj=ctx)
-        return res.exit_code, res.output
-    return run
 
 
 @pytest.fixture
