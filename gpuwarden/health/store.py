@@ -4,6 +4,7 @@ written atomically, plus a node_exporter textfile."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import marshal
 import os
@@ -124,6 +125,7 @@ class Counters:
 class Store:
     VERDICT = "verdict.json"
     FAST = FAST_SUMMARY
+    LOCK = "verdict.lock"  # held while the verdict and its summary are written
     COUNTERS = "counters.json"
     PROM = "gpuwarden.prom"
     SELF_PROM = "gpuwarden_self.prom"
@@ -175,6 +177,17 @@ class Store:
         """The JSON, then the fast path's summary of it. The old summary goes first, so that
         a failure or a kill at any point leaves either no summary or the one of the JSON on
         disk: never one the fast path would trust over a newer (maybe CRITICAL) verdict."""
+        # Prologs, epilogs and the periodic check save side by side: one writer at a time, so
+        # that one's summary never lands after another's JSON.
+        lock = os.open(os.path.join(self.dir, self.LOCK),
+                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._write_pair(doc)
+        finally:
+            os.close(lock)
+
+    def _write_pair(self, doc: dict[str, Any]) -> None:
         name = self.FAST
         try:
             _discard(self.dir, self.FAST)
