@@ -112,6 +112,8 @@ class _LazyGroup(click.Group):
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help=f"config file (default: ${configmod.ENV_VAR} or {configmod.DEFAULT_PATH})")
 @click.option("-v", "--verbose", is_flag=True, help="log debug messages")
+@click.version_option(package_name="gpuwarden", prog_name="gpuwarden",
+                      message="%(prog)s %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, verbose: bool) -> None:
     """gpuwarden: health gating, lemon-node draining, topology placement and tiered

@@ -21,6 +21,12 @@ from gpuwarden.ckpt.manifest import Shard
 from gpuwarden.ckpt.names import check_name
 from gpuwarden.errors import GpuwardenError
 
+# The ckpt extra names xxhash with no floor (pyproject.toml: Debian's package says 0.0.0), so
+# the version that matters is checked here: xxh3 came with python-xxhash 2.0.
+if not hasattr(xxhash, "xxh3_64"):  # pragma: no cover - no supported distribution is that old
+    raise ImportError(f"xxhash {getattr(xxhash, 'VERSION', '?')} has no xxh3: gpuwarden's "
+                      "checkpoints need python-xxhash 2.0 or newer (pip install -U xxhash)")
+
 
 class StateError(GpuwardenError):
     """A state value that cannot be checkpointed, or a shard that cannot be decoded."""

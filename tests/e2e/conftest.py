@@ -36,8 +36,13 @@ def _docker_client() -> object:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Harness]:
-    client = _docker_client()
+def docker_client() -> object:
+    return _docker_client()
+
+
+@pytest.fixture(scope="session")
+def cluster(docker_client: object) -> Iterator[Harness]:
+    client = docker_client
     c = Cluster(client, from_env(), progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
     # A fresh cluster per session: no drains, jobs or accounting left from an earlier run.
     c.down(keep_state=True)

@@ -1,0 +1,141 @@
+"""The admin guide as the end-to-end test runs it: its marked shell blocks, and the two edits
+the guide leaves to the admin (the config file, merging slurm.conf lines).
+
+A block the test runs is marked in the Markdown by ``<!-- e2e: NAME -->`` on the line before
+its fence, so the test runs what the guide shows, and a guide edit that drops a step fails the
+test instead of going unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_MARK = re.compile(r"^<!-- e2e: ([a-z0-9-]+) -->$")
+# What a site's slurm.conf may already hold and the guide says to combine on one line.
+LIST_KEYS = frozenset({"schedulerparameters", "jobsubmitplugins", "clifilterplugins",
+                       "prologflags"})
+
+
+class GuideError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    text: str
+    where: str  # file:line of the fence, for messages
+
+    def commands(self) -> list[str]:
+        """The block's shell lines, comments and blanks dropped, continuations joined."""
+        out: list[str] = []
+        pending = ""
+        for raw in self.text.splitlines():
+            line = pending + raw.rstrip()
+            pending = ""
+            if line.endswith("\\"):
+                pending = line[:-1] + " "
+                continue
+            if line.strip() and not line.lstrip().startswith("#"):
+                out.append(line)
+        if pending:
+            raise GuideError(f"{self.where}: the block ends inside a continued line")
+        return out
+
+
+def blocks(path: Path) -> dict[str, Block]:
+    """Every marked fenced block of ``path`` by name."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found: dict[str, Block] = {}
+    for i, line in enumerate(lines):
+        m = _MARK.match(line.strip())
+        if not m:
+            continue
+        name = m.group(1)
+        if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+            raise GuideError(f"{path}:{i + 1}: marker {name!r} is not right above a ``` fence")
+        try:
+            end = next(j for j in range(i + 2, len(lines)) if lines[j].startswith("```"))
+        except StopIteration:
+            raise GuideError(f"{path}:{i + 2}: the fence of {name!r} is never closed") from None
+        if name in found:
+            raise GuideError(f"{path}:{i + 1}: marker {name!r} appears twice")
+        found[name] = Block(name, "\n".join(lines[i + 2:end]) + "\n", f"{path}:{i + 2}")
+    return found
+
+
+def _toml_value(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def set_toml_keys(text: str, table: str, values: dict[str, str | int | float | bool]) -> str:
+    """The admin's edit of `gpuwarden config show`'s output: set ``key = value`` lines of
+    ``[table]``, each of which must be there already (the output lists every key)."""
+    lines = text.splitlines()
+    try:
+        start = lines.index(f"[{table}]")
+    except ValueError:
+        raise GuideError(f"no [{table}] table in the configuration") from None
+    end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("[")), len(lines))
+    todo = dict(values)
+    for j in range(start + 1, end):
+        key = lines[j].split("=", 1)[0].strip()
+        if "=" in lines[j] and key in todo:
+            lines[j] = f"{key} = {_toml_value(todo.pop(key))}"
+    if todo:
+        raise GuideError(f"[{table}] has no line for {', '.join(sorted(todo))}")
+    return "\n".join(lines) + "\n"
+
+
+def toml_settings(block: Block) -> dict[str, dict[str, str | int | float | bool]]:
+    """The ``key = value`` lines of a TOML block of the guide, by table (simple values only)."""
+    import tomllib  # noqa: PLC0415
+
+    doc = tomllib.loads(block.text)
+    out: dict[str, dict[str, str | int | float | bool]] = {}
+    for table, body in doc.items():
+        if not isinstance(body, dict):
+            raise GuideError(f"{block.where}: {table} is not a table")
+        out[table] = {k: v for k, v in body.items() if isinstance(v, (str, int, float, bool))}
+    return out
+
+
+def _key(line: str) -> str:
+    head = line.split("#", 1)[0].strip()
+    return head.split("=", 1)[0].strip().lower() if "=" in head else ""
+
+
+def merge_slurm_conf(site: str, lines: Block) -> str:
+    """Step 8's merge, as the guide words it: where the site's file sets a key already, combine
+    the values on that line (SchedulerParameters and the plugin lists) or take gpuwarden's value;
+    append the keys it does not set. Commented-out lines of the block are left out."""
+    site_lines = site.splitlines()
+    index = {k: i for i, line in enumerate(site_lines) if (k := _key(line))}
+    appended: list[str] = []
+    for line in lines.commands():
+        key = _key(line)
+        if not key:
+            raise GuideError(f"{lines.where}: {line!r} is not a Key=value line")
+        value = line.split("#", 1)[0].strip().split("=", 1)[1].strip()
+        name = line.split("=", 1)[0].strip()
+        if key not in index:
+            appended.append(f"{name}={value}")
+            continue
+        i = index[key]
+        if key in LIST_KEYS:
+            theirs = site_lines[i].split("#", 1)[0].strip().split("=", 1)[1].strip()
+            items = [x for x in theirs.split(",") if x]
+            items += [x for x in value.split(",") if x and x not in items]
+            site_lines[i] = f"{name}={','.join(items)}"
+        else:
+            site_lines[i] = f"{name}={value}"
+    body = "\n".join(site_lines) + "\n"
+    if appended:
+        body += "# gpuwarden (docs/admin-guide.md, step 8)\n" + "\n".join(appended) + "\n"
+    return body

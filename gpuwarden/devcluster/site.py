@@ -1,0 +1,150 @@
+"""A plain Slurm site in containers, with no gpuwarden: what the admin-guide test installs on.
+
+The cluster image's Debian Slurm, started by docker-cluster/site/site.sh from the site's own
+slurm.conf (docker-cluster/site/): one head (MariaDB, slurmdbd, slurmctld) and four GPU nodes
+on two leaf switches' worth of names. Nothing of the test cluster's templates, entrypoint or
+gpuwarden install is used; the built wheel is only put where the guide says (`/path/to/dist`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuwarden.devcluster import image, wheel
+from gpuwarden.devcluster.exec import ExecResult, run_in
+from gpuwarden.errors import GpuwardenError
+
+PREFIX = "gwsite"
+LABEL = "gpuwarden.plainsite"
+NETWORK = f"{PREFIX}-net"
+SUBNET = "172.30.0.0/24"
+HEAD = "head"
+NODES = ("gn1", "gn2", "gn3", "gn4")
+NODES_PER_LEAF = 2
+GPUS = 8
+# Where the wheel is inside the containers: the guide's placeholder, literally.
+DIST = "/path/to/dist"
+
+Progress = Callable[[str], None]
+
+
+class SiteError(GpuwardenError):
+    pass
+
+
+class PlainSite:
+    def __init__(self, client: Any, repo_root: Path, work_dir: Path,
+                 progress: Progress = print) -> None:
+        self.client = client
+        self.root = repo_root
+        self.work = work_dir
+        self.progress = progress
+
+    @property
+    def hosts(self) -> list[str]:
+        return [HEAD, *NODES]
+
+    def _address(self, host: str) -> str:
+        return f"172.30.0.{10 + self.hosts.index(host)}"
+
+    def _seed(self) -> Path:
+        seed = self.work / "seed"
+        seed.mkdir(parents=True)
+        src = self.root / "docker-cluster" / "site"
+        for name in ("slurm.conf", "gres.conf", "cgroup.conf", "site.sh"):
+            shutil.copy(src / name, seed / name)
+        dbd = (src / "slurmdbd.conf.in").read_text() + f"StoragePass={secrets.token_hex(12)}\n"
+        (seed / "slurmdbd.conf").write_text(dbd)
+        (seed / "munge.key").write_bytes(secrets.token_bytes(1024))
+        for path in seed.iterdir():
+            path.chmod(0o755 if path.name == "site.sh" else 0o644)
+        return seed
+
+    def up(self, timeout: float = 240.0) -> None:
+        import docker  # noqa: PLC0415 - developer tooling only
+
+        t0 = time.monotonic()
+        self.down()
+        tag = image.ensure_image(self.client, self.root, self.progress)
+        self.progress("building the gpuwarden wheel (the guide's step 1)")
+        built = wheel.build(self.root, self.work / "dist")
+        seed = self._seed()
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=SUBNET)])
+        self.client.networks.create(NETWORK, driver="bridge", ipam=ipam, labels={LABEL: "1"})
+        hosts = {h: self._address(h) for h in self.hosts}
+        for host in self.hosts:
+            role = "head" if host == HEAD else "node"
+            self.client.containers.run(
+                tag, ["/etc/site-seed/site.sh", role],
+                name=f"{PREFIX}-{host}", hostname=host, detach=True, labels={LABEL: "1"},
+                volumes={
+                    str(seed): {"bind": "/etc/site-seed", "mode": "ro"},
+                    str(built.parent): {"bind": DIST, "mode": "ro"},
+                },
+                extra_hosts={h: a for h, a in hosts.items() if h != host},
+                network=NETWORK,
+                networking_config={NETWORK: docker.types.EndpointConfig(
+                    version=self.client.api.api_version, ipv4_address=hosts[host],
+                    aliases=[host])},
+                init=True,
+            )
+        self.progress(f"waiting: the site's {len(NODES)} nodes are idle")
+        self.wait_for(self.nodes_idle, "every node idle", timeout)
+        self.progress(f"plain site up in {time.monotonic() - t0:.0f} s")
+
+    def down(self) -> None:
+        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+            c.remove(force=True, v=True)
+        for net in self.client.networks.list(names=[NETWORK]):
+            net.remove()
+
+    def container(self, host: str) -> Any:
+        return self.client.containers.get(f"{PREFIX}-{host}")
+
+    def exec(self, host: str, argv: list[str], timeout: float = 60.0, user: str = "") -> ExecResult:
+        return run_in(self.container(host), argv, timeout=timeout, user=user)
+
+    def sh(self, host: str, script: str, timeout: float = 60.0, user: str = "") -> ExecResult:
+        return self.exec(host, ["bash", "-euo", "pipefail", "-c", script], timeout=timeout,
+                         user=user)
+
+    def write(self, host: str, path: str, text: str, mode: str = "0644") -> None:
+        """Write a root-owned file in one host (what an admin's editor leaves)."""
+        run_in(self.container(host), ["bash", "-c", f'umask 022; cat > "$0" && chmod {mode} "$0"',
+                                      path], timeout=30, stdin_text=text).check(f"write {path}")
+
+    def read(self, host: str, path: str) -> str:
+        return self.exec(host, ["cat", path], timeout=30).check(f"read {path}").out
+
+    def logs(self, host: str, tail: int = 30) -> str:
+        return str(self.container(host).logs(tail=tail).decode(errors="replace"))
+
+    def wait_for(self, probe: Callable[[], str], what: str, timeout: float) -> None:
+        """Poll ``probe`` (empty string: done; else what it still sees) until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while True:
+            for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+                if c.status not in ("running", "created"):
+                    raise SiteError(f"{c.name} is {c.status}: "
+                                    f"{self.logs(c.name.removeprefix(PREFIX + '-'))}")
+            last = probe()
+            if not last:
+                return
+            if time.monotonic() > deadline:
+                raise SiteError(f"timed out after {timeout:.0f} s waiting for {what} (last: "
+                                f"{last}); head's log:\n{self.logs(HEAD)}")
+            time.sleep(1.0)
+
+    def nodes_idle(self) -> str:
+        res = self.exec(HEAD, ["sinfo", "-h", "-N", "-o", "%N %t"], timeout=20)
+        if res.rc != 0:
+            return res.err.strip() or f"exit {res.rc}"
+        states = dict(line.split() for line in res.out.splitlines() if line.strip())
+        busy = [f"{n}={states.get(n, 'unknown')}" for n in NODES if states.get(n) != "idle"]
+        return ", ".join(busy)

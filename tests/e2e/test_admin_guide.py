@@ -1,0 +1,201 @@
+"""docs/admin-guide.md, followed on a plain Slurm site: the wheel installed by the guide's own
+blocks, then a drain and a placed gang job.
+
+The site (gpuwarden/devcluster/site.py) is Debian's Slurm started from a site's own slurm.conf
+(docker-cluster/site/), with none of the test cluster's templates or entrypoint. Each step runs
+the guide's marked block as it stands (docs are parsed, not copied here), so a guide edit that
+breaks an install breaks this test. What the guide leaves to the admin, the test does the way it
+says: the edit of the config file (the `[cluster]` description and testing-without-gpus.md's
+test-node lines), merging step 8's lines into slurm.conf, copying topology.conf to every host.
+One substitution: these containers have no systemd, so `systemctl enable --now` is replaced by
+starting the installed unit's `ExecStart=` in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.devcluster import guide
+from gpuwarden.devcluster.site import HEAD, NODES, NODES_PER_LEAF, PlainSite
+from gpuwarden.slurm import hostlist
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "admin-guide.md"
+TEST_NODES = ROOT / "docs" / "testing-without-gpus.md"
+UNIT = "/etc/systemd/system/gpuwarden-placement.service"
+SNAPSHOT = "/etc/slurm/gpuwarden-placement.lua"
+CLUSTER = {"name": "site", "node_prefix": "gn", "nodes": len(NODES),
+           "nodes_per_leaf": NODES_PER_LEAF, "gpus_per_node": 8, "gpu_type": "h100",
+           "gpu_device_dir": "/opt/fakegpu", "cpus_per_node": 16, "real_memory_mb": 64000,
+           "partition": "gpu"}
+
+
+def run_block(site: PlainSite, host: str, block: guide.Block, timeout: float = 120) -> str:
+    res = site.sh(host, block.text, timeout=timeout)
+    if res.rc != 0:
+        pytest.fail(f"the guide's block at {block.where} failed on {host} (exit {res.rc}):\n"
+                    f"{block.text}\n--- stdout\n{res.out}\n--- stderr\n{res.err}", pytrace=False)
+    return res.out + res.err
+
+
+def split_systemctl(block: guide.Block) -> tuple[guide.Block, guide.Block]:
+    """The block before its `systemctl` line, and after it."""
+    lines = block.text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("systemctl "))
+    return (guide.Block(block.name, "\n".join(lines[:i]) + "\n", block.where),
+            guide.Block(block.name, "\n".join(lines[i + 1:]) + "\n", block.where))
+
+
+def start_unit(site: PlainSite, host: str) -> None:
+    """What `systemctl enable --now` does with the installed unit: run its ExecStart= as root."""
+    unit = site.read(host, UNIT)
+    starts = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert len(starts) == 1, unit
+    site.container(host).exec_run(
+        ["bash", "-c", f"exec {starts[0]} >> /var/log/gpuwarden-placement.log 2>&1"],
+        detach=True)
+
+
+def wait_job(site: PlainSite, job_id: int, done: str, timeout: float = 120) -> dict[str, Any]:
+    """Poll `scontrol show job --json` until ``done`` holds; return the job's record."""
+    job: dict[str, Any] = {}
+
+    def probe() -> str:
+        nonlocal job
+        res = site.exec(HEAD, ["scontrol", "show", "job", str(job_id), "--json"], timeout=20)
+        jobs = json.loads(res.out)["jobs"] if res.rc == 0 else []
+        job = jobs[0] if jobs else {}
+        state = job.get("job_state", ["?"])
+        ok = {"running": state == ["RUNNING"],
+              "requeued": job.get("restart_cnt", 0) >= 1 or "PENDING" in state}[done]
+        return "" if ok else f"job {job_id} {state} ({job.get('state_reason', '')})"
+
+    site.wait_for(probe, f"job {job_id} {done}", timeout)
+    return job
+
+
+@pytest.fixture(scope="module")
+def site(docker_client: object) -> Iterator[PlainSite]:
+    with tempfile.TemporaryDirectory(prefix="gwsite-") as work:
+        s = PlainSite(docker_client, ROOT, Path(work),
+                      progress=lambda m: print(f"[site] {m}", file=sys.stderr))
+        try:
+            s.up()
+            yield s
+        finally:
+            s.down()
+
+
+@pytest.fixture(scope="module")
+def installed(site: PlainSite) -> PlainSite:
+    """Steps 2 to 8 of the guide, in its order, on every host the step names."""
+    steps = guide.blocks(GUIDE)
+    test_node = guide.blocks(TEST_NODES)
+    for name in ("venv", "install-files", "config"):
+        for host in site.hosts:
+            run_block(site, host, steps[name])
+    # Step 4's "then edit": describe the site, and make the nodes test nodes.
+    node_health = guide.toml_settings(test_node["test-node-config"])["health"]
+    for host in site.hosts:
+        text = site.read(host, "/etc/gpuwarden/gpuwarden.toml")
+        text = guide.set_toml_keys(text, "cluster", CLUSTER)
+        if host != HEAD:
+            text = guide.set_toml_keys(text, "health", node_health)
+        site.write(host, "/etc/gpuwarden/gpuwarden.toml", text)
+        site.exec(host, ["gpuwarden", "config", "check"]).check(f"config check on {host}")
+    for host in NODES:
+        run_block(site, host, test_node["test-node"])
+        out = run_block(site, host, steps["selftest"])
+        assert "fix:" not in out, out
+    # Step 7 on the controller; then its topology.conf goes to every host, like slurm.conf.
+    before, after = split_systemctl(steps["placement"])
+    site.exec(HEAD, ["mkdir", "-p", "/etc/systemd/system"]).check("mkdir")  # no systemd here
+    run_block(site, HEAD, before)
+    start_unit(site, HEAD)
+    site.wait_for(lambda: "" if site.exec(HEAD, ["test", "-s", SNAPSHOT]).rc == 0
+                  else "no snapshot yet", "the placement daemon's first snapshot", 60)
+    run_block(site, HEAD, after)
+    topology = site.read(HEAD, "/etc/slurm/topology.conf")
+    # Step 8: the same merged slurm.conf on every host, checked, then applied.
+    merged = guide.merge_slurm_conf(site.read(HEAD, "/etc/slurm/slurm.conf"),
+                                    steps["slurm-conf-lines"])
+    for host in site.hosts:
+        site.write(host, "/etc/slurm/topology.conf", topology)
+        site.write(host, "/etc/slurm/slurm.conf", merged)
+    run_block(site, HEAD, steps["apply"])
+
+    def applied() -> str:
+        conf = site.exec(HEAD, ["scontrol", "show", "config"], timeout=20).out
+        if not re.search(r"^JobSubmitPlugins\s*=\s*\S*lua", conf, re.M):
+            return "slurmctld runs without the lua job_submit plugin yet"
+        return site.nodes_idle()
+
+    site.wait_for(applied, "slurmctld restarted with the new lines and every node idle", 180)
+    return site
+
+
+def test_the_guide_installs_a_wheel_that_runs_and_passes_its_own_checks(
+        installed: PlainSite) -> None:
+    site = installed
+    for host in site.hosts:
+        res = site.exec(host, ["gpuwarden", "--version"])
+        assert res.rc == 0 and res.out.startswith("gpuwarden 0.1.0"), res.out + res.err
+        # The hooks' interpreter is the venv's, from /etc/default/gpuwarden (step 3).
+        defaults = site.read(host, "/etc/default/gpuwarden")
+        assert "GPUWARDEN_PYTHON=/opt/gpuwarden/venv/bin/python3" in defaults
+    check = site.exec(HEAD, ["gpuwarden", "slurm-conf", "--check", "/etc/slurm/slurm.conf"])
+    assert check.rc == 0, check.out + check.err
+    conf = site.exec(HEAD, ["scontrol", "show", "config"]).out
+    assert "/opt/gpuwarden/prolog/gpuwarden-prolog" in conf
+    assert "topology/tree" in conf
+
+
+def test_a_gang_job_is_placed_in_one_leaf_by_the_filter(installed: PlainSite) -> None:
+    site = installed
+    res = site.exec(HEAD, ["sbatch", "--parsable", "-N", "2", "--gpus-per-node=8",
+                           "--chdir=/tmp", "--output=/dev/null", "--wrap=sleep 600"],
+                    user="alice").check("sbatch")
+    job_id = int(res.out.strip().split(";")[0])
+    try:
+        job = wait_job(site, job_id, "running")
+        assert "switches=1" in job["admin_comment"], job["admin_comment"]
+        nodes = hostlist.expand(job["nodes"])
+        leaves = {(int(n[2:]) - 1) // NODES_PER_LEAF for n in nodes}
+        assert len(nodes) == 2 and len(leaves) == 1, job["nodes"]
+    finally:
+        site.exec(HEAD, ["scancel", str(job_id)])
+
+
+def test_an_injected_xid_drains_the_node_and_the_job_is_requeued(installed: PlainSite) -> None:
+    site = installed
+    node = NODES[-1]
+    res = site.exec(node, ["gpuwarden", "health", "inject", "xid", "79", "--gpu", "5"])
+    assert res.rc == 0, res.out + res.err
+    sub = site.exec(HEAD, ["sbatch", "--parsable", "-w", node, "--chdir=/tmp",
+                           "--output=/dev/null", "--wrap=true"], user="alice").check("sbatch")
+    job_id = int(sub.out.strip().split(";")[0])
+    reason = ""
+
+    def drained() -> str:
+        nonlocal reason
+        out = site.exec(HEAD, ["sinfo", "-h", "-n", node, "-o", "%t|%E"]).out.strip()
+        state, _, reason = out.partition("|")
+        return "" if state.startswith("drain") else f"{node} {out}"
+
+    try:
+        site.wait_for(drained, f"{node} drained by gpuwarden", 120)
+        assert reason.startswith("gpuwarden: xid 79 on GPU 5"), reason
+        job = wait_job(site, job_id, "requeued")
+        assert "COMPLETED" not in job["job_state"], job["job_state"]
+        shown = site.exec(HEAD, ["gpuwarden", "nodes"]).out
+        assert node in shown and "xid 79" in shown, shown
+    finally:
+        site.exec(HEAD, ["scancel", str(job_id)])

@@ -1,0 +1,89 @@
+"""The admin guide's marked blocks, as tests/e2e/test_admin_guide.py runs them, and the two
+edits it leaves to the admin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden import slurmconfread
+from gpuwarden.cli import cli
+from gpuwarden.devcluster import guide
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_step_the_e2e_test_runs_is_marked_in_the_docs() -> None:
+    steps = guide.blocks(ROOT / "docs" / "admin-guide.md")
+    assert set(steps) == {"venv", "install-files", "config", "selftest", "placement",
+                          "slurm-conf-lines", "apply"}
+    assert set(guide.blocks(ROOT / "docs" / "testing-without-gpus.md")) == {
+        "test-node-config", "test-node"}
+    # The install step really is the offline Debian route the test nodes can take.
+    assert any("--no-index" in c for c in steps["venv"].commands())
+    assert any(c.startswith("systemctl ") for c in steps["placement"].commands())
+
+
+def test_a_marker_without_its_block_is_an_error(tmp_path: Path) -> None:
+    doc = tmp_path / "g.md"
+    doc.write_text("<!-- e2e: x -->\ntext\n```\nls\n```\n")
+    with pytest.raises(guide.GuideError, match="not right above"):
+        guide.blocks(doc)
+    doc.write_text("<!-- e2e: x -->\n```\nls\n")
+    with pytest.raises(guide.GuideError, match="never closed"):
+        guide.blocks(doc)
+    doc.write_text("<!-- e2e: x -->\n```\nls\n```\n<!-- e2e: x -->\n```\nid\n```\n")
+    with pytest.raises(guide.GuideError, match="twice"):
+        guide.blocks(doc)
+
+
+def test_commands_drop_comments_and_join_continuations() -> None:
+    block = guide.Block("b", "# note\ninstall -m 0644 a \\\n    b /etc/\n\nls   # why\n", "x:1")
+    assert block.commands() == ["install -m 0644 a      b /etc/", "ls   # why"]
+
+
+def test_the_config_edit_sets_only_the_named_keys_of_one_table() -> None:
+    shown = "[cluster]\nname = \"gpuwarden\"\nnodes = 8\n\n[health]\nname = \"x\"\ndrain = true\n"
+    out = guide.set_toml_keys(shown, "cluster", {"name": "site", "nodes": 4})
+    assert out == "[cluster]\nname = \"site\"\nnodes = 4\n\n[health]\nname = \"x\"\ndrain = true\n"
+    assert "drain = false" in guide.set_toml_keys(shown, "health", {"drain": False})
+    with pytest.raises(guide.GuideError, match="no line for nope"):
+        guide.set_toml_keys(shown, "cluster", {"nope": 1})
+    with pytest.raises(guide.GuideError, match=r"no \[lemon\]"):
+        guide.set_toml_keys(shown, "lemon", {"fdr": 0.1})
+
+
+def test_the_merge_combines_list_keys_replaces_others_and_appends_the_rest(
+        tmp_path: Path) -> None:
+    site = ("ClusterName=site\nSchedulerParameters=bf_continue\nReturnToService=1\n"
+            "GresTypes=gpu\nNodeName=gn[1-4] CPUs=16\n")
+    lines = guide.Block("l", "GresTypes=gpu\nSchedulerParameters=nohold_on_prolog_fail\n"
+                             "ReturnToService=2   # why\nJobSubmitPlugins=lua\n"
+                             "#CliFilterPlugins=lua\n", "x:1")
+    merged = guide.merge_slurm_conf(site, lines)
+    assert "SchedulerParameters=bf_continue,nohold_on_prolog_fail\n" in merged
+    assert "ReturnToService=2\n" in merged and "ReturnToService=1" not in merged
+    assert merged.count("GresTypes=gpu") == 1
+    assert merged.endswith("JobSubmitPlugins=lua\n") and "CliFilter" not in merged
+    # Slurm's own reading of the result: one value per key, the merged one.
+    path = tmp_path / "slurm.conf"
+    path.write_text(merged)
+    settings = slurmconfread.read(str(path))
+    last = settings.last("schedulerparameters")
+    assert last is not None and last.value == "bf_continue,nohold_on_prolog_fail"
+
+
+def test_the_guides_own_lines_merge_into_the_plain_sites_file() -> None:
+    steps = guide.blocks(ROOT / "docs" / "admin-guide.md")
+    site = (ROOT / "docker-cluster" / "site" / "slurm.conf").read_text()
+    merged = guide.merge_slurm_conf(site, steps["slurm-conf-lines"])
+    assert "SchedulerParameters=bf_continue,nohold_on_prolog_fail,max_switch_wait=3600" in merged
+    assert "Prolog=/opt/gpuwarden/prolog/gpuwarden-prolog\n" in merged
+
+
+def test_version_is_the_installed_distributions() -> None:
+    res = CliRunner().invoke(cli, ["--version"])
+    assert res.exit_code == 0
+    assert res.output.startswith("gpuwarden 0.")
