@@ -8,6 +8,7 @@ the site's: `described` tells the two apart.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tomllib
 from dataclasses import dataclass
@@ -79,19 +80,26 @@ PARTS = ("slurm.conf", "gres.conf", "topology.conf")
 
 
 def described(config_file: Path) -> bool:
-    """Whether ``config_file`` sets [cluster]: only then do the rendered lines describe the
-    site's nodes and switches rather than the example's."""
+    """Whether ``config_file`` sets [cluster] to something of its own: only then do the
+    rendered lines describe the site's nodes and switches rather than the example's. A table
+    that only repeats the defaults (what `gpuwarden config show > gpuwarden.toml` writes before
+    the admin edits it) is the example still."""
     try:
         table = tomllib.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
-    return isinstance(table.get("cluster"), dict)
+    cluster = table.get("cluster")
+    if not isinstance(cluster, dict):
+        return False
+    defaults = dataclasses.asdict(ClusterConfig())
+    return any(k not in defaults or v != defaults[k] for k, v in cluster.items())
 
 
 def example_warning(config_file: Path, cluster: ClusterConfig) -> str:
     """Why lines rendered from the example [cluster] must not go into a site's files."""
     lay = layout(cluster)
-    return (f"[cluster] is not set in {config_file}: these lines describe gpuwarden's example "
+    return (f"[cluster] in {config_file} is not set, or is still the defaults: these lines "
+            "describe gpuwarden's example "
             f"cluster ({lay.nodes_expr}, {cluster.nodes_per_leaf} per leaf switch), not yours; "
             "Slurm only warns about nodes in topology.conf that it does not know, so placement "
             "would run with no real switches. Describe your nodes in [cluster] (name, "

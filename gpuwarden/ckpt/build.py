@@ -14,7 +14,7 @@ def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
     """``owner``: the job's user, whom the filesystem tiers hold every file to (None: whoever
     runs this; `fstier.ANY_JOB_USER` for root's commands). ``s3_key``: the job's key, which
     authenticates S3 manifests (None: S3 steps are refused, none written)."""
-    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank, owner)]
+    out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank, owner, map_reads=True)]
     if cfg.shared_root:
         out.append(FsTier("shared", cfg.shared_root, job, rank, owner))
     if cfg.s3_bucket:

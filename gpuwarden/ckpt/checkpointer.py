@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.ckpt.codec import encode
+from gpuwarden.ckpt import nested
+from gpuwarden.ckpt.codec import StateError, encode
 from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
@@ -60,6 +61,11 @@ class Checkpointer:
     def save(self, step: int, state: Mapping[str, Any],
              metadata: Mapping[str, str] | None = None) -> Manifest:
         check_step(step)
+        if nested.is_flat(state):
+            if nested.STRUCTURE in state:
+                raise StateError(f"state key {nested.STRUCTURE!r} is reserved")
+        else:
+            state = nested.flatten(state)  # a torch state_dict, nested dicts, scalars
         shards, data = encode(state)
         m = Manifest(self.job, step, self.world_size, self.rank, tuple(shards), time.time(),
                      dict(metadata or {}))
@@ -98,10 +104,11 @@ class Checkpointer:
         """Every step this rank could restore from some tier (unverified: listing only)."""
         return self.listing()[0]
 
-    def listing(self) -> tuple[list[int], list[str]]:
+    def listing(self, durable_only: bool = False) -> tuple[list[int], list[str]]:
         """`held`, and why the tiers left out of it could not be listed (each tier on its own:
-        one that fails does not hide the others)."""
-        held, failed = listed(self.tiers())
+        one that fails does not hide the others). ``durable_only``: the durable tiers' steps,
+        the ones other ranks can read too."""
+        held, failed = listed(self.durable if durable_only else self.tiers())
         return sorted(set().union(*held.values())), failed
 
     def latest(self) -> int | None:

@@ -10,6 +10,7 @@ strings) is refused at save, with an error naming the key.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,9 @@ class StateError(GpuwardenError):
     """A state value that cannot be checkpointed, or a shard that cannot be decoded."""
 
 
-Buf = bytes | bytearray | memoryview  # a shard's bytes, wherever they came from
+# A shard's bytes, wherever they came from; an mmap is a private copy-on-write mapping of a
+# tier-0 file (safeio.map_file), the restore's own like a bytearray.
+Buf = bytes | bytearray | memoryview | mmap.mmap
 
 
 def checksum(data: Buf) -> str:
@@ -92,5 +95,6 @@ def decode(shard: Shard, data: Buf) -> Any:
     if count == 0 or dt.itemsize == 0:
         return np.zeros(shard.shape, dtype=dt)
     arr = np.frombuffer(data, dtype=dt, count=count).reshape(shard.shape)
-    # A bytearray was read for this restore alone: the array can own it, writable, no copy.
-    return arr if isinstance(data, bytearray) else arr.copy()
+    # A bytearray read, or a private mapping made, for this restore alone: the array can own
+    # it, writable, no copy.
+    return arr if isinstance(data, (bytearray, mmap.mmap)) else arr.copy()

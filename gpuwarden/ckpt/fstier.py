@@ -107,8 +107,12 @@ def _why(exc: BaseException) -> str:
 
 class FsTier:
     def __init__(self, name: str, root: str, job: str, rank: int = 0,
-                 owner: int | None = None) -> None:
+                 owner: int | None = None, map_reads: bool = False) -> None:
         self.name = name
+        # Node memory (tmpfs): a restore maps the shards' pages copy-on-write instead of
+        # copying them (safeio.map_file). Never on a network filesystem, whose pages another
+        # node's unlink could take away under the mapping.
+        self.map_reads = map_reads
         self.root = root
         self.namespace = check_name(job, "job")
         self.job = job_of(self.namespace)  # what its manifests must name
@@ -311,8 +315,11 @@ class FsTier:
             out: dict[str, Buf] = {}
             for shard in m.shards if shards else ():
                 try:
-                    data = safeio.read_file(sfd, shard.name, owner, shard.size,
-                                            os.path.join(where, shard.name), exact=True)
+                    path = os.path.join(where, shard.name)
+                    data: Buf = (
+                        safeio.map_file(sfd, shard.name, owner, shard.size, path)
+                        if self.map_reads else
+                        safeio.read_file(sfd, shard.name, owner, shard.size, path, exact=True))
                 except (Refused, OSError) as exc:
                     raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
                                       f"{_why(exc)}") from None

@@ -35,6 +35,7 @@ from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
 from gpuwarden.ckpt.restore import Restored, TiersUnavailable
+from gpuwarden.ckpt.restore import restore as restore_from
 from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ class JobCheckpointer:
         return PeerTier(key, env.job, env.rank, [addrs[r] for r in mine], others)
 
     # ---- the training loop's side -----------------------------------------------------------
-    def restore(self, read_only: bool = False) -> Restored | None:
+    def restore(self, read_only: bool = False, durable_only: bool = False) -> Restored | None:
         """The newest step every rank can restore, the same on all ranks; None: start fresh.
 
         Agreement is on what the tiers list; a rank whose copies of the agreed step all fail
@@ -204,9 +205,13 @@ class JobCheckpointer:
         Raises `TiersUnavailable` on every rank when some rank could not list a tier and no
         step could be agreed on or restored (it may hold the checkpoint: never a fresh start
         then), and CoordError when the ranks do not meet.
+
+        ``durable_only``: agree only on steps every rank holds on a durable tier, which the other
+        ranks can read (`load_rank`): what a DCP load needs. This rank's own copy still comes
+        from its fastest tier.
         """
         env = self.env
-        mine, failed = self.ck.listing()
+        mine, failed = self.ck.listing(durable_only=durable_only)
         target = agree(self.coord, f"agree-{env.run}", mine, self.cfg.agree_timeout_s)
         for attempt in range(4):
             if target is None:
@@ -245,6 +250,20 @@ class JobCheckpointer:
 
     def save(self, step: int, state: Mapping[str, Any]) -> Manifest:
         return self.ck.save(step, state)
+
+    def load_rank(self, rank: int, step: int) -> dict[str, Any]:
+        """Another rank's ``step`` from the durable tiers (shared filesystem, then S3),
+        verified: for DCP, whose ranks read items other ranks wrote (a replicated tensor is
+        written once). Raises TiersUnavailable when no durable tier has a good copy."""
+        storage = tiers(self.cfg, self.env.job, rank)[1:]
+        for t in storage:
+            if t.name == "s3":
+                t.key = self._key
+        got = restore_from(storage, at_most=step)
+        if got is None or got.step != step:
+            raise TiersUnavailable(f"rank {self.env.rank}: step {step} of rank {rank} is on no "
+                                   "durable tier in a form that passes its checks")
+        return got.state
 
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
         return self.ck.wait_durable(step, timeout)

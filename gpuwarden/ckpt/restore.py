@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import Buf, decode
 from gpuwarden.ckpt.fstier import TierError
 from gpuwarden.ckpt.manifest import Manifest
@@ -76,7 +77,10 @@ def _copy(t: Tier, step: int) -> tuple[Manifest, dict[str, Any]]:
     manifest, data = t.load(step)
     if manifest.step != step:  # every tier checks this; a tier that does not is not trusted
         raise TierError(f"{t.name} step {step}: its manifest is of step {manifest.step}")
-    return manifest, {s.name: decode(s, data[s.name]) for s in manifest.shards}
+    state = {s.name: decode(s, data[s.name]) for s in manifest.shards}
+    # A nested state (torch state_dicts ...) is rebuilt here, so a tree that does not fit its
+    # shards is a bad copy like any other; a missing torch is not, and is raised as it is.
+    return manifest, nested.unflatten(state) if nested.is_nested(state) else state
 
 
 def restore(tiers: Sequence[Tier], at_most: int | None = None,

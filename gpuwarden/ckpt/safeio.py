@@ -10,6 +10,7 @@ reader. Removal never follows a link and never leaves the directory it starts fr
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import secrets
 import stat
@@ -167,6 +168,23 @@ def read_file(parent: int, name: str, owner: int | None, limit: int, where: str,
                 raise Refused(f"{where}: shorter than expected (changed while read)")
             view = view[n:]
         return buf
+
+
+def map_file(parent: int, name: str, owner: int | None, size: int,
+             where: str) -> mmap.mmap | bytearray:
+    """The regular file ``name`` of exactly ``size`` bytes, checked as `read_file` checks,
+    mapped copy-on-write instead of copied: for node memory (tmpfs), where the pages are in
+    memory already. The mapping is the caller's: writes to it never reach the file, and it
+    stays valid after the file is unlinked (retention pruning tier 0)."""
+    fd, found = _open_checked(parent, name, owner, where)
+    with closing(fd):
+        if found != size:
+            raise Refused(f"{where}: {found} bytes, expected {size}")
+        if size == 0:
+            return bytearray()
+        # No MAP_POPULATE: on a writable private mapping it would copy every page up front.
+        # Read faults map tmpfs's own pages; only a page the caller writes is copied.
+        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 CHUNK = 1 << 20  # what a streamed read holds in memory at once

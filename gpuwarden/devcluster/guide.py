@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _MARK = re.compile(r"^<!-- e2e: ([a-z0-9-]+) -->$")
-# What a site's slurm.conf may already hold and the guide says to combine on one line.
+# Comma lists the guide says to combine (slurmconfneeds reads them as lists too).
 LIST_KEYS = frozenset({"schedulerparameters", "jobsubmitplugins", "clifilterplugins",
-                       "prologflags"})
+                       "prologflags", "grestypes"})
+# Keys whose every line counts: gpuwarden's line goes beside the site's.
+COLLECTED = frozenset({"prolog", "epilog"})
+# One program only: a site's own cannot be merged with gpuwarden's.
+SINGLE_PROGRAM = frozenset({"healthcheckprogram"})
 
 
 class GuideError(Exception):
@@ -111,10 +115,20 @@ def _key(line: str) -> str:
     return head.split("=", 1)[0].strip().lower() if "=" in head else ""
 
 
+def _value(line: str) -> str:
+    return line.split("#", 1)[0].strip().split("=", 1)[1].strip()
+
+
+def _option(item: str) -> str:
+    return item.split("=", 1)[0].strip().lower()
+
+
 def merge_slurm_conf(site: str, lines: Block) -> str:
-    """Step 8's merge, as the guide words it: where the site's file sets a key already, combine
-    the values on that line (SchedulerParameters and the plugin lists) or take gpuwarden's value;
-    append the keys it does not set. Commented-out lines of the block are left out."""
+    """Step 8's merge, by the rules the guide states: a key the site's file lacks is added;
+    Prolog/Epilog lines go beside the site's; comma lists get the items whose option they lack
+    (the site's own setting of an option stays); HealthCheckProgram, one program, is an error
+    when the site runs another; any other key keeps the site's value, for `slurm-conf --check`
+    to judge. Commented-out lines of the block are left out."""
     site_lines = site.splitlines()
     index = {k: i for i, line in enumerate(site_lines) if (k := _key(line))}
     appended: list[str] = []
@@ -122,19 +136,23 @@ def merge_slurm_conf(site: str, lines: Block) -> str:
         key = _key(line)
         if not key:
             raise GuideError(f"{lines.where}: {line!r} is not a Key=value line")
-        value = line.split("#", 1)[0].strip().split("=", 1)[1].strip()
-        name = line.split("=", 1)[0].strip()
+        name, value = line.split("=", 1)[0].strip(), _value(line)
         if key not in index:
             appended.append(f"{name}={value}")
             continue
         i = index[key]
-        if key in LIST_KEYS:
-            theirs = site_lines[i].split("#", 1)[0].strip().split("=", 1)[1].strip()
+        theirs = _value(site_lines[i])
+        if key in COLLECTED:
+            if all(_key(x) != key or _value(x) != value for x in site_lines):
+                appended.append(f"{name}={value}")
+        elif key in LIST_KEYS:
             items = [x for x in theirs.split(",") if x]
-            items += [x for x in value.split(",") if x and x not in items]
-            site_lines[i] = f"{name}={','.join(items)}"
-        else:
-            site_lines[i] = f"{name}={value}"
+            have = {_option(x) for x in items}
+            items += [x for x in value.split(",") if x and _option(x) not in have]
+            site_lines[i] = f"{site_lines[i].split('=', 1)[0].strip()}={','.join(items)}"
+        elif key in SINGLE_PROGRAM and theirs != value:
+            raise GuideError(f"the site's {name}={theirs} and gpuwarden's {value}: Slurm runs "
+                             "one; see the guide's step 8")
     body = "\n".join(site_lines) + "\n"
     if appended:
         body += "# gpuwarden (docs/admin-guide.md, step 8)\n" + "\n".join(appended) + "\n"

@@ -121,6 +121,16 @@ class PlainSite:
     def read(self, host: str, path: str) -> str:
         return self.exec(host, ["cat", path], timeout=30).check(f"read {path}").out
 
+    def diagnostics(self) -> str:
+        """The logs an admin would read first: each daemon's last lines."""
+        out = [f"--- {HEAD}: entrypoint\n{self.logs(HEAD, 10)}"]
+        for host, path in [(HEAD, "/var/log/slurm/slurmctld.log"),
+                           (HEAD, "/var/log/gpuwarden-placement.log"),
+                           *((n, "/var/log/slurm/slurmd.log") for n in NODES)]:
+            res = self.exec(host, ["tail", "-n", "15", path], timeout=20)
+            out.append(f"--- {host}: {path}\n{res.out or res.err}")
+        return "\n".join(out)
+
     def logs(self, host: str, tail: int = 30) -> str:
         return str(self.container(host).logs(tail=tail).decode(errors="replace"))
 
@@ -138,7 +148,7 @@ class PlainSite:
                 return
             if time.monotonic() > deadline:
                 raise SiteError(f"timed out after {timeout:.0f} s waiting for {what} (last: "
-                                f"{last}); head's log:\n{self.logs(HEAD)}")
+                                f"{last})\n{self.diagnostics()}")
             time.sleep(1.0)
 
     def nodes_idle(self) -> str:

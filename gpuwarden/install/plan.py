@@ -43,6 +43,7 @@ MANIFEST: tuple[SiteFile, ...] = (
     SiteFile("plugins/README.md", 0o644),
     SiteFile("ckpt/train.sbatch", 0o755, "sbatch"),
     SiteFile("ckpt/train_example.py", 0o755),
+    SiteFile("ckpt/train_torch_example.py", 0o755),
     SiteFile("ckpt/README.md", 0o644),
     SiteFile("systemd/gpuwarden-placement.service", 0o644, "unit"),
     SiteFile("systemd/gpuwarden-lemon-scan.service", 0o644, "unit"),

@@ -42,7 +42,7 @@ def test_the_guides_lines_are_what_the_check_asks_for() -> None:
 
 def test_files_are_in_place_before_slurm_conf_names_them() -> None:
     install = GUIDE.index("gpuwarden install-files /opt/gpuwarden\n")
-    plugin = GUIDE.index("ln -s /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua")
+    plugin = GUIDE.index("ln -sfn /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua")
     selftest = GUIDE.index("gpuwarden health selftest\n")
     first_line = min(GUIDE.index(f"\n{key}=") for key in ("JobSubmitPlugins", "Prolog"))
     assert install < selftest < plugin < first_line

@@ -55,24 +55,42 @@ def test_the_config_edit_sets_only_the_named_keys_of_one_table() -> None:
         guide.set_toml_keys(shown, "lemon", {"fdr": 0.1})
 
 
-def test_the_merge_combines_list_keys_replaces_others_and_appends_the_rest(
+def test_the_merge_combines_lists_keeps_the_sites_values_and_appends_the_rest(
         tmp_path: Path) -> None:
-    site = ("ClusterName=site\nSchedulerParameters=bf_continue\nReturnToService=1\n"
-            "GresTypes=gpu\nNodeName=gn[1-4] CPUs=16\n")
-    lines = guide.Block("l", "GresTypes=gpu\nSchedulerParameters=nohold_on_prolog_fail\n"
-                             "ReturnToService=2   # why\nJobSubmitPlugins=lua\n"
-                             "#CliFilterPlugins=lua\n", "x:1")
+    site = ("ClusterName=site\nSchedulerParameters=bf_continue,Max_Switch_Wait=600\n"
+            "ReturnToService=1\nGresTypes=gpu,mps\nPrologEpilogTimeout=900\n"
+            "Prolog=/etc/slurm/prolog.d/*\nNodeName=gn[1-4] CPUs=16\n")
+    lines = guide.Block("l", "GresTypes=gpu\n"
+                             "SchedulerParameters=nohold_on_prolog_fail,max_switch_wait=3600\n"
+                             "ReturnToService=2   # why\nPrologEpilogTimeout=300\n"
+                             "Prolog=/opt/gpuwarden/prolog/gpuwarden-prolog\n"
+                             "JobSubmitPlugins=lua\n#CliFilterPlugins=lua\n", "x:1")
     merged = guide.merge_slurm_conf(site, lines)
-    assert "SchedulerParameters=bf_continue,nohold_on_prolog_fail\n" in merged
-    assert "ReturnToService=2\n" in merged and "ReturnToService=1" not in merged
-    assert merged.count("GresTypes=gpu") == 1
+    # The site's option keeps its value (the check judges it); new options are added.
+    assert "SchedulerParameters=bf_continue,Max_Switch_Wait=600,nohold_on_prolog_fail\n" in merged
+    assert "GresTypes=gpu,mps\n" in merged and merged.count("GresTypes") == 1
+    assert "ReturnToService=1\n" in merged and "PrologEpilogTimeout=900\n" in merged
+    assert "ReturnToService=2" not in merged and "=300" not in merged
+    # Both prologs run: gpuwarden's line goes beside the site's.
+    assert "Prolog=/etc/slurm/prolog.d/*\n" in merged
+    assert "Prolog=/opt/gpuwarden/prolog/gpuwarden-prolog\n" in merged
     assert merged.endswith("JobSubmitPlugins=lua\n") and "CliFilter" not in merged
     # Slurm's own reading of the result: one value per key, the merged one.
     path = tmp_path / "slurm.conf"
     path.write_text(merged)
     settings = slurmconfread.read(str(path))
     last = settings.last("schedulerparameters")
-    assert last is not None and last.value == "bf_continue,nohold_on_prolog_fail"
+    assert last is not None and last.value.endswith(",nohold_on_prolog_fail")
+    assert len(settings.all("prolog")) == 2
+
+
+def test_a_sites_own_health_check_program_is_not_silently_replaced() -> None:
+    lines = guide.Block("l", "HealthCheckProgram=/opt/gpuwarden/prolog/gpuwarden-healthcheck\n",
+                        "x:1")
+    with pytest.raises(guide.GuideError, match="Slurm runs one"):
+        guide.merge_slurm_conf("HealthCheckProgram=/usr/sbin/nhc\n", lines)
+    same = "HealthCheckProgram=/opt/gpuwarden/prolog/gpuwarden-healthcheck\n"
+    assert guide.merge_slurm_conf(same, lines) == same
 
 
 def test_the_guides_own_lines_merge_into_the_plain_sites_file() -> None:

@@ -79,10 +79,20 @@ def test_topology_conf_is_refused_while_cluster_is_not_set(tmp_path: Path) -> No
     cfg = config(tmp_path, "[placement.default]\nwait_s = 60\n")
     code, out, err = gw("--config", cfg, "slurm-conf", "--part", "topology.conf")
     assert code == 2 and out == ""
-    assert f"[cluster] is not set in {cfg}" in err and "c[1-8]" in err
+    assert f"[cluster] in {cfg} is not set" in err and "c[1-8]" in err
     assert "--example" in err
     code, out, _ = gw("--config", cfg, "slurm-conf", "--part", "topology.conf", "--example")
     assert code == 0 and "SwitchName=leaf1 Nodes=c[1-4]" in out
+
+
+def test_the_unedited_output_of_config_show_is_still_the_example(tmp_path: Path) -> None:
+    """Step 4 of the admin guide writes `config show` to the file; until [cluster] is edited
+    it is the example's c[1-8], and topology.conf must not be written from it."""
+    code, shown, _ = gw("--config", config(tmp_path, ""), "config", "show")
+    assert code == 0 and "[cluster]" in shown
+    cfg = config(tmp_path, shown)
+    code, out, err = gw("--config", cfg, "slurm-conf", "--part", "topology.conf")
+    assert code == 2 and out == "" and "still the defaults" in err
 
 
 def test_topology_conf_is_rendered_once_cluster_describes_the_nodes(tmp_path: Path) -> None:
@@ -94,7 +104,7 @@ def test_topology_conf_is_rendered_once_cluster_describes_the_nodes(tmp_path: Pa
 def test_all_parts_from_the_example_cluster_carry_a_warning(tmp_path: Path) -> None:
     code, out, err = gw("--config", config(tmp_path, ""), "slurm-conf")
     assert code == 0 and "### topology.conf" in out
-    assert "warning: [cluster] is not set" in err
+    assert "warning: [cluster] in" in err and "is not set" in err
 
 
 def test_the_checks_topology_advice_needs_cluster_set(tmp_path: Path) -> None:

@@ -1,0 +1,140 @@
+"""Checkpoints at memory speed, on this host's /dev/shm: each goal a ratio from one run.
+
+A state of `--mb` MiB (float32), best of `--repeat` runs of each, the arms interleaved:
+- save stall: `Checkpointer.save` into tier 0 (write-back behind) against a raw `write()` of
+  the same bytes to a file on the same tmpfs. Goal: <= 1.25.
+- restore: `Checkpointer.restore()` from tier 0 (read, every checksum verified, arrays rebuilt)
+  against a plain in-memory copy of the state into fresh memory. Goal: restore speed >= 1.0x
+  the copy's (printed as copy time / restore time).
+- torch: the same bytes as torch tensors in a state_dict against the numpy state, save stall.
+  Goal: <= 1.1.
+- DCP: `dcp.save` through gpuwarden's writer against DCP's own FileSystemWriter to the same
+  /dev/shm, save stall (durable copies written behind). Goal: <= 1.0.
+Needs torch (`make venv` installs it).
+
+    .venv/bin/python benchmarks/ckpt_memory.py [--mb 256] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed import checkpoint as dcp
+
+from gpuwarden.ckpt.checkpointer import Checkpointer
+from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.ckpt.dcp import dcp_writer
+from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+
+SHM = "/dev/shm"  # noqa: S108 - the tier being measured
+
+
+def best(arms: dict[str, Callable[[int], Any]], repeat: int) -> dict[str, float]:
+    """Each arm's best time of ``repeat``, the arms interleaved so that a noisy moment of the
+    machine hits both sides of a ratio alike."""
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    for i in range(repeat):
+        for name, fn in arms.items():
+            t0 = time.perf_counter()
+            fn(i)
+            times[name].append(time.perf_counter() - t0)
+    return {k: min(v) for k, v in times.items()}
+
+
+def tier0(work: Path, job: str) -> Checkpointer:
+    # As gpuwarden.ckpt.build makes tier 0: restores map its pages.
+    return Checkpointer(job, FsTier("memory", str(work / job), job, map_reads=True), [], keep=1)
+
+
+def numpy_arms(state: dict[str, Any], work: Path, repeat: int) -> dict[str, float]:
+    blob = b"".join(a.tobytes() for a in state.values())
+
+    def raw_write(i: int) -> None:
+        path = work / f"raw-{i}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        path.unlink()
+
+    ck = tier0(work, "job-1")
+
+    def copy(_: int) -> None:
+        for a in state.values():
+            np.copyto(np.empty_like(a), a)
+
+    try:
+        out = best({"raw_write": raw_write, "save": lambda i: ck.save(i + 1, state)}, repeat)
+        out.update(best({"copy": copy, "restore": lambda _: ck.restore()}, repeat))
+    finally:
+        ck.close()
+    return out
+
+
+def torch_arms(state: dict[str, Any], work: Path, disk: Path, repeat: int) -> dict[str, float]:
+    tstate = {k: torch.from_numpy(v) for k, v in state.items()}
+    ck_n, ck_t = tier0(work, "job-2"), tier0(work, "job-3")
+    try:
+        out = best({"numpy_save": lambda i: ck_n.save(i + 1, state),
+                    "torch_save": lambda i: ck_t.save(i + 1, tstate)}, repeat)
+    finally:
+        ck_n.close()
+        ck_t.close()
+    jc = JobCheckpointer(CkptConfig(memory_root=str(work / "dcp0"), shared_root=str(disk),
+                                    keep=1), JobEnv("4", 0, 1, 0, "0", "bench"))
+
+    def dcp_fs(i: int) -> None:
+        dcp.save(tstate, storage_writer=dcp.FileSystemWriter(str(work / f"fs{i}")), no_dist=True)
+        shutil.rmtree(work / f"fs{i}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        out.update(best({"dcp_fs": dcp_fs, "dcp_ours": lambda i: dcp.save(
+            tstate, storage_writer=dcp_writer(jc, i + 1), no_dist=True)}, repeat))
+    jc.finish(repeat, timeout=300)  # the durable copies, written behind
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--mb", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    n = args.mb << 18  # float32 values
+    state = {f"w{i}": np.random.default_rng(i).standard_normal(n // 4).astype(np.float32)
+             for i in range(4)}
+    work = Path(tempfile.mkdtemp(prefix="gw-bench-", dir=SHM))
+    disk = Path(tempfile.mkdtemp(prefix="gw-bench-"))
+    try:
+        out = numpy_arms(state, work, args.repeat)
+        out.update(torch_arms(state, work, disk, args.repeat))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+    print(f"state {args.mb} MiB, best of {args.repeat}; seconds: "
+          f"{ {k: round(v, 4) for k, v in out.items()} }")
+    print(f"save stall / raw write:             {out['save'] / out['raw_write']:.2f}  (goal <= 1.25)")
+    print(f"restore speed / memory copy:        {out['copy'] / out['restore']:.2f}  (goal >= 1.0)")
+    print(f"torch save / numpy save:            {out['torch_save'] / out['numpy_save']:.2f}  "
+          "(goal <= 1.1)")
+    print(f"DCP via gpuwarden / FileSystemWriter: {out['dcp_ours'] / out['dcp_fs']:.2f}  "
+          "(goal <= 1.0)")
+
+
+if __name__ == "__main__":
+    main()
