@@ -66,10 +66,11 @@ class Checkpointer:
                 raise StateError(f"state key {nested.STRUCTURE!r} is reserved")
         else:
             state = nested.flatten(state)  # a torch state_dict, nested dicts, scalars
-        shards, data = encode(state)
-        m = Manifest(self.job, step, self.world_size, self.rank, tuple(shards), time.time(),
-                     dict(metadata or {}))
-        self.tier0.commit(m, data)  # the only part the caller waits for
+        shards, data = encode(state, hashed=False)
+        header = Manifest(self.job, step, self.world_size, self.rank, tuple(shards), time.time(),
+                          dict(metadata or {}))
+        # The only part the caller waits for; the checksums are computed while writing.
+        m = self.tier0.commit(header, data, hash_while_writing=True)
         with self._cv:
             self._pending.append(step)
             self._cv.notify_all()
@@ -115,10 +116,13 @@ class Checkpointer:
         steps = self.held()
         return steps[-1] if steps else None
 
-    def restore(self, at_most: int | None = None) -> Restored | None:
+    def restore(self, at_most: int | None = None, mapped: bool = False,
+                durable_only: bool = False) -> Restored | None:
         """Read-only: see `restore.restore` for what it returns and raises. The copies it
-        could not use are remembered: `forget_newer` leaves them in place."""
-        return restore(self.tiers(), at_most=at_most, refused=self._refused)
+        could not use are remembered: `forget_newer` leaves them in place. ``durable_only``:
+        from the durable tiers alone (what other ranks can read)."""
+        return restore(self.durable if durable_only else self.tiers(), at_most=at_most,
+                       refused=self._refused, mapped=mapped)
 
     def close(self, timeout: float | None = None) -> None:
         with self._cv:

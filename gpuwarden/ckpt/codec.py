@@ -42,7 +42,8 @@ def checksum(data: Buf) -> str:
     return xxhash.xxh3_64_hexdigest(data)
 
 
-def _array_shard(name: str, value: np.ndarray[Any, Any]) -> tuple[Shard, memoryview]:
+def _array_shard(name: str, value: np.ndarray[Any, Any],
+                 hashed: bool = True) -> tuple[Shard, memoryview]:
     dt = value.dtype
     try:
         if dt.hasobject:
@@ -57,20 +58,23 @@ def _array_shard(name: str, value: np.ndarray[Any, Any]) -> tuple[Shard, memoryv
     arr = value if value.flags.c_contiguous else value.copy(order="C")
     # A flat byte view works for every dtype, datetimes and structured ones included.
     buf = memoryview(b"") if arr.nbytes == 0 else arr.reshape(-1).view(np.uint8).data
-    return Shard(name, buf.nbytes, checksum(buf), "ndarray", text,
+    return Shard(name, buf.nbytes, checksum(buf) if hashed else "", "ndarray", text,
                  tuple(int(x) for x in arr.shape)), buf
 
 
-def encode(state: Mapping[str, Any]) -> tuple[list[Shard], dict[str, memoryview]]:
-    """Shards (for the manifest) and their bytes, without copying C-ordered arrays."""
+def encode(state: Mapping[str, Any],
+           hashed: bool = True) -> tuple[list[Shard], dict[str, memoryview]]:
+    """Shards (for the manifest) and their bytes, without copying C-ordered arrays.
+    ``hashed=False`` leaves each checksum empty, for a writer that hashes while it writes
+    (`FsTier.commit(..., hash_while_writing=True)`)."""
     shards, data = [], {}
     for name, value in state.items():
         check_name(name, "state key")
         if isinstance(value, (bytes, bytearray, memoryview)):
             buf = memoryview(value).cast("B")
-            shard = Shard(name, buf.nbytes, checksum(buf))
+            shard = Shard(name, buf.nbytes, checksum(buf) if hashed else "")
         elif isinstance(value, np.ndarray):
-            shard, buf = _array_shard(name, value)
+            shard, buf = _array_shard(name, value, hashed)
         else:
             raise StateError(f"state key {name!r}: expected bytes or a NumPy array, got "
                              f"{type(value).__name__}")

@@ -11,10 +11,11 @@ first, write-behind, verification and walk-back:
 What a step is stays gpuwarden's: each rank saves its items as one gpuwarden step (manifest last,
 checksummed); the coordinator's step also holds DCP's metadata, and is saved last, in `finish`,
 after every rank wrote its items. A DCP load needs items other ranks wrote (DCP writes a
-replicated tensor once), so the reader agrees only on a step every rank holds on a durable tier
-(`JobCheckpointer.restore(durable_only=True)`): it reads its own items from its fastest tier and
-other ranks' from the shared filesystem or S3, each verified. A step whose copies all fail their
-checks walks back like any restore.
+replicated tensor once), so the reader agrees on, and restores from, the durable tiers alone
+(`JobCheckpointer.restore(durable_only=True)`): each rank verifies the very copy the others will
+read, and a damaged one walks every rank back together; other ranks' items then come from the
+shared filesystem or S3, verified again. (A job of one rank with no durable tier restores from
+node memory.) DCP's coordinator must be rank 0 (SLURM_PROCID 0), which holds the metadata.
 
 DCP's metadata is read with torch's weights-only unpickler (`torch.load(weights_only=True)`),
 allowing DCP's metadata classes only: a checkpoint never runs code, even one a user edited.
@@ -109,6 +110,12 @@ class GpuwardenWriter(StorageWriter):
         self.items = {}
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if is_coordinator != (self.rank == 0):
+            # The reader looks for the metadata in rank 0's step: any other layout would
+            # save checkpoints that no load can read.
+            raise StateError(f"DCP's coordinator is {'this' if is_coordinator else 'another'} "
+                             f"rank, but gpuwarden's rank here is {self.rank}: the process "
+                             "group's rank 0 must be SLURM_PROCID 0")
         self.is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:

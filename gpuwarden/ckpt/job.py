@@ -34,8 +34,7 @@ from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloC
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
-from gpuwarden.ckpt.restore import Restored, TiersUnavailable
-from gpuwarden.ckpt.restore import restore as restore_from
+from gpuwarden.ckpt.restore import COPY_ERRORS, Restored, TiersUnavailable, copy_of
 from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -191,7 +190,8 @@ class JobCheckpointer:
         return PeerTier(key, env.job, env.rank, [addrs[r] for r in mine], others)
 
     # ---- the training loop's side -----------------------------------------------------------
-    def restore(self, read_only: bool = False, durable_only: bool = False) -> Restored | None:
+    def restore(self, read_only: bool = False, durable_only: bool = False,
+                mapped: bool = False) -> Restored | None:
         """The newest step every rank can restore, the same on all ranks; None: start fresh.
 
         Agreement is on what the tiers list; a rank whose copies of the agreed step all fail
@@ -206,11 +206,23 @@ class JobCheckpointer:
         step could be agreed on or restored (it may hold the checkpoint: never a fresh start
         then), and CoordError when the ranks do not meet.
 
-        ``durable_only``: agree only on steps every rank holds on a durable tier, which the other
-        ranks can read (`load_rank`): what a DCP load needs. This rank's own copy still comes
-        from its fastest tier.
+        ``durable_only``: agree on, and restore from, the durable tiers alone, which the other
+        ranks read too (`load_rank`): what a DCP load needs. Each rank's restore then verifies
+        the very copy the others will read, so a damaged one walks every rank back together.
+        A job of one rank with no durable tier restores from node memory as usual.
+
+        ``mapped``: arrays from node memory map its pages copy-on-write instead of copying
+        them: no copy and no new memory, but the arrays keep those pages (even once retention
+        deletes the step) for as long as they live. For a state the caller copies out at once
+        (`load_state_dict` onto a GPU, `np.array(v)`); keep the default for state kept as it is
+        (a CPU optimizer's).
         """
         env = self.env
+        if durable_only and not self.ck.durable:
+            if env.world_size > 1:
+                raise JobEnvError("a load of several ranks' items needs a durable tier "
+                                  "([ckpt] shared_root)")
+            durable_only = False  # one rank reads only its own items
         mine, failed = self.ck.listing(durable_only=durable_only)
         target = agree(self.coord, f"agree-{env.run}", mine, self.cfg.agree_timeout_s)
         for attempt in range(4):
@@ -226,7 +238,7 @@ class JobCheckpointer:
                     self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
                 return None
             try:
-                got = self.ck.restore(at_most=target)
+                got = self.ck.restore(at_most=target, mapped=mapped, durable_only=durable_only)
             except TiersUnavailable as exc:
                 log.error("rank %d: %s", env.rank, exc)
                 failed = [*failed, str(exc)]
@@ -255,15 +267,20 @@ class JobCheckpointer:
         """Another rank's ``step`` from the durable tiers (shared filesystem, then S3),
         verified: for DCP, whose ranks read items other ranks wrote (a replicated tensor is
         written once). Raises TiersUnavailable when no durable tier has a good copy."""
+        if not 0 <= rank < self.env.world_size:
+            raise TiersUnavailable(f"rank {self.env.rank}: no rank {rank} in a job of "
+                                   f"{self.env.world_size}")
         storage = tiers(self.cfg, self.env.job, rank)[1:]
+        why: list[str] = []
         for t in storage:
             if t.name == "s3":
                 t.key = self._key
-        got = restore_from(storage, at_most=step)
-        if got is None or got.step != step:
-            raise TiersUnavailable(f"rank {self.env.rank}: step {step} of rank {rank} is on no "
-                                   "durable tier in a form that passes its checks")
-        return got.state
+            try:
+                return copy_of(t, step)[1]
+            except COPY_ERRORS as exc:
+                why.append(str(exc))
+        raise TiersUnavailable(f"rank {self.env.rank}: step {step} of rank {rank} is on no "
+                               f"durable tier in a form that passes its checks ({'; '.join(why)})")
 
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
         return self.ck.wait_durable(step, timeout)

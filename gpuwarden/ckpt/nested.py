@@ -18,6 +18,7 @@ copy). Tensors sharing storage (tied weights) are saved once each and come back 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -63,9 +64,21 @@ class _Flattener:
         if t.is_sparse or t.layout != torch.strided:
             raise StateError(f"state {path}: {t.layout} tensors are not supported; save "
                              "t.to_dense()")
+        if t.is_quantized:
+            # Their bytes alone lose the scale and zero point: refused, never half-saved.
+            raise StateError(f"state {path}: quantized tensors are not supported; save "
+                             "t.int_repr(), t.q_scale() and t.q_zero_point()")
+        if getattr(t, "is_nested", False):
+            raise StateError(f"state {path}: nested tensors are not supported; save "
+                             "t.unbind() as a list")
+        if t.device.type not in ("cpu", "cuda"):
+            raise StateError(f"state {path}: a tensor on {t.device} cannot be saved; move it "
+                             "to the CPU or a GPU first")
+        if _dtype_name(t.dtype) not in _dtypes():
+            raise StateError(f"state {path}: dtype {t.dtype} is not supported")
+        t = t.resolve_conj().resolve_neg()  # lazy conjugate/negative views: their values
         name = self._shard()
-        node = {"tensor": name, "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": list(t.shape)}
+        node = {"tensor": name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
         if t.device.type == "cpu":
             self.shards[name] = _bytes_of(t.contiguous())
         else:
@@ -116,6 +129,22 @@ class _Flattener:
                          "bool, None, and dicts, lists and tuples of them can)")
 
 
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.cache
+def _dtypes() -> dict[str, Any]:
+    """The torch dtypes a tensor can be saved and rebuilt with from its bytes alone, by name:
+    read from the module's own attributes (a name from a checkpoint never makes torch import
+    anything), quantized dtypes left out (their scale is not in the bytes)."""
+    import torch  # noqa: PLC0415
+
+    return {name: v for name, v in vars(torch).items()
+            if isinstance(v, torch.dtype) and _dtype_name(v) == name
+            and not name.startswith(("qint", "quint"))}
+
+
 def _bytes_of(t: Any) -> np.ndarray[Any, Any]:
     """The tensor's memory as a flat uint8 array, sharing it (no copy when contiguous)."""
     import torch  # noqa: PLC0415
@@ -161,15 +190,17 @@ class _Builder:
     def tensor(self, node: Mapping[str, Any]) -> Any:
         import torch  # noqa: PLC0415
 
-        dtype = getattr(torch, node.get("dtype", ""), None) if isinstance(node.get("dtype"),
-                                                                        str) else None
+        name = node.get("dtype")
+        dtype = _dtypes().get(name) if isinstance(name, str) else None
         shape = node.get("shape")
-        if not isinstance(dtype, torch.dtype):
-            raise StateError(f"{STRUCTURE}: {node.get('dtype')!r} is not a torch dtype")
+        if dtype is None:
+            raise StateError(f"{STRUCTURE}: {name!r} is not a torch dtype a tensor can be "
+                             "rebuilt with")
         if (not isinstance(shape, list) or len(shape) > 64
-                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                           for n in shape)):
-            raise StateError(f"{STRUCTURE}: shape {shape!r} is not a list of sizes")
+                or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**62
+                           for n in shape)
+                or math.prod(n for n in shape if n) >= 2**62):
+            raise StateError(f"{STRUCTURE}: shape {str(shape)[:80]} is not a list of sizes")
         data = self.take(node.get("tensor"), "a tensor")
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
             raise StateError(f"{STRUCTURE}: shard of a tensor is not a flat byte array")
@@ -200,10 +231,10 @@ class _Builder:
                 return int(body)
             except ValueError:
                 pass
-        elif kind == "float" and isinstance(body, str):
+        elif kind == "float" and isinstance(body, str) and len(body) <= 40:
             try:
                 return float.fromhex(body)
-            except ValueError:
+            except (ValueError, OverflowError):
                 pass
         elif kind == "str" and isinstance(body, str):
             return body
@@ -244,8 +275,11 @@ def is_nested(state: Mapping[str, Any]) -> bool:
 def unflatten(state: Mapping[str, Any]) -> dict[str, Any]:
     """The state `flatten` was given, from the decoded shards of a verified step."""
     raw = state[STRUCTURE]
-    if not isinstance(raw, bytes) or len(raw) > MAX_STRUCTURE:
-        raise StateError(f"{STRUCTURE}: not a bytes shard of at most {MAX_STRUCTURE} bytes")
+    # What flatten writes is about 100 bytes per leaf: anything far larger is not its tree,
+    # and parsing it could take gigabytes first.
+    most = min(MAX_STRUCTURE, (1 << 20) + 512 * len(state))
+    if not isinstance(raw, bytes) or len(raw) > most:
+        raise StateError(f"{STRUCTURE}: not a bytes shard of at most {most} bytes")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -253,7 +287,13 @@ def unflatten(state: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise StateError(f"{STRUCTURE}: format is not {FORMAT}")
     b = _Builder(state)
-    out = b.build(doc.get("tree"), 0)
+    try:
+        out = b.build(doc.get("tree"), 0)
+    except (TypeError, ValueError, OverflowError, RuntimeError, MemoryError) as exc:
+        # torch and numpy's own refusals of what a damaged tree asks for: a bad copy, which
+        # restore walks past, never a crash of the restoring rank.
+        raise StateError(f"{STRUCTURE}: cannot be rebuilt: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}") from None
     if not isinstance(out, dict):
         raise StateError(f"{STRUCTURE}: the top of the tree is not a dict")
     unused = set(state) - b.used - {STRUCTURE}

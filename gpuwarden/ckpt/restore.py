@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import Buf, decode
-from gpuwarden.ckpt.fstier import TierError
+from gpuwarden.ckpt.fstier import FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.errors import GpuwardenError
 
@@ -73,8 +73,11 @@ def listed(tiers: Sequence[Tier]) -> tuple[dict[str, set[int]], list[str]]:
     return held, failed
 
 
-def _copy(t: Tier, step: int) -> tuple[Manifest, dict[str, Any]]:
-    manifest, data = t.load(step)
+def copy_of(t: Tier, step: int, mapped: bool = False) -> tuple[Manifest, dict[str, Any]]:
+    """Exactly ``step`` from one tier, verified and decoded; COPY_ERRORS when it is not
+    there or not good."""
+    manifest, data = t.load(step, mapped=True) if mapped and isinstance(t, FsTier) else \
+        t.load(step)
     if manifest.step != step:  # every tier checks this; a tier that does not is not trusted
         raise TierError(f"{t.name} step {step}: its manifest is of step {manifest.step}")
     state = {s.name: decode(s, data[s.name]) for s in manifest.shards}
@@ -84,9 +87,11 @@ def _copy(t: Tier, step: int) -> tuple[Manifest, dict[str, Any]]:
 
 
 def restore(tiers: Sequence[Tier], at_most: int | None = None,
-            refused: set[tuple[str, int]] | None = None) -> Restored | None:
+            refused: set[tuple[str, int]] | None = None, mapped: bool = False) -> Restored | None:
     """See the module's contract. ``refused`` collects (tier, step) of every copy that could
-    not be used, so that a cleanup after this restore leaves them in place."""
+    not be used, so that a cleanup after this restore leaves them in place. ``mapped``: arrays
+    from node memory map its pages copy-on-write instead of copying them (see
+    `JobCheckpointer.restore`)."""
     held, failed = listed(tiers)
     skipped = [f"not listed: {why}" for why in failed]
     steps = sorted({s for h in held.values() for s in h if at_most is None or s <= at_most},
@@ -96,7 +101,7 @@ def restore(tiers: Sequence[Tier], at_most: int | None = None,
             if step not in held.get(t.name, ()):
                 continue
             try:
-                manifest, state = _copy(t, step)
+                manifest, state = copy_of(t, step, mapped)
             except COPY_ERRORS as exc:
                 why = str(exc) if isinstance(exc, GpuwardenError) else \
                     f"{t.name} step {step}: {type(exc).__name__}: {str(exc)[:200]}"

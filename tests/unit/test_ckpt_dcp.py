@@ -88,9 +88,10 @@ def test_dcp_saves_and_loads_through_the_tiers_and_walks_back_past_a_corrupt_ite
                   if p.name.startswith("step-")) == ["step-000000000010", "step-000000000020"]
     run(tmp_path, "load", 1, want_step=20)
 
-    # Rank 0 wrote the replicated tensor for both ranks: flip one byte of it in step 20, in
-    # every tier that holds it. The load must not use it, on either rank: both take step 10.
-    for tier in (tmp_path / "shared" / "job-77", tmp_path / "mem0" / "job-77"):
+    # Rank 0 wrote the replicated tensor for both ranks: flip one byte of it in step 20 on the
+    # shared tier, where rank 1 reads it (rank 0's node memory still holds a good copy). The
+    # load must not use step 20 on either rank: both take step 10.
+    for tier in (tmp_path / "shared" / "job-77",):
         step20 = tier / "rank-00000" / "step-000000000020"
         shard = max((p for p in step20.iterdir() if p.name.startswith("n")),
                     key=lambda p: p.stat().st_size)
@@ -116,3 +117,55 @@ def _fresh(rank: int, root: str) -> None:
     ck = JobCheckpointer(cfg, JobEnv("78", rank, WORLD, 0, "0", f"n{rank}"))
     assert dcp_reader(ck).step is None
     ck.finish(None)
+
+
+def test_async_save_writes_the_staged_values_while_training_goes_on(tmp_path: Path) -> None:
+    """dcp.async_save stages the state, then writes it through gpuwarden in the background:
+    the step holds the values of the moment of the call, not what training did after."""
+    from torch.distributed import checkpoint as dcp
+
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.ckpt.dcp import dcp_reader, dcp_writer
+    from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
+    try:
+        cfg = CkptConfig(memory_root=str(tmp_path / "m"), shared_root=str(tmp_path / "s"))
+        ck = JobCheckpointer(cfg, JobEnv("9", 0, 1, 0, "0", "n1"))
+        state = {"w": torch.arange(1000, dtype=torch.float32)}
+        pending = dcp.async_save(state, storage_writer=dcp_writer(ck, 3))
+        state["w"].add_(100.0)  # the next training step, while the save is written
+        pending.result(timeout=60)
+        assert ck.finish(3, timeout=60)
+        reader = dcp_reader(JobCheckpointer(cfg, JobEnv("9", 0, 1, 1, "0", "n1")))
+        assert reader.step == 3
+        out = {"w": torch.zeros(1000)}
+        dcp.load(out, storage_reader=reader)
+        assert torch.equal(out["w"], torch.arange(1000, dtype=torch.float32))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_job_of_one_rank_without_a_shared_tier_loads_from_node_memory(tmp_path: Path) -> None:
+    """No durable tier: the one rank's items are all in node memory, which it restores from;
+    nothing there is taken for "an earlier run" and deleted."""
+    from torch.distributed import checkpoint as dcp
+
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.ckpt.dcp import dcp_reader, dcp_writer
+    from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
+    try:
+        cfg = CkptConfig(memory_root=str(tmp_path / "m"))
+        ck = JobCheckpointer(cfg, JobEnv("8", 0, 1, 0, "0", "n1"))
+        dcp.save({"w": torch.arange(5.0)}, storage_writer=dcp_writer(ck, 10))
+        ck.finish(None)
+        reader = dcp_reader(JobCheckpointer(cfg, JobEnv("8", 0, 1, 1, "0", "n1")))
+        assert reader.step == 10
+        out = {"w": torch.zeros(5)}
+        dcp.load(out, storage_reader=reader)
+        assert torch.equal(out["w"], torch.arange(5.0))
+        assert (tmp_path / "m" / "job-8" / "rank-00000" / "step-000000000010").is_dir()
+    finally:
+        dist.destroy_process_group()

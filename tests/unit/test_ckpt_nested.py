@@ -139,3 +139,23 @@ def test_a_corrupt_tree_walks_back_to_the_previous_step(tmp_path: Path) -> None:
     step2.write_bytes(bytes(raw))
     got = Checkpointer("job-3", FsTier("shm", str(tmp_path / "shm"), "job-3"), []).restore()
     assert got is not None and got.step == 1 and same(optimizer_like(1), got.state)
+
+
+@pytest.mark.parametrize("node", [
+    {"float": "0x1p99999"},                      # OverflowError in float.fromhex
+    {"float": "0x1p" + "9" * 100},
+])
+def test_a_damaged_scalar_is_a_state_error_never_a_crash(node: dict[str, Any]) -> None:
+    flat = nested.flatten({"f": 1.0})
+    tree = _tree(flat)
+    tree["tree"]["dict"][0][1] = node
+    flat[nested.STRUCTURE] = json.dumps(tree).encode()
+    with pytest.raises(StateError):
+        nested.unflatten(_decoded(flat))
+
+
+def test_a_tree_far_larger_than_its_shards_need_is_refused_before_parsing() -> None:
+    flat = nested.flatten({"a": np.ones(2)})
+    flat[nested.STRUCTURE] = b"[" * (3 << 20)
+    with pytest.raises(StateError, match="at most"):
+        nested.unflatten(_decoded(flat))

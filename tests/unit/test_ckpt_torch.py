@@ -4,6 +4,8 @@ dtype survives, and a contiguous CPU tensor is written without a copy."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +125,42 @@ def test_a_tree_naming_a_dtype_torch_lacks_is_a_bad_copy() -> None:
     flat[nested.STRUCTURE] = flat[nested.STRUCTURE].replace(b'"shape":[2]', b'"shape":[3]')
     with pytest.raises(StateError, match="8 bytes"):
         nested.unflatten(flat)
+
+
+@pytest.mark.parametrize("shape", [[0, 2**64], [0, 2**62, 2**62], [-1], [2**40, 2**40]])
+def test_a_tree_with_an_impossible_shape_is_a_bad_copy(shape: list[int]) -> None:
+    flat = nested.flatten({"w": torch.ones(0, 3)})
+    flat[nested.STRUCTURE] = flat[nested.STRUCTURE].replace(
+        b'"shape":[0,3]', b'"shape":' + json.dumps(shape).encode())
+    with pytest.raises(StateError):
+        nested.unflatten(flat)
+
+
+def test_a_dtype_name_never_makes_torch_import_anything() -> None:
+    flat = nested.flatten({"w": torch.ones(2)})
+    flat[nested.STRUCTURE] = flat[nested.STRUCTURE].replace(b'"float32"', b'"_dynamo"')
+    before = set(sys.modules)
+    with pytest.raises(StateError, match="not a torch dtype"):
+        nested.unflatten(flat)
+    assert set(sys.modules) == before
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: torch.quantize_per_tensor(torch.ones(4), 0.5, 3, torch.qint8), "quantized"),
+    (lambda: torch.ones(3, device="meta"), "meta"),
+    (lambda: torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), "nested"),
+])
+def test_tensors_whose_bytes_are_not_their_value_are_refused(make: Any, match: str) -> None:
+    with pytest.raises(StateError, match=match):
+        nested.flatten({"w": make()})
+
+
+def test_lazy_conjugate_and_negative_views_save_their_values(tmp_path: Path) -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    ck = Checkpointer("job-1", FsTier("shm", str(tmp_path / "shm"), "job-1"), [])
+    ck.save(1, {"conj": z.conj(), "neg": torch._neg_view(torch.ones(3))})
+    got = ck.restore()
+    ck.close()
+    assert got is not None
+    assert torch.equal(got.state["conj"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    assert torch.equal(got.state["neg"], -torch.ones(3))

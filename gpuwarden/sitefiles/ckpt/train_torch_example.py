@@ -7,7 +7,8 @@ script already has them: two lines change from torch.save/torch.load (marked bel
 restores the newest step every rank holds verified, trains to --steps, saves every --every
 steps to node memory (peers and the shared filesystem behind), and on SIGUSR1 saves at once
 and exits 75 for the template to requeue. `--reference N` runs the same training
-uninterrupted, N ranks over loopback, without checkpoints: its final weights must match.
+uninterrupted, N ranks over loopback on CPU, without checkpoints: a CPU job's final weights
+must match it bit for bit (on GPUs, compare with an uninterrupted job of the same shape).
 
     TRAIN="/opt/gpuwarden/venv/bin/python -I /opt/gpuwarden/ckpt/train_torch_example.py" \
         sbatch -N 4 train.sbatch --steps 60 --every 5
@@ -34,20 +35,29 @@ from gpuwarden.ckpt.job import EXIT_REQUEUE, JobCheckpointer
 from gpuwarden.slurm.hostlist import expand
 
 
-def build(width: int) -> tuple[Any, Any]:
+def device(gpus: bool) -> torch.device:
+    """This rank's GPU (one per task: SLURM_LOCALID), or the CPU."""
+    if gpus:
+        dev = torch.device("cuda", int(os.environ.get("SLURM_LOCALID", "0")))
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def build(width: int, dev: torch.device) -> tuple[Any, Any]:
     torch.manual_seed(0)  # DDP broadcasts rank 0's weights anyway; every rank starts alike
-    model = nn.Sequential(nn.Linear(64, width), nn.GELU(), nn.Linear(width, 64))
+    model = nn.Sequential(nn.Linear(64, width), nn.GELU(), nn.Linear(width, 64)).to(dev)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
 
 
-def batch(rank: int, step: int) -> tuple[Any, Any]:
+def batch(rank: int, step: int, dev: torch.device) -> tuple[Any, Any]:
     g = torch.Generator().manual_seed(rank * 1_000_003 + step)
-    x = torch.randn(32, 64, generator=g)
+    x = torch.randn(32, 64, generator=g).to(dev)
     return x, torch.sin(x)
 
 
-def train_step(ddp: Any, opt: Any, rank: int, step: int) -> None:
-    x, y = batch(rank, step)
+def train_step(ddp: Any, opt: Any, rank: int, step: int, dev: torch.device) -> None:
+    x, y = batch(rank, step, dev)
     loss = nn.functional.mse_loss(ddp(x), y)
     opt.zero_grad()
     loss.backward()  # type: ignore[no-untyped-call]  # DDP averages gradients over ranks here
@@ -71,8 +81,8 @@ def per_parameter_allreduce(_state: object, bucket: dist.GradBucket  # type: ign
     return fut
 
 
-def wrap(model: Any) -> Any:
-    ddp = DistributedDataParallel(model)
+def wrap(model: Any, dev: torch.device) -> Any:
+    ddp = DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None)
     ddp.register_comm_hook(None, per_parameter_allreduce)
     return ddp
 
@@ -80,27 +90,27 @@ def wrap(model: Any) -> Any:
 def digest(model: Any) -> str:
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
-        h.update(name.encode() + t.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(name.encode() + t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
-def init(rank: int, world: int, addr: str, port: int) -> None:
+def init(rank: int, world: int, addr: str, port: int, gpus: bool) -> None:
     os.environ.setdefault("MASTER_ADDR", addr)
     os.environ.setdefault("MASTER_PORT", str(port))
     # Debian's torch is built without libuv, the rendezvous store's default since 2.4; the
     # classic store serves a rendezvous of a few ranks as well.
     os.environ.setdefault("USE_LIBUV", "0")
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=rank,
-                            world_size=world)
+    dist.init_process_group("nccl" if gpus else "gloo", rank=rank, world_size=world)
 
 
 def reference(rank: int, world: int, args: argparse.Namespace, port: int) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    init(rank, world, "127.0.0.1", port)
-    model, opt = build(args.width)
-    ddp = wrap(model)
+    cpu = torch.device("cpu")  # the reference is the CPU run's: gloo's sums, not NCCL's
+    init(rank, world, "127.0.0.1", port, gpus=False)
+    model, opt = build(args.width, cpu)
+    ddp = wrap(model, cpu)
     for step in range(1, args.steps + 1):
-        train_step(ddp, opt, rank, step)
+        train_step(ddp, opt, rank, step, cpu)
     if rank == 0:
         print(json.dumps([digest(model)] * world), flush=True)
     dist.destroy_process_group()
@@ -127,8 +137,10 @@ def main() -> int:
     first_node = expand(os.environ["SLURM_JOB_NODELIST"])[0]
     # A fresh port per run of the job: the last run's may still be in TIME_WAIT.
     job_id = int(os.environ["SLURM_JOB_ID"])
-    init(env.rank, env.world_size, first_node, 20000 + (job_id * 7 + env.restarts) % 20000)
-    model, opt = build(args.width)
+    gpus = torch.cuda.is_available()
+    init(env.rank, env.world_size, first_node, 20000 + (job_id * 7 + env.restarts) % 20000, gpus)
+    dev = device(gpus)
+    model, opt = build(args.width, dev)
     got = ck.restore()  # was: torch.load(path); the same step on every rank, or None
     first = 1
     if got is not None:
@@ -137,9 +149,9 @@ def main() -> int:
         first = got.state["step"] + 1
         print(f"rank {env.rank}: restored step {got.step} from {got.tier} "
               f"(restart {env.restarts})", flush=True)
-    ddp = wrap(model)
+    ddp = wrap(model, dev)
     for step in range(first, args.steps + 1):
-        train_step(ddp, opt, env.rank, step)
+        train_step(ddp, opt, env.rank, step, dev)
         time.sleep(args.step_s)
         stop = ck.stop_step(step) == step  # every rank stops at the same step
         if step % args.every == 0 or step == args.steps or stop:
