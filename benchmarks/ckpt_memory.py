@@ -1,6 +1,6 @@
 """Checkpoints at memory speed, on this host's /dev/shm: each goal a ratio from one run.
 
-A state of `--mb` MiB (float32), best of `--repeat` runs of each, the arms interleaved:
+A state of `--mb` MiB (float32), the median of `--repeat` runs of each, the arms interleaved:
 - save stall: `Checkpointer.save` into tier 0 (write-back behind) against a raw `write()` of
   the same bytes to a file on the same tmpfs. Goal: <= 1.25.
 - restore: `Checkpointer.restore(mapped=True)` from tier 0 (pages mapped copy-on-write,
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import warnings
@@ -43,16 +44,34 @@ from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 SHM = os.environ.get("GPUWARDEN_BENCH_SHM", "/dev/shm")  # noqa: S108
 
 
-def best(arms: dict[str, Callable[[int], Any]], repeat: int) -> dict[str, float]:
-    """Each arm's best time of ``repeat``, the arms interleaved so that a noisy moment of the
-    machine hits both sides of a ratio alike."""
+def best(arms: dict[str, Callable[[int], Any]], repeat: int,
+         settle: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Each arm's median time of ``repeat``, the arms interleaved so that a noisy moment of the
+    machine hits both sides of a ratio alike (use an odd count); ``settle`` runs untimed after each call (the
+    work an arm leaves to a background thread must not land in the next arm's time)."""
     times: dict[str, list[float]] = {k: [] for k in arms}
     for i in range(repeat):
-        for name, fn in arms.items():
+        # The order flips every round: an arm run right after another pays for what that one
+        # left behind (freed pages, cache), and that must not always be the same arm.
+        order = list(arms.items()) if i % 2 == 0 else list(reversed(arms.items()))
+        for name, fn in order:
             t0 = time.perf_counter()
             fn(i)
             times[name].append(time.perf_counter() - t0)
-    return {k: min(v) for k, v in times.items()}
+            settle()
+    # The median: on a small shared machine the minimum is one lucky run of one arm.
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def pruned(*cks: Checkpointer) -> Callable[[], None]:
+    """Wait until each checkpointer's tier 0 holds its `keep` steps (retention runs beside
+    the save)."""
+    def settle() -> None:
+        for ck in cks:
+            deadline = time.monotonic() + 30
+            while len(ck.tier0.steps()) > ck.keep and time.monotonic() < deadline:
+                time.sleep(0.002)
+    return settle
 
 
 def tier0(work: Path, job: str) -> Checkpointer:
@@ -64,8 +83,9 @@ def numpy_arms(state: dict[str, Any], work: Path, repeat: int) -> dict[str, floa
     blob = b"".join(a.tobytes() for a in state.values())
 
     def raw_write(i: int) -> None:
-        path = work / f"raw-{i}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # Kept until the end: removing a file is not part of writing it (the save's tier-0
+        # retention, too, runs beside the save; `settle` waits for it outside the timing).
+        fd = os.open(work / f"raw-{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             view = memoryview(blob)
             while view:
@@ -73,7 +93,6 @@ def numpy_arms(state: dict[str, Any], work: Path, repeat: int) -> dict[str, floa
             os.fsync(fd)
         finally:
             os.close(fd)
-        path.unlink()
 
     ck = tier0(work, "job-1")
 
@@ -82,7 +101,8 @@ def numpy_arms(state: dict[str, Any], work: Path, repeat: int) -> dict[str, floa
             np.copyto(np.empty_like(a), a)
 
     try:
-        out = best({"raw_write": raw_write, "save": lambda i: ck.save(i + 1, state)}, repeat)
+        out = best({"raw_write": raw_write, "save": lambda i: ck.save(i + 1, state)}, repeat,
+                   pruned(ck))
         out.update(best({"copy": copy, "restore": lambda _: ck.restore(mapped=True),
                          "restore_copied": lambda _: ck.restore()}, repeat))
     finally:
@@ -95,7 +115,8 @@ def torch_arms(state: dict[str, Any], work: Path, disk: Path, repeat: int) -> di
     ck_n, ck_t = tier0(work, "job-2"), tier0(work, "job-3")
     try:
         out = best({"numpy_save": lambda i: ck_n.save(i + 1, state),
-                    "torch_save": lambda i: ck_t.save(i + 1, tstate)}, repeat)
+                    "torch_save": lambda i: ck_t.save(i + 1, tstate)}, repeat,
+                   pruned(ck_n, ck_t))
     finally:
         ck_n.close()
         ck_t.close()
@@ -130,7 +151,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
-    print(f"state {args.mb} MiB, best of {args.repeat}; seconds: "
+    print(f"state {args.mb} MiB, median of {args.repeat}; seconds: "
           f"{ {k: round(v, 4) for k, v in out.items()} }")
     print(f"save stall / raw write:             {out['save'] / out['raw_write']:.2f}  (goal <= 1.25)")
     print(f"restore speed / memory copy:        {out['copy'] / out['restore']:.2f}  (goal >= 1.0; "

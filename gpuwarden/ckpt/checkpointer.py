@@ -56,6 +56,14 @@ class Checkpointer:
         self._thread = threading.Thread(target=self._writeback, name="gpuwarden-ckpt",
                                         daemon=True)
         self._thread.start()
+        # Tier 0's retention runs beside the save, not in it: freeing a step's pages takes
+        # as long as a good part of writing them, and the training loop need not wait for it.
+        # Its own thread, not the writer's, so that a durable tier retried for minutes never
+        # leaves node memory to fill up.
+        self._tier0_saved = False
+        self._janitor = threading.Thread(target=self._prune_tier0, name="gpuwarden-ckpt-prune",
+                                         daemon=True)
+        self._janitor.start()
 
     # ---- the training loop's side -----------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any],
@@ -73,8 +81,8 @@ class Checkpointer:
         m = self.tier0.commit(header, data, hash_while_writing=True)
         with self._cv:
             self._pending.append(step)
+            self._tier0_saved = True
             self._cv.notify_all()
-        self._retain(self.tier0, protect=set(self._pending), floor=None)
         return m
 
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
@@ -129,6 +137,18 @@ class Checkpointer:
             self._closed = True
             self._cv.notify_all()
         self._thread.join(timeout)
+        self._janitor.join(timeout)
+
+    def _prune_tier0(self) -> None:
+        while True:
+            with self._cv:
+                while not self._tier0_saved and not self._closed:
+                    self._cv.wait()
+                if not self._tier0_saved:
+                    return
+                self._tier0_saved = False
+                protect = set(self._pending)  # the writer still reads these from tier 0
+            self._retain(self.tier0, protect=protect, floor=None)
 
     # ---- the writer -------------------------------------------------------------------------
     def _writeback(self) -> None:
