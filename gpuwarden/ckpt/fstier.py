@@ -99,9 +99,9 @@ def _write_file(dir_fd: int, name: str, data: Buf) -> None:
         os.fsync(fd)
 
 
-def _hashed(manifest: Manifest, data: Mapping[str, Buf]) -> Manifest:
+def _with_checksums(manifest: Manifest, sums: list[str]) -> Manifest:
     return dataclasses.replace(manifest, shards=tuple(
-        dataclasses.replace(s, checksum=checksum(data[s.name])) for s in manifest.shards))
+        dataclasses.replace(s, checksum=c) for s, c in zip(manifest.shards, sums, strict=True)))
 
 
 def _write_hashing(dir_fd: int, manifest: Manifest, data: Mapping[str, Buf]) -> Manifest:
@@ -116,8 +116,7 @@ def _write_hashing(dir_fd: int, manifest: Manifest, data: Mapping[str, Buf]) -> 
                 w.exception()  # wait for every write before the caller cleans up
         for w in writes:
             w.result()
-    return dataclasses.replace(manifest, shards=tuple(
-        dataclasses.replace(s, checksum=c) for s, c in zip(manifest.shards, sums, strict=True)))
+    return _with_checksums(manifest, sums)
 
 
 def _same(held: Manifest, new: Manifest) -> bool:
@@ -221,10 +220,6 @@ class FsTier:
         check_writable(self.name, manifest)
         fd, owner = self._open(create=True)
         with closing(fd):
-            if hash_while_writing and safeio.lstat_at(fd, step_dir(manifest.step)) is not None:
-                # Compared with the step already there (a retry): hashed first, as before.
-                manifest = _hashed(manifest, data)
-                hash_while_writing = False
             return self._commit_at(fd, owner, manifest, data, hash_while_writing)
 
     def _commit_at(self, fd: int, owner: int, manifest: Manifest,
@@ -233,6 +228,11 @@ class FsTier:
         stale = tmp = None
         try:
             if safeio.lstat_at(fd, final) is not None:
+                if hash_while_writing:
+                    # Compared with the step already there (a retry): hashed first.
+                    manifest = _with_checksums(
+                        manifest, [checksum(data[s.name]) for s in manifest.shards])
+                    hash_while_writing = False
                 try:
                     # Every shard, not only the manifest: a damaged copy that restore refused
                     # must not pass for "already committed" when the job saves it again.

@@ -9,6 +9,7 @@ test instead of going unnoticed.
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,8 +100,6 @@ def set_toml_keys(text: str, table: str, values: dict[str, str | int | float | b
 
 def toml_settings(block: Block) -> dict[str, dict[str, str | int | float | bool]]:
     """The ``key = value`` lines of a TOML block of the guide, by table (simple values only)."""
-    import tomllib  # noqa: PLC0415
-
     doc = tomllib.loads(block.text)
     out: dict[str, dict[str, str | int | float | bool]] = {}
     for table, body in doc.items():

@@ -28,6 +28,17 @@ def hostnames(h: Harness, expr: str) -> list[str]:
     return h.exec("slurmctld", ["scontrol", "show", "hostnames", expr]).out.split()
 
 
+def lose_node(h: Harness, job: int, victim: str) -> None:
+    """Kill one of the job's nodes; wait until Slurm requeued the job and it ended."""
+    h.kill(victim)
+    try:
+        wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 180,
+                 "Slurm to requeue the job")
+        h.wait_job(job, timeout=400)
+    finally:
+        h.heal(victim)
+
+
 def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> None:
     h = cluster
     # Long enough that the surviving ranks are still training when Slurm notices the dead node
@@ -44,13 +55,7 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
             .split() for n in first}
     assert sorted(r for rs in held.values() for r in rs) == [f"rank-0000{r}" for r in range(4)]
     victim = first[-1]
-    h.kill(victim)
-    try:
-        wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 180,
-                 "Slurm to requeue the job")
-        h.wait_job(job, timeout=400)
-    finally:
-        h.heal(victim)
+    lose_node(h, job, victim)
     assert victim not in hostnames(h, h.job_fields(job)["NodeList"])
     assert h.train_finals(job, 4) == expected, \
         "the resumed run ends bit-identical to an uninterrupted one"

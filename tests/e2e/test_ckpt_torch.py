@@ -12,7 +12,8 @@ import re
 import pytest
 
 from gpuwarden.devcluster.cluster import VENV_PYTHON
-from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
+from gpuwarden.devcluster.harness import TRAIN_SBATCH, Harness
+from tests.e2e.test_ckpt_requeue import hostnames, lose_node, output
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes
 
@@ -31,22 +32,13 @@ def test_a_ddp_job_loses_a_node_and_ends_bit_identical(cluster: Harness) -> None
     def durable_10() -> bool:
         state = h.job_fields(job).get("JobState", "")
         assert state in ("PENDING", "CONFIGURING", "RUNNING"), \
-            f"job {job} is {state}: " + h.exec("slurmctld", ["cat", log]).out[-3000:]
+            f"job {job} is {state}: " + output(h, job)[-3000:]
         return max(h.shared_steps(job, 3), default=0) >= 10
 
-    log = f"{JOBS_DIR}/train-{job}.out"
     wait_for(durable_10, 240, "step 10 durable on the shared filesystem")
-    first = h.exec("slurmctld", ["scontrol", "show", "hostnames",
-                                 h.job_fields(job)["NodeList"]]).out.split()
-    victim = first[-1]
-    h.kill(victim)
-    try:
-        wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 180,
-                 "Slurm to requeue the job")
-        h.wait_job(job, timeout=400)
-    finally:
-        h.heal(victim)
-    out = h.exec("slurmctld", ["cat", log]).out
+    victim = hostnames(h, h.job_fields(job)["NodeList"])[-1]
+    lose_node(h, job, victim)
+    out = output(h, job)
     assert h.train_finals(job, 4) == expected, \
         "the resumed DDP run ends bit-identical to an uninterrupted one: " + out[-2000:]
     restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", out)
