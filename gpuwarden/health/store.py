@@ -178,11 +178,23 @@ class Store:
         a failure or a kill at any point leaves either no summary or the one of the JSON on
         disk: never one the fast path would trust over a newer (maybe CRITICAL) verdict."""
         # Prologs, epilogs and the periodic check save side by side: one writer at a time, so
-        # that one's summary never lands after another's JSON.
-        lock = os.open(os.path.join(self.dir, self.LOCK),
-                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # that one's summary never lands after another's JSON. The old summary goes before the
+        # lock is taken, so a save that cannot take it (the lock file a directory, a denied
+        # open, the watchdog during the wait) leaves no summary to trust either; removing
+        # another writer's summary only sends prologs the full way.
+        name = self.FAST
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            _discard(self.dir, self.FAST)
+            name = self.LOCK
+            lock = os.open(os.path.join(self.dir, self.LOCK),
+                           os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StateWriteError(f"{os.path.join(self.dir, name)}: {exc}") from None
+        try:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError as exc:
+                raise StateWriteError(f"{os.path.join(self.dir, self.LOCK)}: {exc}") from None
             self._write_pair(doc)
         finally:
             os.close(lock)

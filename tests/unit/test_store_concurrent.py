@@ -55,3 +55,21 @@ def test_a_save_paused_between_json_and_summary_is_not_overtaken(
     if doc["status"] != "OK":
         assert not isinstance(fastgate._verdict(
             {"state_dir": str(state), "verdict_max_age_s": 600}, "n1", time.time()), dict)
+
+
+def test_a_save_that_cannot_take_the_lock_leaves_no_summary_to_trust(tmp_path: Path) -> None:
+    """The new verdict is lost then (and reported); the old OK summary must not outlive it."""
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now = time.time()
+    s.save_verdict(Verdict("n1", now, "health", (CheckResult("gpu", Status.OK, "fine"),)))
+    assert (state / store.FAST_SUMMARY).exists()
+    (state / store.Store.LOCK).unlink()
+    (state / store.Store.LOCK).mkdir()
+    bad = Verdict("n1", now + 1, "health",
+                  (CheckResult("gpu", Status.CRITICAL, "xid 79", 0, "xid 79"),))
+    with pytest.raises(store.StateWriteError, match=store.Store.LOCK):
+        s.save_verdict(bad)
+    assert not (state / store.FAST_SUMMARY).exists()
+    assert not isinstance(fastgate._verdict(
+        {"state_dir": str(state), "verdict_max_age_s": 600}, "n1", time.time()), dict)
