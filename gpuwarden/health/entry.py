@@ -167,10 +167,13 @@ def fake_gpu_fingerprint(env: Env) -> list[int] | None:
     return fingerprint(h.fake_gpu_file)
 
 
-def _save(env: Env, verdict: Verdict, complete: bool = True,
+def _save(env: Env, verdict: Verdict, started: float, complete: bool = True,
           gpus: set[int] | None = None, fake_fp: list[int] | None = None) -> None:
+    """Store ``verdict``, whose checks started at ``started`` (time.monotonic(): one clock
+    for every process of this boot), unless a verdict whose checks started later was stored
+    meanwhile (see Store.save_verdict)."""
     try:
-        env.store.save_verdict(verdict, complete, gpus, fake_fp)
+        env.store.save_verdict(verdict, complete, gpus, fake_fp, started_mono=started)
     except GpuwardenError as exc:
         env.fail("state", f"{verdict.context} {env.node}: {exc}")
 
@@ -203,11 +206,12 @@ def periodic(env: Env) -> int:
     the node's health marker in Slurm."""
     h = env.config.health
     fake_fp = fake_gpu_fingerprint(env)
+    started = time.monotonic()  # the stored verdicts of all processes are ordered by it
     verdict = gather(h, env.node, "health check", checks_budget(env, h.periodic_budget_s),
                      probe=env.probe, now=env.clock)
     note_gaps(env, verdict)
     acted = _act_or_report(env, verdict, resume_allowed=True)
-    _save(env, verdict, fake_fp=fake_fp)
+    _save(env, verdict, started, fake_fp=fake_fp)
     if acted is not None:
         publish_marker(env, acted[1], verdict.status.name, verdict.at)
     report_self(env, always=True)
@@ -283,6 +287,7 @@ def prolog_gate(env: Env) -> int:
         verdict = replace(quick, results=kept + quick.results)
     else:
         fake_fp = fake_gpu_fingerprint(env)
+        started = time.monotonic()
         verdict = gather(h, env.node, f"prolog job {job}", h.prolog_budget_s,
                          gpus=gpus, probe=env.probe, now=env.clock)
     note_gaps(env, verdict)
@@ -293,7 +298,7 @@ def prolog_gate(env: Env) -> int:
     if not fresh:
         # A verdict on the job's GPUs only is not the node's: stored marked partial (neither
         # the fast path nor the next prolog trusts it), kept out of the textfile.
-        _save(env, verdict, complete=gpus is None, gpus=gpus, fake_fp=fake_fp)
+        _save(env, verdict, started, complete=gpus is None, gpus=gpus, fake_fp=fake_fp)
     report_self(env, always=False)
     if acted is None:
         return 0
@@ -366,6 +371,7 @@ def epilog_gate(env: Env) -> int:
     if not (suspect or _job_failed(env.environ)):
         return 0
     fake_fp = fake_gpu_fingerprint(env)
+    started = time.monotonic()
     verdict = epilog_evidence(gather(h, env.node, f"epilog job {job}",
                                      checks_budget(env, h.epilog_budget_s), probe=env.probe,
                                      now=env.clock))
@@ -374,7 +380,7 @@ def epilog_gate(env: Env) -> int:
         _act_or_report(env, verdict, resume_allowed=False)
     # Results held back are stored as needing a full check: the fast path refuses the verdict
     # and the next prolog runs every check again.
-    _save(env, verdict, complete=not needs_full_check(verdict), fake_fp=fake_fp)
+    _save(env, verdict, started, complete=not needs_full_check(verdict), fake_fp=fake_fp)
     report_self(env, always=False)
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import marshal
 import os
 import secrets
@@ -23,12 +24,18 @@ from gpuwarden.health.privfile import StateDirError, check_private_dir, read_pri
 
 __all__ = ["StateDirError", "check_private_dir", "read_private", "unsafe_dir_problem"]
 
+log = logging.getLogger(__name__)
+
 _MAX_STATE_BYTES = 1 << 20
 # The stored verdict's flag: true only for one that covered every check and GPU (the prolog's
 # fast path, gpuwarden.health.fastgate, reads it by this name).
 COMPLETE = "complete"
 FAKE_GPU_FP = "fake_gpu_fp"  # the fake GPU file as the checks found it (fastgate)
 BOOT_ID, MONO = "boot_id", "mono"
+# When the verdict's checks started (this boot's monotonic clock): of two verdicts saved side
+# by side, the one whose checks started later is the newer view of the node, whichever
+# finished last.
+STARTED = "started_mono"
 _SAVE_LAG_MAX_S = 600.0
 # The fast path's own copy of the stored verdict: only the fields it checks, in marshal, which
 # it reads without importing json (re, enum...: ~7 ms per job start). Never newer than the JSON
@@ -138,9 +145,15 @@ class Store:
         ensure_private_dir(self.dir)
 
     def save_verdict(self, verdict: Verdict, complete: bool = True,
-                     gpus: set[int] | None = None, fake_fp: list[int] | None = None) -> None:
+                     gpus: set[int] | None = None, fake_fp: list[int] | None = None,
+                     started_mono: float | None = None) -> bool:
         """The verdict file and the node_exporter textfile, each complete or left as it was;
         one failing does not stop the other. Raises StateWriteError naming what failed.
+
+        ``started_mono`` is when the verdict's checks started (time.monotonic()). A stored
+        verdict of this boot whose checks started later stays: an epilog that began before a
+        fault and saves after the periodic check's CRITICAL must not replace it with OK.
+        Returns False when so superseded (nothing written).
 
         ``complete`` is False for a verdict that is not the node's: one that checked only a
         job's ``gpus``, or holds results that still need a full check (the epilog's). It is
@@ -158,13 +171,18 @@ class Store:
             doc["gpus"] = sorted(gpus)
         if fake_fp is not None:
             doc[FAKE_GPU_FP] = fake_fp
+        if started_mono is not None:
+            doc[STARTED] = started_mono
+        written = True
         try:
             self._ready()
-            self._write_verdict(doc)
+            written = self._write_verdict(doc)
         except StateWriteError as exc:
             errors.append(str(exc))
         except (OSError, StateDirError) as exc:
             errors.append(f"{os.path.join(self.dir, self.VERDICT)}: {exc}")
+        if not written:
+            return False
         if self.prom_dir and complete:
             try:
                 self._write_prom(self.PROM, prometheus(verdict))
@@ -172,8 +190,9 @@ class Store:
                 errors.append(f"{os.path.join(self.prom_dir, self.PROM)}: {exc}")
         if errors:
             raise StateWriteError("cannot save the verdict: " + "; ".join(errors))
+        return True
 
-    def _write_verdict(self, doc: dict[str, Any]) -> None:
+    def _write_verdict(self, doc: dict[str, Any]) -> bool:
         """The JSON, then the fast path's summary of it. The old summary goes first, so that
         a failure or a kill at any point leaves either no summary or the one of the JSON on
         disk: never one the fast path would trust over a newer (maybe CRITICAL) verdict."""
@@ -195,9 +214,41 @@ class Store:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             except OSError as exc:
                 raise StateWriteError(f"{os.path.join(self.dir, self.LOCK)}: {exc}") from None
+            newer = self._newer_stored(doc)
+            if newer is not None:
+                self._restore_summary(newer)
+                return False
             self._write_pair(doc)
+            return True
         finally:
             os.close(lock)
+
+    def _newer_stored(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored document when its checks started after ``doc``'s in this boot, else
+        None (then ``doc`` is written). Anything unreadable or undated counts as older."""
+        if not isinstance(doc.get(STARTED), float | int):
+            return None
+        try:
+            data = read_private(os.path.join(self.dir, self.VERDICT))
+            stored = json.loads(data) if data else None
+        except (OSError, StateDirError, ValueError):
+            return None
+        if not isinstance(stored, dict) or stored.get(BOOT_ID) != doc[BOOT_ID] or \
+                not doc[BOOT_ID]:
+            return None
+        theirs = stored.get(STARTED)
+        if not isinstance(theirs, float | int) or isinstance(theirs, bool) or \
+                theirs <= doc[STARTED]:
+            return None
+        log.info("verdict of %s (%s) not stored: checks that started later (%s) stored theirs",
+                 doc.get("context"), doc.get("status"), stored.get("context"))
+        return stored
+
+    def _restore_summary(self, stored: dict[str, Any]) -> None:
+        """Put back the fast summary removed before the lock, of the verdict that stays; when
+        that fails, prologs only go the full way."""
+        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+            atomic_write(self.dir, self.FAST, marshal.dumps(fast_summary(stored)))
 
     def _write_pair(self, doc: dict[str, Any]) -> None:
         name = self.FAST

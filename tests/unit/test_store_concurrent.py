@@ -73,3 +73,49 @@ def test_a_save_that_cannot_take_the_lock_leaves_no_summary_to_trust(tmp_path: P
     assert not (state / store.FAST_SUMMARY).exists()
     assert not isinstance(fastgate._verdict(
         {"state_dir": str(state), "verdict_max_age_s": 600}, "n1", time.time()), dict)
+
+
+def _fast(state: Path) -> object:
+    return fastgate._verdict({"state_dir": str(state), "verdict_max_age_s": 600}, "n1",
+                             time.time())
+
+
+def test_a_verdict_whose_checks_started_earlier_never_replaces_a_later_one(
+        tmp_path: Path) -> None:
+    """An epilog whose checks began before a fault, saving after the periodic check stored
+    the fault's CRITICAL, must not put an OK back in front of prologs."""
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now, mono = time.time(), time.monotonic()
+    bad = Verdict("n1", now, "health check",
+                  (CheckResult("gpu", Status.CRITICAL, "ecc", 0, "ecc uncorrectable"),))
+    assert s.save_verdict(bad, started_mono=mono)
+    ok = Verdict("n1", now, "epilog job 7", (CheckResult("gpu", Status.OK, "fine"),))
+    assert not s.save_verdict(ok, started_mono=mono - 5)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.CRITICAL
+    # The summary removed before the lock is back, and it is the CRITICAL one's.
+    assert (state / store.FAST_SUMMARY).exists()
+    assert not isinstance(_fast(state), dict)
+    # A verdict whose checks started later does replace it.
+    assert s.save_verdict(ok, started_mono=mono + 5)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.OK
+    assert isinstance(_fast(state), dict)
+
+
+def test_a_verdict_of_an_earlier_boot_is_replaced_whatever_its_clock(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch
+                                                                      ) -> None:
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now = time.time()
+    monkeypatch.setattr(store, "boot_id", lambda: "boot-a")
+    assert s.save_verdict(Verdict("n1", now, "health check",
+                                  (CheckResult("gpu", Status.CRITICAL, "x", 0, "x"),)),
+                          started_mono=1e9)
+    monkeypatch.setattr(store, "boot_id", lambda: "boot-b")
+    assert s.save_verdict(Verdict("n1", now + 1, "health check",
+                                  (CheckResult("gpu", Status.OK, "fine"),)), started_mono=3.0)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.OK
