@@ -6,7 +6,9 @@ A state of `--mb` MiB (float32), the median of `--repeat` runs of each, the arms
 - restore: `Checkpointer.restore(mapped=True)` from tier 0 (pages mapped copy-on-write,
   every checksum verified, arrays rebuilt) against a plain in-memory copy of the state into
   fresh memory. Goal: restore speed >= 1.0x the copy's (printed as copy time / restore time);
-  the default restore, which copies into the caller's own memory, is printed beside it.
+  the default restore, which copies into the caller's own memory, is printed beside it. A
+  mapped restore maps each page where the caller first reads it, so the time of a restore
+  followed by load_state_dict's copy into the model is printed too, mapped against default.
 - torch: the same bytes as torch tensors in a state_dict against the numpy state, save stall.
   Goal: <= 1.1.
 - DCP: `dcp.save` through gpuwarden's writer against DCP's own FileSystemWriter to the same
@@ -100,11 +102,25 @@ def numpy_arms(state: dict[str, Any], work: Path, repeat: int) -> dict[str, floa
         for a in state.values():
             np.copyto(np.empty_like(a), a)
 
+    dest = {k: np.empty_like(a) for k, a in state.items()}
+    for a in dest.values():
+        a.fill(0)  # the model's own parameters: memory already in use
+
+    def load_into(mapped: bool) -> None:
+        # What load_state_dict does with what a restore returns: copy it into the model's
+        # parameters. A mapped restore's pages are mapped here, where they are first read.
+        got = ck.restore(mapped=mapped)
+        assert got is not None
+        for k, a in dest.items():
+            np.copyto(a, got.state[k])
+
     try:
         out = best({"raw_write": raw_write, "save": lambda i: ck.save(i + 1, state)}, repeat,
                    pruned(ck))
         out.update(best({"copy": copy, "restore": lambda _: ck.restore(mapped=True),
                          "restore_copied": lambda _: ck.restore()}, repeat))
+        out.update(best({"load_mapped": lambda _: load_into(True),
+                         "load_copied": lambda _: load_into(False)}, repeat))
     finally:
         ck.close()
     return out
@@ -157,6 +173,8 @@ def main() -> None:
     print(f"restore speed / memory copy:        {out['copy'] / out['restore']:.2f}  (goal >= 1.0; "
           f"mapped=True; the default restore, which copies: "
           f"{out['copy'] / out['restore_copied']:.2f})")
+    print(f"  restored and copied into the model's arrays, mapped / default restore: "
+          f"{out['load_mapped'] / out['load_copied']:.2f}  (time; below 1: mapping pays)")
     print(f"torch save / numpy save:            {out['torch_save'] / out['numpy_save']:.2f}  "
           "(goal <= 1.1)")
     print(f"DCP via gpuwarden / FileSystemWriter: {out['dcp_ours'] / out['dcp_fs']:.2f}  "

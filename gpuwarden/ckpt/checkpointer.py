@@ -50,6 +50,7 @@ class Checkpointer:
         self._sleep = sleep
         self._cv = threading.Condition()
         self._pending: list[int] = []
+        self._writing: int | None = None  # the step the writer is copying out of tier 0
         self._done: dict[str, set[int]] = {t.name: set() for t in (*self.replicas, *self.durable)}
         self._closed = False
         self._refused: set[tuple[str, int]] = set()  # copies restore could not use: kept
@@ -60,7 +61,7 @@ class Checkpointer:
         # as long as a good part of writing them, and the training loop need not wait for it.
         # Its own thread, not the writer's, so that a durable tier retried for minutes never
         # leaves node memory to fill up.
-        self._tier0_saved = False
+        self._prune_due = False
         self._janitor = threading.Thread(target=self._prune_tier0, name="gpuwarden-ckpt-prune",
                                          daemon=True)
         self._janitor.start()
@@ -81,7 +82,7 @@ class Checkpointer:
         m = self.tier0.commit(header, data, hash_while_writing=True)
         with self._cv:
             self._pending.append(step)
-            self._tier0_saved = True
+            self._prune_due = True
             self._cv.notify_all()
         return m
 
@@ -142,12 +143,14 @@ class Checkpointer:
     def _prune_tier0(self) -> None:
         while True:
             with self._cv:
-                while not self._tier0_saved and not self._closed:
+                while not self._prune_due and not self._closed:
                     self._cv.wait()
-                if not self._tier0_saved:
+                if not self._prune_due:
                     return
-                self._tier0_saved = False
-                protect = set(self._pending)  # the writer still reads these from tier 0
+                self._prune_due = False
+                # The writer still reads these from tier 0: the steps waiting and the one it
+                # took from the queue.
+                protect = {*self._pending, *(() if self._writing is None else (self._writing,))}
             self._retain(self.tier0, protect=protect, floor=None)
 
     # ---- the writer -------------------------------------------------------------------------
@@ -163,7 +166,16 @@ class Checkpointer:
                 if superseded:
                     log.info("write-back is behind: steps %s superseded by %d", superseded, step)
                 self._pending = []
-            self._write_everywhere(step)
+                self._writing = step
+            try:
+                self._write_everywhere(step)
+            finally:
+                with self._cv:
+                    self._writing = None
+                    # Retention held this step back for the writer: free it now, not only
+                    # after the next save.
+                    self._prune_due = True
+                    self._cv.notify_all()
 
     def _write_everywhere(self, step: int) -> None:
         try:

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import mmap
 import os
 import secrets
 import stat
@@ -351,16 +352,21 @@ class FsTier:
             m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
             out: dict[str, Buf] = {}
             for shard in m.shards if shards else ():
+                digest = xxhash.xxh3_64()
                 try:
                     path = os.path.join(where, shard.name)
-                    data: Buf = (
-                        safeio.map_file(sfd, shard.name, owner, shard.size, path)
-                        if mapped else
-                        safeio.read_file(sfd, shard.name, owner, shard.size, path, exact=True))
+                    data: Buf = (safeio.map_file if mapped else safeio.copy_file)(
+                        sfd, shard.name, owner, shard.size, path, digest.update)
                 except (Refused, OSError) as exc:
                     raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
                                       f"{_why(exc)}") from None
-                check_shard(self.name, step, shard, data)
+                if digest.hexdigest() != shard.checksum:
+                    # A mapping is of the bytes just hashed (the same open file), as a
+                    # mapping hashed in place would be.
+                    if isinstance(data, mmap.mmap):
+                        data.close()
+                    raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: "
+                                      "checksum mismatch")
                 out[shard.name] = data
             return m, out
 

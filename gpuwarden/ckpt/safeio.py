@@ -160,22 +160,69 @@ def read_file(parent: int, name: str, owner: int | None, limit: int, where: str,
         if size > limit or (exact and size != limit):
             raise Refused(f"{where}: {size} bytes, expected "
                           f"{'' if exact else 'at most '}{limit}")
-        buf = bytearray(size)
-        view = memoryview(buf)
-        while view:
-            n = os.readv(fd, [view])
-            if n == 0:
-                raise Refused(f"{where}: shorter than expected (changed while read)")
-            view = view[n:]
+        return read_file_at(fd, size, where)
+
+
+def read_file_at(fd: int, size: int, where: str) -> bytearray:
+    """``size`` bytes of the open file ``fd`` (a small one: see `copy_file`)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    while view:
+        n = os.readv(fd, [view])
+        if n == 0:
+            raise Refused(f"{where}: shorter than expected (changed while read)")
+        view = view[n:]
+    return buf
+
+
+def copy_file(parent: int, name: str, owner: int | None, size: int, where: str,
+              sink: Callable[[memoryview], None]) -> mmap.mmap | bytearray:
+    """The regular file ``name`` of exactly ``size`` bytes, checked as `read_file` checks,
+    copied into fresh memory of the caller's; each chunk also goes through ``sink`` right after
+    it is read, while it is still in cache (the caller's checksum)."""
+    fd, found = _open_checked(parent, name, owner, where)
+    with closing(fd):
+        if found != size:
+            raise Refused(f"{where}: {found} bytes, expected {size}")
+        if size < CHUNK:  # a tag or a tree: a buffer is enough, and compares equal to bytes
+            small = read_file_at(fd, size, where)
+            sink(memoryview(small))
+            return small
+        # Private anonymous memory, not bytearray(size): that takes 4 KiB faults on every
+        # page (3-4x slower here); a private mapping can ask for huge pages, as numpy does for
+        # its large arrays. (mmap's default, MAP_SHARED, would be shmem: 4 KiB pages again.)
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with suppress(AttributeError, OSError):
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        view, at = memoryview(buf), 0
+        try:
+            while at < size:
+                n = os.readv(fd, [view[at:min(size, at + CHUNK)]])
+                if n == 0:
+                    raise Refused(f"{where}: shorter than expected (changed while read)")
+                sink(view[at:at + n])
+                at += n
+            if os.read(fd, 1):
+                raise Refused(f"{where}: longer than expected (changed while read)")
+        except BaseException:
+            view.release()
+            buf.close()
+            raise
+        view.release()
         return buf
 
 
-def map_file(parent: int, name: str, owner: int | None, size: int,
-             where: str) -> mmap.mmap | bytearray:
+def map_file(parent: int, name: str, owner: int | None, size: int, where: str,
+             sink: Callable[[memoryview], None]) -> mmap.mmap | bytearray:
     """The regular file ``name`` of exactly ``size`` bytes, checked as `read_file` checks,
     mapped copy-on-write instead of copied: for node memory (tmpfs), where the pages are in
     memory already. The mapping is the caller's: writes to it never reach the file, and it
-    stays valid after the file is unlinked (retention pruning tier 0)."""
+    stays valid after the file is unlinked (retention pruning tier 0).
+
+    The file's bytes also go through ``sink`` (as `stream_file` feeds it), read from the same
+    open file: the caller verifies them without touching the mapping, whose pages are then
+    mapped one by one only where the caller uses them (4 KiB page faults on tmpfs cost more
+    than copying the bytes)."""
     fd, found = _open_checked(parent, name, owner, where)
     with closing(fd):
         if found != size:
@@ -184,7 +231,14 @@ def map_file(parent: int, name: str, owner: int | None, size: int,
             return bytearray()
         # No MAP_POPULATE: on a writable private mapping it would copy every page up front.
         # Read faults map tmpfs's own pages; only a page the caller writes is copied.
-        return mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            _stream(fd, size, where, sink)
+        except BaseException:
+            mapping.close()
+            raise
+        return mapping
 
 
 CHUNK = 1 << 20  # what a streamed read holds in memory at once
@@ -199,16 +253,21 @@ def stream_file(parent: int, name: str, owner: int | None, size: int, where: str
     with closing(fd):
         if found != size:
             raise Refused(f"{where}: {found} bytes, expected {size}")
-        buf = bytearray(min(size, CHUNK))
-        view, left = memoryview(buf), size
-        while left:
-            n = os.readv(fd, [view[:min(left, len(buf))]])
-            if n == 0:
-                raise Refused(f"{where}: shorter than expected (changed while read)")
-            sink(view[:n])
-            left -= n
-        if os.read(fd, 1):
-            raise Refused(f"{where}: longer than expected (changed while read)")
+        _stream(fd, size, where, sink)
+
+
+def _stream(fd: int, size: int, where: str, sink: Callable[[memoryview], None]) -> None:
+    # One buffer, reused: it stays in cache, so the sink reads what read() just wrote there.
+    buf = bytearray(min(size, CHUNK))
+    view, left = memoryview(buf), size
+    while left:
+        n = os.readv(fd, [view[:min(left, len(buf))]])
+        if n == 0:
+            raise Refused(f"{where}: shorter than expected (changed while read)")
+        sink(view[:n])
+        left -= n
+    if os.read(fd, 1):
+        raise Refused(f"{where}: longer than expected (changed while read)")
 
 
 def lstat_at(parent: int, name: str) -> os.stat_result | None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,3 +126,53 @@ def test_long_transfers_report_progress_at_most_every_few_seconds(
         p(100 << 20)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["s3: uploading step 7: 300 of 400 MiB (75%), 50 MiB/s"]
+
+
+
+def test_tier0_retention_never_deletes_the_step_the_writer_is_copying(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """keep=1: step 2 is saved while the writer is still copying step 1 out of tier 0.
+    Tier 0's retention (its own thread) must leave step 1 until the writer has it."""
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-4")
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-4")
+    entered, go = threading.Event(), threading.Event()
+    real_load, real_commit = shm.load, fsx.commit
+    committed: list[int] = []
+
+    def gated_load(step: int, mapped: bool = False) -> Any:
+        if step == 1:
+            entered.set()
+            assert go.wait(30)
+        return real_load(step, mapped)
+
+    def commit(manifest: Any, data: Any, **kw: Any) -> Any:
+        committed.append(manifest.step)
+        return real_commit(manifest, data, **kw)
+
+    shm.load = gated_load  # type: ignore[method-assign]
+    fsx.commit = commit  # type: ignore[method-assign]
+    ck = Checkpointer("job-4", shm, [fsx], keep=1, sleep=lambda s: None)
+    retained = threading.Semaphore(0)
+    real_retain = ck._retain
+
+    def retain(tier: Any, protect: set[int], floor: int | None) -> None:
+        real_retain(tier, protect, floor)
+        if tier is shm:
+            retained.release()
+
+    ck._retain = retain  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING):
+        ck.save(1, state(1))
+        assert entered.wait(30) and retained.acquire(timeout=30)
+        ck.save(2, state(2))
+        assert retained.acquire(timeout=30)  # retention after step 2 has run
+        go.set()
+        assert ck.wait_durable(2, timeout=30)
+        # Once the writer is done with it, step 1 goes from node memory without a next save.
+        deadline = time.monotonic() + 30
+        while shm.steps() != [2] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ck.close(timeout=30)
+    assert committed == [1, 2]
+    assert "cannot be written back" not in caplog.text
+    assert shm.steps() == [2]
