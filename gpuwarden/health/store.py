@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.health.model import Verdict
+from gpuwarden.health.model import Status, Verdict
 
 # Reads are shared with the prolog's fast gate, which cannot afford this module's imports;
 # the names stay importable from here.
@@ -32,9 +32,8 @@ _MAX_STATE_BYTES = 1 << 20
 COMPLETE = "complete"
 FAKE_GPU_FP = "fake_gpu_fp"  # the fake GPU file as the checks found it (fastgate)
 BOOT_ID, MONO = "boot_id", "mono"
-# When the verdict's checks started (this boot's monotonic clock): of two verdicts saved side
-# by side, the one whose checks started later is the newer view of the node, whichever
-# finished last.
+# When the verdict's checks started (this boot's monotonic clock; MONO is when they ended):
+# which of two verdicts saved side by side is the later look at the node (Store._newer_stored).
 STARTED = "started_mono"
 _SAVE_LAG_MAX_S = 600.0
 # The fast path's own copy of the stored verdict: only the fields it checks, in marshal, which
@@ -150,9 +149,10 @@ class Store:
         """The verdict file and the node_exporter textfile, each complete or left as it was;
         one failing does not stop the other. Raises StateWriteError naming what failed.
 
-        ``started_mono`` is when the verdict's checks started (time.monotonic()). A stored
-        verdict of this boot whose checks started later stays: an epilog that began before a
-        fault and saves after the periodic check's CRITICAL must not replace it with OK.
+        ``started_mono`` is when the verdict's checks started (time.monotonic()). Verdicts
+        save side by side, in any order: better news from checks that overlapped the stored
+        verdict's (or came before them) does not replace it. An epilog or prolog that began
+        before a fault and saves after the periodic check's CRITICAL must not put OK back.
         Returns False when so superseded (nothing written).
 
         ``complete`` is False for a verdict that is not the node's: one that checked only a
@@ -224,24 +224,31 @@ class Store:
             os.close(lock)
 
     def _newer_stored(self, doc: dict[str, Any]) -> dict[str, Any] | None:
-        """The stored document when its checks started after ``doc``'s in this boot, else
-        None (then ``doc`` is written). Anything unreadable or undated counts as older."""
-        if not isinstance(doc.get(STARTED), float | int):
+        """The stored document when it must stay instead of ``doc``, else None (then ``doc``
+        is written): when it is worse news (CRITICAL over OK, ...) and ``doc``'s checks
+        started before its checks ended, so ``doc`` is no later a look at the node than it.
+        Worse or equal news is always written, and so is news from checks that started after
+        the stored ones ended (a repaired node). Anything unreadable, undated, of another boot
+        or dated in the future counts as older."""
+        ours = doc.get(STARTED)
+        if not isinstance(ours, float | int) or not doc[BOOT_ID]:
             return None
         try:
             data = read_private(os.path.join(self.dir, self.VERDICT))
             stored = json.loads(data) if data else None
-        except (OSError, StateDirError, ValueError):
+            if not isinstance(stored, dict):
+                return None
+            theirs_end = stored.get(MONO)
+            worse = Status[str(stored.get("status"))] > Status[str(doc["status"])]
+        except (OSError, StateDirError, ValueError, KeyError):
             return None
-        if not isinstance(stored, dict) or stored.get(BOOT_ID) != doc[BOOT_ID] or \
-                not doc[BOOT_ID]:
+        if stored.get(BOOT_ID) != doc[BOOT_ID] or not worse or \
+                not isinstance(theirs_end, float | int) or isinstance(theirs_end, bool) or \
+                theirs_end > time.monotonic() or ours >= theirs_end:
             return None
-        theirs = stored.get(STARTED)
-        if not isinstance(theirs, float | int) or isinstance(theirs, bool) or \
-                theirs <= doc[STARTED]:
-            return None
-        log.info("verdict of %s (%s) not stored: checks that started later (%s) stored theirs",
-                 doc.get("context"), doc.get("status"), stored.get("context"))
+        log.info("verdict of %s (%s) not stored: %s (%s) is worse news from checks that were "
+                 "still running when these started", doc.get("context"), doc.get("status"),
+                 stored.get("context"), stored.get("status"))
         return stored
 
     def _restore_summary(self, stored: dict[str, Any]) -> None:

@@ -119,3 +119,52 @@ def test_a_verdict_of_an_earlier_boot_is_replaced_whatever_its_clock(tmp_path: P
                                   (CheckResult("gpu", Status.OK, "fine"),)), started_mono=3.0)
     kept = s.load_stored()
     assert kept is not None and kept[0].status == Status.OK
+
+
+def _crit(now: float, context: str = "health check") -> Verdict:
+    return Verdict("n1", now, context, (CheckResult("gpu", Status.CRITICAL, "ecc", 1, "ecc"),))
+
+
+def _ok(now: float, context: str) -> Verdict:
+    return Verdict("n1", now, context, (CheckResult("gpu", Status.OK, "fine"),))
+
+
+def test_worse_news_is_stored_whichever_checks_started_first(tmp_path: Path) -> None:
+    """A job's prolog (its GPUs only) starts while the 60 s periodic check runs, and saves
+    first. The periodic check's CRITICAL, on another GPU, must still be stored, and reach the
+    textfile."""
+    state, prom = tmp_path / "state", tmp_path / "prom"
+    s = store.Store(str(state), str(prom))
+    now, mono = time.time(), time.monotonic()
+    assert s.save_verdict(_ok(now, "prolog job 9"), complete=False, gpus={0},
+                          started_mono=mono - 30)
+    assert s.save_verdict(_crit(now), started_mono=mono - 60)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.CRITICAL and kept[1]
+    assert "gpuwarden_health_status{node=\"n1\"} 2" in (prom / store.Store.PROM).read_text()
+
+
+def test_an_ok_from_checks_that_overlapped_a_critical_is_not_stored(tmp_path: Path) -> None:
+    """A full prolog starts 10 s into the periodic check and reads the GPUs before the
+    fault; the periodic check finds it and saves first. The prolog's OK must not hide it."""
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now, mono = time.time(), time.monotonic()
+    assert s.save_verdict(_crit(now), started_mono=mono - 60)
+    assert not s.save_verdict(_ok(now, "prolog job 9"), started_mono=mono - 50)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.CRITICAL
+    assert not isinstance(_fast(state), dict)
+
+
+def test_a_stored_verdict_dated_in_the_future_blocks_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now, mono = time.time(), time.monotonic()
+    assert s.save_verdict(_crit(now), started_mono=mono)
+    doc = json.loads((state / store.Store.VERDICT).read_text())
+    doc[store.MONO] = mono + 1e6  # only a different clock could have written this
+    store.atomic_write(str(state), store.Store.VERDICT, json.dumps(doc).encode())
+    assert s.save_verdict(_ok(now, "health check"), started_mono=mono + 1)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].status == Status.OK
