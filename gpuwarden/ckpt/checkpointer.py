@@ -139,6 +139,16 @@ class Checkpointer:
             self._cv.notify_all()
         self._thread.join(timeout)
         self._janitor.join(timeout)
+        if not (self._thread.is_alive() or self._janitor.is_alive()):
+            # The pruner may have stopped while the writer still held a step back.
+            self._retain(self.tier0, protect=set(), floor=None)
+
+    def _held_for_writer(self) -> set[int]:
+        """Tier-0 steps retention must leave: the one the writer will take next (older pending
+        ones are superseded) and the one it is reading now."""
+        with self._cv:
+            return {*(() if not self._pending else (max(self._pending),)),
+                    *(() if self._writing is None else (self._writing,))}
 
     def _prune_tier0(self) -> None:
         while True:
@@ -148,10 +158,15 @@ class Checkpointer:
                 if not self._prune_due:
                     return
                 self._prune_due = False
-                # The writer still reads these from tier 0: the steps waiting and the one it
-                # took from the queue.
-                protect = {*self._pending, *(() if self._writing is None else (self._writing,))}
-            self._retain(self.tier0, protect=protect, floor=None)
+            self._retain(self.tier0, protect=self._held_for_writer(), floor=None)
+
+    def _loaded(self) -> None:
+        """The writer has its step in memory (or gave up on it): tier 0 may let it go."""
+        with self._cv:
+            if self._writing is not None:
+                self._writing = None
+                self._prune_due = True
+                self._cv.notify_all()
 
     # ---- the writer -------------------------------------------------------------------------
     def _writeback(self) -> None:
@@ -170,12 +185,7 @@ class Checkpointer:
             try:
                 self._write_everywhere(step)
             finally:
-                with self._cv:
-                    self._writing = None
-                    # Retention held this step back for the writer: free it now, not only
-                    # after the next save.
-                    self._prune_due = True
-                    self._cv.notify_all()
+                self._loaded()
 
     def _write_everywhere(self, step: int) -> None:
         try:
@@ -189,6 +199,10 @@ class Checkpointer:
         except CorruptStep as exc:
             log.error("step %d cannot be written back: %s", step, exc)
             return
+        finally:
+            # Retention held the step back while it was read: free it now (the writer has
+            # its copy), not only after the next save.
+            self._loaded()
         todo = [*self.replicas, *self.durable]
         delay = 1.0
         while True:
@@ -244,6 +258,9 @@ class Checkpointer:
             return
         try:
             for s in to_delete(tier, self.keep, protect, floor)[0]:
+                # Tier 0's list may be older than the writer's latest step: ask again.
+                if tier is self.tier0 and s in self._held_for_writer():
+                    continue
                 tier.delete(s)
         except Exception as exc:
             log.warning("retention on %s failed (%s); retrying after the next save",

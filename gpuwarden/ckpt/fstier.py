@@ -350,6 +350,7 @@ class FsTier:
         sfd, where = self._step_dir_at(fd, owner, step)
         with closing(sfd):
             m = self._manifest_at(sfd, owner, step, os.path.join(where, MANIFEST))
+            mapped = mapped and safeio.mappable(len(m.shards))
             out: dict[str, Buf] = {}
             for shard in m.shards if shards else ():
                 digest = xxhash.xxh3_64()

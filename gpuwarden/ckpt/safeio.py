@@ -12,8 +12,10 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import resource
 import secrets
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -205,11 +207,28 @@ def copy_file(parent: int, name: str, owner: int | None, size: int, where: str,
             if os.read(fd, 1):
                 raise Refused(f"{where}: longer than expected (changed while read)")
         except BaseException:
-            view.release()
-            buf.close()
+            # A sink's frame may still hold a view of the buffer: the buffer then goes with
+            # the last view, and the error raised is the sink's, not close()'s BufferError.
+            with suppress(BufferError):
+                view.release()
+                buf.close()
             raise
         view.release()
         return buf
+
+
+# Before Python 3.13, every mmap of a file keeps a duplicate of its fd for as long as the
+# mapping lives (see `mappable`); 3.13's trackfd=False keeps none.
+_NO_FD: dict[str, bool] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
+def mappable(files: int) -> bool:
+    """Whether ``files`` more mappings fit in the open-file limit, with room to spare for the
+    job's own files and sockets; a step of more shards is copied instead."""
+    if _NO_FD:
+        return True
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft == resource.RLIM_INFINITY or files <= soft // 4
 
 
 def map_file(parent: int, name: str, owner: int | None, size: int, where: str,
@@ -232,7 +251,7 @@ def map_file(parent: int, name: str, owner: int | None, size: int, where: str,
         # No MAP_POPULATE: on a writable private mapping it would copy every page up front.
         # Read faults map tmpfs's own pages; only a page the caller writes is copied.
         mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE,
-                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE, **_NO_FD)
         try:
             _stream(fd, size, where, sink)
         except BaseException:

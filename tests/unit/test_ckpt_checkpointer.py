@@ -176,3 +176,80 @@ def test_tier0_retention_never_deletes_the_step_the_writer_is_copying(
     assert committed == [1, 2]
     assert "cannot be written back" not in caplog.text
     assert shm.steps() == [2]
+
+
+def _slow_upload(fsx: FsTier, of: int) -> tuple[threading.Event, threading.Event]:
+    """``fsx``'s commit of step ``of`` waits (a long S3 or FSx upload) until released."""
+    uploading, go = threading.Event(), threading.Event()
+    real_commit = fsx.commit
+
+    def commit(manifest: Any, data: Any, **kw: Any) -> Any:
+        if manifest.step == of:
+            uploading.set()
+            assert go.wait(120)  # longer than any wait of the tests: a stuck upload
+        return real_commit(manifest, data, **kw)
+
+    fsx.commit = commit  # type: ignore[method-assign]
+    return uploading, go
+
+
+def _until(cond: Any) -> bool:
+    deadline = time.monotonic() + 30
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(cond())
+
+
+def test_node_memory_stays_at_keep_while_an_upload_is_slow(tmp_path: Path) -> None:
+    """The writer has its copy of step 1 in memory; the steps saved meanwhile are superseded
+    but the newest. Tier 0 must not keep them all (it would fill node memory)."""
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-4")
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-4")
+    uploading, go = _slow_upload(fsx, 1)
+    ck = Checkpointer("job-4", shm, [fsx], keep=1, sleep=lambda s: None)
+    ck.save(1, state(1))
+    assert uploading.wait(30)
+    for step in range(2, 7):
+        ck.save(step, state(step))
+    assert _until(lambda: shm.steps() == [6]), shm.steps()
+    go.set()
+    assert ck.wait_durable(6, timeout=30)
+    ck.close(timeout=30)
+
+
+def test_close_frees_the_step_held_for_the_writer(tmp_path: Path) -> None:
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-4")
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-4")
+    uploading, go = _slow_upload(fsx, 1)
+    ck = Checkpointer("job-4", shm, [fsx], keep=1, sleep=lambda s: None)
+    ck.save(1, state(1))
+    assert uploading.wait(30)
+    ck.save(2, state(2))
+    closing = threading.Thread(target=ck.close, kwargs={"timeout": 30})
+    closing.start()
+    assert _until(lambda: not ck._janitor.is_alive())
+    go.set()
+    closing.join(30)
+    assert fsx.steps() == [2] and shm.steps() == [2]
+
+
+def test_a_state_of_more_shards_than_the_fd_limit_allows_restores_from_node_memory(
+        tmp_path: Path) -> None:
+    """Before Python 3.13 every mapped file holds an fd while its array lives: thousands of
+    tensors must not make the mapped restore fail over to the shared tier."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-4", map_reads=True)
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-4")
+    ck = Checkpointer("job-4", shm, [fsx], keep=1)
+    ck.save(1, {f"p{i}": np.full(16, i, dtype=np.float32) for i in range(300)})
+    assert ck.wait_durable(1, timeout=30)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        got = ck.restore(mapped=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        ck.close(timeout=30)
+    assert got is not None and got.tier == "shm" and not got.skipped
+    assert int(got.state["p299"][0]) == 299
