@@ -53,7 +53,7 @@ e2e: $(STAMP)
 # The e2e session leaves its cluster up (11 containers): removed here, whatever the tests did,
 # unless KEEP_CLUSTER=1; the tests' exit status is make's.
 test: lint $(STAMP)
-	@$(HOST_DEPS) debootstrap lua
+	@$(HOST_DEPS) debootstrap lua chromium
 	@status=0; $(PY) -m pytest tests -q || status=$$?; \
 	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
 	    echo "KEEP_CLUSTER=1: the test cluster is left running (make cluster-down removes it)"; \

@@ -90,6 +90,7 @@ _LAZY = {
     "lemon": ("gpuwarden.lemon.cli", "lemon"),
     "fleet": ("gpuwarden.fleet.cli", "fleet"),
     "simulate": ("gpuwarden.fleet.cli", "simulate"),
+    "report": ("gpuwarden.report.cli", "report"),
     "placement": ("gpuwarden.placement.cli", "placement"),
     "ckpt": ("gpuwarden.ckpt.cli", "ckpt"),
     "install-files": ("gpuwarden.install.cli", "install_files"),

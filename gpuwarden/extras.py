@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "ckpt": ("numpy", "xxhash"),
     "lemon": ("numpy", "msgspec"),
     "nvml": ("pynvml",),
+    "report": ("matplotlib",),
     "s3": ("boto3", "botocore"),
 }
 

@@ -2,7 +2,7 @@
 # Install the host packages `make demo` and `make test` need on a fresh Debian/Ubuntu machine
 # (with Docker), or fail with the exact command to run. Used by the Makefile (and so by .ci/run).
 #
-#   scripts/host-deps.sh [venv] [debootstrap] [lua]
+#   scripts/host-deps.sh [venv] [debootstrap] [lua] [chromium]
 #
 # venv: python3-venv, without which Debian's and Ubuntu's python3 cannot make the .venv
 #   (set PYTHON to the interpreter the Makefile uses; it must be Python >= 3.11).
@@ -11,6 +11,7 @@
 #   (set PY to the venv's python to check the image's tag).
 # lua: lua5.1 and lua-filesystem, which the unit tests run plugins/job_submit.lua with, as
 #   slurmctld's job_submit/lua does (Lua 5.1; the filter checks its snapshot with lfs).
+# chromium: the headless browser the unit tests render `gpuwarden report`'s page in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,8 +60,14 @@ for need in "$@"; do
             why+=("job_submit.lua checks its snapshot with Lua's lfs")
         fi
         ;;
+    chromium)
+        if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+            packages+=(chromium)
+            why+=("the unit tests render the report page in headless chromium")
+        fi
+        ;;
     *)
-        echo "host-deps: unknown need '$need' (known: venv, debootstrap, lua)" >&2
+        echo "host-deps: unknown need '$need' (known: venv, debootstrap, lua, chromium)" >&2
         exit 2
         ;;
     esac

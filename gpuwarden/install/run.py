@@ -22,6 +22,7 @@ NEEDED_ON: dict[str, str] = {
     "nvml": "compute nodes: the GPU checks (unless [health] gpu_probe = \"fake\")",
     "lemon": "the host running `lemon scan` and `fleet mttf`",
     "s3": "compute nodes, when [ckpt] s3_bucket is set",
+    "report": "the host running `gpuwarden report`",
 }
 _NO_DEFAULTS = "or pass --no-defaults-file (a host that runs no Slurm hooks)"
 

@@ -92,8 +92,10 @@ def expand_paths(items: tuple[str, ...]) -> list[str]:
 
 
 def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
-                 events_file: str | None, grace_s: float) -> history.History:
-    """The history from files or the live cluster; errors exit with what to do."""
+                 events_file: str | None, grace_s: float,
+                 collector: history.CollectorFactory | None = None) -> history.History:
+    """The history from files or the live cluster; errors exit with what to do.
+    ``collector``: more tallies filled in the same pass (`gpuwarden report`)."""
     now = datetime.now(UTC)
     if from_files and since:
         raise click.UsageError("--since reads the live cluster; with --from the files are the "
@@ -104,12 +106,12 @@ def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
             paths = expand_paths(from_files)
             events = history.read_events(events_file)
             return history.from_files(paths, events, grace_s,
-                                      progress=progress("reading file"))
+                                      progress=progress("reading file"), collector=collector)
         if events_file:
             raise click.UsageError("--events goes with --from (the cluster has its own)")
         return history.from_cluster(obj.client(), span, grace_s, now=now,
                                     progress=progress("reading accounting, day"),
-                                    reader=acct_reader(obj))
+                                    reader=acct_reader(obj), collector=collector)
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any, Protocol
 
 from gpuwarden.errors import GpuwardenError, SlurmError
 from gpuwarden.lemon.attribution import (
@@ -48,11 +49,23 @@ class HistoryError(GpuwardenError):
     """A history file that cannot be read at all (not merely a bad record in it)."""
 
 
+class Collector(Protocol):
+    """More tallies of the same records, filled in the same pass as the attribution (the fleet
+    report's: `gpuwarden.report.collect`). Picklable: worker processes fill one each."""
+
+    def add(self, records: Sequence[AcctRecord]) -> None: ...
+    def merge(self, other: Any) -> None: ...
+
+
+CollectorFactory = Callable[[], Collector]
+
+
 @dataclass(frozen=True)
 class History:
     attribution: Attribution
     records: int
     events: tuple[NodeEvent, ...]
+    collected: Collector | None = None  # what ``collector`` gathered, when one was given
 
 
 def read_events(path: str | None) -> list[NodeEvent]:
@@ -88,8 +101,9 @@ BATCH = 50_000  # records per attribute_runs call: bounds the list of records he
 
 
 def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: str,
-           known: _Known) -> tuple[Attribution, int]:
-    """Fold a stream of records into ``att``; only per-node tallies and failed runs stay."""
+           known: _Known, collect: Collector | None = None) -> tuple[Attribution, int]:
+    """Fold a stream of records into ``att`` (and ``collect``); only per-node tallies and
+    failed runs stay."""
     n = 0
     good: list[AcctRecord] = []
     tally = RangeTally()  # exposure of every batch, spread over the nodes once at the end
@@ -98,12 +112,16 @@ def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: 
         if not isinstance(r, SlurmError):
             good.append(r)
             if len(good) >= BATCH:
+                if collect is not None:
+                    collect.add(good)
                 attribute_runs(good, known.drains, known.grace_s, known.clears,
                                known.failures, into=att, tally=tally)
                 good = []
         else:
             att.skipped[f"{label}malformed record"] += 1
     if good:
+        if collect is not None:
+            collect.add(good)
         attribute_runs(good, known.drains, known.grace_s, known.clears, known.failures,
                        into=att, tally=tally)
     spread_exposure(att.exposure, tally)
@@ -123,16 +141,19 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _read_one(path: str, known: _Known) -> tuple[Attribution, int]:
+Part = tuple[Attribution, int, "Collector | None"]
+
+
+def _read_one(path: str, known: _Known, collector: CollectorFactory | None = None) -> Part:
     with gc_paused():
-        return _read_one_unpaused(path, known)
+        return _read_one_unpaused(path, known, collector)
 
 
 Window = tuple[float | None, float | None]
 
 
-def _stream_file(path: str, known: _Known,
-                 window: Window) -> tuple[Attribution, int, Window, Window]:
+def _stream_file(path: str, known: _Known, window: Window,
+                 collect: Collector | None) -> tuple[Attribution, int, Window, Window]:
     """One pass over an export; returns the window used and the one its own "meta" names."""
     with acctstream.open_regular(path) as fh:
         if window == (None, None):
@@ -144,18 +165,20 @@ def _stream_file(path: str, known: _Known,
             # Exported with a window: count only runs that ended in it, so that day files
             # never count a run that crossed midnight twice.
             records = _ended_in(records, lo or 0.0, hi or float("inf"))
-        att, n = _count(Attribution(), records, f"{path}: ", known)
+        att, n = _count(Attribution(), records, f"{path}: ", known, collect)
         return att, n, window, parse.acct_window(stream.top)
 
 
-def _read_one_unpaused(path: str, known: _Known) -> tuple[Attribution, int]:
+def _read_one_unpaused(path: str, known: _Known, collector: CollectorFactory | None) -> Part:
     try:
-        att, n, used, named = _stream_file(path, known, (None, None))
+        collect = collector() if collector is not None else None
+        att, n, used, named = _stream_file(path, known, (None, None), collect)
         if named not in (used, (None, None)):
             # "meta" was not in the tail looked at first: read again, now holding its window.
             log.info("%s: its window was found only at its end: reading it again", path)
-            att, n, _, _ = _stream_file(path, known, named)
-        return att, n
+            collect = collector() if collector is not None else None
+            att, n, _, _ = _stream_file(path, known, named, collect)
+        return att, n, collect
     except OSError as exc:
         raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
     except SlurmError as exc:
@@ -182,21 +205,26 @@ def _workers(n_files: int) -> int:
 
 def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float = GRACE_S,
                workers: int | None = None,
-               progress: Callable[[int, int], None] | None = None) -> History:
+               progress: Callable[[int, int], None] | None = None,
+               collector: CollectorFactory | None = None) -> History:
+    """``collector``: more tallies to fill in the same pass (`History.collected`)."""
     _refuse_repeats(paths)
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)
     att, total = Attribution(), 0
+    collected = collector() if collector is not None else None
     workers = workers or _workers(len(paths))
     if workers > 1 and len(paths) > 1:
         # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-            futures = [pool.submit(_read_one, p, known) for p in paths]
+            futures = [pool.submit(_read_one, p, known, collector) for p in paths]
             try:
                 for i, fut in enumerate(futures, 1):
-                    part, n = fut.result()
+                    part, n, more = fut.result()
                     att.merge(part)
+                    if collected is not None:
+                        collected.merge(more)
                     total += n
                     if progress:
                         progress(i, len(paths))
@@ -209,12 +237,14 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                 raise
     else:
         for i, p in enumerate(paths, 1):
-            part, n = _read_one(p, known)
+            part, n, more = _read_one(p, known, collector)
             att.merge(part)
+            if collected is not None:
+                collected.merge(more)
             total += n
             if progress:
                 progress(i, len(paths))
-    return History(known.finish(att), total, tuple(events))
+    return History(known.finish(att), total, tuple(events), collected)
 
 
 def _ended_in(records: Iterable[AcctRecord | SlurmError], lo: float,
@@ -248,7 +278,8 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
                  now: datetime | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  reader: acctstream.AcctReader | None = None,
-                 floor: timedelta = SPLIT_FLOOR) -> History:
+                 floor: timedelta = SPLIT_FLOOR,
+                 collector: CollectorFactory | None = None) -> History:
     """One day per sacct call, so a long scan never asks slurmdbd for everything at once; a
     window sacct cannot answer within its deadline is read again as two halves, down to
     ``floor``. A window's records count only once it has been read whole."""
@@ -258,6 +289,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
     known = _Known.of(events, grace_s)
     source = reader or _ClientReader(client)
     att, total = Attribution(), 0
+    collected = collector() if collector is not None else None
     days = max(1, -(-int(since.total_seconds()) // 86_400))
     windows: deque[tuple[datetime, datetime]] = deque()
     while start < end:
@@ -267,10 +299,11 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
     while windows:
         lo, hi = windows.popleft()
         try:
+            more = collector() if collector is not None else None
             with gc_paused():
                 part, n = _count(Attribution(), _ended_in(
                     source.window(_slurm_time(lo), _slurm_time(hi)), lo.timestamp(),
-                    hi.timestamp()), "", known)
+                    hi.timestamp()), "", known, more)
         except CommandTimeoutError as exc:
             if hi - lo <= floor:
                 raise HistoryError(f"{exc}, even for {hi - lo} of accounting: slurmdbd is "
@@ -282,9 +315,11 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
             windows.extendleft([(mid, hi), (lo, mid)])
             continue
         att.merge(part)
+        if collected is not None:
+            collected.merge(more)
         total += n
         covered += (hi - lo).total_seconds()
         done = days if not windows else min(days, int(covered // 86_400))
         if progress and done:
             progress(done, days)
-    return History(known.finish(att), total, tuple(events))
+    return History(known.finish(att), total, tuple(events), collected)

@@ -24,7 +24,7 @@ from gpuwarden.lemon import listfile
 
 ROOT = Path(__file__).resolve().parents[2]
 CLITREE = ROOT / "tests" / "clitree.py"
-REFUSED = ("numpy", "msgspec", "xxhash", "boto3", "botocore", "pynvml", "docker")
+REFUSED = ("numpy", "msgspec", "xxhash", "boto3", "botocore", "pynvml", "matplotlib", "docker")
 
 # Distribution name (pyproject.toml) -> import name (extras.EXTRAS), where they differ.
 IMPORT_NAME = {"nvidia-ml-py": "pynvml"}
@@ -37,6 +37,7 @@ NEEDS_AN_EXTRA = {
     ("lemon", "scan"): "gpuwarden lemon scan needs numpy: pip install 'gpuwarden[lemon]'",
     ("fleet", "mttf"): "gpuwarden fleet mttf needs numpy: pip install 'gpuwarden[lemon]'",
     ("simulate",): "gpuwarden simulate needs numpy: pip install 'gpuwarden[lemon]'",
+    ("report",): "gpuwarden report needs numpy: pip install 'gpuwarden[lemon]'",
 }
 
 
@@ -55,7 +56,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ["ckpt", "ls", "job-1"], ["ckpt", "verify", "job-1"], ["ckpt", "gc", "job-1"],
         ["ckpt", "interval", "--gpus", "8", "--mttf", "7h", "--cost", "30s"],
         ["lemon", "scan", "--from", str(config)], ["fleet", "mttf", "--from", str(config)],
-        ["simulate", "--no-compare"])]
+        ["simulate", "--no-compare"], ["report", "--from", str(config), "-o", str(tmp / "r.html")])]
     proc = subprocess.run(
         [sys.executable, "-I", str(CLITREE), "--refuse", ",".join(REFUSED), "--help-all",
          *map(json.dumps, runs)],

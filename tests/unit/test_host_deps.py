@@ -140,7 +140,7 @@ def test_make_demo_installs_before_it_builds(tmp_path: Path) -> None:
 def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path) -> None:
     code, out, ran = _make(tmp_path, "test", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
-    assert "host-deps debootstrap lua" in ran
+    assert "host-deps debootstrap lua chromium" in ran
     i = ran.index("python -m pytest tests -q")
     assert ran[i + 1:] == ["docker info", "python -m gpuwarden.devcluster down"]
 

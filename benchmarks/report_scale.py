@@ -1,0 +1,102 @@
+"""`gpuwarden report` at fleet scale: N job records (default 10 million) from the calibrated
+simulator, the report timed end to end against reading the same records the lemon scan's way.
+
+- baseline: `history.from_files` as `lemon scan` reads (streamed decoding, attribution, its
+  worker processes), nothing else: the cost of reading the records at all;
+- report: the same read with the report's collector filled in the same pass, then every
+  figure (MTTF, outcomes, ETTR, tradeoffs, lemon scoring, drains), the charts and the page.
+Each runs in a fresh child process. Goal at 10M: the report in < 60 s and < 20 MB of HTML.
+Prints seconds, where they go, the HTML size and the ratio report / baseline.
+
+    .venv/bin/python benchmarks/report_scale.py [--records 10000000] [--nodes 12500]
+        [--workdir DIR]   # default: /tmp/gpuwarden-bench/lemon-scale-<params> (shared with
+                          # benchmarks/lemon_scale.py, kept for reruns)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from gpuwarden.fleet.calibrate import solve
+from gpuwarden.fleet.simulate import Fleet, write_history
+from gpuwarden.lemon.history import from_files, read_events
+from gpuwarden.lemon.scoring import ScoreConfig
+from gpuwarden.report.build import Options, as_json, build
+from gpuwarden.report.collect import RunTally
+from gpuwarden.report.render import render
+
+CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
+GOAL_S, GOAL_MB = 60.0, 20.0
+
+
+def baseline(files: list[str], events: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    hist = from_files(files, read_events(events))
+    return {"read": time.perf_counter() - t0, "records": hist.records}
+
+
+def report(files: list[str], events: str, out: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    hist = from_files(files, read_events(events), collector=RunTally.factory())
+    t1 = time.perf_counter()
+    rep = build(hist, Options(f"{len(files)} files"), ScoreConfig())
+    t2 = time.perf_counter()
+    html = render(rep)
+    Path(out).write_text(html, encoding="utf-8")
+    Path(out).with_suffix(".json").write_text(as_json(rep), encoding="utf-8")
+    t3 = time.perf_counter()
+    return {"read": t1 - t0, "figures": t2 - t1, "page": t3 - t2, "total": t3 - t0,
+            "records": hist.records, "html_mb": len(html.encode()) / 1e6}
+
+
+def in_child(fn: object, *args: object) -> dict[str, float]:
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()  # type: ignore[arg-type]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--nodes", type=int, default=12_500)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    work = Path(args.workdir) if args.workdir else \
+        CACHE / f"lemon-scale-{args.nodes}n-{args.days}d-{args.records}r"
+    truth = work / "truth.json"
+    if not (truth.exists() and json.loads(truth.read_text())["records"] == args.records):
+        t0 = time.perf_counter()
+        write_history(solve(), Fleet(nodes=args.nodes, days=args.days, records=args.records),
+                      work, lambda d, n: print(f"\rgenerating day {d}/{n}", end="",
+                                                 file=sys.stderr, flush=True))
+        print(f"\ngenerated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    files = [str(f) for f in sorted((work / "sacct").glob("*.json"))]
+    events = str(work / "events.txt")
+    size = sum(Path(f).stat().st_size for f in files) / 1e9
+    print(f"history: {args.records:,} records, {args.nodes} nodes, {len(files)} files, "
+          f"{size:.1f} GB")
+    base = in_child(baseline, files, events)
+    print(f"baseline (lemon scan's read): {base['read']:6.1f} s, "
+          f"{base['records'] / base['read']:,.0f} records/s", flush=True)
+    rep = in_child(report, files, events, str(work / "report.html"))
+    print(f"gpuwarden report:             {rep['total']:6.1f} s, "
+          f"{rep['records'] / rep['total']:,.0f} records/s; HTML {rep['html_mb']:.2f} MB "
+          f"({work / 'report.html'})")
+    print(f"  read with the collector {rep['read']:.1f} s, figures (incl. lemon scoring) "
+          f"{rep['figures']:.1f} s, charts and page {rep['page']:.1f} s")
+    ok = rep["total"] < GOAL_S and rep["html_mb"] < GOAL_MB
+    print(f"report / baseline = {rep['total'] / base['read']:.2f} (read alone: "
+          f"{rep['read'] / base['read']:.2f}); < {GOAL_S:g} s and < {GOAL_MB:g} MB: "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

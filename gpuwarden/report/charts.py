@@ -1,0 +1,168 @@
+"""The report's charts as inline SVG, drawn with matplotlib's SVG backend (no pyplot, no
+display). Colours are the Okabe-Ito palette (distinct for the common colour-vision
+deficiencies), and every series also has its own hatch or marker, so a chart reads in grey
+print too. Text stays text (svg.fonttype none): smaller, and searchable on the page.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+
+import matplotlib
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.figure import Figure
+
+from gpuwarden.report.drains import OWNERS, Drains
+from gpuwarden.report.ettr import EttrSection
+from gpuwarden.report.mttfview import MttfSection
+from gpuwarden.report.outcomes import CLASSES, PartitionSeries
+
+OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
+             "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00",
+             "purple": "#CC79A7"}
+CLASS_STYLE = {"hardware": ("vermillion", "xx"), "user": ("blue", "//"),
+               "timeout": ("orange", ".."), "cancelled": ("sky", "\\\\"),
+               "preempted": ("purple", "++")}
+OWNER_STYLE = {"health": ("green", "//"), "lemon": ("vermillion", "xx"),
+               "operator": ("blue", ".."), "slurm": ("orange", "\\\\")}
+_PROLOG = re.compile(r"^.*?(?=<svg)", re.S)
+_NS = re.compile(r'\s+xmlns(:\w+)?="[^"]*"')
+_SIZE = re.compile(r'<svg([^>]*?) width="[^"]*" height="[^"]*"')
+
+
+def _figure(width: float = 8.0, height: float = 3.6) -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasSVG(fig)
+    return fig, fig.add_subplot()
+
+
+def to_svg(fig: Figure, name: str) -> str:
+    """Inline SVG: no XML prolog or DOCTYPE, no namespace URLs (HTML's parser needs none),
+    sized by its viewBox; ``name`` salts the ids so that charts on one page never share one."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": name, "svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None,
+                                                  "Format": None, "Type": None})
+    svg = _NS.sub("", _PROLOG.sub("", buf.getvalue(), count=1))
+    svg = _SIZE.sub(rf'<svg\1 role="img" aria-label="{name}"', svg, count=1)
+    return svg.strip()
+
+
+def _colour(name: str) -> str:
+    return OKABE_ITO[name]
+
+
+def _bars(v: float, lo: float | None, hi: float | None) -> tuple[float, float]:
+    """Error-bar lengths below and above ``v`` (no upper bound: drawn to 10x)."""
+    return v - (lo if lo is not None else v), (hi if hi is not None else 10 * v) - v
+
+
+Point = tuple[int, float, float, float]  # x, y, error below, error above
+
+
+def _points(m: MttfSection) -> dict[str, list[Point]]:
+    out: dict[str, list[Point]] = {"site": [], "paper": [], "r_f": [], "history": []}
+    for c in m.classes:
+        if c.mttf_h is not None:
+            out["site"].append((c.gpus, c.mttf_h, *_bars(c.mttf_h, c.mttf_low_h, c.mttf_high_h)))
+        if c.paper_mttf_h is not None:
+            out["paper"].append((c.gpus, c.paper_mttf_h, 0.0, 0.0))
+    for p in m.projections:
+        if p.paper_h is not None:
+            out["paper"].append((p.gpus, p.paper_h, 0.0, 0.0))
+        if p.from_node_rate_h is not None:
+            out["r_f"].append((p.gpus, p.from_node_rate_h, *_bars(
+                p.from_node_rate_h, p.from_node_rate_low_h, p.from_node_rate_high_h)))
+        if p.from_history_h is not None:
+            out["history"].append((p.gpus, p.from_history_h, 0.0, 0.0))
+    return out
+
+
+def mttf_chart(m: MttfSection) -> str:
+    fig, ax = _figure(8.0, 4.2)
+    styles = {"site": ("o", "blue", "this site, with 95% interval"),
+              "paper": ("D", "vermillion", "Meta (paper)"),
+              "r_f": ("^", "green", "1/N projection from r_f, with 95% interval"),
+              "history": ("s", "black", "1/N projection from job failures")}
+    for key, pts in _points(m).items():
+        if not pts:
+            continue
+        marker, colour, label = styles[key]
+        xs, ys, below, above = zip(*pts, strict=True)
+        ax.errorbar(xs, ys, yerr=[below, above], fmt=marker, color=_colour(colour),
+                    mfc="none" if key in ("paper", "history") else _colour(colour),
+                    markersize=7, capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("job size (GPUs)")
+    ax.set_ylabel("mean time to failure (hours)")
+    ax.set_title("MTTF by job size, projected to 16,384 and 131,072 GPUs")
+    ax.grid(True, which="major", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    return to_svg(fig, "mttf")
+
+
+def _stacked(ax: Axes, labels: Sequence[str], series: dict[str, list[float]],
+             styles: dict[str, tuple[str, str]]) -> None:
+    x = list(range(len(labels)))
+    bottom = [0.0] * len(labels)
+    for key, values in series.items():
+        colour, hatch = styles[key]
+        ax.bar(x, values, bottom=bottom, color=_colour(colour), hatch=hatch,
+               edgecolor="#333333", linewidth=0.4, label=key)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    step = max(1, len(labels) // 10)
+    ax.set_xticks(x[::step], [s[5:] for s in labels[::step]])
+    _legend_below(ax, len(series))
+
+
+def _legend_below(ax: Axes, columns: int) -> None:
+    """Under the plot, so that it never hides a bar."""
+    fig = ax.get_figure()
+    assert isinstance(fig, Figure)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=columns,
+               fontsize=8, frameon=False)
+
+
+def outcomes_chart(p: PartitionSeries, bins: Sequence[str], bin_days: int, index: int) -> str:
+    fig, ax = _figure()
+    _stacked(ax, bins, {c: [float(v) for v in p.counts[c]] for c in CLASSES}, CLASS_STYLE)
+    ax.set_xlabel(f"UTC {'day' if bin_days == 1 else 'week'} the run ended (month-day)")
+    ax.set_ylabel(f"runs per {'day' if bin_days == 1 else 'week'} (count)")
+    ax.set_title(f"Runs that did not complete, by class: partition {p.partition}")
+    return to_svg(fig, f"outcomes-{index}")
+
+
+def ettr_chart(e: EttrSection) -> str:
+    fig, ax = _figure()
+    width = 0.27
+    x = list(range(len(e.rows)))
+    k = e.assumptions.spares
+    for i, (label, key, colour, hatch) in enumerate((
+            ("today's interval", "ettr_now", "sky", "//"),
+            ("Young/Daly interval", "ettr_daly", "blue", ".."),
+            (f"Young/Daly + {k} spare node(s)", "ettr_spares", "orange", "xx"))):
+        vals = [getattr(r, key) for r in e.rows]
+        ax.bar([xi + (i - 1) * width for xi in x], [v if v is not None else 0 for v in vals],
+               width, color=_colour(colour), hatch=hatch, edgecolor="#333333", linewidth=0.4,
+               label=label)
+    ax.set_xticks(x, [f"≤{r.gpus}" for r in e.rows])
+    ax.set_ylim(0, 1.15)
+    ax.set_xlabel("job size (GPUs, class upper bound)")
+    ax.set_ylabel("ETTR (productive / wall time)")
+    ax.set_title("Effective training time ratio by job size")
+    _legend_below(ax, 3)
+    return to_svg(fig, "ettr")
+
+
+def drains_chart(d: Drains) -> str:
+    fig, ax = _figure()
+    _stacked(ax, d.days, {o: d.node_hours[o] for o in OWNERS}, OWNER_STYLE)
+    ax.set_xlabel("UTC day (month-day)")
+    ax.set_ylabel("nodes out of service (node-hours per day)")
+    ax.set_title("Drained or down nodes by who took them out of service")
+    return to_svg(fig, "drains")

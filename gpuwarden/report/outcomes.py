@@ -1,0 +1,114 @@
+"""Failures over time by class, per partition. Pure.
+
+Classes: hardware = the runs the attribution rules blame on the infrastructure (the same runs
+as the MTTF section's failures); user = FAILED and OUT_OF_MEMORY runs it does not blame;
+timeout = TIMEOUT and DEADLINE; cancelled = CANCELLED; preempted = PREEMPTED, and REQUEUED runs
+no node failure explains (an operator's, a preemption's or the job's own requeue). NODE_FAIL
+and BOOT_FAIL are hardware whether or not a node could be named.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from gpuwarden.lemon.attribution import Attribution
+from gpuwarden.report.collect import DAY, Cell, RunTally, run_key
+
+CLASSES = ("hardware", "user", "timeout", "cancelled", "preempted")
+STATE_CLASS = {
+    "NODE_FAIL": "hardware", "BOOT_FAIL": "hardware",
+    "FAILED": "user", "OUT_OF_MEMORY": "user",
+    "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "preempted", "REQUEUED": "preempted",
+    "COMPLETED": "completed",
+}
+MAPPING = ("hardware: runs the attribution rules blame on the infrastructure (NODE_FAIL, "
+           "BOOT_FAIL, REQUEUED after a node failure, gang jobs that FAILED, one-node runs that "
+           "FAILED on a node health gating drained); user: other FAILED and OUT_OF_MEMORY; "
+           "timeout: TIMEOUT, DEADLINE; cancelled: CANCELLED; preempted: PREEMPTED and "
+           "REQUEUED runs no node failure explains")
+NO_PARTITION = "(none)"
+WEEKLY_OVER_DAYS = 92  # longer histories are drawn by week
+
+
+@dataclass(frozen=True)
+class PartitionSeries:
+    partition: str
+    runs: int
+    totals: dict[str, int]  # class -> runs over the whole history
+    counts: dict[str, list[int]]  # class -> runs per bin (`Outcomes.bins`)
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    bin_days: int  # 1: per day, 7: per week
+    bins: list[str]  # the first UTC day of each bin
+    partitions: list[PartitionSeries]  # most runs first
+    totals: dict[str, int]  # every partition
+    runs: int
+    unmatched_blames: int  # blamed runs the tally did not see (should be 0)
+    mapping: str = MAPPING
+
+
+def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Cell, int] | None]:
+    """Each run the attribution blamed, once: (its cell, its GPUs), None where the tally did
+    not see it."""
+    seen: set[int] = set()
+    for b in att.blames:
+        if b.job_id is None:
+            continue  # a drain without a run: no run to move
+        key = run_key(b.job_id, int(b.at))
+        if key in seen:
+            continue  # one blame per node of a gang job: the run counts once
+        seen.add(key)
+        yield tally.blamable.get(key)
+
+
+def classify(tally: RunTally, att: Attribution) -> Counter[tuple[int, str, str]]:
+    """Runs per (day, partition, class)."""
+    out: Counter[tuple[int, str, str]] = Counter()
+    for (day, part, state), n in tally.cells.items():
+        out[(day, part or NO_PARTITION, STATE_CLASS.get(state, "other"))] += n
+    for hit in blamed_runs(tally, att):
+        if hit is None:
+            out[(-1, "", "unmatched")] += 1
+            continue
+        (day, part, state), _ = hit
+        was = STATE_CLASS[state]
+        part = part or NO_PARTITION
+        if was != "hardware":
+            out[(day, part, was)] -= 1
+            out[(day, part, "hardware")] += 1
+    return out
+
+
+def _day(n: int) -> str:
+    return datetime.fromtimestamp(n * DAY, UTC).strftime("%Y-%m-%d")
+
+
+def outcomes(tally: RunTally, att: Attribution) -> Outcomes:
+    counts = classify(tally, att)
+    unmatched = counts.pop((-1, "", "unmatched"), 0)
+    days = [d for d, _, _ in counts]
+    first, last = (min(days), max(days)) if days else (0, -1)
+    step = 7 if last - first + 1 > WEEKLY_OVER_DAYS else 1
+    nbins = (last - first) // step + 1 if days else 0
+    per: dict[str, dict[str, list[int]]] = {}
+    runs: Counter[str] = Counter()
+    for (day, part, cls), n in counts.items():
+        runs[part] += n
+        if cls not in CLASSES:
+            continue
+        series = per.setdefault(part, {c: [0] * nbins for c in CLASSES})
+        series[cls][(day - first) // step] += n
+    parts = [PartitionSeries(p, runs[p], {c: sum(v) for c, v in per.get(p, {}).items()} or
+                             dict.fromkeys(CLASSES, 0),
+                             per.get(p, {c: [0] * nbins for c in CLASSES}))
+             for p in sorted(runs, key=lambda p: (-runs[p], p))]
+    totals = {c: sum(s.totals[c] for s in parts) for c in CLASSES}
+    return Outcomes(step, [_day(first + i * step) for i in range(nbins)], parts, totals,
+                    sum(runs.values()), unmatched)

@@ -1,0 +1,47 @@
+"""The report page: one self-contained HTML file (inline CSS and SVG; nothing fetched when it
+is opened). Every figure on it comes from the JSON document (`build.as_dict`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from gpuwarden.report import charts
+from gpuwarden.report.build import Report, as_dict
+
+TEMPLATES = Path(__file__).parent / "templates"
+MAX_PARTITION_CHARTS = 6  # the rest are in the table (and the JSON)
+EVIDENCE_SHOWN = 5
+
+
+def _n(v: Any) -> str:
+    """A figure as the JSON holds it; a dash for none (null in the JSON)."""
+    return "\N{EN DASH}" if v is None else str(v)
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["n"] = _n
+    return env
+
+
+def chart_svgs(r: Report) -> dict[str, Any]:
+    o = r.outcomes
+    return {
+        "mttf": Markup(charts.mttf_chart(r.mttf)),  # noqa: S704 - SVG matplotlib wrote
+        "ettr": Markup(charts.ettr_chart(r.ettr)),  # noqa: S704
+        "drains": Markup(charts.drains_chart(r.drains)),  # noqa: S704
+        "outcomes": [Markup(charts.outcomes_chart(p, o.bins, o.bin_days, i))  # noqa: S704
+                     for i, p in enumerate(o.partitions[:MAX_PARTITION_CHARTS])],
+    }
+
+
+def render(r: Report) -> str:
+    return _environment().get_template("report.html.j2").render(
+        r=as_dict(r), charts=chart_svgs(r), max_partitions=MAX_PARTITION_CHARTS,
+        evidence_shown=EVIDENCE_SHOWN)

@@ -1,0 +1,119 @@
+"""The four design choices, each as figures from this site's history with what they assume
+and what the history cannot tell. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpuwarden.lemon.attribution import Attribution, health_drains
+from gpuwarden.report.collect import RunTally
+from gpuwarden.report.ettr import EttrSection
+from gpuwarden.report.outcomes import blamed_runs
+from gpuwarden.slurm.models import NodeEvent
+
+
+@dataclass(frozen=True)
+class Figure:
+    label: str
+    value: float | int | None  # None: not derivable from this history (see `missing`)
+    unit: str = ""
+
+
+@dataclass(frozen=True)
+class Tradeoff:
+    key: str
+    title: str
+    figures: list[Figure]
+    assumptions: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
+    a = e.assumptions
+    return Tradeoff(
+        "checkpoint_vs_redundancy", "Checkpoint-restart vs redundancy",
+        [Figure("fleet ETTR at today's interval", e.fleet_now),
+         Figure("fleet ETTR at the Young/Daly interval of each job size", e.fleet_daly),
+         Figure(f"fleet ETTR with {a.spares} hot-spare node(s) per job", e.fleet_spares)],
+        [f"today's checkpoint interval τ = {a.interval_h:g} h (--ckpt-interval)",
+         f"checkpoint stall C = {a.ckpt_cost_s:g} s (--ckpt-cost)",
+         f"restart u0 = {a.restart_h:g} h per failure: requeue wait + restore (--restart-cost)",
+         f"a spare swaps in within s = {a.swap_h:g} h (--spare-swap) and absorbs every "
+         "infrastructure failure of the run; spares hold nodes that do no work",
+         "job sizes with no failure keep today's interval"],
+        ["checkpoint manifests (actual intervals and stalls per job) are not read"])
+
+
+def filesystem_vs_object_store(tally: RunTally, att: Attribution) -> Tradeoff:
+    runs = gpus = 0
+    for hit in blamed_runs(tally, att):
+        if hit is not None:
+            runs += 1
+            gpus += hit[1]
+    return Tradeoff(
+        "filesystem_vs_object_store", "Parallel filesystem vs object store",
+        [Figure("restores after an infrastructure failure", runs, "runs"),
+         Figure("GPUs held by those runs, summed", gpus, "GPUs"),
+         Figure("cost of each minute of restore time", round(gpus / 60, 2),
+                "GPU-hours over this history"),
+         Figure("restore time from the parallel filesystem", None, "min"),
+         Figure("restore time from the object store", None, "min")],
+        ["every failed run restores once, holding all its GPUs while it does"],
+        ["restore times per tier: they are in gpuwarden.ckpt's restore records on the "
+         "nodes, not in accounting; the difference between tiers (minutes) times the cost "
+         "per minute above is what the choice is worth"])
+
+
+def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
+                          grace_s: float) -> Tradeoff:
+    lo, hi = att.first_start - grace_s, att.last_end + grace_s
+    total = sum(1 for d in health_drains(events) if lo <= d.at <= hi)
+    lone = sum(1 for b in att.blames if b.job_id is None)
+    return Tradeoff(
+        "proactive_vs_reactive", "Proactive vs reactive health checking",
+        [Figure("health-gating drains", total, "drains"),
+         Figure("drains with no failed run behind them (found before a job failed)", lone,
+                "drains"),
+         Figure("drains that came with a failed run (the failure came first)",
+                max(0, total - lone), "drains"),
+         Figure("jobs the prolog gate kept off bad nodes", None, "jobs")],
+        [f"a drain within {grace_s / 3600:g} h after a run on that node failed explains "
+         "that failure (the attribution's rules 4 and 5)"],
+        ["prolog refusals (jobs kept off a bad node) are in the nodes' verdict stores and "
+         "slurmd logs, not in accounting", "which check (periodic, prolog, epilog) set each "
+         "drain is not in its reason"])
+
+
+def _mean_min(wait: int, runs: int) -> float | None:
+    return round(wait / runs / 60, 1) if runs else None
+
+
+def central_vs_negotiated(tally: RunTally, have_topology: bool) -> Tradeoff:
+    title = "Central vs negotiated placement"
+    if not have_topology:
+        return Tradeoff("central_vs_negotiated", title,
+                        [Figure("gang runs within one leaf switch", None, "%")], [],
+                        ["which leaf switch each node hangs off: pass --topology "
+                         "topology.conf", "the placement daemon's decisions are not in "
+                         "accounting"])
+    one = sum(n for (_, w), n in tally.gang_runs.items() if w == "one leaf")
+    several = sum(n for (_, w), n in tally.gang_runs.items() if w == "several leaves")
+    unknown = sum(n for (_, w), n in tally.gang_runs.items() if w == "unknown")
+
+    def wait(where: str) -> tuple[int, int]:
+        return (sum(v for (_, w), v in tally.gang_wait_s.items() if w == where),
+                sum(v for (_, w), v in tally.gang_waited.items() if w == where))
+    return Tradeoff(
+        "central_vs_negotiated", title,
+        [Figure("gang runs (more than one node)", one + several + unknown, "runs"),
+         Figure("gang runs within one leaf switch", one, "runs"),
+         Figure("share within one leaf switch",
+                round(100 * one / (one + several), 1) if one + several else None, "%"),
+         Figure("mean queue wait, within one leaf", _mean_min(*wait("one leaf")), "min"),
+         Figure("mean queue wait, across leaves", _mean_min(*wait("several leaves")), "min"),
+         Figure("gang runs on nodes topology.conf does not list", unknown, "runs")],
+        ["queue wait = start - submit of each run; the two waits compare runs that "
+         "differ in more than placement (size, partition, time)"],
+        ["the placement daemon's decisions (what it held back, what it asked for) are "
+         "not in accounting"])

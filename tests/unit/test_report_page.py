@@ -1,0 +1,103 @@
+"""The report page as a reader gets it: one file that fetches nothing, every figure on it in
+the JSON, the charts inline; and `gpuwarden report` end to end on a simulated history."""
+
+from __future__ import annotations
+
+import html as htmllib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuwarden.cli import Context, cli
+from gpuwarden.fleet.calibrate import solve
+from gpuwarden.fleet.simulate import Fleet, write_history
+from gpuwarden.lemon.history import from_files, read_events
+from gpuwarden.lemon.scoring import ScoreConfig
+from gpuwarden.report.build import as_json, build
+from gpuwarden.report.collect import RunTally
+from gpuwarden.report.render import render
+from tests.unit.test_report_numbers import LEAVES, OPTS, history
+
+_SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+_STYLE = re.compile(r"<style\b.*?</style>", re.S)
+_TAG = re.compile(r"<[^>]+>")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@pytest.fixture(scope="module")
+def page() -> tuple[str, str]:
+    rep = build(history(LEAVES), OPTS, ScoreConfig())
+    return render(rep), as_json(rep)
+
+
+def test_nothing_is_fetched_when_the_page_is_opened(page: tuple[str, str]) -> None:
+    html, _ = page
+    assert not re.search(r"https?://", html)
+    assert not re.search(r"(?i)@import|url\(\s*['\"]?(?!#)", html)  # CSS fetches nothing
+    for attr, target in re.findall(r'\b(src|href|xlink:href)\s*=\s*"([^"]*)"', html):
+        assert target.startswith("#"), (attr, target)  # in-page references only
+    assert "<script" not in html
+
+
+def test_every_figure_on_the_page_is_in_the_json(page: tuple[str, str]) -> None:
+    html, doc = page
+    text = htmllib.unescape(_TAG.sub(" ", _SVG.sub(" ", _STYLE.sub(" ", html))))
+    shown = set(_NUMBER.findall(text))
+    in_json = set(_NUMBER.findall(doc))
+    assert shown, "no figure found on the page"
+    assert shown <= in_json, sorted(shown - in_json)
+    # Spot checks: the hand-computed figures are on the page itself.
+    for figure in ("4.0", "1.11", "33.03", "0.7689", "0.826", "0.6119", "0.53", "50.0"):
+        assert f">{figure}<" in html.replace(" ", "") or f" {figure} " in text, figure
+
+
+def test_charts_are_inline_svg_with_titles_and_axis_units(page: tuple[str, str]) -> None:
+    html, _ = page
+    charts = _SVG.findall(html)
+    # MTTF, two partitions' outcomes, ETTR, drains.
+    assert len(charts) == 5
+    for svg in charts:
+        assert "viewBox" in svg and "<text" in svg
+    for words in ("MTTF by job size", "(hours)", "runs per day (count)",
+                  "ETTR (productive / wall time)", "node-hours per day", "job size (GPUs"):
+        assert words in html, words
+    ids = re.findall(r'\bid="(m[0-9a-f]{10}|p[0-9a-f]{10})"', html)
+    assert len(ids) == len(set(ids))  # markers and clip paths never collide between charts
+
+
+def test_the_command_writes_the_page_and_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "hist"
+    write_history(solve(), Fleet(nodes=128, days=2, seed=3), out)
+    html, js = tmp_path / "report.html", tmp_path / "report.json"
+    res = CliRunner().invoke(cli, ["report", "--from", str(out / "sacct"), "--events",
+                                   str(out / "events.txt"), "-o", str(html), "--json", str(js),
+                                   "--ckpt-interval", "30m"], obj=Context())
+    assert res.exit_code == 0, res.output
+    assert f"wrote {html} and {js}" in res.output
+    doc = json.loads(js.read_text())
+    assert doc["records"] > 0 and doc["ettr"]["assumptions"]["interval_h"] == 0.5
+    assert doc["outcomes"]["runs"] == sum(c["runs"] for c in doc["mttf"]["classes"])
+    # Every blamed run was found in the same pass's tally, and is the MTTF's failure count.
+    assert doc["outcomes"]["unmatched_blames"] == 0
+    assert doc["outcomes"]["totals"]["hardware"] == doc["mttf"]["failures"] > 0
+    assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_worker_processes_tally_what_one_process_does(tmp_path: Path) -> None:
+    w = write_history(solve(), Fleet(nodes=128, days=3, seed=5), tmp_path)
+    paths, events = [str(f) for f in w.files], read_events(str(w.events))
+    one = from_files(paths, events, workers=1, collector=RunTally.factory())
+    two = from_files(paths, events, workers=2, collector=RunTally.factory())
+    assert isinstance(one.collected, RunTally) and isinstance(two.collected, RunTally)
+    assert one.collected.cells == two.collected.cells and one.collected.cells
+    assert one.collected.blamable == two.collected.blamable
+
+
+def test_bad_options_say_what_is_wrong(tmp_path: Path) -> None:
+    res = CliRunner().invoke(cli, ["report", "--from", str(tmp_path), "-o",
+                                   str(tmp_path / "r.html"), "--ckpt-interval", "soon"],
+                             obj=Context())
+    assert res.exit_code == 2 and "expected a duration" in res.output
