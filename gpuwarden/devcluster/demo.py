@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
 from gpuwarden.devcluster.progress import waiting
@@ -235,6 +236,34 @@ def checkpointing(h: Harness, say: Say) -> None:
     say("")
 
 
+# Where `make demo` leaves the fleet reports on this machine (the repository's build/).
+REPORT_DIR = Path("build/demo")
+
+
+def reports(h: Harness, say: Say) -> None:
+    say("== 9. The fleet report: where the GPU hours went, and what each design choice would "
+        "change ==")
+    say("`gpuwarden report` turns the accounting into one self-contained HTML page (every "
+        "figure also in --json): of this cluster's last day, after the scenarios above, and of "
+        "the simulated month of scenario 6.")
+    out = "/root/gpuwarden-demo-report"
+    h.exec("slurmctld", ["install", "-d", "-m", "700", out]).check("report directory")
+    sacct, events = f"{FLEET_DIR}/sacct", f"{FLEET_DIR}/events.txt"
+    runs = {"cluster": ["--since", "1d"], "fleet-month": ["--from", sacct, "--events", events]}
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, args in runs.items():
+        _show(h, say, "", ["gpuwarden", "report", *args, "-o", f"{out}/{name}.html", "--json",
+                           f"{out}/{name}.json"],
+              wait=(f"the {name} report", 5), timeout=300)
+        for ext in ("html", "json"):
+            text = h.exec("slurmctld", ["cat", f"{out}/{name}.{ext}"]).check(f"{name}.{ext}").out
+            (REPORT_DIR / f"{name}.{ext}").write_text(text, encoding="utf-8")
+    say(f"Open them here: {(REPORT_DIR / 'cluster.html').resolve()} and "
+        f"{(REPORT_DIR / 'fleet-month.html').resolve()} (docs/report.md says what each figure "
+        "is).")
+    say("")
+
+
 def run(h: Harness, say: Say) -> None:
     h.prepare_jobs_dir()
     foundation(h, say)
@@ -243,4 +272,5 @@ def run(h: Harness, say: Say) -> None:
     fleet_history(h, say)
     placement(h, say)
     checkpointing(h, say)
+    reports(h, say)
     say("Demo finished. `make cluster-down` removes the cluster.")

@@ -1,0 +1,42 @@
+"""`gpuwarden report` of the test cluster's own accounting (after the scenarios run before it in
+the session), as an operator opens it: the jobs it ran are counted by class, and the page
+renders in headless Chromium with its charts drawn and nothing wider than the window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.devcluster.harness import Harness
+from gpuwarden.report.render import MAX_PARTITION_CHARTS
+from tests.browser import assert_charts_drawn, assert_fits
+
+OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
+
+
+@pytest.mark.timeout(600)
+def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
+                                                          tmp_path: Path) -> None:
+    h = cluster
+    ok = h.sbatch("-N1", name="report-ok", wrap="true")
+    bad = h.sbatch("-N1", name="report-bad", wrap="exit 3")
+    assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
+
+    h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
+    res = h.gpuwarden("slurmctld", "report", "--since", "1d", "-o", f"{OUT}/report.html",
+                      "--json", f"{OUT}/report.json", timeout=300).check("gpuwarden report")
+    assert f"wrote {OUT}/report.html" in res.out + res.err
+    doc = json.loads(h.exec("slurmctld", ["cat", f"{OUT}/report.json"]).check("json").out)
+    assert doc["records"] >= 2
+    # The failed job is the user's (one node, no health drain), and it is on the page's
+    # failures-by-class figures.
+    user = sum(p["totals"]["user"] for p in doc["outcomes"]["partitions"])
+    assert user >= 1, doc["outcomes"]["partitions"]
+
+    page = tmp_path / "report.html"
+    page.write_text(h.exec("slurmctld", ["cat", f"{OUT}/report.html"]).check("html").out)
+    charts = 3 + min(len(doc["outcomes"]["partitions"]), MAX_PARTITION_CHARTS)  # + MTTF, ETTR, drains
+    assert_fits(page, 1280)
+    assert_charts_drawn(page, charts)
