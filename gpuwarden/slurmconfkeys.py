@@ -3,7 +3,7 @@
 slurmctld, slurmd and every client stop at a key their release does not know ("Parsing error at
 unrecognized key", then fatal: "Unable to process configuration file"), so a typo or a key of a
 newer release is as bad as a missing file. The names are those of ``slurm_conf_options[]`` in
-src/common/read_config.c of each release (24.11.7, 25.05.8, 25.11.7, 26.05.3: no key changed
+src/common/read_config.c of each release (24.05.8, 24.11.7, 25.05.8, 25.11.7, 26.05.3: no key changed
 within a release series); Slurm looks them up case-insensitively.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 Version = tuple[int, int]
 
-OLDEST: Version = (24, 11)  # the oldest release gpuwarden supports, and the list's base
+OLDEST: Version = (24, 5)  # the oldest release gpuwarden supports, and the list's base
 
 _BASE = """
 AccountingStorageBackupHost AccountingStorageEnforce AccountingStorageExternalHost
@@ -25,9 +25,9 @@ AccountingStoreFlags AccountingStoreJobComment AcctGatherEnergyType AcctGatherFi
 AcctGatherInfinibandType AcctGatherInterconnectType AcctGatherNodeFreq AcctGatherProfileType
 AllowSpecResourcesUsage AuthAltParameters AuthAltTypes AuthInfo AuthType BackupAddr
 BackupController BatchStartTimeout BcastExclude BcastParameters BurstBufferParameters
-BurstBufferType CertmgrParameters CertmgrType CliFilterPlugins ClusterName
+BurstBufferType CliFilterPlugins ClusterName
 CommunicationParameters CompleteWait ControlAddr ControlMachine CoreSpecPlugin CpuFreqDef
-CpuFreqGovernors CredType CryptoType DataParserParameters DebugFlags DefCPUPerGPU DefMemPerCPU
+CpuFreqGovernors CredType CryptoType DebugFlags DefCPUPerGPU DefMemPerCPU
 DefMemPerGPU DefMemPerNode DependencyParameters DisableRootJobs DownNodes EioTimeout
 EnforcePartLimits Epilog EpilogMsgTime EpilogSlurmctld ExtSensorsFreq ExtSensorsType
 FairShareDampeningFactor FastSchedule FederationParameters FirstJobId FrontendName GetEnvTimeout
@@ -63,6 +63,7 @@ X11Parameters
 """
 # What each later release added to, and removed from, the one before it.
 _CHANGES: dict[Version, tuple[str, str]] = {
+    (24, 11): ("CertmgrParameters CertmgrType DataParserParameters", ""),
     (25, 5): ("CertgenParameters CertgenType EpilogTimeout PrologTimeout", "FrontendName"),
     (25, 11): ("CliFilterParameters HttpParserType JobCompPassScript MetricsType NamespaceType "
                "UrlParserType", "AccountingStorageLoc"),
@@ -117,7 +118,7 @@ def parse_release(text: str) -> Version | None:
 
 def release_for(version: Version) -> Version:
     """The listed release whose keys ``version`` has: the newest one not after it (an older
-    Slurm is judged by 24.11's list, a newer one by the newest list gpuwarden knows)."""
+    Slurm is judged by 24.05's list, a newer one by the newest list gpuwarden knows)."""
     return max((r for r in RELEASES if r <= version), default=OLDEST)
 
 

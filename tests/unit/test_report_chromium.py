@@ -20,7 +20,8 @@ from tests.browser import assert_charts_drawn, assert_fits
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("chromium")
-    write_history(solve(), Fleet(nodes=256, days=4, seed=1), tmp / "hist")
+    # A month of a 2,000-node fleet, as the issue asks the page to carry.
+    write_history(solve(), Fleet(nodes=2000, days=30, seed=1), tmp / "hist")
     html = tmp / "report.html"
     res = CliRunner().invoke(cli, ["report", "--from", str(tmp / "hist" / "sacct"),
                                    "--events", str(tmp / "hist" / "events.txt"),

@@ -80,7 +80,8 @@ def test_the_lists_follow_slurms_releases() -> None:
     assert keys.SPANS["nodename"].since == keys.OLDEST and keys.SPANS["nodename"].until is None
     # A release between the listed ones has the keys of the one before it; an older one is
     # judged by the oldest list.
-    assert keys.release_for((25, 8)) == (25, 5) and keys.release_for((23, 11)) == (24, 11)
+    assert keys.release_for((25, 8)) == (25, 5) and keys.release_for((23, 11)) == (24, 5)
+    assert keys.release_for((24, 11)) == (24, 11)
 
 
 @pytest.mark.parametrize(("text", "version"), [
@@ -111,3 +112,11 @@ def test_no_scontrol_means_an_unknown_release() -> None:
 ])
 def test_a_release_as_a_user_names_it(text: str, version: tuple[int, int] | None) -> None:
     assert keys.parse_release(text) == version
+
+
+def test_24_05_is_judged_by_its_own_keys() -> None:
+    """24.11 added DataParserParameters and Certmgr*: a 24.05 slurmctld stops at them."""
+    why = keys.judge_key("DataParserParameters", (24, 5))
+    assert why is not None and "needs Slurm >= 24.11, this is 24.05" in why[0]
+    assert keys.judge_key("DataParserParameters", (24, 11)) is None
+    assert keys.judge_key("HashPlugin", (24, 5)) is None
