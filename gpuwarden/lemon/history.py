@@ -34,7 +34,7 @@ from gpuwarden.lemon.attribution import (
     spread_exposure,
 )
 from gpuwarden.lemon.rangetally import RangeTally
-from gpuwarden.slurm import acctstream, parse
+from gpuwarden.slurm import acctstream, dataparser, parse
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, NodeEvent
@@ -104,7 +104,7 @@ def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: 
            known: _Known, collect: Collector | None = None) -> tuple[Attribution, int]:
     """Fold a stream of records into ``att`` (and ``collect``); only per-node tallies and
     failed runs stay."""
-    n = 0
+    n, bad, first_bad = 0, 0, ""
     good: list[AcctRecord] = []
     tally = RangeTally()  # exposure of every batch, spread over the nodes once at the end
     for r in records:
@@ -118,7 +118,12 @@ def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: 
                                known.failures, into=att, tally=tally)
                 good = []
         else:
-            att.skipped[f"{label}malformed record"] += 1
+            bad += 1
+            first_bad = first_bad or str(r)
+    if bad:
+        # One line per file, with the first record's problem (field and data_parser version).
+        log.warning("%s%d malformed record(s), the first: %s", label, bad, first_bad)
+        att.skipped[f"{label}malformed record"] += bad
     if good:
         if collect is not None:
             collect.add(good)
@@ -156,9 +161,13 @@ def _stream_file(path: str, known: _Known, window: Window,
                  collect: Collector | None) -> tuple[Attribution, int, Window, Window]:
     """One pass over an export; returns the window used and the one its own "meta" names."""
     with acctstream.open_regular(path) as fh:
-        if window == (None, None):
-            window = acctstream.file_window(fh)
-        stream = acctstream.AcctStream(acctstream.text_reader(fh), "sacct --json")
+        meta = acctstream.file_meta(fh)
+        if window == (None, None) and meta is not None:
+            window = parse.acct_window({"meta": meta})
+        # With the version the export names, a record without a field the scan needs is
+        # reported naming the field and the version.
+        stream = acctstream.AcctStream(acctstream.text_reader(fh), "sacct --json",
+                                       version=None if meta is None else dataparser.version(meta))
         records: Iterable[AcctRecord | SlurmError] = stream.runs()
         lo, hi = window
         if lo is not None or hi is not None:

@@ -6,6 +6,10 @@ costs. The schema is strict (a wrong type is an error, never a guess); any chunk
 decoded again untyped and each of its records goes through `parse.acct_job_from_json`, so
 both decoders give the same records and the same errors (tests/unit/test_lemon_fastdecode.py).
 
+Where the document's data_parser version is known (`decoder_for`), the structs are strict:
+every field that version prints must be there, so a record missing one fails the typed
+decode at no cost per record, and the fallback names the field and version.
+
 Optional: without msgspec (the `lemon` extra) `DECODER` is None and acctstream uses the
 standard library, correct but slower.
 """
@@ -15,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuwarden.slurm import dataparser
+from gpuwarden.slurm.dataparser import PLACEHOLDER
 from gpuwarden.slurm.models import AcctJob
 
 try:
@@ -59,8 +65,10 @@ if msgspec is not None:
 
     def _num(v: Any) -> int | None:
         # The same reading as parse._number, on the typed values.
-        if v is None or isinstance(v, int):
-            return v
+        if v is None:
+            return None
+        if isinstance(v, int):
+            return v if v < PLACEHOLDER else None
         if not v.set or v.infinite:
             return None
         return v.number  # type: ignore[no-any-return]
@@ -102,14 +110,19 @@ if msgspec is not None:
         @property
         def start_time(self) -> int | None:
             t = self.time
-            return None if t is None else (
-                t.start if isinstance(t.start, int) else _num(t.start)) or None
+            if t is None:
+                return None
+            v = t.start if isinstance(t.start, int) else _num(t.start)
+            # v0.0.43+ prints an unset time as the raw NO_VAL64 (earlier ones as null).
+            return v if v and v < PLACEHOLDER else None
 
         @property
         def end_time(self) -> int | None:
             t = self.time
-            return None if t is None else (
-                t.end if isinstance(t.end, int) else _num(t.end)) or None
+            if t is None:
+                return None
+            v = t.end if isinstance(t.end, int) else _num(t.end)
+            return v if v and v < PLACEHOLDER else None
 
         @property
         def gpus(self) -> int:
@@ -144,25 +157,72 @@ if msgspec is not None:
                            (st.reason or "") if st is not None else "", self.partition_ or "",
                            self.nodes, _num(self.allocation_nodes) or 0, self.gpus,
                            self.exit_code, sig, sub or None, self.start_time, self.end_time,
-                           _num(self.restart_cnt) or 0, self.failed_node, self.submit_line)
+                           _num(self.restart_cnt), self.failed_node, self.submit_line)
+
+    # The same structs with every field a version prints required (dataparser._SACCT):
+    # a missing one is a ValidationError, and the untyped fallback says which.
+    class _StateS(_State, kw_only=True, gc=False):
+        current: str | list[str] | None
+        reason: str | None
+
+    class _TimeS(_Time, kw_only=True, gc=False):
+        submission: Number
+        start: Number
+        end: Number
+
+    class _SignalS(_Signal, kw_only=True, gc=False):
+        id: Number
+
+    class _ExitS(_Exit, kw_only=True, gc=False):
+        return_code: Number
+        signal: _SignalS | None
+
+    class _TresSetS(_TresSet, kw_only=True, gc=False):
+        allocated: list[_Tres] | None
+
+    class _RunV40(Run, kw_only=True, gc=False):
+        id_: Number = msgspec.field(name="job_id")
+        name_: str | None = msgspec.field(name="name")
+        user_: str | None = msgspec.field(name="user")
+        state_: _StateS | None = msgspec.field(name="state")
+        partition_: str | None = msgspec.field(name="partition")
+        nodes_: str | None = msgspec.field(name="nodes")
+        allocation_nodes: Number
+        # Optional: only GPU counts come from it (0 without), and exports trimmed to what the
+        # lemon scan reads leave it out.
+        tres: _TresSetS | None = None
+        exit_: _ExitS | None = msgspec.field(name="exit_code")
+        time: _TimeS | None
+        failed_node_: str | None = msgspec.field(name="failed_node")
+        submit_line_: str | None = msgspec.field(name="submit_line")
+
+    class _RunV42(_RunV40, kw_only=True, gc=False):
+        restart_cnt: Number  # new in v0.0.42
 
     _TYPED = msgspec.json.Decoder(list[Run])
+    _STRICT = {40: msgspec.json.Decoder(list[_RunV40]), 42: msgspec.json.Decoder(list[_RunV42])}
     _UNTYPED = msgspec.json.Decoder()
 
 
-def _decode(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | None:
+Decoder = Callable[[str, Callable[[Any], Any], bool], "list[Any] | None"]
+
+
+def _decode(text: str, record: Callable[[Any], Any], lazy: bool,
+            typed: Any = None) -> list[Any] | None:
     """``text`` is a JSON array of sacct records: the records (`Run`s if ``lazy``, else
-    AcctJobs; errors as ``record`` gives them), or None when it is not JSON msgspec takes
-    (the caller's cut was not between two records, or a record is broken or holds NaN)."""
+    AcctJobs; errors as ``record`` gives them, called once per record in order), or None when
+    it is not JSON msgspec takes (the caller's cut was not between two records, or a record is
+    broken or holds NaN). ``typed``: the strict decoder of a known version."""
     try:
-        items = _TYPED.decode(text)
+        items = (typed or _TYPED).decode(text)
     except msgspec.ValidationError:
         pass  # valid JSON of another shape: let the untyped path explain each record
     except msgspec.DecodeError:
         return None
     else:
         # A record without a job_id is the only one acct_job_from_json refuses.
-        if all(isinstance(r.id_, int) or _num(r.id_) is not None for r in items):
+        if all((r.id_ < PLACEHOLDER) if isinstance(r.id_, int) else _num(r.id_) is not None
+               for r in items):
             return items if lazy else [r.job() for r in items]
     try:
         raw = _UNTYPED.decode(text)
@@ -171,5 +231,15 @@ def _decode(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | 
     return [record(i) for i in raw] if isinstance(raw, list) else None
 
 
-DECODER: Callable[[str, Callable[[Any], Any], bool], list[Any] | None] | None = (
-    _decode if msgspec is not None else None)
+DECODER: Decoder | None = _decode if msgspec is not None else None
+
+
+def decoder_for(version: str | None) -> Decoder | None:
+    """The decoder for records of a known data_parser version (strict), else `DECODER`."""
+    if version is None or DECODER is not _decode:
+        return DECODER  # unknown version, no msgspec, or a decoder swapped in (tests)
+    typed = _STRICT[42 if (dataparser.number(version) or 0) >= 42 else 40]
+
+    def strict(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | None:
+        return _decode(text, record, lazy, typed)
+    return strict

@@ -20,9 +20,12 @@ regular-expression pass that skips strings and balances brackets. Either way eac
 is scanned and decoded about once, so the cost is linear in the input whatever its layout
 (tests/unit/test_acct_compact.py).
 
-Slurm writes "meta" (with the command line, hence the export's window) after "jobs", so the
-window of a file is read first from its tail (`file_window`); the document's other top-level
-keys are available from `AcctStream.top` once the records are exhausted.
+Slurm writes "meta" (with the command line, hence the export's window, and the data_parser
+version) after "jobs", so the window and version of a file are read first from its tail
+(`file_window`, `file_version`); the document's other top-level keys are available from
+`AcctStream.top` once the records are exhausted. Given the version, records are checked
+against its schema (strict structs in acctfast: no cost per record) and an error names the
+record's place and the missing field ("jobs[3].time.end missing").
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 from gpuwarden.errors import SlurmError, SlurmParseError
-from gpuwarden.slurm import acctfast, jsonspans, parse
+from gpuwarden.slurm import acctfast, dataparser, jsonspans, parse
+from gpuwarden.slurm.dataparser import Source
 from gpuwarden.slurm.models import AcctJob
 from gpuwarden.slurm.runner import SLURM_ENV, CommandTimeoutError
 
@@ -168,9 +172,13 @@ class AcctStream:
     ``top`` holds the other top-level keys."""
 
     def __init__(self, read: Callable[[int], str], what: str = "sacct --json",
-                 fast: bool = True) -> None:
+                 fast: bool = True, version: str | None = None) -> None:
+        """``version``: the data_parser version the export names (`file_version`), to check
+        each record against; None reads any version's records leniently."""
         self._buf = _Buffer(read, what)
-        self._decode = acctfast.DECODER if fast else None
+        self._decode = acctfast.decoder_for(version) if fast else None
+        self._src = Source(what, version)
+        self._n = 0  # records read so far: the next one's index in "jobs"
         self._lazy = False
         self._what = what
         self._saw_jobs = False
@@ -214,7 +222,7 @@ class AcctStream:
         if b.peek() == "]":
             b.pos += 1
             return
-        yield record(b.value())
+        yield self._record(b.value())
         if self._decode is not None:
             b.fill(CHUNK)
             m = _SEP.match(b.text, b.pos)
@@ -224,7 +232,7 @@ class AcctStream:
         while True:
             if self._decode is not None:
                 yield from self._batches()
-            yield record(b.value())  # the last record, or one the fast path could not take
+            yield self._record(b.value())  # the last, or one the fast path could not take
             if b.expect(",]") == "]":
                 return
 
@@ -239,8 +247,10 @@ class AcctStream:
             if self._sep is not None:
                 cut = b.text.rfind(self._sep, b.pos)
                 if cut >= 0:
-                    jobs = decode("[" + b.text[b.pos:cut + 1] + "]", record, self._lazy)
+                    n = self._n
+                    jobs = decode("[" + b.text[b.pos:cut + 1] + "]", self._record, self._lazy)
                     if jobs is not None:
+                        self._count(n, jobs)
                         yield from jobs
                         b.pos = cut + self._sep.index("{")
                         continue
@@ -250,8 +260,11 @@ class AcctStream:
             spans, after = jsonspans.object_spans(b.text, b.pos)
             if not spans:
                 return
-            jobs = decode("[" + b.text[spans[0][0]:spans[-1][1]] + "]", record, self._lazy)
+            n = self._n
+            jobs = decode("[" + b.text[spans[0][0]:spans[-1][1]] + "]", self._record,
+                          self._lazy)
             if jobs is not None:
+                self._count(n, jobs)
                 yield from jobs
             else:
                 # One of them is not JSON msgspec takes (NaN, a broken record): the standard
@@ -266,7 +279,18 @@ class AcctStream:
             obj, _ = _DECODE(b.text, start)
         except json.JSONDecodeError as exc:
             raise b.not_json(exc) from None
-        return record(obj)
+        return self._record(obj)
+
+    def _record(self, item: Any) -> AcctJob | SlurmError:
+        """One element of "jobs", read the slow way (counted, for its place in errors)."""
+        at = parse.At("jobs", self._n)
+        self._n += 1
+        return parse.acct_record(item, self._src, at)
+
+    def _count(self, before: int, jobs: list[Any]) -> None:
+        # The fast decoder calls _record only when it falls back; otherwise count the batch.
+        if self._n == before:
+            self._n += len(jobs)
 
 
 def _check_errors(top: Mapping[str, Any], what: str) -> None:
@@ -279,14 +303,7 @@ def _check_errors(top: Mapping[str, Any], what: str) -> None:
 
 def record(item: Any) -> AcctJob | SlurmError:
     """One element of "jobs": the record, or why it is not one (never stops the scan)."""
-    try:
-        if not isinstance(item, Mapping):
-            raise TypeError(f"a {type(item).__name__}, not an object")
-        return parse.acct_job_from_json(item)
-    except SlurmParseError as exc:
-        return exc
-    except (TypeError, ValueError, AttributeError) as exc:
-        return SlurmParseError(f"sacct record of an unexpected shape ({exc}): {str(item)[:200]}")
+    return parse.acct_record(item)
 
 
 def open_regular(path: str) -> IO[bytes]:
@@ -314,9 +331,9 @@ def text_reader(fh: IO[bytes]) -> Callable[[int], str]:
     return read
 
 
-def file_window(fh: IO[bytes]) -> tuple[float | None, float | None]:
-    """The --starttime/--endtime of an export, from "meta" near its end (where Slurm writes
-    it); (None, None) when the tail holds none (the caller checks again after reading)."""
+def file_meta(fh: IO[bytes]) -> Mapping[str, Any] | None:
+    """An export's "meta", from near its end (where Slurm writes it); None when the tail holds
+    none. ``fh`` is left at the start."""
     size = os.fstat(fh.fileno()).st_size
     fh.seek(max(0, size - TAIL))
     tail = fh.read(TAIL).decode("utf-8", errors="replace")
@@ -326,8 +343,22 @@ def file_window(fh: IO[bytes]) -> tuple[float | None, float | None]:
             meta, _ = _DECODE(tail, m.end() - 1)
         except json.JSONDecodeError:
             continue
-        return parse.acct_window({"meta": meta})
-    return None, None
+        if isinstance(meta, Mapping):
+            return meta
+    return None
+
+
+def file_window(fh: IO[bytes]) -> tuple[float | None, float | None]:
+    """The --starttime/--endtime of an export, from its "meta"; (None, None) when the tail
+    holds none (the caller checks again after reading)."""
+    meta = file_meta(fh)
+    return (None, None) if meta is None else parse.acct_window({"meta": meta})
+
+
+def file_version(fh: IO[bytes]) -> str | None:
+    """The data_parser version an export names in its "meta" (for `AcctStream`'s version)."""
+    meta = file_meta(fh)
+    return None if meta is None else dataparser.version(meta)
 
 
 class SacctStream:
@@ -339,8 +370,10 @@ class SacctStream:
         self._timeout_s = timeout_s
 
     def argv(self, start: str, end: str) -> list[str]:
-        return [self._sacct(), "--json", "--allusers", "--allocations", "--duplicates",
-                f"--starttime={start}", f"--endtime={end}"]
+        # --json last: before 26.05.2 meta.command lacks argv's last element, and the window
+        # must survive in it (parse.acct_window).
+        return [self._sacct(), "--allusers", "--allocations", "--duplicates",
+                f"--starttime={start}", f"--endtime={end}", "--json"]
 
     def window(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]:
         return run_streamed(self.argv(start, end), self._timeout_s)
@@ -362,7 +395,7 @@ def run_streamed(argv: Sequence[str], timeout_s: float) -> Iterator[AcctJob | Sl
         timer.start()
         try:
             assert proc.stdout is not None
-            stream = AcctStream(text_reader(proc.stdout), " ".join(argv[:2]))
+            stream = AcctStream(text_reader(proc.stdout), f"{argv[0]} --json")
             try:
                 yield from stream
             except SlurmParseError:

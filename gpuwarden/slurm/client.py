@@ -175,9 +175,11 @@ class CliSlurmClient:
 
     def acct_jobs(self, start: str, end: str) -> Iterator[AcctJob | SlurmError]:
         """Jobs that ran in [start, end): one window per call, so a scan never floods slurmdbd."""
+        # --json last: before 26.05.2 meta.command lacks argv's last element, and the window
+        # must survive in it (parse.acct_window).
         out = self._call(self._argv(
-            "sacct", "--json", "--allusers", "--allocations", "--duplicates",
-            f"--starttime={start}", f"--endtime={end}",
+            "sacct", "--allusers", "--allocations", "--duplicates",
+            f"--starttime={start}", f"--endtime={end}", "--json",
         ))
         return parse.iter_acct_jobs(out.stdout)
 

@@ -21,7 +21,7 @@ def same_drain(reason: str, ours: str) -> bool:
     ours = own_part(ours)
     return bool(ours) and (reason == ours or reason.startswith(ours + SLURM_APPENDS))
 
-# Node state flags (data_parser v0.0.42 lists base state and flags together).
+# Node state flags (data_parser v0.0.40+ lists base state and flags together).
 _UNAVAILABLE = frozenset({"DRAIN", "DOWN", "FAIL", "FAILING"})
 
 
@@ -128,7 +128,9 @@ class AcctJob:
     submit_time: int | None
     start_time: int | None
     end_time: int | None
-    restart_count: int
+    # None where accounting does not say: sacct's JSON has restart_cnt only from data_parser
+    # v0.0.42 (Slurm 24.11) on, so on 23.11/24.05 a count is unknown, not 0.
+    restart_count: int | None
     # The lemon detector's evidence: the node Slurm blamed for a NODE_FAIL, and the submit
     # command (to see jobs that pinned nodes by name with -w/--nodelist, and the job script).
     failed_node: str = ""

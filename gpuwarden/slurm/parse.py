@@ -1,4 +1,7 @@
-"""Pure parsers from Slurm's output (data_parser v0.0.40-42 JSON, sacctmgr -P text) to records."""
+"""Pure parsers from Slurm's output (data_parser v0.0.40-45 JSON, sacctmgr -P text) to records.
+
+Every version's shape is read (gpuwarden.slurm.dataparser); where a document names its
+version, a field gpuwarden reads that is missing is an error naming the field and version."""
 
 from __future__ import annotations
 
@@ -10,7 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.errors import SlurmParseError
+from gpuwarden.slurm import dataparser
+from gpuwarden.slurm.dataparser import PLACEHOLDER, Source
 from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView
+
+_LENIENT_SACCT = Source("sacct --json")
 
 
 def load_json(text: str, what: str) -> dict[str, Any]:
@@ -29,11 +36,12 @@ def load_json(text: str, what: str) -> dict[str, Any]:
 
 
 def _number(value: Any) -> int | None:
-    """v0.0.40+ wraps numbers as {"set": bool, "infinite": bool, "number": n}."""
+    """v0.0.40+ wraps numbers as {"set": bool, "infinite": bool, "number": n}; a plain number
+    may be one of Slurm's raw placeholders for unset (v0.0.43+ prints NO_VAL64 times raw)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value
+        return value if value < PLACEHOLDER else None
     if isinstance(value, Mapping):
         if not value.get("set", True) or value.get("infinite", False):
             return None
@@ -58,11 +66,32 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(doc: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+def _list(doc: Mapping[str, Any], key: str,
+          src: Source) -> Iterator[tuple[At, Mapping[str, Any]]]:
+    """The objects of the document's ``key`` list, each with where it is (for errors)."""
     items = doc.get(key)
     if not isinstance(items, list):
-        raise SlurmParseError(f"{what}: no '{key}' list in the output")
-    return [i for i in items if isinstance(i, Mapping)]
+        raise src.error(f"no '{key}' list in the output")
+    return ((At(key, i), item) for i, item in enumerate(items) if isinstance(item, Mapping))
+
+
+class At:
+    """An element's place in the document, "jobs[3]", spelled out only for an error."""
+
+    __slots__ = ("index", "key")
+
+    def __init__(self, key: str, index: int | None = None) -> None:
+        self.key = key
+        self.index = index
+
+    def __call__(self) -> str:
+        return f"{self.key}[{'' if self.index is None else self.index}]"
+
+    def __str__(self) -> str:
+        return self()
+
+
+_AT_NODES, _AT_JOBS = At("nodes"), At("jobs")
 
 
 def _exit_code(value: Any) -> tuple[int | None, int | None]:
@@ -75,10 +104,16 @@ def _exit_code(value: Any) -> tuple[int | None, int | None]:
     return rc, signal
 
 
-def node_from_json(item: Mapping[str, Any]) -> Node:
+_NODES = Source("scontrol show nodes --json")
+
+
+def node_from_json(item: Mapping[str, Any], src: Source = _NODES,
+                   at: At = _AT_NODES) -> Node:
+    if src.strict:
+        dataparser.check(item, dataparser.NODE, at, src)
     name = item.get("name")
     if not isinstance(name, str) or not name:
-        raise SlurmParseError(f"node without a name: {dict(item)!r:.200}")
+        raise src.error(f"{at}: node without a name: {dict(item)!r:.200}")
     return Node(
         name=name,
         state=_strs(item.get("state")),
@@ -96,8 +131,9 @@ def node_from_json(item: Mapping[str, Any]) -> Node:
 
 def parse_nodes(text: str) -> list[Node]:
     """`scontrol show nodes --json` or `sinfo --json`'s node list."""
-    doc = load_json(text, "scontrol show nodes --json")
-    return [node_from_json(i) for i in _list(doc, "nodes", "scontrol show nodes --json")]
+    doc = load_json(text, _NODES.what)
+    src = dataparser.source(_NODES.what, doc)
+    return [node_from_json(i, src, at) for at, i in _list(doc, "nodes", src)]
 
 
 def parse_node_view(text: str) -> NodeView:
@@ -105,9 +141,12 @@ def parse_node_view(text: str) -> NodeView:
     ``last_update``."""
     what = "scontrol show node --json"
     doc = load_json(text, what)
+    src = dataparser.source(what, doc)
+    if src.strict and "last_update" not in doc:
+        raise src.error("last_update missing")
     seen: dict[str, Node] = {}
-    for item in _list(doc, "nodes", what):
-        node = node_from_json(item)
+    for at, item in _list(doc, "nodes", src):
+        node = node_from_json(item, src, at)
         # scontrol prints a node once per mention in the hostlist it was given.
         seen.setdefault(node.name, node)
     return NodeView(tuple(seen.values()), _number(doc.get("last_update")) or None)
@@ -119,9 +158,13 @@ def parse_sinfo_node(text: str, name: str) -> Node | None:
     sinfo does not print."""
     what = "sinfo -n --json"
     doc = load_json(text, what)
+    src = dataparser.source(what, doc)
+    need = dataparser.sinfo_spec(src.version)
     found: Node | None = None
     parts: list[str] = []
-    for entry in _list(doc, "sinfo", what):
+    for at, entry in _list(doc, "sinfo", src):
+        if src.strict:
+            dataparser.check(entry, need, at, src)
         if name not in _strs(_map(entry.get("nodes")).get("nodes")):
             continue
         part = _str(_map(entry.get("partition")).get("name"))
@@ -129,9 +172,12 @@ def parse_sinfo_node(text: str, name: str) -> Node | None:
             parts.append(part)
         if found is None:
             reason = _map(entry.get("reason"))
+            # v0.0.45 moved reason.user to the entry's reason_set_by_user.
+            by = entry["reason_set_by_user"] if "reason_set_by_user" in entry \
+                else reason.get("user")
             found = Node(
                 name=name, state=_strs(_map(entry.get("node")).get("state")),
-                reason=_str(reason.get("description")), reason_set_by=_str(reason.get("user")),
+                reason=_str(reason.get("description")), reason_set_by=_str(by),
                 reason_changed_at=_number(reason.get("time")) or None, partitions=(),
                 gres=_str(_map(entry.get("gres")).get("total")),
                 features=_strs(_map(entry.get("features")).get("total")), boot_time=None,
@@ -163,14 +209,16 @@ def parse_partition_sizes(text: str) -> dict[str, int]:
     """`scontrol show partition --json`: partition name -> number of nodes configured in it."""
     what = "scontrol show partition --json"
     doc = load_json(text, what)
+    src = dataparser.source(what, doc)
     sizes: dict[str, int] = {}
-    for item in _list(doc, "partitions", what):
+    for at, item in _list(doc, "partitions", src):
         name = _str(item.get("name"))
         nodes = _map(item.get("nodes"))
         total = _number(nodes.get("total"))
         if not name or total is None:
-            raise SlurmParseError(f"{what}: partition without a name or node total: "
-                                  f"{dict(item)!r:.200}")
+            missing = "name" if not name else "nodes.total"
+            raise src.error(f"{at}.{missing} missing: partition without a name or node total: "
+                            f"{dict(item)!r:.200}")
         sizes[name] = total
     return sizes
 
@@ -181,22 +229,32 @@ def parse_sinfo_partitions(text: str) -> dict[str, tuple[str, ...]]:
     sinfo groups nodes by state and shows one reason per group, so node reasons come from
     `scontrol show nodes --json`, never from here.
     """
-    doc = load_json(text, "sinfo --json")
+    what = "sinfo --json"
+    doc = load_json(text, what)
+    src = dataparser.source(what, doc)
     parts: dict[str, list[str]] = {}
-    for entry in _list(doc, "sinfo", "sinfo --json"):
+    for at, entry in _list(doc, "sinfo", src):
         part = entry.get("partition")
         nodes = entry.get("nodes")
         if not isinstance(part, Mapping) or not isinstance(nodes, Mapping):
-            raise SlurmParseError("sinfo --json: entry without partition or nodes")
+            field = "partition" if not isinstance(part, Mapping) else "nodes"
+            raise src.error(f"{at}.{field}: entry without partition or nodes")
+        if src.strict and "nodes" not in nodes:
+            raise src.error(f"{at}.nodes.nodes missing")
         names = parts.setdefault(_str(part.get("name")), [])
         names.extend(n for n in _strs(nodes.get("nodes")) if n not in names)
     return {name: tuple(nodes) for name, nodes in parts.items()}
 
 
-def job_from_json(item: Mapping[str, Any]) -> Job:
+_JOBS = Source("scontrol show job --json")
+
+
+def job_from_json(item: Mapping[str, Any], src: Source = _JOBS, at: At = _AT_JOBS) -> Job:
+    if src.strict:
+        dataparser.check(item, dataparser.JOB, at, src)
     job_id = _number(item.get("job_id"))
     if job_id is None:
-        raise SlurmParseError(f"job without a job_id: {dict(item)!r:.200}")
+        raise src.error(f"{at}.job_id missing: job without a job_id: {dict(item)!r:.200}")
     rc, _sig = _exit_code(item.get("exit_code"))
     return Job(
         job_id=job_id,
@@ -216,8 +274,9 @@ def job_from_json(item: Mapping[str, Any]) -> Job:
 
 def parse_jobs(text: str) -> list[Job]:
     """`scontrol show job [N] --json`."""
-    doc = load_json(text, "scontrol show job --json")
-    return [job_from_json(i) for i in _list(doc, "jobs", "scontrol show job --json")]
+    doc = load_json(text, _JOBS.what)
+    src = dataparser.source(_JOBS.what, doc)
+    return [job_from_json(i, src, at) for at, i in _list(doc, "jobs", src)]
 
 
 def _gpus(tres: Any) -> int:
@@ -230,10 +289,16 @@ def _gpus(tres: Any) -> int:
     return total
 
 
-def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
+def acct_job_from_json(item: Mapping[str, Any], src: Source = _LENIENT_SACCT,
+                       at: At = _AT_JOBS) -> AcctJob:
+    """One sacct record. ``restart_count`` is None where the record has no restart_cnt
+    (data_parser v0.0.40 and v0.0.41 do not print it): unknown, not "never requeued"."""
+    if src.strict:
+        dataparser.check(item, dataparser.sacct_spec(src.version), at, src)
     job_id = _number(item.get("job_id"))
     if job_id is None:
-        raise SlurmParseError(f"sacct record without a job_id: {dict(item)!r:.200}")
+        raise src.error(f"{at}.job_id missing: sacct record without a job_id: "
+                        f"{dict(item)!r:.200}")
     state = _map(item.get("state"))
     time = _map(item.get("time"))
     rc, sig = _exit_code(item.get("exit_code"))
@@ -254,7 +319,7 @@ def acct_job_from_json(item: Mapping[str, Any]) -> AcctJob:
         submit_time=_number(time.get("submission")) or None,
         start_time=_number(time.get("start")) or None,
         end_time=_number(time.get("end")) or None,
-        restart_count=_number(item.get("restart_cnt")) or 0,
+        restart_count=_number(item.get("restart_cnt")),
         failed_node=_str(item.get("failed_node")),
         submit_line=_str(item.get("submit_line")),
     )
@@ -266,13 +331,24 @@ def iter_acct_jobs(text: str) -> Iterator[AcctJob | SlurmParseError]:
 
 
 def acct_records(doc: Mapping[str, Any]) -> Iterator[AcctJob | SlurmParseError]:
-    for item in _list(doc, "jobs", "sacct --json"):
-        try:
-            yield acct_job_from_json(item)
-        except (SlurmParseError, TypeError, ValueError, AttributeError) as exc:
-            # A record of the wrong shape is one bad record, never the end of a scan.
-            yield exc if isinstance(exc, SlurmParseError) else SlurmParseError(
-                f"sacct record of an unexpected shape ({exc}): {str(item)[:200]}")
+    src = dataparser.source("sacct --json", doc)
+    for at, item in _list(doc, "jobs", src):
+        yield acct_record(item, src, at)
+
+
+def acct_record(item: Any, src: Source = _LENIENT_SACCT,
+                at: At = _AT_JOBS) -> AcctJob | SlurmParseError:
+    """One element of "jobs": the record, or why it is not one (never stops the scan)."""
+    try:
+        if not isinstance(item, Mapping):
+            raise src.error(f"{at}: expected an object, found {dataparser.json_type(item)}")
+        return acct_job_from_json(item, src, at)
+    except SlurmParseError as exc:
+        return exc
+    except (TypeError, ValueError, AttributeError) as exc:
+        # A record of the wrong shape is one bad record, never the end of a scan.
+        return src.error(f"{at}: sacct record of an unexpected shape ({exc}): "
+                         f"{str(item)[:200]}")
 
 
 _WINDOW_FLAGS = {"-S": "start", "--starttime": "start", "-E": "end", "--endtime": "end"}
@@ -280,13 +356,15 @@ _WINDOW_FLAGS = {"-S": "start", "--starttime": "start", "-E": "end", "--endtime"
 
 def acct_window(doc: Mapping[str, Any]) -> tuple[float | None, float | None]:
     """The --starttime/--endtime the export was made with, from `meta.command` (times without a
-    zone read as UTC: export with TZ=UTC). (None, None) when it does not say."""
+    zone read as UTC: export with TZ=UTC). (None, None) when it does not say; an end of None
+    means none is known: not given, or lost (before 26.05.2 Slurm drops argv's last element
+    from meta.command, so gpuwarden puts --json last: see dataparser.command_complete)."""
     meta = doc.get("meta")
     argv = meta.get("command") if isinstance(meta, Mapping) else None
     if not isinstance(argv, list):
         return None, None
     found: dict[str, float] = {}
-    args = [str(a) for a in argv]
+    args = [a for a in argv if isinstance(a, str)]
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
         if flag not in _WINDOW_FLAGS:
@@ -296,7 +374,7 @@ def acct_window(doc: Mapping[str, Any]) -> tuple[float | None, float | None]:
         try:
             at = datetime.fromisoformat(value)
         except ValueError:
-            continue  # "now", "now-1days" and the like: no fixed window to hold to
+            continue  # "now", "now-1days", or a value lost with argv's end: no fixed bound
         found[_WINDOW_FLAGS[flag]] = (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
     return found.get("start"), found.get("end")
 
