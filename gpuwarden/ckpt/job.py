@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from gpuwarden.ckpt import beat
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.config import CkptConfig
@@ -111,8 +112,10 @@ def install_stop_signal(stop: threading.Event, signum: int = signal.SIGUSR1) -> 
 
 class JobCheckpointer:
     def __init__(self, cfg: CkptConfig, env: JobEnv, coord: Coordinator | None = None,
-                 host: str | None = None, stop: threading.Event | None = None) -> None:
+                 host: str | None = None, stop: threading.Event | None = None,
+                 beats: beat.Beater | None = None) -> None:
         self.cfg, self.env = cfg, env
+        self.beats = beats  # heartbeats to `gpuwarden launch`, when it started this step
         self.stop_requested = stop if stop is not None else threading.Event()
         self._stop_at: int | None = None
         self.stop_margin = 2
@@ -157,7 +160,11 @@ class JobCheckpointer:
         stop = threading.Event()
         install_stop_signal(stop)
         cfg = load(config_path).ckpt
-        return cls(cfg, job_env(os.environ if environ is None else environ), stop=stop)
+        environ = os.environ if environ is None else environ
+        env = job_env(environ)
+        # Before the ranks meet (which waits for all of them): a rank blocked there is alive.
+        beats = beat.from_env(environ, env.job_id, env.rank, env.node, env.step_id)
+        return cls(cfg, env, stop=stop, beats=beats)
 
     def _job_key(self, job_dir: str) -> bytes:
         if self._key is None:
@@ -261,7 +268,15 @@ class JobCheckpointer:
         raise CoordError("the ranks could not agree on a step to restore after 4 rounds")
 
     def save(self, step: int, state: Mapping[str, Any]) -> Manifest:
-        return self.ck.save(step, state)
+        m = self.ck.save(step, state)
+        self.progress(step)
+        return m
+
+    def progress(self, step: int) -> None:
+        """Tell `gpuwarden launch` that training reached ``step`` (saves do it too): it tells
+        a hung job from a slow one by this. Does nothing outside `gpuwarden launch`."""
+        if self.beats is not None:
+            self.beats.progress(step)
 
     def load_rank(self, rank: int, step: int) -> dict[str, Any]:
         """Another rank's ``step`` from the durable tiers (shared filesystem, then S3),
@@ -311,6 +326,8 @@ class JobCheckpointer:
     def finish(self, step: int | None = None, timeout: float | None = 600.0) -> bool:
         """Wait until ``step`` is durable (if given), then stop the writer and the peer server.
         False when the step did not become durable in time."""
+        if self.beats is not None:
+            self.beats.done()  # no more progress from here: not a hang, nor a loss once silent
         ok = True
         if step is not None:
             ok = self.ck.wait_durable(step, timeout)

@@ -42,6 +42,7 @@ MANIFEST: tuple[SiteFile, ...] = (
     SiteFile("plugins/cli_filter.lua", 0o644),
     SiteFile("plugins/README.md", 0o644),
     SiteFile("ckpt/train.sbatch", 0o755, "sbatch"),
+    SiteFile("ckpt/train_spares.sbatch", 0o755, "sbatch"),
     SiteFile("ckpt/train_example.py", 0o755),
     SiteFile("ckpt/train_torch_example.py", 0o755),
     SiteFile("ckpt/README.md", 0o644),

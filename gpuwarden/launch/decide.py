@@ -1,0 +1,174 @@
+"""What the launcher decides, as pure functions of what it saw: which nodes run which rank,
+which rank's node is lost, whether the job hangs, which spare comes next, when to requeue."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from gpuwarden.launch.settings import EXIT_REQUEUE, LaunchSettings
+
+
+@dataclass(frozen=True)
+class Layout:
+    ranks: tuple[str, ...]  # the node of rank r, in rank order
+    spares: tuple[str, ...]  # idle nodes of the allocation, in the order they are taken
+    lost: tuple[str, ...] = ()  # nodes this launcher gave up, never used again
+
+
+def plan(nodes: Sequence[str], spares: int) -> Layout:
+    """Rank r on the r-th node of the allocation; the last ``spares`` nodes idle. The batch
+    host (the allocation's first node) thus trains: losing it ends the batch script anyway."""
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"the allocation lists a node twice: {', '.join(nodes)}")
+    if len(nodes) <= spares:
+        raise ValueError(f"{len(nodes)} node(s) cannot hold {spares} spare(s) and a rank: "
+                         f"ask for N+{spares} nodes (#SBATCH -N)")
+    cut = len(nodes) - spares
+    return Layout(tuple(nodes[:cut]), tuple(nodes[cut:]))
+
+
+def next_spare(spares: Sequence[str], lost: str, leaf_of: Mapping[str, str]) -> str:
+    """The first spare on the lost node's leaf switch (its replacement then talks to the same
+    neighbours), else the first spare."""
+    leaf = leaf_of.get(lost)
+    if leaf is not None:
+        for s in spares:
+            if leaf_of.get(s) == leaf:
+                return s
+    return spares[0]
+
+
+def replace_lost(layout: Layout, lost: Sequence[str],
+                 leaf_of: Mapping[str, str] | None = None) -> Layout | None:
+    """Each lost node's rank moves to a spare; every other rank stays where its tier 0 is.
+    None when the spares do not cover the loss (then: requeue)."""
+    ranks, spares = list(layout.ranks), list(layout.spares)
+    for node in dict.fromkeys(lost):
+        if node not in ranks:
+            continue
+        if not spares:
+            return None
+        s = next_spare(spares, node, leaf_of or {})
+        spares.remove(s)
+        ranks[ranks.index(node)] = s
+    return Layout(tuple(ranks), tuple(spares), (*layout.lost, *dict.fromkeys(lost)))
+
+
+def adopt(layout: Layout, hosts: Sequence[str | None]) -> Layout:
+    """The layout as the ranks' own beats report it: Slurm's task placement wins over what
+    was asked when they differ (and the launcher says so). Only a reordering of the same
+    nodes is adopted; anything else keeps the plan."""
+    seen = tuple(h or layout.ranks[r] for r, h in enumerate(hosts))
+    if seen == layout.ranks or sorted(seen) != sorted(layout.ranks):
+        return layout
+    return replace(layout, ranks=seen)
+
+
+# ---- watching one step ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    host: str | None  # from its beats; None: none yet
+    last: float | None  # the receiver's clock at its newest beat; None: none yet
+    progress: int  # -1: no step saved or reported in this launch yet
+    done: bool  # finishing: silence is no loss, no progress no hang
+
+
+@dataclass(frozen=True)
+class Lost:
+    rank: int
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Literal["running", "exited", "lost", "hung", "blind"]
+    code: int | None = None  # "exited": srun's exit status
+    lost: tuple[Lost, ...] = ()
+    why: str = ""
+
+
+class ProgressWatch:
+    """When the job last advanced (the slowest running rank's progress rose), and the longest
+    advance seen so far. Armed at the first advance of a launch: before it, start-up and
+    restore take what they take. A hang is a gap over max(hang_s, 2 x the longest gap seen,
+    the first one measured from the launch), so a job that saves rarely is not called hung
+    between two saves."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self.value: int | None = None
+        self.at = 0.0
+
+    def begin(self, now: float) -> None:
+        self.value, self.at = None, now
+
+    def see(self, views: Sequence[RankView], now: float) -> None:
+        running = [v.progress for v in views if not v.done]
+        low = min(running) if running else -1
+        if low >= 0 and (self.value is None or low > self.value):
+            self.longest = max(self.longest, now - self.at)
+            self.value, self.at = low, now
+
+    def allowed(self, hang_s: float) -> float:
+        return max(hang_s, 2 * self.longest)
+
+    def hung(self, views: Sequence[RankView], now: float, hang_s: float) -> bool:
+        if hang_s == 0 or self.value is None or all(v.done for v in views):
+            return False
+        return now - self.at >= self.allowed(hang_s)
+
+
+def silent(views: Sequence[RankView], layout: Layout, started: float, now: float,
+           s: LaunchSettings) -> list[Lost]:
+    """Running ranks whose beats stopped for deadline_s, or never came within start_s."""
+    out = []
+    for v in views:
+        node = v.host or layout.ranks[v.rank]
+        if v.done:
+            continue
+        if v.last is None and now - started >= s.start_s:
+            out.append(Lost(v.rank, node, f"no heartbeat within {s.start_s:g} s of the start"))
+        elif v.last is not None and now - v.last >= s.deadline_s:
+            out.append(Lost(v.rank, node, f"no heartbeat for {now - v.last:.1f} s "
+                                          f"(deadline {s.deadline_s:g} s)"))
+    return out
+
+
+def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
+          s: LaunchSettings, watch: ProgressWatch, code: int | None,
+          failed_nodes: Sequence[str] = ()) -> Verdict:
+    """One look at a step. ``code``: srun's exit status, None while it runs;
+    ``failed_nodes``: nodes srun itself reported failed."""
+    lost = silent(views, layout, started, now, s)
+    running = [v for v in views if not v.done]
+    # Every running rank silent at once says more about the launcher's side (its network,
+    # the training not using JobCheckpointer) than about the nodes: no spare is spent on it.
+    blind = bool(running) and len(lost) == len(running)
+    if blind:
+        lost = []
+    named = {x.node for x in lost}
+    mapping = {v.host or layout.ranks[v.rank]: v.rank for v in views}
+    lost += [Lost(mapping[n], n, "srun reported the node failed") for n in failed_nodes
+             if n in mapping and n not in named]
+    if code is not None:
+        if code in (0, EXIT_REQUEUE) or not lost:
+            return Verdict("exited", code=code)  # done, a requeue asked for, or the job's own
+        return Verdict("lost", lost=tuple(lost))
+    if lost:
+        return Verdict("lost", lost=tuple(lost))
+    if blind:
+        return Verdict("blind", why=f"no heartbeat from any of {len(running)} running ranks")
+    if watch.hung(views, now, s.hang_s):
+        return Verdict("hung", why=f"no training progress for {now - watch.at:.0f} s "
+                                   f"(allowed {watch.allowed(s.hang_s):.0f} s), every rank alive")
+    return Verdict("running")
+
+
+def after_hang(hang_relaunches_done: int, s: LaunchSettings) -> bool:
+    """True: relaunch on the same nodes; False: requeue (a hang that comes back is the job's
+    or its nodes' and needs fresh ones)."""
+    return hang_relaunches_done < s.hang_relaunches

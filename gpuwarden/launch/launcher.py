@@ -1,0 +1,168 @@
+"""The launcher's loop: start the step, watch it, on a lost node end it and relaunch it on the
+survivors plus a spare; requeue (exit 75) when no spare is left or a hang comes back.
+
+    rc = launch(job_id, nodes, argv, settings, steps, reporter, events)
+
+runs until the training ends and returns the batch script's exit status: the training's own,
+or 75 for the template's requeue path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import Protocol
+
+from gpuwarden.launch import decide
+from gpuwarden.launch.decide import Layout, ProgressWatch, Verdict
+from gpuwarden.launch.heartbeat import BeatTable, UdpReceiver
+from gpuwarden.launch.report import Events, Reporter
+from gpuwarden.launch.settings import EXIT_REQUEUE, LaunchSettings
+from gpuwarden.launch.steps import Step, StepError, Steps
+
+log = logging.getLogger(__name__)
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class Launcher:
+    def __init__(self, argv: Sequence[str], layout: Layout, steps: Steps, table: BeatTable,
+                 beat_addr: str, reporter: Reporter, s: LaunchSettings, events: Events,
+                 clock: Clock | None = None, leaf_of: Mapping[str, str] | None = None) -> None:
+        self.argv, self.layout, self.steps, self.table = list(argv), layout, steps, table
+        self.beat_addr, self.reporter, self.s, self.events = beat_addr, reporter, s, events
+        self.clock = clock or RealClock()
+        self.leaf_of = dict(leaf_of or {})
+        self.gen = 0
+
+    def run(self) -> int:
+        hangs = 0
+        watch = ProgressWatch()
+        while True:
+            self.gen += 1
+            self.table.begin(self.gen, len(self.layout.ranks))
+            try:
+                step = self.steps.start(self.layout.ranks, self.table.env(self.beat_addr,
+                                                                          self.s.beat_s),
+                                        self.argv)
+            except StepError as exc:
+                self.events("requeue", why=f"cannot start the step: {exc}")
+                return EXIT_REQUEUE
+            started = self.clock.monotonic()
+            watch.begin(started)
+            self.events("step_started", gen=self.gen, nodes=list(self.layout.ranks),
+                        spares=list(self.layout.spares))
+            v = self._watch(step, started, watch)
+            if v.kind == "exited":
+                assert v.code is not None
+                self.events("exited", gen=self.gen, code=v.code)
+                return v.code
+            if v.kind == "lost":
+                self.events("lost", gen=self.gen, lost=[asdict(x) for x in v.lost])
+                self.reporter.lost(v.lost)
+                gone = {x.rank for x in v.lost}
+                self._end(step, [r for r in range(len(self.layout.ranks)) if r not in gone])
+                new = decide.replace_lost(self.layout, [x.node for x in v.lost], self.leaf_of)
+                if new is None:
+                    self.events("requeue", why=f"{len(v.lost)} node(s) lost, "
+                                               f"{len(self.layout.spares)} spare(s) left")
+                    return EXIT_REQUEUE
+                self.layout = new
+                continue
+            self.events("hung", gen=self.gen, why=v.why)
+            self._end(step, list(range(len(self.layout.ranks))))
+            if not decide.after_hang(hangs, self.s):
+                self.events("requeue", why=f"hung again after {hangs} relaunch(es)")
+                return EXIT_REQUEUE
+            hangs += 1
+
+    def _watch(self, step: Step, started: float, watch: ProgressWatch) -> Verdict:
+        said: set[str] = set()
+        while True:
+            code = self.steps.poll(step)
+            now = self.clock.monotonic()
+            views = self.table.views()
+            placed = decide.adopt(self.layout, [v.host for v in views])
+            if placed != self.layout:
+                self.events("placement", gen=self.gen, asked=list(self.layout.ranks),
+                            got=list(placed.ranks))
+                self.layout = placed
+            watch.see(views, now)
+            v = decide.judge(views, self.layout, started, now, self.s, watch, code,
+                             self.steps.failed_nodes(step))
+            if v.kind not in ("running", "blind"):
+                return v
+            self._note(said, v, views, watch, now - started)
+            self.clock.sleep(self.s.poll_s)
+
+    def _note(self, said: set[str], v: Verdict, views: Sequence[decide.RankView],
+              watch: ProgressWatch, since: float) -> None:
+        """Milestones of a launch, once each: for the log and for measuring recovery."""
+        if v.kind == "blind" and "blind" not in said:
+            said.add("blind")
+            self.events("blind", gen=self.gen, why=v.why)
+            log.error("%s: no spare is used on this; check that the training uses "
+                      "JobCheckpointer.from_slurm and that its nodes reach %s", v.why,
+                      self.beat_addr)
+        if "beating" not in said and all(x.last is not None for x in views):
+            said.add("beating")
+            self.events("all_beating", gen=self.gen, after_s=round(since, 3))
+        if "training" not in said and watch.value is not None:
+            said.add("training")
+            self.events("training", gen=self.gen, step=watch.value, after_s=round(since, 3))
+
+    def _end(self, step: Step, survivors: Sequence[int]) -> None:
+        """End the step: cancel it, wait (bounded) until the survivors' ranks are gone (their
+        beats stopped: they no longer hold the GPUs the next step needs), then kill srun if
+        it still waits for the lost node."""
+        begun = self.clock.monotonic()
+        self.steps.cancel(step, self.table.step_id())
+        quiet_s = 3 * self.s.beat_s
+        while True:
+            now = self.clock.monotonic()
+            alive = [v.rank for v in self.table.views()
+                     if v.rank in survivors and v.last is not None and now - v.last < quiet_s]
+            if not alive or now - begun >= self.s.stop_s:
+                break
+            self.clock.sleep(self.s.poll_s)
+        if alive:
+            log.warning("ranks %s still beat %g s after the cancel: starting anyway", alive,
+                        self.s.stop_s)
+        if self.steps.poll(step) is None:
+            self.steps.kill(step)
+        self.events("ended", gen=self.gen, after_s=round(self.clock.monotonic() - begun, 3),
+                    still_beating=alive)
+
+
+def launch(job_id: str, nodes: Sequence[str], argv: Sequence[str], s: LaunchSettings,
+           steps: Steps, reporter: Reporter, events: Events, beat_host: str,
+           beat_port: int = 0, leaf_of: Mapping[str, str] | None = None,
+           clock: Clock | None = None) -> int:
+    """Run ``argv`` on the allocation ``nodes`` with ``s.spares`` of them kept idle; returns
+    the exit status for the batch script. ValueError when the allocation cannot hold them."""
+    layout = decide.plan(nodes, s.spares)
+    table = BeatTable(job_id)
+    receiver = UdpReceiver(table, port=beat_port)
+    addr = f"{beat_host}:{receiver.port}"
+    events("launch", job=job_id, nodes=list(layout.ranks), spares=list(layout.spares),
+           beats=addr, settings=asdict(s))
+    try:
+        return Launcher(argv, layout, steps, table, addr, reporter, s, events, clock,
+                        leaf_of).run()
+    finally:
+        receiver.stop()
+        if table.refused:
+            log.warning("%d heartbeat datagrams were refused (no valid token)", table.refused)

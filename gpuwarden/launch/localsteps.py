@@ -1,0 +1,126 @@
+"""A hand-written fake of `Steps`: each "node" is a name, each rank a real local process.
+
+What it copies from srun: SLURM_PROCID/NTASKS/STEP_ID/SLURMD_NODENAME per rank, a new step id
+per start, --kill-on-bad-exit (a rank that exits non-zero ends the others; the step's status is
+then that rank's, where real srun may report the others' SIGKILL: the launcher passes on
+whatever srun says), else the highest exit status. What it copies from a lost node:
+`kill_node` SIGKILLs the rank there and srun hears nothing of it (a dead node reports
+nothing), so the step keeps "running" until it is cancelled; a step started on a lost node is
+refused. For unit tests and a demo without Slurm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuwarden.launch.steps import Step, StepError
+
+
+@dataclass
+class LocalStep:
+    nodes: tuple[str, ...]
+    step_id: str
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    cancelled: bool = False
+    code: int | None = None
+    first_bad: int | None = None  # the status of the task whose exit ended the others
+
+
+class LocalSteps:
+    def __init__(self, job_id: str, log_dir: Path | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.job_id, self.log_dir = job_id, log_dir
+        self.base = dict(os.environ if env is None else env)
+        self.dead: set[str] = set()
+        self.started: list[LocalStep] = []
+        self._lock = threading.Lock()
+
+    def start(self, nodes: Sequence[str], env: Mapping[str, str],
+              argv: Sequence[str]) -> LocalStep:
+        with self._lock:
+            if set(nodes) & self.dead:
+                raise StepError(f"nodes {sorted(set(nodes) & self.dead)} are down")
+            step = LocalStep(tuple(nodes), str(len(self.started)))
+            self.started.append(step)
+        for rank, node in enumerate(nodes):
+            full = {**self.base, **env, "SLURM_JOB_ID": self.job_id, "SLURM_PROCID": str(rank),
+                    "SLURM_NTASKS": str(len(nodes)), "SLURM_STEP_ID": step.step_id,
+                    "SLURM_NODEID": str(rank), "SLURMD_NODENAME": node}
+            out = subprocess.DEVNULL if self.log_dir is None else open(  # noqa: SIM115 - the child holds it
+                self.log_dir / f"step{step.step_id}-rank{rank}-{node}.log", "wb")
+            try:
+                step.procs[node] = subprocess.Popen(list(argv), env=full, stdout=out,
+                                                    stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL)
+            finally:
+                if out is not subprocess.DEVNULL:
+                    out.close()  # type: ignore[union-attr]
+        return step
+
+    def poll(self, step: Step) -> int | None:
+        assert isinstance(step, LocalStep)
+        if step.code is not None:
+            return step.code
+        live = {n: p for n, p in step.procs.items() if n not in self.dead}
+        codes = {n: p.poll() for n, p in live.items()}
+        bad = [c for c in codes.values() if c is not None and c != 0]
+        if bad and step.first_bad is None and not step.cancelled:
+            step.first_bad = _status(bad[0])
+            for p in live.values():  # --kill-on-bad-exit
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+        if any(c is None for c in codes.values()):
+            return None
+        if not step.cancelled and any(n in self.dead for n in step.procs):
+            return None  # srun waits for a node that will never answer
+        if step.first_bad is not None:
+            step.code = step.first_bad
+        else:
+            step.code = max((_status(c) for c in codes.values() if c is not None), default=0)
+        return step.code
+
+    def failed_nodes(self, step: Step) -> list[str]:
+        return []
+
+    def cancel(self, step: Step, step_id: str | None) -> None:
+        assert isinstance(step, LocalStep)
+        step.cancelled = True
+        for n, p in step.procs.items():
+            if n not in self.dead:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+
+    def kill(self, step: Step) -> None:
+        assert isinstance(step, LocalStep)
+        step.cancelled = True
+        for p in step.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+
+    def kill_node(self, node: str) -> None:
+        """The node is gone: its rank dies at once, and nothing is ever heard from it."""
+        with self._lock:
+            self.dead.add(node)
+            procs = [s.procs[node] for s in self.started if node in s.procs]
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+
+    def reap(self) -> None:
+        """Wait for every process this fake started (a test's cleanup)."""
+        for s in self.started:
+            for p in s.procs.values():
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                p.wait(10)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code

@@ -1,0 +1,99 @@
+"""What the launcher tells others: the lost nodes into the job's own record, and every
+event as a JSON line (for the log, and for whoever measures recovery times).
+
+The launcher runs as the job's user and never drains a node: a user must not be able to take
+nodes out of service. It writes what it saw into its own job's Comment, which the job's owner
+may set (`scontrol update JobId=N Comment=...`); health gating's epilog, as root, may read it
+back as a hint to run its full checks on that node, never as a drain by itself (the user
+writes it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+from gpuwarden.errors import SlurmError
+from gpuwarden.launch.decide import Lost
+from gpuwarden.slurm.runner import CommandRunner
+
+log = logging.getLogger(__name__)
+
+COMMENT_PREFIX = "gpuwarden-launch: lost "
+_COMMENT_MAX = 250  # scontrol keeps more; short enough to read in `squeue -o %k`
+
+
+class Reporter(Protocol):
+    def lost(self, lost: Sequence[Lost]) -> None: ...
+
+
+def comment(lost_so_far: Sequence[Lost]) -> str:
+    """``gpuwarden-launch: lost c3 (rank 1: no heartbeat ...); c7 (...)``, oldest first,
+    cut to a length squeue shows; the newest losses are the ones kept when cut. Pure."""
+    parts = [f"{x.node} (rank {x.rank}: {x.why})" for x in lost_so_far]
+    text = COMMENT_PREFIX + "; ".join(parts)
+    while len(text) > _COMMENT_MAX and len(parts) > 1:
+        parts = parts[1:]
+        text = COMMENT_PREFIX + "...; " + "; ".join(parts)
+    return text[:_COMMENT_MAX]
+
+
+class JobComment:
+    """The real reporter: the job's own Comment, rewritten with every loss so far."""
+
+    def __init__(self, job_id: str, runner: CommandRunner, scontrol: str = "scontrol") -> None:
+        self.job_id, self.runner, self.scontrol = job_id, runner, scontrol
+        self.so_far: list[Lost] = []
+
+    def lost(self, lost: Sequence[Lost]) -> None:
+        self.so_far.extend(lost)
+        argv = [self.scontrol, "update", f"JobId={self.job_id}",
+                f"Comment={comment(self.so_far)}"]
+        try:
+            res = self.runner.run(argv, 10.0)
+        except SlurmError as exc:
+            log.warning("could not record the lost node in job %s: %s", self.job_id, exc)
+            return
+        if res.returncode != 0:
+            log.warning("could not record the lost node in job %s: %s", self.job_id,
+                        res.stderr.strip()[:300])
+
+
+@dataclass
+class Recorded:
+    """A fake reporter: what would have been written."""
+
+    so_far: list[Lost] = field(default_factory=list)
+
+    def lost(self, lost: Sequence[Lost]) -> None:
+        self.so_far.extend(lost)
+
+
+class Events:
+    """Each event as one JSON line with the wall time (``t``) and the launcher's monotonic
+    time (``mono``), to ``out`` when given, and kept in ``seen`` (tests, a demo)."""
+
+    def __init__(self, out: IO[str] | None = None) -> None:
+        self.out = out
+        self.seen: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        rec = {"t": round(time.time(), 3), "mono": round(time.monotonic(), 3), "event": event,
+               **fields}
+        line = json.dumps(rec, default=str)
+        log.info("%s", line)
+        with self._lock:
+            self.seen.append(rec)
+            if self.out is not None:
+                self.out.write(line + "\n")
+                self.out.flush()
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.seen if e["event"] == event]
