@@ -29,7 +29,7 @@ from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.history import from_files, read_events
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
-from gpuwarden.report.collect import RunTally
+from gpuwarden.report.collect import Blamable, RunTally
 from gpuwarden.report.render import render
 
 CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
@@ -44,7 +44,9 @@ def baseline(files: list[str], events: str) -> dict[str, float]:
 
 def report(files: list[str], events: str, out: str) -> dict[str, float]:
     t0 = time.perf_counter()
-    hist = from_files(files, read_events(events), collector=RunTally.factory())
+    evs = read_events(events)
+    # As `gpuwarden report` does: the tally keeps only failed runs an event can get blamed.
+    hist = from_files(files, evs, collector=RunTally.factory(None, Blamable.of(evs)))
     t1 = time.perf_counter()
     rep = build(hist, Options(f"{len(files)} files"), ScoreConfig())
     t2 = time.perf_counter()

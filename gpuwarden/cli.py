@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
 
@@ -94,6 +94,7 @@ _LAZY = {
     "placement": ("gpuwarden.placement.cli", "placement"),
     "ckpt": ("gpuwarden.ckpt.cli", "ckpt"),
     "install-files": ("gpuwarden.install.cli", "install_files"),
+    "launch": ("gpuwarden.launch.cli", "launch"),
 }
 
 
@@ -192,7 +193,7 @@ def _client_or_die(obj: Context) -> SlurmClient:
 def nodes_cmd(obj: Context, as_json: bool) -> None:
     """List nodes with their state, reason and who set the reason, and the nodes whose health
     gating is off or whose health verdict is stale (from each node's marker in Slurm)."""
-    from gpuwarden.health import marker  # noqa: PLC0415
+    from gpuwarden.health import gatingstate  # noqa: PLC0415
 
     client = _client_or_die(obj)
     try:
@@ -201,8 +202,8 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
         _die(str(exc), 1)
     now = time.time()
     if as_json:
-        rows = [{**asdict(n), "owner": n.owner, "health": _health_json(marker, n.extra, now)}
-                for n in nodes]
+        rows = [{**asdict(n), "owner": n.owner,
+                 "health": gatingstate.of_node(n.name, n.extra, now).as_json()} for n in nodes]
         click.echo(json.dumps(rows, indent=2))
         return
     width = max([4, *(len(n.name) for n in nodes)])
@@ -213,7 +214,7 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
         if n.comment.startswith("gpuwarden: would drain"):
             # Held back by the blast-radius cap: the evidence is in the node comment.
             line += f"  [{n.comment.removeprefix('gpuwarden: ')}]"
-        note = marker.describe(marker.decode(n.extra), now)
+        note = gatingstate.of_node(n.name, n.extra, now).note
         if note:
             flagged += 1
             line += f"  [{note}]"
@@ -221,13 +222,6 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
     if flagged:
         click.echo(f"gpuwarden: health gating is off or stale on {flagged} node(s): see "
                    "`gpuwarden health selftest` and the node's syslog", err=True)
-
-
-def _health_json(marker: Any, extra: str, now: float) -> dict[str, Any] | None:
-    m = marker.decode(extra)
-    if m is None:
-        return None
-    return {**m.to_json(), "note": marker.describe(m, now)}
 
 
 @cli.command("drain")

@@ -6,15 +6,20 @@ The page shows only what is here, and `--json` writes all of it (`as_json`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.fleet.mttf import report as mttf_report
+from gpuwarden.health.gatingstate import NodeGating
+from gpuwarden.lemon.attribution import gpu_class
 from gpuwarden.lemon.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, tradeoffs
 from gpuwarden.report.collect import RunTally
+from gpuwarden.report.text import cleaned
 
 
 @dataclass(frozen=True)
@@ -28,12 +33,46 @@ class Options:
     swap_h: float = 2 / 60
     grace_s: float = 3600.0
     have_topology: bool = False
+    # The same three in seconds, exact as given (the command passes these): they win.
+    interval_s: float | None = None
+    restart_s: float | None = None
+    swap_s: float | None = None
+
+    def assumptions(self) -> ettr.Assumptions:
+        def sec(s: float | None, h: float) -> float:
+            return s if s is not None else h * 3600
+        return ettr.Assumptions(sec(self.interval_s, self.interval_h), self.ckpt_cost_s,
+                                sec(self.restart_s, self.restart_h), self.spares,
+                                sec(self.swap_s, self.swap_h), self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class GatingRow:
+    node: str
+    note: str
 
 
 @dataclass(frozen=True)
 class Gating:
     available: bool
     note: str
+    nodes_read: int = 0
+    flagged: list[GatingRow] = field(default_factory=list)
+
+
+GATING = Gating(False, "needs the live cluster (gpuwarden report --since): whether a node's "
+                       "health gating is off or its verdict stale is in the health marker "
+                       "gpuwarden keeps in Slurm (the node's Extra field, as `gpuwarden nodes` "
+                       "shows it), not in accounting")
+
+
+def gating_of(nodes: Iterable[NodeGating], at: datetime) -> Gating:
+    """What the cluster's nodes' markers say, read at ``at``."""
+    read = list(nodes)
+    flagged = [GatingRow(g.node, g.note) for g in read if g.note]
+    return Gating(True, "from the health marker each node keeps in Slurm (its Extra field, as "
+                        f"`gpuwarden nodes` shows it), read {at.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+                  len(read), flagged)
 
 
 @dataclass(frozen=True)
@@ -54,43 +93,49 @@ class Report:
     gating: Gating
 
 
-GATING = Gating(False, "needs the live cluster: whether health gating is off or its verdicts "
-                       "stale is in each node's verdict store and Slurm's node state, not in "
-                       "accounting (gpuwarden health status on the nodes)")
-
-
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def failed_run_hours(tally: RunTally, att: Any) -> dict[int, list[float]]:
+    """Per GPU class, how long each blamed run had run (hours, at least sacct's second)."""
+    out: dict[int, list[float]] = defaultdict(list)
+    for _, hit in outcomes.gpu_blamed_runs(tally, att):
+        if hit is not None:
+            out[gpu_class(hit[1])].append(max(hit[2], 1) / 3600)
+    return out
+
+
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
-          now: datetime | None = None) -> Report:
+          now: datetime | None = None, gating: Gating = GATING) -> Report:
     att = hist.attribution
     tally = hist.collected
     if not isinstance(tally, RunTally):
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
                       mttfview.PROJECT_TO)
-    # Rounded as shown: the page's assumptions are the ones computed with.
-    e = ettr.section(rep, ettr.Assumptions(
-        round(opts.interval_h, 4), opts.ckpt_cost_s, round(opts.restart_h, 4), opts.spares,
-        round(opts.swap_h, 4), opts.gpus_per_node))
+    out = outcomes.outcomes(tally, att)
+    e = ettr.section(rep, opts.assumptions(), failed_run_hours(tally, att),
+                     {g: s / 3600 for g, s in tally.gpu_seconds.items()})
     ran = att.last_end > att.first_start
     lo, hi = (att.first_start, att.last_end) if ran else (0.0, 0.0)
     return Report(
         (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"), opts.source, hist.records,
         _iso(lo) if ran else None, _iso(hi) if ran else None, round((hi - lo) / 86_400, 1),
-        dict(sorted(att.skipped.items())), mttfview.section(rep, opts.gpus_per_node),
-        outcomes.outcomes(tally, att), e,
+        dict(sorted(att.skipped.items())),
+        mttfview.section(rep, opts.gpus_per_node, out.gang_failed_no_event),
+        out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
          tradeoffs.filesystem_vs_object_store(tally, att),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
-        lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), GATING)
+        lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating)
 
 
 def as_dict(r: Report) -> dict[str, Any]:
-    return asdict(r)
+    """The report as JSON-ready data, every string writable as UTF-8 (`text.clean`)."""
+    out: dict[str, Any] = cleaned(asdict(r))
+    return out
 
 
 def as_json(r: Report) -> str:

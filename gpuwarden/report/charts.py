@@ -15,10 +15,12 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 
+from gpuwarden.report.bins import tick_labels, unit
 from gpuwarden.report.drains import OWNERS, Drains
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.mttfview import MttfSection
 from gpuwarden.report.outcomes import CLASSES, PartitionSeries
+from gpuwarden.report.text import clean
 
 OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
              "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00",
@@ -31,6 +33,7 @@ OWNER_STYLE = {"health": ("green", "//"), "lemon": ("vermillion", "xx"),
 _PROLOG = re.compile(r"^.*?(?=<svg)", re.S)
 _NS = re.compile(r'\s+xmlns(:\w+)?="[^"]*"')
 _SIZE = re.compile(r'<svg([^>]*?) width="[^"]*" height="[^"]*"')
+_ID = re.compile(r'\bid="([^"]+)"')
 
 
 def _figure(width: float = 8.0, height: float = 3.6) -> tuple[Figure, Axes]:
@@ -48,7 +51,22 @@ def to_svg(fig: Figure, name: str) -> str:
                                                   "Format": None, "Type": None})
     svg = _NS.sub("", _PROLOG.sub("", buf.getvalue(), count=1))
     svg = _SIZE.sub(rf'<svg\1 role="img" aria-label="{name}"', svg, count=1)
-    return svg.strip()
+    return _own_ids(svg, name).strip()
+
+
+def _own_ids(svg: str, name: str) -> str:
+    """Every element id (and each reference to one) prefixed with the chart's name: the salt
+    alone leaves ids matplotlib names itself (figure_1, axes_1, patch_1...) the same in
+    every chart, and one page holds them all."""
+    ids = set(_ID.findall(svg))
+    if not ids:
+        return svg
+
+    def one(m: re.Match[str]) -> str:
+        key = m.group(2)
+        return f"{m.group(1)}{name}-{key}" if key in ids else m.group(0)
+    svg = re.sub(r'(\bid=")([^"]+)(?=")', one, svg)
+    return re.sub(r'(#)([A-Za-z_][\w.-]*)', one, svg)
 
 
 def _colour(name: str) -> str:
@@ -116,8 +134,13 @@ def _stacked(ax: Axes, labels: Sequence[str], series: dict[str, list[float]],
                edgecolor="#333333", linewidth=0.4, label=key)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     step = max(1, len(labels) // 10)
-    ax.set_xticks(x[::step], [s[5:] for s in labels[::step]])
+    ticks, _ = tick_labels(labels)
+    ax.set_xticks(x[::step], ticks[::step])
     _legend_below(ax, len(series))
+
+
+def _time_axis(ax: Axes, labels: Sequence[str], what: str) -> None:
+    ax.set_xlabel(f"{what} ({tick_labels(labels)[1]})")
 
 
 def _legend_below(ax: Axes, columns: int) -> None:
@@ -131,9 +154,11 @@ def _legend_below(ax: Axes, columns: int) -> None:
 def outcomes_chart(p: PartitionSeries, bins: Sequence[str], bin_days: int, index: int) -> str:
     fig, ax = _figure()
     _stacked(ax, bins, {c: [float(v) for v in p.counts[c]] for c in CLASSES}, CLASS_STYLE)
-    ax.set_xlabel(f"UTC {'day' if bin_days == 1 else 'week'} the run ended (month-day)")
-    ax.set_ylabel(f"runs per {'day' if bin_days == 1 else 'week'} (count)")
-    ax.set_title(f"Runs that did not complete, by class: partition {p.partition}")
+    _time_axis(ax, bins, f"UTC {unit(bin_days)} the run ended")
+    ax.set_ylabel(f"runs per {unit(bin_days)} (count)")
+    # The partition name is the site's text: never read as mathtext ($...$).
+    ax.set_title(f"Runs that did not complete, by class: partition {clean(p.partition)}",
+                 parse_math=False)
     return to_svg(fig, f"outcomes-{index}")
 
 
@@ -146,10 +171,11 @@ def ettr_chart(e: EttrSection) -> str:
             ("today's interval", "ettr_now", "sky", "//"),
             ("Young/Daly interval", "ettr_daly", "blue", ".."),
             (f"Young/Daly + {k} spare node(s)", "ettr_spares", "orange", "xx"))):
-        vals = [getattr(r, key) for r in e.rows]
-        ax.bar([xi + (i - 1) * width for xi in x], [v if v is not None else 0 for v in vals],
-               width, color=_colour(colour), hatch=hatch, edgecolor="#333333", linewidth=0.4,
-               label=label)
+        # A missing value (no Daly interval without a failure) is no bar, not a 0 bar.
+        shown = [(xi + (i - 1) * width, v) for xi, r in zip(x, e.rows, strict=True)
+                 if (v := getattr(r, key)) is not None]
+        ax.bar([p for p, _ in shown], [v for _, v in shown], width, color=_colour(colour),
+               hatch=hatch, edgecolor="#333333", linewidth=0.4, label=label)
     ax.set_xticks(x, [f"≤{r.gpus}" for r in e.rows])
     ax.set_ylim(0, 1.15)
     ax.set_xlabel("job size (GPUs, class upper bound)")
@@ -162,7 +188,7 @@ def ettr_chart(e: EttrSection) -> str:
 def drains_chart(d: Drains) -> str:
     fig, ax = _figure()
     _stacked(ax, d.days, {o: d.node_hours[o] for o in OWNERS}, OWNER_STYLE)
-    ax.set_xlabel("UTC day (month-day)")
-    ax.set_ylabel("nodes out of service (node-hours per day)")
+    _time_axis(ax, d.days, f"UTC {unit(d.bin_days)}")
+    ax.set_ylabel(f"nodes out of service (node-hours per {unit(d.bin_days)})")
     ax.set_title("Drained or down nodes by who took them out of service")
     return to_svg(fig, "drains")

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import click
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.extras import Needs
 from gpuwarden.fleet.cli import parse_cost
-from gpuwarden.lemon.cli import load_history
+from gpuwarden.health.gatingstate import of_node
+from gpuwarden.lemon.cli import DEFAULT_SINCE, load_history, parse_since
 from gpuwarden.placement.topology import parse as parse_topology
+from gpuwarden.report.output import OutputError, check_distinct, write_all
+from gpuwarden.slurm.models import NodeEvent
 
 # numpy (the attribution and lemon scoring), then matplotlib (the charts): the base install
 # still lists and explains the command.
 with Needs("lemon") as LEMON:
+    from gpuwarden.lemon.history import read_events
     from gpuwarden.lemon.scoring import ScoreConfig
-    from gpuwarden.report.build import Options, as_json, build
-    from gpuwarden.report.collect import RunTally
+    from gpuwarden.report.build import GATING, Gating, Options, as_json, build, gating_of
+    from gpuwarden.report.collect import Blamable, RunTally
 with Needs("report") as REPORT:
     from gpuwarden.report.render import render
 
@@ -34,11 +40,48 @@ def _leaves(path: str | None) -> dict[str, str] | None:
         raise click.ClickException(str(exc)) from None
 
 
-def _write(path: str, text: str) -> None:
+def _seconds(text: str, option: str, positive: bool = False) -> float:
+    """A duration option in seconds, exact; checked after conversion (0.1s is more than 0)."""
+    v = parse_cost(text)
+    if v < 0 or (positive and v <= 0):
+        raise click.BadParameter(f"{text!r} is {v:g} s: must be "
+                                 f"{'more than' if positive else 'at least'} 0 s",
+                                 param_hint=option)
+    return v
+
+
+def _events_first(obj: Any, since: str | None, from_files: tuple[str, ...],
+                  events_file: str | None) -> list[NodeEvent]:
+    """The node events, read before the records so that the tally keeps only the failed runs
+    an event can get blamed (`collect.Blamable`). The history reads them again itself."""
+    if (from_files and since) or (events_file and not from_files):
+        return []  # load_history says what is wrong
     try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise click.ClickException(f"{path}: cannot write ({exc.strerror})") from None
+        if from_files:
+            return read_events(events_file)
+        now = datetime.now(UTC)
+        span = parse_since(since or DEFAULT_SINCE, now)
+        fmt = "%Y-%m-%dT%H:%M:%S"  # Slurm's, in UTC (the client runs it with TZ=UTC)
+        # A day wider on each side than the history's own read: a superset only keeps more.
+        events: list[NodeEvent] = obj.client().events(
+            (now - span - timedelta(days=1)).strftime(fmt),
+            (now + timedelta(days=1)).strftime(fmt))
+        return events
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+    except (GpuwardenError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _gating(obj: Any) -> Gating:
+    """The nodes' health markers, as `gpuwarden nodes` reads them (the live cluster only)."""
+    now = datetime.now(UTC)
+    try:
+        nodes = obj.client().nodes()
+    except (GpuwardenError, OSError) as exc:
+        return Gating(False, f"could not read the nodes' health markers from Slurm: {exc}")
+    return gating_of((of_node(n.name, n.extra, now.timestamp()) for n in nodes), now)
 
 
 @click.command("report")
@@ -76,25 +119,37 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
            topology: str | None) -> None:
     """Where the site's GPU time went, and what four design choices would change: one
     self-contained HTML page from the site's own accounting."""
-    interval = parse_cost(ckpt_interval)
-    if interval <= 0:
-        raise click.BadParameter("must be more than 0", param_hint="--ckpt-interval")
+    interval = _seconds(ckpt_interval, "--ckpt-interval", positive=True)
+    cost = _seconds(ckpt_cost, "--ckpt-cost")
+    restart = _seconds(restart_cost, "--restart-cost")
+    swap = _seconds(spare_swap, "--spare-swap")
+    outputs = [output, *([json_out] if json_out else [])]
+    try:
+        check_distinct(outputs)
+    except OutputError as exc:
+        raise click.UsageError(str(exc)) from None
     cfg = obj.config_or_exit()
     leaves = _leaves(topology)
-    hist = load_history(obj, since, from_files, events_file, cfg.lemon.grace_s,
-                        collector=RunTally.factory(leaves))
     lc = cfg.lemon
+    blamable = Blamable.of(_events_first(obj, since, from_files, events_file), lc.grace_s)
+    hist = load_history(obj, since, from_files, events_file, lc.grace_s,
+                        collector=RunTally.factory(leaves, blamable))
     opts = Options(
         source=("files: " + ", ".join(from_files)) if from_files
-        else f"the cluster's accounting, {since or '30d'} back",
-        gpus_per_node=gpus_per_node, ckpt_cost_s=parse_cost(ckpt_cost),
-        interval_h=interval / 3600, restart_h=parse_cost(restart_cost) / 3600, spares=spares,
-        swap_h=parse_cost(spare_swap) / 3600, grace_s=lc.grace_s,
+        else f"the cluster's accounting, {since or DEFAULT_SINCE} back",
+        gpus_per_node=gpus_per_node, ckpt_cost_s=cost, interval_s=interval,
+        restart_s=restart, spares=spares, swap_s=swap, grace_s=lc.grace_s,
         have_topology=leaves is not None)
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
-                                        min_jobs=lc.min_jobs, min_ratio=lc.min_ratio))
-    _write(output, render(rep))
+                                        min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
+                gating=GATING if from_files else _gating(obj))
+    # Both rendered before either is written; the JSON lands first.
+    files = [(output, render(rep))]
     if json_out:
-        _write(json_out, as_json(rep) + "\n")
+        files.insert(0, (json_out, as_json(rep) + "\n"))
+    try:
+        write_all(files)
+    except OutputError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}" + (f" and {json_out}" if json_out else "")
                + f" ({hist.records} job records)")

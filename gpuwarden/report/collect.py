@@ -1,10 +1,15 @@
 """What the report needs of each record that the lemon attribution does not keep, tallied in
 the same pass over the records (`history.from_files(..., collector=RunTally.factory(...))`).
 
-- Runs per (UTC day of the run's end, partition, Slurm state).
-- The runs the attribution may blame on the infrastructure (FAILED, NODE_FAIL, BOOT_FAIL,
-  REQUEUED), by (job id, end): once the attribution is settled, the blamed ones are moved to
-  "hardware" (`outcomes`), so every figure agrees with the MTTF section.
+- Runs with GPUs per (UTC day of the run's end, partition, Slurm state). A run is what the
+  attribution counts as one (`kind`): named nodes and start and end times. Records that never
+  ran (cancelled while pending: no nodes) are counted apart, runs without GPUs too (the MTTF
+  section leaves them out).
+- The runs the attribution may blame on the infrastructure, by (job id, end), with their GPUs
+  and length: once the attribution is settled the blamed ones are moved to "hardware"
+  (`outcomes`), and their lengths bound the work each failure lost (`ettr`). With the node
+  events (`Blamable`), only runs some event could get blamed are kept, so memory grows with the
+  failures the attribution keeps, not with the records.
 - With a topology: gang runs (more than one node) within one leaf switch or across leaves, and
   their queue wait (start - submit), by GPU class.
 """
@@ -12,19 +17,34 @@ the same pass over the records (`history.from_files(..., collector=RunTally.fact
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import Literal
 
-from gpuwarden.lemon.attribution import gpu_class
+from gpuwarden.lemon.attribution import (
+    GRACE_S,
+    LEAD_S,
+    HealthDrain,
+    by_node,
+    gpu_class,
+    health_drains,
+    node_failures,
+)
+from gpuwarden.lemon.rangetally import shape
 from gpuwarden.report.fields import partition, submitted
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.hostlist import HostlistError, expand
+from gpuwarden.slurm.models import NodeEvent
 
 DAY = 86_400
 BLAMABLE = frozenset({"NODE_FAIL", "BOOT_FAIL", "REQUEUED", "FAILED"})
+NO_NODES = ("None assigned", "(null)")
+NEVER_RAN_STATES = frozenset({"PENDING", "CANCELLED"})
 
 Cell = tuple[int, str, str]  # (UTC day number of the end, partition, Slurm state)
 GangKey = tuple[int, str]  # (GPU class, "one leaf" | "several leaves" | "unknown")
+Kind = Literal["run", "never ran", "skipped"]
 
 
 def run_key(job_id: int, end: int) -> int:
@@ -33,48 +53,110 @@ def run_key(job_id: int, end: int) -> int:
 
 
 @lru_cache(maxsize=65_536)
-def _names(nodes: str) -> tuple[str, ...]:
+def _names(nodes: str) -> tuple[str, ...] | None:
+    """The node names; () for none assigned; None for a list that cannot be read."""
+    if not nodes or nodes in NO_NODES:
+        return ()
     try:
         return tuple(expand(nodes))
     except HostlistError:
-        return ()
+        return None
+
+
+def kind(r: AcctRecord) -> Kind:
+    """Whether the attribution counts ``r`` as a run, drops it silently (it never ran: no
+    nodes, pending or cancelled), or skips it with a reason. The attribution's own tests
+    (`lemon.attribution.attribute_runs`, `_named`), in the same order."""
+    text = r.nodes
+    if not (text and r.state not in BLAMABLE and shape(text) is not None):
+        names = _names(text)
+        if names is None:
+            return "skipped"  # unreadable node list
+        if not names:
+            return "never ran" if r.state in NEVER_RAN_STATES else "skipped"
+    start, end = r.start_time, r.end_time
+    if start is None or end is None or end < start:
+        return "skipped"
+    return "run"
+
+
+@dataclass(frozen=True)
+class Blamable:
+    """The node events a failed run can be blamed through (rules 2 and 4 need one); a run no
+    event can explain is one the attribution never blames, so the tally keeps nothing of it."""
+
+    drains: Mapping[str, list[HealthDrain]]  # health-gating drains (rule 4)
+    failures: Mapping[str, list[HealthDrain]]  # every node failure event (rule 2)
+    grace_s: float = GRACE_S
+
+    @classmethod
+    def of(cls, events: Iterable[NodeEvent], grace_s: float = GRACE_S) -> Blamable:
+        events = list(events)
+        return cls(by_node(health_drains(events)), by_node(node_failures(events)), grace_s)
+
+    def may_blame(self, state: str, nodes: str, start: int, end: int) -> bool:
+        if state in ("NODE_FAIL", "BOOT_FAIL"):
+            return True
+        names = _names(nodes) or ()
+        if state == "FAILED":
+            if len(names) > 1:
+                return True  # rule 3
+            lo, hi, events = float(start), end + self.grace_s, self.drains  # rule 4
+        else:
+            lo, hi, events = end - LEAD_S, end + self.grace_s, self.failures  # rule 2
+        return any(lo <= d.at <= hi for n in names for d in events.get(n, ()))
 
 
 class RunTally:
     """Picklable, mergeable: each worker process fills one per file."""
 
-    def __init__(self, leaf_of: Mapping[str, str] | None = None) -> None:
+    def __init__(self, leaf_of: Mapping[str, str] | None = None,
+                 blamable: Blamable | None = None) -> None:
         self.leaf_of = leaf_of
+        self.filter = blamable  # None: keep every run in a state the attribution may blame
         self.cells: Counter[Cell] = Counter()
-        self.blamable: dict[int, tuple[Cell, int]] = {}  # run_key -> (cell, GPUs)
+        self.never_ran = 0  # records of jobs that never ran (cancelled while pending)
+        self.cpu_runs = 0  # runs without GPUs: not in the MTTF section, nor here
+        self.gpu_seconds: Counter[int] = Counter()  # GPU class -> GPUs x seconds, exact
+        self.blamable: dict[int, tuple[Cell, int, int]] = {}  # run_key -> (cell, GPUs, secs)
         self.gang_runs: Counter[GangKey] = Counter()
         self.gang_wait_s: Counter[GangKey] = Counter()
         self.gang_waited: Counter[GangKey] = Counter()  # runs with a submit time
         self._shared: dict[Cell, Cell] = {}
 
     @classmethod
-    def factory(cls, leaf_of: Mapping[str, str] | None = None) -> partial[RunTally]:
-        return partial(cls, leaf_of)
+    def factory(cls, leaf_of: Mapping[str, str] | None = None,
+                blamable: Blamable | None = None) -> partial[RunTally]:
+        return partial(cls, leaf_of, blamable)
 
     def add(self, records: Sequence[AcctRecord]) -> None:
         cells, keep, shared, leaf_of = self.cells, self.blamable, self._shared, self.leaf_of
+        may = self.filter.may_blame if self.filter is not None else None
         for r in records:
+            what = kind(r)
+            if what != "run":
+                self.never_ran += what == "never ran"
+                continue
             start, end = r.start_time, r.end_time
-            if start is None or end is None or end < start:
-                continue  # never ran, or no end yet: the attribution skips it too
-            state = r.state
+            assert start is not None and end is not None  # kind() said so
+            state, gpus = r.state, r.gpus
             cell = (end // DAY, partition(r), state)
-            cells[cell] += 1
-            if state in BLAMABLE:
+            if gpus > 0:
+                cells[cell] += 1
+                self.gpu_seconds[gpu_class(gpus)] += gpus * max(end - start, 1)
+            else:
+                self.cpu_runs += 1
+            if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
                 # One tuple per distinct cell: a million failed runs share a few hundred.
-                keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), r.gpus)
+                keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
+                                                end - start)
             if leaf_of is not None:
                 nodes = r.nodes
                 if "[" in nodes or "," in nodes:
                     self._gang(r, nodes, start)
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
-        names = _names(nodes)
+        names = _names(nodes) or ()
         if len(names) < 2 or self.leaf_of is None:
             return
         leaves = {self.leaf_of.get(n) for n in names}
@@ -89,13 +171,17 @@ class RunTally:
 
     def merge(self, other: RunTally) -> None:
         self.cells.update(other.cells)
+        self.never_ran += other.never_ran
+        self.cpu_runs += other.cpu_runs
+        self.gpu_seconds.update(other.gpu_seconds)
         self.blamable.update(other.blamable)
         self.gang_runs.update(other.gang_runs)
         self.gang_wait_s.update(other.gang_wait_s)
         self.gang_waited.update(other.gang_waited)
 
     def __getstate__(self) -> dict[str, object]:
-        # Back from a worker without the topology (the parent has it) nor the sharing memo.
+        # Back from a worker without the topology, the events (the parent has them) nor the
+        # sharing memo.
         state = dict(self.__dict__)
-        state["leaf_of"], state["_shared"] = None, {}
+        state["leaf_of"], state["filter"], state["_shared"] = None, None, {}
         return state

@@ -11,9 +11,12 @@ from gpuwarden.report.stats import METHOD, mttf_interval, poisson_interval
 PROJECT_TO = (16_384, 131_072)
 
 
-def r(x: float | None, digits: int = 2) -> float | None:
-    """Rounded as the page shows it (so the JSON holds the same figures)."""
-    return None if x is None else round(x, digits)
+def r(x: float | None) -> float | None:
+    """Rounded as the page shows it (so the JSON holds the same figures): three significant
+    figures, one decimal from 100 up. Fixed decimals would show a 5-second MTTF as 0.0."""
+    if x is None:
+        return None
+    return round(x, 1) if abs(x) >= 100 else float(f"{x:.3g}")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class MttfSection:
     projections: list[ProjectionRow]
     gpu_hours: float
     failures: int
+    gang_failed_no_event: int  # of `failures`: gang runs that FAILED, no node event near
     node_failures: int  # health-gating drains in the history
     node_days: float
     node_rate_per_1000_node_days: float | None
@@ -66,19 +70,20 @@ def _projection(rep: MttfReport, gpus: int, gpus_per_node: int) -> ProjectionRow
         nodes = gpus / gpus_per_node
         lo_h = 24 / (nodes * hi / rep.node_days)
         hi_h = 24 / (nodes * lo / rep.node_days) if lo > 0 else None
-    return ProjectionRow(gpus, r(pr.from_node_rate_h, 3), r(lo_h, 3), r(hi_h, 3),
-                         r(pr.from_history_h, 3), pr.paper_h)
+    return ProjectionRow(gpus, r(pr.from_node_rate_h), r(lo_h), r(hi_h),
+                         r(pr.from_history_h), pr.paper_h)
 
 
-def section(rep: MttfReport, gpus_per_node: int) -> MttfSection:
+def section(rep: MttfReport, gpus_per_node: int, gang_failed_no_event: int) -> MttfSection:
     rows = []
     for c in rep.classes:
         lo, hi = mttf_interval(c.hours, c.failures)
-        rows.append(ClassRow(c.gpus, c.runs, round(c.hours, 1), c.failures, r(c.mttf_h),
-                             r(lo), r(hi), r(c.young_h), r(c.daly_h), r(c.paper_mttf_h, 1)))
+        rows.append(ClassRow(c.gpus, c.runs, r(c.hours) or 0.0, c.failures, r(c.mttf_h),
+                             r(lo), r(hi), r(c.young_h), r(c.daly_h), r(c.paper_mttf_h)))
     rate = rep.node_rate
     return MttfSection(
         rows, [_projection(rep, g, gpus_per_node) for g in PROJECT_TO],
-        round(rep.gpu_hours, 1), rep.failures, rep.node_failures, round(rep.node_days, 1),
-        r(1000 * rate, 3) if rate is not None else None, round(1000 * rep.paper.node_rate, 3),
+        round(rep.gpu_hours, 1), rep.failures, gang_failed_no_event, rep.node_failures,
+        round(rep.node_days, 1), r(1000 * rate) if rate is not None else None,
+        round(1000 * rep.paper.node_rate, 3),
         rep.ckpt_cost_s, rep.insufficient)

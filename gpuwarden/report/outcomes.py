@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from gpuwarden.lemon.attribution import Attribution
-from gpuwarden.report.collect import DAY, Cell, RunTally, run_key
+from gpuwarden.lemon.attribution import Attribution, Blame
+from gpuwarden.report.bins import bin_days, day_label
+from gpuwarden.report.collect import Cell, RunTally, run_key
+from gpuwarden.report.text import clean
 
 CLASSES = ("hardware", "user", "timeout", "cancelled", "preempted")
 STATE_CLASS = {
@@ -26,13 +27,12 @@ STATE_CLASS = {
     "PREEMPTED": "preempted", "REQUEUED": "preempted",
     "COMPLETED": "completed",
 }
-MAPPING = ("hardware: runs the attribution rules blame on the infrastructure (NODE_FAIL, "
-           "BOOT_FAIL, REQUEUED after a node failure, gang jobs that FAILED, one-node runs that "
-           "FAILED on a node health gating drained); user: other FAILED and OUT_OF_MEMORY; "
-           "timeout: TIMEOUT, DEADLINE; cancelled: CANCELLED; preempted: PREEMPTED and "
-           "REQUEUED runs no node failure explains")
+MAPPING = ("hardware: runs the attribution rules blame on the infrastructure, the MTTF "
+           "section's failures (NODE_FAIL, BOOT_FAIL, REQUEUED after a node failure, every gang "
+           "job that FAILED, one-node runs that FAILED on a node health gating drained); user: "
+           "other FAILED and OUT_OF_MEMORY; timeout: TIMEOUT, DEADLINE; cancelled: CANCELLED; "
+           "preempted: PREEMPTED and REQUEUED runs no node failure explains")
 NO_PARTITION = "(none)"
-WEEKLY_OVER_DAYS = 92  # longer histories are drawn by week
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,20 @@ class Outcomes:
     totals: dict[str, int]  # every partition
     runs: int
     unmatched_blames: int  # blamed runs the tally did not see (should be 0)
+    # Of the hardware runs: gang runs that FAILED with no node event at the time, blamed
+    # because accounting cannot tell which node failed them (a user's crash looks the same).
+    gang_failed_no_event: int
+    never_ran: int  # records of jobs that never ran (no nodes: cancelled while pending)
+    cpu_runs: int  # runs without GPUs (not counted here nor in the MTTF section)
     mapping: str = MAPPING
 
 
-def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Cell, int] | None]:
-    """Each run the attribution blamed, once: (its cell, its GPUs), None where the tally did
-    not see it."""
+Hit = tuple[Cell, int, int]  # (cell, GPUs, run seconds)
+
+
+def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit | None]]:
+    """Each run the attribution blamed, once: (one of its blames, (its cell, its GPUs, its
+    length) or None where the tally did not see it)."""
     seen: set[int] = set()
     for b in att.blames:
         if b.job_id is None:
@@ -65,37 +73,47 @@ def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Cell, int] 
         if key in seen:
             continue  # one blame per node of a gang job: the run counts once
         seen.add(key)
-        yield tally.blamable.get(key)
+        yield b, tally.blamable.get(key)
+
+
+def gpu_blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit | None]]:
+    """`blamed_runs` with GPUs (the MTTF section's failures), and any the tally missed."""
+    for b, hit in blamed_runs(tally, att):
+        if hit is None or hit[1] > 0:
+            yield b, hit
+
+
+def _name(part: str) -> str:
+    return clean(part) if part else NO_PARTITION
 
 
 def classify(tally: RunTally, att: Attribution) -> Counter[tuple[int, str, str]]:
     """Runs per (day, partition, class)."""
     out: Counter[tuple[int, str, str]] = Counter()
     for (day, part, state), n in tally.cells.items():
-        out[(day, part or NO_PARTITION, STATE_CLASS.get(state, "other"))] += n
-    for hit in blamed_runs(tally, att):
+        out[(day, _name(part), STATE_CLASS.get(state, "other"))] += n
+    for b, hit in gpu_blamed_runs(tally, att):
         if hit is None:
             out[(-1, "", "unmatched")] += 1
             continue
-        (day, part, state), _ = hit
+        (day, part, state), _, _ = hit
+        if state == "FAILED" and not b.pinned:
+            out[(-1, "", "gang failed, no event")] += 1
         was = STATE_CLASS[state]
-        part = part or NO_PARTITION
+        part = _name(part)
         if was != "hardware":
             out[(day, part, was)] -= 1
             out[(day, part, "hardware")] += 1
     return out
 
 
-def _day(n: int) -> str:
-    return datetime.fromtimestamp(n * DAY, UTC).strftime("%Y-%m-%d")
-
-
 def outcomes(tally: RunTally, att: Attribution) -> Outcomes:
     counts = classify(tally, att)
     unmatched = counts.pop((-1, "", "unmatched"), 0)
+    gang = counts.pop((-1, "", "gang failed, no event"), 0)
     days = [d for d, _, _ in counts]
     first, last = (min(days), max(days)) if days else (0, -1)
-    step = 7 if last - first + 1 > WEEKLY_OVER_DAYS else 1
+    step = bin_days(last - first + 1)
     nbins = (last - first) // step + 1 if days else 0
     per: dict[str, dict[str, list[int]]] = {}
     runs: Counter[str] = Counter()
@@ -110,5 +128,5 @@ def outcomes(tally: RunTally, att: Attribution) -> Outcomes:
                              per.get(p, {c: [0] * nbins for c in CLASSES}))
              for p in sorted(runs, key=lambda p: (-runs[p], p))]
     totals = {c: sum(s.totals[c] for s in parts) for c in CLASSES}
-    return Outcomes(step, [_day(first + i * step) for i in range(nbins)], parts, totals,
-                    sum(runs.values()), unmatched)
+    return Outcomes(step, [day_label(first + i * step) for i in range(nbins)], parts, totals,
+                    sum(runs.values()), unmatched, gang, tally.never_ran, tally.cpu_runs)

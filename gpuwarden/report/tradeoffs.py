@@ -3,14 +3,15 @@ and what the history cannot tell. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.lemon.attribution import Attribution, health_drains
+from gpuwarden.lemon.attribution import LEAD_S, LEMON_PREFIX, Attribution, event_time
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
-from gpuwarden.report.outcomes import blamed_runs
-from gpuwarden.slurm.models import NodeEvent
+from gpuwarden.report.outcomes import gpu_blamed_runs
+from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,20 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
         [Figure("fleet ETTR at today's interval", e.fleet_now),
          Figure("fleet ETTR at the Young/Daly interval of each job size", e.fleet_daly),
          Figure(f"fleet ETTR with {a.spares} hot-spare node(s) per job", e.fleet_spares)],
-        [f"today's checkpoint interval τ = {a.interval_h:g} h (--ckpt-interval)",
-         f"checkpoint stall C = {a.ckpt_cost_s:g} s (--ckpt-cost)",
-         f"restart u0 = {a.restart_h:g} h per failure: requeue wait + restore (--restart-cost)",
-         f"a spare swaps in within s = {a.swap_h:g} h (--spare-swap) and absorbs every "
+        [f"today's checkpoint interval τ = {a.interval_s} s (--ckpt-interval)",
+         f"checkpoint stall C = {a.ckpt_cost_s} s (--ckpt-cost)",
+         f"restart u0 = {a.restart_s} s per failure: requeue wait + restore (--restart-cost)",
+         f"a spare swaps in within s = {a.swap_s} s (--spare-swap) and absorbs every "
          "infrastructure failure of the run; spares hold nodes that do no work",
-         "job sizes with no failure keep today's interval"],
+         "one-node job sizes get no spare and keep their checkpoint-restart figure",
+         "job sizes with no failure keep today's interval",
+         "each size weighs by its GPU-hours"],
         ["checkpoint manifests (actual intervals and stalls per job) are not read"])
 
 
 def filesystem_vs_object_store(tally: RunTally, att: Attribution) -> Tradeoff:
     runs = gpus = 0
-    for hit in blamed_runs(tally, att):
+    for _, hit in gpu_blamed_runs(tally, att):
         if hit is not None:
             runs += 1
             gpus += hit[1]
@@ -65,18 +68,38 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution) -> Tradeoff:
          "per minute above is what the choice is worth"])
 
 
+def gating_drains(events: Sequence[NodeEvent], since: float,
+                  until: float) -> Iterator[tuple[str, float]]:
+    """(node, start) of each health-gating drain that began in [since, until]: the drains the
+    MTTF section counts as node failures (`fleet.mttf.node_failures`), the same test."""
+    for e in events:
+        if not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
+            continue
+        if "DRAIN" not in e.state.upper():
+            continue
+        at = event_time(e.start)
+        if at is not None and since <= at <= until:
+            yield e.node, at
+
+
 def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
                           grace_s: float) -> Tradeoff:
-    lo, hi = att.first_start - grace_s, att.last_end + grace_s
-    total = sum(1 for d in health_drains(events) if lo <= d.at <= hi)
-    lone = sum(1 for b in att.blames if b.job_id is None)
+    runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for b in att.blames:
+        if b.job_id is not None:
+            runs[b.node].append((b.started if b.started is not None else b.at, b.at))
+    total = came = 0
+    for node, at in gating_drains(events, att.first_start, att.last_end):
+        total += 1
+        # The attribution's test (rule 5): the drain explains a run blamed on its node.
+        came += any(s - LEAD_S <= at <= e + grace_s for s, e in runs.get(node, ()))
     return Tradeoff(
         "proactive_vs_reactive", "Proactive vs reactive health checking",
-        [Figure("health-gating drains", total, "drains"),
-         Figure("drains with no failed run behind them (found before a job failed)", lone,
+        [Figure("health-gating drains (the MTTF section's node failures)", total, "drains"),
+         Figure("drains with no failed run behind them (found before a job failed)",
+                total - came, "drains"),
+         Figure("drains that came with a failed run (the failure came first)", came,
                 "drains"),
-         Figure("drains that came with a failed run (the failure came first)",
-                max(0, total - lone), "drains"),
          Figure("jobs the prolog gate kept off bad nodes", None, "jobs")],
         [f"a drain within {grace_s / 3600:g} h after a run on that node failed explains "
          "that failure (the attribution's rules 4 and 5)"],

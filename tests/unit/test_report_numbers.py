@@ -96,9 +96,9 @@ def test_mttf_by_size_with_its_interval(rep: Report) -> None:
     assert (eight.mttf_low_h, eight.mttf_high_h) == (5.42, None)
     assert eight.paper_mttf_h == 1144.8  # Meta: 47.7 days x 24
     # 16 GPUs: runs 2 (NODE_FAIL, 5 h) and 6 (a 2-node FAILED, 3 h): 8 h / 2 = 4 h; interval
-    # 8 / 7.2247 = 1.11 h to 8 / 0.2422 = 33.03 h.
+    # 8 / 7.2247 = 1.11 h to 8 / 0.2422 = 33.03 h, shown to 3 significant figures.
     assert (sixteen.runs, sixteen.job_hours, sixteen.failures, sixteen.mttf_h) == (2, 8.0, 2, 4.0)
-    assert (sixteen.mttf_low_h, sixteen.mttf_high_h) == (1.11, 33.03)
+    assert (sixteen.mttf_low_h, sixteen.mttf_high_h) == (1.11, 33.0)
     # Too few failures to project (fleet.mttf.MIN_FAILURES = 10); Meta's figures still shown.
     assert [(p.gpus, p.from_history_h, p.paper_h) for p in rep.mttf.projections] == [
         (16_384, None, 1.8), (131_072, None, 0.23)]
@@ -136,10 +136,11 @@ def test_ettr_per_size_as_formulated(rep: Report) -> None:
     assert sixteen.ettr_daly == 0.826
     # One spare of n = 2 nodes, swap 0.05 h: 7.434156 / (8 + 2 * 0.05) * 2 / 3 = 0.6119.
     assert sixteen.ettr_spares == 0.6119
-    # 8 GPUs with a spare: 19.8 / 20 * 1 / 2 = 0.495 (a spare halves a one-node job).
-    assert eight.ettr_spares == 0.495
-    # Fleet today: (19.8 + 6.92) / (20 + 9) = 0.9214.
-    assert rep.ettr.fleet_now == 0.9214
+    # 8 GPUs fit one node: no spare (half a job's nodes idle is no redundancy): 0.99 as today.
+    assert eight.ettr_spares == 0.99
+    # Fleet today, weighted by GPU-hours (8 GPUs x 20 h, 16 GPUs x 8 h):
+    # (19.8 * 8 + 6.92 * 16) / (20 * 8 + 9 * 16) = 269.12 / 304 = 0.8853.
+    assert rep.ettr.fleet_now == 0.8853
     assert parts(8, 2, 1.0, 0.01, 0.5) == (pytest.approx(6.92), 9.0)
 
 
@@ -156,7 +157,7 @@ def test_tradeoffs_from_the_history(rep: Report) -> None:
     assert store["restore time from the object store"] is None  # not in accounting
     health = _figures(rep, "proactive_vs_reactive")
     # One health drain (n4, day 1, 02:00): no run on n4 failed near it, so found first.
-    assert health["health-gating drains"] == 1
+    assert health["health-gating drains (the MTTF section's node failures)"] == 1
     assert health["drains with no failed run behind them (found before a job failed)"] == 1
     assert health["jobs the prolog gate kept off bad nodes"] is None
     place = _figures(rep, "central_vs_negotiated")
