@@ -81,7 +81,9 @@ class SrunStep:
 def srun_argv(srun: str, job_id: str, nodes: Sequence[str], argv: Sequence[str],
               overlap: bool = True) -> list[str]:
     n = str(len(nodes))
-    return [srun, f"--jobid={job_id}", "--nodes", n, "--ntasks", n, "--ntasks-per-node=1",
+    # No --nodes (srun refuses it with --distribution=arbitrary): the list, one node per
+    # task in rank order, says where each task goes (checked on Slurm 24.11).
+    return [srun, f"--jobid={job_id}", "--ntasks", n,
             "--distribution=arbitrary", f"--nodelist={','.join(nodes)}",
             "--kill-on-bad-exit=1", *(["--overlap"] if overlap else []), *argv]
 

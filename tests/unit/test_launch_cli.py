@@ -66,7 +66,7 @@ def test_the_step_is_srun_in_rank_order_and_node_failures_are_read_from_its_stde
     assert steps.failed_nodes(step) == ["c3"]
     assert "Node failure on c3" in err.getvalue()  # passed through to the job's log
     got = json.loads(seen.read_text())
-    assert got["argv"] == ["--jobid=9", "--nodes", "3", "--ntasks", "3", "--ntasks-per-node=1",
+    assert got["argv"] == ["--jobid=9", "--ntasks", "3",
                            "--distribution=arbitrary", "--nodelist=c4,c3,c1",
                            "--kill-on-bad-exit=1", "--overlap", "python", "t.py"]
     assert got["env"]["GPUWARDEN_LAUNCH_GEN"] == "2"

@@ -1,0 +1,71 @@
+"""Issue 18 through Slurm: hot spares inside the allocation (ckpt/train_spares.sbatch).
+
+A 3-rank job with one spare (`sbatch -N4`, `gpuwarden launch --spares 1`) loses a training
+node (`docker kill`). The launcher hears its rank fall silent, ends the step and relaunches it
+on the two survivors plus the spare; every rank restores the newest step all of them hold (the
+spare's rank from its partner's replica), and the job ends bit-identical to an uninterrupted
+run, with no requeue. The recovery time (kill to every rank training again) is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+
+import pytest
+
+from gpuwarden.devcluster.harness import JOBS_DIR, Harness
+from tests.e2e.test_ckpt_requeue import hostnames, output
+from tests.e2e.test_foundation import wait_for
+from tests.e2e.test_health import nodes
+
+pytestmark = pytest.mark.timeout(600)
+
+SPARES_SBATCH = "/opt/gpuwarden/ckpt/train_spares.sbatch"
+
+
+def events(h: Harness, path: str) -> list[dict[str, object]]:
+    text = h.exec("slurmctld", ["cat", path]).out
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) -> None:
+    h = cluster
+    args = ["--steps", "90", "--every", "5", "--mb", "8"]
+    expected = h.train_reference(3, args)
+    log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
+                   env={"SPARES": "1", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
+    wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
+             "step 10 durable on the shared filesystem")
+    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    started = events(h, log)
+    launch = next(e for e in started if e["event"] == "launch")
+    assert launch["spares"] == allocated[3:], launch
+    # Not the first node: the batch script (and the launcher) runs there, and losing it is
+    # the requeue path's case.
+    victim = allocated[1]
+    killed = time.time()
+    h.kill(victim)
+    try:
+        h.wait_job(job, timeout=400)
+    finally:
+        h.heal(victim)
+    assert h.job_fields(job).get("Restarts", "0") == "0", "no requeue"
+    assert h.train_finals(job, 3) == expected, "bit-identical to an uninterrupted run"
+    seen = events(h, log)
+    lost = [e for e in seen if e["event"] == "lost"]
+    assert lost and victim in json.dumps(lost[0]["lost"]), seen
+    relaunched = [e for e in seen if e["event"] == "step_started" and e.get("gen") == 2]
+    assert relaunched and victim not in relaunched[0]["nodes"], seen  # type: ignore[operator]
+    assert allocated[3] in relaunched[0]["nodes"], seen  # type: ignore[operator]
+    again = next(e for e in seen if e["event"] == "training" and e.get("gen") == 2)
+    text = output(h, job)
+    restored = re.findall(r"rank (\d): restored step (\d+) from (\w+)", text)
+    assert len({step for _, step, _ in restored}) == 1 and len(restored) >= 3, text[-2000:]
+    print(f"spare path: lost detected {float(lost[0]['t']) - killed:.1f} s after the kill, "
+          f"every rank training again after {float(again['t']) - killed:.1f} s; restored "
+          f"from {sorted({tier for _, _, tier in restored})}")
+    wait_for(lambda: not nodes(h)[victim].down, 120, f"{victim} back in service")
