@@ -69,3 +69,37 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) 
           f"every rank training again after {float(again['t']) - killed:.1f} s; restored "
           f"from {sorted({tier for _, _, tier in restored})}")
     wait_for(lambda: not nodes(h)[victim].down, 120, f"{victim} back in service")
+
+
+def test_two_nodes_lost_one_after_the_other_use_both_spares(cluster: Harness) -> None:
+    """k = 2: a second node lost after the first relaunch takes the second spare."""
+    h = cluster
+    args = ["--steps", "120", "--every", "5", "--mb", "8"]
+    expected = h.train_reference(3, args)
+    log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
+    job = h.sbatch("-N5", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
+                   env={"SPARES": "2", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
+    wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
+             "step 10 durable on the shared filesystem")
+    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    victims = [allocated[1], allocated[2]]
+    h.kill(victims[0])
+    try:
+        wait_for(lambda: any(e["event"] == "training" and e.get("gen") == 2
+                             for e in events(h, log)), 180, "the first relaunch training")
+        step = max(h.shared_steps(job, 2), default=0)
+        wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= step + 10, 180,
+                 "ten more steps durable after the first relaunch")
+        h.kill(victims[1])
+        h.wait_job(job, timeout=400)
+    finally:
+        for v in victims:
+            h.heal(v)
+    assert h.job_fields(job).get("Restarts", "0") == "0", "no requeue"
+    assert h.train_finals(job, 3) == expected, "bit-identical to an uninterrupted run"
+    starts = [e for e in events(h, log) if e["event"] == "step_started"]
+    assert [e["gen"] for e in starts] == [1, 2, 3], starts
+    assert not set(victims) & set(starts[-1]["nodes"]), starts  # type: ignore[arg-type]
+    assert set(allocated[3:]) <= set(starts[-1]["nodes"]), starts  # type: ignore[arg-type]
+    for v in victims:
+        wait_for(lambda v=v: not nodes(h)[v].down, 120, f"{v} back in service")
