@@ -50,11 +50,19 @@ e2e: $(STAMP)
 	@$(HOST_DEPS) debootstrap
 	$(PY) -m pytest tests/e2e -q -m e2e
 
+# The other Slurm releases the e2e tests marked `versions` run on, after the whole suite on
+# the default one (24.11); each gets its own image and a fresh cluster (GPUWARDEN_SLURM).
+MORE_SLURM ?= 26.05
+
 # The e2e session leaves its cluster up (11 containers): removed here, whatever the tests did,
 # unless KEEP_CLUSTER=1; the tests' exit status is make's.
 test: lint $(STAMP)
 	@$(HOST_DEPS) debootstrap lua chromium
 	@status=0; $(PY) -m pytest tests -q || status=$$?; \
+	for v in $(MORE_SLURM); do \
+	    echo "make test: the e2e tests marked versions, on Slurm $$v"; \
+	    GPUWARDEN_SLURM=$$v $(PY) -m pytest tests/e2e -q -m versions || status=$$?; \
+	done; \
 	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
 	    echo "KEEP_CLUSTER=1: the test cluster is left running (make cluster-down removes it)"; \
 	elif docker info >/dev/null 2>&1; then \

@@ -39,6 +39,7 @@ def lose_node(h: Harness, job: int, victim: str) -> None:
         h.heal(victim)
 
 
+@pytest.mark.versions
 def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> None:
     h = cluster
     # Long enough that the surviving ranks are still training when Slurm notices the dead node

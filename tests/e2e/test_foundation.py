@@ -9,7 +9,7 @@ import pytest
 from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.versions]  # all of it on every Slurm
 
 
 def sinfo_reasons(h: Harness) -> dict[str, str]:

@@ -43,6 +43,7 @@ def clean(cluster: Harness) -> Iterator[Harness]:
     cluster.exec("slurmctld", ["scancel", "--user=alice"])
 
 
+@pytest.mark.versions
 def test_xid79_drains_requeues_elsewhere_and_returns_after_passing_checks(clean: Harness) -> None:
     h = clean
     h.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=drain",

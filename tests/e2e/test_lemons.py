@@ -84,6 +84,7 @@ def busy_rounds(h: Harness, rounds: int) -> list[int]:
     return jobs
 
 
+@pytest.mark.versions
 def test_a_flaky_node_is_found_in_accounting_and_drained_with_its_jobs_as_evidence(
         fleet: Harness) -> None:
     h = fleet

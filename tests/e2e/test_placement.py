@@ -79,6 +79,7 @@ def set_shadow(h: Harness, on: bool) -> None:
     fresh_snapshot(h)
 
 
+@pytest.mark.versions
 def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
         placement: Harness) -> None:
     """No leaf has 4 free nodes now; one will in a few seconds. Slurm alone (shadow mode: the

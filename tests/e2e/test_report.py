@@ -16,6 +16,7 @@ from tests.browser import assert_charts_drawn, assert_fits
 OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
 
 
+@pytest.mark.versions
 @pytest.mark.timeout(600)
 def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
                                                           tmp_path: Path) -> None:
