@@ -72,6 +72,12 @@ class EttrRow:
     daly_h: float | None  # None: no failure, so no Daly interval
     ettr_daly: float | None  # None with daly_h
     ettr_spares: float | None  # one-node sizes: their checkpoint-restart figure (no spare)
+    # Redundancy's price and gain for multi-node sizes (None for one node): the GPU-hours k
+    # spare nodes per job hold idle, H x k x GPUs per node; the GPU-hours requeues lose that a
+    # spare would not, F x (u0 - s) x the size's mean GPUs; and whether the gain is larger.
+    spare_idle_gpu_h: float | None = None
+    requeue_lost_gpu_h: float | None = None
+    spares_pay: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -131,8 +137,13 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Sequence[floa
         for key, p in (("now", now), ("daly", best), ("spares", spare)):
             sums[key][0] += p[0] * mean_gpus
             sums[key][1] += p[1] * mean_gpus
+        idle = lost_h = None
+        if n > 1:
+            idle = c.hours * a.spares * a.gpus_per_node
+            lost_h = c.failures * max(0.0, a.restart_h - a.swap_h) * mean_gpus
         rows.append(EttrRow(c.gpus, n, r(c.hours) or 0.0, r(gh) or 0.0, c.failures, ratio(now),
-                            r(tau), ratio(best) if tau else None, ratio(spare)))
+                            r(tau), ratio(best) if tau else None, ratio(spare), r(idle),
+                            r(lost_h), None if idle is None or lost_h is None else lost_h > idle))
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
                        ratio((sums["daly"][0], sums["daly"][1])),
                        ratio((sums["spares"][0], sums["spares"][1])), a)

@@ -138,6 +138,10 @@ def test_ettr_per_size_as_formulated(rep: Report) -> None:
     assert sixteen.ettr_spares == 0.6119
     # 8 GPUs fit one node: no spare (half a job's nodes idle is no redundancy): 0.99 as today.
     assert eight.ettr_spares == 0.99
+    # What the spare holds idle, H x k x GPUs per node = 8 x 1 x 8 = 64 GPU-hours, against what
+    # requeues lose that a spare would not, F x (u0 - s) x 16 GPUs = 2 x 0.45 x 16 = 14.4: no.
+    assert (sixteen.spare_idle_gpu_h, sixteen.requeue_lost_gpu_h) == (64.0, 14.4)
+    assert sixteen.spares_pay is False and eight.spares_pay is None
     # Fleet today, weighted by GPU-hours (8 GPUs x 20 h, 16 GPUs x 8 h):
     # (19.8 * 8 + 6.92 * 16) / (20 * 8 + 9 * 16) = 269.12 / 304 = 0.8853.
     assert rep.ettr.fleet_now == 0.8853
