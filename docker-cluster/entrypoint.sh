@@ -43,7 +43,13 @@ slurmdbd)
     if [ ! -d /var/lib/mysql/mysql ]; then
         mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null
     fi
-    mariadbd --user=mysql --skip-networking=0 --bind-address=127.0.0.1 &
+    # slurmdbd 26.05 logs an error under MariaDB's default innodb_snapshot_isolation=ON (11.6+):
+    # a write conflict would stop it. 24.11 does not check; it keeps MariaDB's defaults.
+    db_opts=()
+    case "$(slurmdbd -V)" in *" 24."*) ;; *) db_opts=(--innodb-snapshot-isolation=OFF) ;; esac
+    # --datadir: forky's MariaDB defaults to /var/lib/mariadb; trixie's is /var/lib/mysql.
+    mariadbd --user=mysql --datadir=/var/lib/mysql --skip-networking=0 --bind-address=127.0.0.1 \
+        "${db_opts[@]}" &
     for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
     pass=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)
     mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';

@@ -81,7 +81,8 @@ def image() -> None:
     from gpuwarden.devcluster import image as img  # noqa: PLC0415
 
     try:
-        tag = img.ensure_image(_client(), Path(__file__).resolve().parents[2], _progress)
+        tag = img.ensure_image(_client(), Path(__file__).resolve().parents[2], _progress,
+                              slurm=from_env().slurm)
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(tag)

@@ -152,7 +152,7 @@ class Cluster:
     # ---- lifecycle ----------------------------------------------------------------------------
     def up(self, timeout: float = 180.0) -> None:
         t0 = time.monotonic()
-        tag = image.ensure_image(self.client, self.root, self.progress)
+        tag = image.ensure_image(self.client, self.root, self.progress, slurm=self.spec.slurm)
         config_hash = self.render_state()
         wanted = {self.spec.container_name(h) for h in self.spec.services + self.spec.node_names}
         current = self._containers()

@@ -1,6 +1,8 @@
-"""Build the cluster image without a registry: debootstrap Debian trixie, then `docker import`.
+"""Build the cluster image without a registry: debootstrap Debian, then `docker import`.
 
-The tag is a hash of every input, so a second build with the same inputs is a no-op.
+One image per Slurm release the test cluster offers (GPUWARDEN_SLURM, read in spec.py), each
+from the Debian suite that ships that release. The tag is a hash of every input, so a second
+build with the same inputs is a no-op.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,6 @@ from gpuwarden.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
 
-SUITE = "trixie"
 WEED_VERSION = "4.48"
 IMAGE_REPO = "gpuwarden-cluster"
 # Bump when the build procedure itself changes in a way the inputs do not show.
@@ -35,20 +37,45 @@ class ImageBuildError(GpuwardenError):
     pass
 
 
-def image_dir(repo_root: Path) -> Path:
-    return repo_root / "docker-cluster" / "image"
+@dataclass(frozen=True)
+class Variant:
+    """Where one Slurm release's image comes from: a Debian suite and its inputs' folder."""
+
+    slurm: str
+    suite: str
+    # Under docker-cluster/image; "" is the folder itself (24.11, the first and default).
+    subdir: str
 
 
-def packages(repo_root: Path) -> list[str]:
-    lines = (image_dir(repo_root) / "packages.txt").read_text().splitlines()
+# Debian trixie (stable) ships Slurm 24.11; forky (testing) ships 26.05.
+VARIANTS = {v.slurm: v for v in (Variant("24.11", "trixie", ""), Variant("26.05", "forky", "26.05"))}
+DEFAULT_SLURM = "24.11"
+
+
+def variant(slurm: str) -> Variant:
+    try:
+        return VARIANTS[slurm]
+    except KeyError:
+        raise ImageBuildError(
+            f"no cluster image for Slurm {slurm!r}; choose one of {', '.join(VARIANTS)}"
+        ) from None
+
+
+def image_dir(repo_root: Path, slurm: str = DEFAULT_SLURM) -> Path:
+    return repo_root / "docker-cluster" / "image" / variant(slurm).subdir
+
+
+def packages(repo_root: Path, slurm: str = DEFAULT_SLURM) -> list[str]:
+    lines = (image_dir(repo_root, slurm) / "packages.txt").read_text().splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
 
-def image_tag(repo_root: Path) -> str:
+def image_tag(repo_root: Path, slurm: str = DEFAULT_SLURM) -> str:
+    # The suite is hashed, not the release: 24.11's tag stays what it was before 26.05 existed.
     h = hashlib.sha256()
-    for part in (SUITE, WEED_VERSION, BUILD_REVISION, *packages(repo_root)):
+    for part in (variant(slurm).suite, WEED_VERSION, BUILD_REVISION, *packages(repo_root, slurm)):
         h.update(part.encode() + b"\0")
-    h.update((image_dir(repo_root) / "customize.sh").read_bytes())
+    h.update((image_dir(repo_root, slurm) / "customize.sh").read_bytes())
     return f"{IMAGE_REPO}:{h.hexdigest()[:12]}"
 
 
@@ -105,13 +132,19 @@ def _debootstrap_log_tail(root: Path) -> str:
     return "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
 
 
-def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -> None:
+def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress,
+                 slurm: str = DEFAULT_SLURM) -> None:
     mirror = os.environ.get("GPUWARDEN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-    progress(f"debootstrap {SUITE} from {mirror}, first stage (downloads, about 1 minute)")
+    suite = variant(slurm).suite
+    progress(f"debootstrap {suite} (Slurm {slurm}) from {mirror}, first stage "
+             "(downloads, about 1 minute)")
     with waiting("debootstrap first stage: downloading packages", 60, stream=sys.stderr):
         _run(
             ["debootstrap", "--foreign", "--variant=minbase",
-             f"--include={','.join(packages(repo_root))}", SUITE, str(root), mirror],
+             f"--include={','.join(packages(repo_root, slurm))}", suite, str(root), mirror,
+             # Every suite since jessie uses debootstrap's "sid" script; naming it lets an older
+             # host's debootstrap (bookworm's knows no "forky") build a newer suite.
+             "sid"],
             "debootstrap (first stage)",
             timeout=1800,
         )
@@ -130,7 +163,7 @@ def build_rootfs(repo_root: Path, root: Path, cache: Path, progress: Progress) -
     progress("adding SeaweedFS (weed) and the gpuwarden hooks")
     shutil.copy2(_weed_binary(cache), root / "usr/local/bin/weed")
     # The script runs inside the chroot, so its path there is root-relative.
-    shutil.copy2(image_dir(repo_root) / "customize.sh", root / "customize.sh")
+    shutil.copy2(image_dir(repo_root, slurm) / "customize.sh", root / "customize.sh")
     with waiting("customize.sh in the image root", None, stream=sys.stderr):
         _run(["chroot", str(root), "/bin/sh", "/customize.sh"], "customize.sh", timeout=300)
     (root / "customize.sh").unlink()
@@ -162,9 +195,10 @@ def _remove_rootfs(root: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def ensure_image(client: Any, repo_root: Path, progress: Progress) -> str:
+def ensure_image(client: Any, repo_root: Path, progress: Progress,
+                 slurm: str = DEFAULT_SLURM) -> str:
     """Return the tag of the cluster image, building it only when it does not exist yet."""
-    tag = image_tag(repo_root)
+    tag = image_tag(repo_root, slurm)
     if client.images.list(name=tag):
         return tag
     _check_prerequisites()
@@ -174,7 +208,7 @@ def ensure_image(client: Any, repo_root: Path, progress: Progress) -> str:
     # mkdtemp makes 0700; this directory becomes the image's "/", which every user must enter.
     root.chmod(0o755)
     try:
-        build_rootfs(repo_root, root, workdir / "cache", progress)
+        build_rootfs(repo_root, root, workdir / "cache", progress, slurm)
         import_rootfs(client, root, tag, progress)
     except BaseException:
         if os.environ.get("GPUWARDEN_KEEP_FAILED_BUILD"):

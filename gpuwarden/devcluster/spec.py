@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, replace
 
 from gpuwarden.config import ClusterConfig
+from gpuwarden.devcluster.image import DEFAULT_SLURM, VARIANTS
 from gpuwarden.errors import ConfigError
 
 LABEL = "gpuwarden.testcluster"
@@ -17,6 +18,13 @@ PREFIX = "gpuwarden"
 class Spec:
     cluster: ClusterConfig
     subnet: str = "172.29.0.0/16"
+    # The Slurm release the cluster runs: one image per release (image.VARIANTS).
+    slurm: str = DEFAULT_SLURM
+
+    def __post_init__(self) -> None:
+        if self.slurm not in VARIANTS:
+            raise ConfigError("environment", "GPUWARDEN_SLURM",
+                              f"one of {', '.join(VARIANTS)}, got {self.slurm!r}")
 
     @property
     def node_names(self) -> list[str]:
@@ -50,7 +58,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 def from_env() -> Spec:
-    """GPUWARDEN_NODES, GPUWARDEN_NODES_PER_LEAF, GPUWARDEN_GPUS, GPUWARDEN_SUBNET."""
+    """GPUWARDEN_NODES, GPUWARDEN_NODES_PER_LEAF, GPUWARDEN_GPUS, GPUWARDEN_SUBNET, GPUWARDEN_SLURM."""
     base = ClusterConfig(gpu_device_dir="/opt/fakegpu", cpus_per_node=16, real_memory_mb=64000)
     try:
         cluster = replace(
@@ -63,4 +71,5 @@ def from_env() -> Spec:
         raise ConfigError("environment", "GPUWARDEN_*", str(exc)) from None
     if cluster.nodes > 250:
         raise ConfigError("environment", "GPUWARDEN_NODES", "at most 250 containers on one host")
-    return Spec(cluster=cluster, subnet=os.environ.get("GPUWARDEN_SUBNET", "172.29.0.0/16"))
+    return Spec(cluster=cluster, subnet=os.environ.get("GPUWARDEN_SUBNET", "172.29.0.0/16"),
+                slurm=os.environ.get("GPUWARDEN_SLURM") or DEFAULT_SLURM)
