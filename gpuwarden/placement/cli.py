@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
+from gpuwarden import config as configmod
 from gpuwarden.errors import GpuwardenError
-from gpuwarden.placement import daemon, safefile
+from gpuwarden.placement import daemon, reload, safefile
 from gpuwarden.placement.decide import JobRequest, decide
 
 
@@ -20,14 +21,16 @@ def _snapshot_age(path: str, stale_after_s: int) -> str:
         return (f"the filter refuses its snapshot: {unsafe}; it lets every job through "
                 "unchanged")
     try:
-        head = safefile.read_head(path, 256).decode("utf-8", "replace").split("\n", 1)[0]
-        written = int(head.rsplit(" written ", 1)[1])
+        lines = safefile.read_head(path, 1024).decode("utf-8", "replace").split("\n")
+        written = int(lines[0].rsplit(" written ", 1)[1])
     except (OSError, IndexError, ValueError):
         return (f"the filter's snapshot {path} is missing or unreadable: it lets every job "
                 "through unchanged (is `gpuwarden placement daemon` running?)")
     age = time.time() - written
     state = "stale: the filter lets every job through unchanged" if age > stale_after_s else "fresh"
-    return f"the filter's snapshot {path}: written {age:.0f} s ago ({state})"
+    _, refused, why = lines[1].partition(daemon.REFUSED) if len(lines) > 2 else ("", "", "")
+    note = f"\nthe daemon refused a change of its config file:{why}" if refused else ""
+    return f"the filter's snapshot {path}: written {age:.0f} s ago ({state}){note}"
 
 
 def _node_range(text: str) -> tuple[int, int]:
@@ -52,9 +55,17 @@ def placement() -> None:
 @click.option("--once", is_flag=True, help="write one snapshot and exit (1 if it failed)")
 @click.pass_obj
 def daemon_cmd(obj: Any, once: bool) -> None:
-    """Keep the filter's snapshot current (run on the slurmctld host, as root)."""
+    """Keep the filter's snapshot current (run on the slurmctld host, as root). The config
+    file is re-read when it changes and on SIGHUP (`systemctl reload gpuwarden-placement`);
+    a change that does not validate is refused and logged, and the running settings stay."""
     cfg = obj.config_or_exit()
-    sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=once))
+    if once:
+        sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=True))
+    reloader = reload.Reloader(configmod.config_path(obj.config_path), cfg)
+    reload.install_sighup(reloader)
+    # A new client each round, from the config now running ([slurm] changes apply too).
+    sys.exit(daemon.run(cfg.placement, lambda: obj.client_for(reloader.running),
+                        cfg.lemon.list_file, reload=reloader))
 
 
 @placement.command("explain")

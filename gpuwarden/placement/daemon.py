@@ -5,6 +5,11 @@ Every `interval_s`: read topology.conf, node state (one `scontrol show nodes --j
 generation changes only when the content does; the header's time on every write, which is how
 the filter knows the daemon is alive. Any failure keeps the last good snapshot in place (it
 goes stale, and the filter then lets jobs through unchanged) and is logged with what to fix.
+
+Settings change without a restart: `reload` (reload.Reloader in production) is asked before
+each round after the first. A valid new config runs from the next snapshot; an invalid one is
+refused, logged as an error naming the key, and noted in the snapshot's second line, while
+the settings that were running go on.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from gpuwarden.errors import GpuwardenError
 from gpuwarden.lemon import listfile
 from gpuwarden.placement import snapshot, topology
 from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.placement.reload import Reloaded
 from gpuwarden.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -29,6 +35,7 @@ class State:
     generation: int = 0
     content: str = ""  # the last rendered body, without the header
     lemons: dict[str, str] = field(default_factory=dict)  # node -> what --drain did
+    refused: str = ""  # why the config file's last change was refused; "" when it was not
 
 
 def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
@@ -55,11 +62,31 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
                           state.generation, now)
 
 
+_NOTE_CHARS = 300
+REFUSED = " CONFIG CHANGE REFUSED, the previous settings run:"
+
+
+def with_note(text: str, refused: str) -> str:
+    """A rendered snapshot with the refusal added to its second line, a comment the filter
+    skips (`head -2` of the snapshot shows it): one printable line, capped."""
+    if not refused:
+        return text
+    note = "".join(c if " " <= c <= "~" else "?" for c in " ".join(refused.split()))
+    if len(note) > _NOTE_CHARS:
+        note = note[:_NOTE_CHARS - 3] + "..."
+    first, second, rest = text.split("\n", 2)
+    second += f"{REFUSED} {note}"
+    if len(text) + len(second) > snapshot.MAX_BYTES:
+        return text  # the filter would refuse the whole file
+    return f"{first}\n{second}\n{rest}"
+
+
 def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
          now: float) -> snapshot.Snapshot | None:
     try:
         snap = build_once(cfg, client, lemon_file, state, now)
-        body = snapshot.render(replace(snap, generation=0, generated_at=0)).split("\n", 1)[1]
+        blank = replace(snap, generation=0, generated_at=0)
+        body = with_note(snapshot.render(blank), state.refused).split("\n", 1)[1]
     except GpuwardenError as exc:
         log.error("placement snapshot not updated: %s (the last good one stays, and goes stale "
                   "after %d s)", exc, cfg.stale_after_s)
@@ -69,7 +96,7 @@ def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: Stat
         state.content = body
     snap = replace(snap, generation=state.generation)
     try:
-        snapshot.write(cfg.snapshot_file, snapshot.render(snap))
+        snapshot.write(cfg.snapshot_file, with_note(snapshot.render(snap), state.refused))
     except snapshot.SnapshotError as exc:
         log.error("placement snapshot not written: %s (the filter lets jobs through unchanged "
                   "once the last one goes stale)", exc)
@@ -77,10 +104,7 @@ def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: Stat
     return snap
 
 
-def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_file: str,
-        once: bool = False, clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep) -> int:
-    state = State()
+def _starting(cfg: PlacementConfig) -> None:
     log.info("placement daemon: %s -> %s every %g s", cfg.topology_file, cfg.snapshot_file,
              cfg.interval_s)
     beside = os.path.join(os.path.dirname(cfg.snapshot_file), "job_submit.lua")
@@ -88,6 +112,40 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
         log.warning("no %s: job_submit.lua reads the snapshot only from the directory of the "
                     "job_submit.lua slurmctld loads (slurm.conf's, which it already trusts for "
                     "the code it runs)", beside)
+
+
+def apply_reload(r: Reloaded, cfg: PlacementConfig, lemon_file: str,
+                 state: State) -> tuple[PlacementConfig, str]:
+    """The settings to run after ``r``, logged (the refusal as an error: it goes to syslog)."""
+    if r.placement is None:
+        log.error("config change refused (%s): %s; the placement daemon keeps its previous "
+                  "settings until the file is fixed", r.cause, r.refused)
+        state.refused = r.refused
+        return cfg, lemon_file
+    if state.refused:
+        log.info("config %s: valid again", r.cause)
+    state.refused = ""
+    if r.changed:
+        log.info("config reloaded (%s), from the next snapshot: %s", r.cause,
+                 "; ".join(r.changed))
+    elif not r.elsewhere:
+        log.info("config reloaded (%s): nothing the placement daemon uses changed", r.cause)
+    if r.elsewhere:
+        log.info("config keys changed that the placement daemon does not use (their own "
+                 "commands read them): %s", ", ".join(r.elsewhere))
+    if r.placement.snapshot_file != cfg.snapshot_file:
+        _starting(r.placement)
+        log.warning("the snapshot is now written to %s; %s is no longer updated and goes "
+                    "stale", r.placement.snapshot_file, cfg.snapshot_file)
+    return r.placement, r.lemon_file
+
+
+def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_file: str,
+        once: bool = False, clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        reload: Callable[[], Reloaded | None] | None = None) -> int:
+    state = State()
+    _starting(cfg)
     while True:
         try:
             snap = step(cfg, client_factory(), lemon_file, state, clock())
@@ -98,3 +156,11 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
         if once:
             return 0 if snap is not None else 1
         sleep(cfg.interval_s)
+        if reload is not None:
+            try:
+                r = reload()
+            except Exception:  # a re-read must not stop the daemon that runs the old settings
+                log.exception("config not re-read; the previous settings stay")
+                r = None
+            if r is not None:
+                cfg, lemon_file = apply_reload(r, cfg, lemon_file, state)

@@ -30,6 +30,7 @@ class JobRequest:
     gpus_per_job: int = 0  # --gpus (tres_per_job)
     gpus_per_node: int = 0  # --gpus-per-node (tres_per_node); 0: not given
     tasks: int = 0  # -n; 0: not given
+    comment: str = ""  # --comment: the user's, never overwritten
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Decision:
     wait_s: int | None = None
     exc_nodes: str | None = None  # the merged list to set, None: leave as it is
     user_message: str = ""
+    comment: str | None = None  # the job's comment to set (users see it), None: leave it
 
 
 REQUIRED_WAIT_S = 7 * 86_400  # "required": as long as Slurm's max_switch_wait allows
@@ -210,6 +212,23 @@ def too_few(view: PartitionView, job: JobRequest, nodes: int) -> str:
             f"most {view.healthy} (-N) to keep off them")
 
 
+def waits(job: JobRequest, nodes: int, switches: int, wait: int) -> tuple[str, str | None]:
+    """What the user is told at submit when the job is held for fewer switches, and the
+    comment to set (squeue -O comment, scontrol show job): the same line, unless the user
+    set a comment of their own, which is kept. Slurm's max_switch_wait may cut any wait
+    shorter, so the time is a most."""
+    leaves = "one leaf switch" if switches == 1 else f"{switches} leaf switches"
+    most = ("as long as the cluster's max_switch_wait allows" if wait == REQUIRED_WAIT_S
+            else f"up to {wait} s")
+    line = (f"gpuwarden: this job may wait {most} for {nodes} nodes under {leaves} (fewer "
+            f"network hops), then runs wherever it fits; to start anywhere at once, submit "
+            f"with --switches={nodes}")
+    if job.comment:
+        return (line + " (your --comment is kept; the decision is in AdminComment: scontrol "
+                "show job)"), None
+    return line, line
+
+
 def _left_alone(view: PartitionView, job: JobRequest) -> str:
     """Why the partition's policy leaves this job alone; "" when it does not."""
     p = view.policy
@@ -273,4 +292,7 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
     action = "shadow" if p.shadow else "place"
     if switches is None and exc is None:
         action = "pass"
-    return Decision(action, "; ".join(notes), switches, wait, exc, message)
+    comment = None
+    if action == "place" and switches is not None and wait:
+        message, comment = waits(job, nodes, switches, wait)
+    return Decision(action, "; ".join(notes), switches, wait, exc, message, comment)

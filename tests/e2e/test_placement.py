@@ -103,6 +103,8 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
     pending = h.job_fields(job)
     assert pending["JobState"] == "PENDING" and pending["Switches"].startswith("1@")
     assert "switches=1 wait=60s" in pending["AdminComment"]
+    # What the user can see of it (`squeue -o %k`): why the job waits, and how not to.
+    assert pending["Comment"].startswith("gpuwarden: this job may wait up to 60 s"), pending
     h.exec("slurmctld", ["scancel", str(short)])  # c1 frees up: leaf1 has 4 free nodes
     wait_for(lambda: h.job_fields(job).get("JobState") in ("RUNNING", "COMPLETED"), 60,
              "the gang job to start")

@@ -8,8 +8,10 @@
 -- For a multi-node GPU job it sets req_switch to the fewest leaf switches that can hold the
 -- job and wait4switch from the partition's policy, adds suspect and lemon nodes to exc_nodes
 -- (merged with the user's own) when the job can still run without them, and records the
--- decision in admin_comment. What the user asked for explicitly (--switches, --nodelist,
--- --contiguous, --exclude, --reservation) is kept.
+-- decision in admin_comment. A job held for fewer switches is told so at submit
+-- (slurm.log_user), and the same line goes to its comment unless the user set one. What the
+-- user asked for explicitly (--switches, --nodelist, --contiguous, --exclude, --reservation,
+-- --comment) is kept.
 --
 -- It never rejects a job: any error, a missing, corrupt, stale or unsafe snapshot, and the job
 -- goes through unchanged, with one log line.
@@ -566,6 +568,23 @@ local function exclusions(view, job, need, notes)
   return ours
 end
 
+-- What the user is told at submit when the job is held for fewer switches, and the comment to
+-- set (squeue -O comment, scontrol show job): the same line, unless the user set a comment of
+-- their own, which is kept (decide.waits). Slurm's max_switch_wait may cut any wait shorter.
+local function waits(job, nodes, switches, wait)
+  local leaves = switches == 1 and "one leaf switch" or (switches .. " leaf switches")
+  local most = wait == REQUIRED_WAIT and "as long as the cluster's max_switch_wait allows"
+    or string.format("up to %d s", wait)
+  local line = string.format("gpuwarden: this job may wait %s for %d nodes under %s (fewer "
+    .. "network hops), then runs wherever it fits; to start anywhere at once, submit with "
+    .. "--switches=%d", most, nodes, leaves, nodes)
+  if job.comment ~= nil and job.comment ~= "" then
+    return line .. " (your --comment is kept; the decision is in AdminComment: scontrol show "
+      .. "job)", nil
+  end
+  return line, line
+end
+
 local function fewest_leaves(capacity, nodes)
   local total = 0
   for i, c in ipairs(capacity) do
@@ -709,12 +728,15 @@ local function decide(snap, job)
   else
     d.action = "place"
   end
+  if d.action == "place" and d.switches and d.wait > 0 then
+    d.message, d.comment = waits(job, nodes, d.switches, d.wait)
+  end
   return d
 end
 
-local FIELDS = { "req_switch", "wait4switch", "exc_nodes", "admin_comment" }
+local FIELDS = { "req_switch", "wait4switch", "exc_nodes", "admin_comment", "comment" }
 
-local TEXT = { exc_nodes = true, admin_comment = true }
+local TEXT = { exc_nodes = true, admin_comment = true, comment = true }
 
 local function apply(job, d, snap)
   -- Everything that can fail is computed before the first change.
@@ -736,6 +758,9 @@ local function apply(job, d, snap)
       job.exc_nodes = d.exc
     end
     job.admin_comment = note
+    if d.comment then
+      job.comment = d.comment
+    end
   end)
   if not ok then
     -- All or nothing: put back what was changed before the error (Slurm takes "" for an
@@ -782,19 +807,17 @@ function slurm_job_submit(job, part_list, submit_uid)
         SNAPSHOT, snap.generation)
     end
     local d = decide(snap, job)
-    if d.message then
-      slurm.log_user("%s", d.message)
-    end
-    if d.action == "pass" then
-      return
-    end
     if d.action == "shadow" then
       slurm.log_info("gpuwarden placement (shadow): job from uid %s: would set %s",
         tostring(submit_uid), d.why)
-      return
+    elseif d.action == "place" then
+      apply(job, d, snap)
+      slurm.log_info("gpuwarden placement: job from uid %s: %s", tostring(submit_uid), d.why)
     end
-    apply(job, d, snap)
-    slurm.log_info("gpuwarden placement: job from uid %s: %s", tostring(submit_uid), d.why)
+    -- Only once the job carries what it says (apply is all or nothing).
+    if d.message then
+      slurm.log_user("%s", d.message)
+    end
   end)
   if not ok then
     say("error", string.gsub(tostring(err), "%d+", "N"),
