@@ -31,7 +31,6 @@ def events(h: Harness, path: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.versions
 def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) -> None:
     h = cluster
     args = ["--steps", "90", "--every", "5", "--mb", "8"]
