@@ -17,7 +17,7 @@ form, sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C while C < 2M, else M.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures
@@ -96,11 +96,11 @@ def daly(cost_h: float, mttf_h: float) -> float:
     return math.sqrt(2 * cost_h * mttf_h) * (1 + math.sqrt(x) / 3 + x / 9) - cost_h
 
 
-def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
-                  until: float = float("inf")) -> int:
-    """Health-gating drains that began in [since, until] (lemon drains and operators' drains
-    are not node failures; a drain that began before the history did is not its failure)."""
-    n = 0
+def gating_drains(events: Iterable[NodeEvent], since: float = 0.0,
+                  until: float = float("inf")) -> Iterator[tuple[str, float]]:
+    """(node, start) of each health-gating drain that began in [since, until] (lemon drains
+    and operators' drains are not node failures; a drain that began before the history did is
+    not its failure)."""
     for e in events:
         if not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
             continue
@@ -108,8 +108,13 @@ def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
             continue
         at = event_time(e.start)
         if at is not None and since <= at <= until:
-            n += 1
-    return n
+            yield e.node, at
+
+
+def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
+                  until: float = float("inf")) -> int:
+    """How many `gating_drains` there are: the node failures r_f counts."""
+    return sum(1 for _ in gating_drains(events, since, until))
 
 
 # Meta's published figures (Kokolis et al., "Revisiting Reliability in Large-Scale ML Research

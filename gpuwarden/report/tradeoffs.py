@@ -4,14 +4,15 @@ and what the history cannot tell. Pure."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.lemon.attribution import LEAD_S, LEMON_PREFIX, Attribution, event_time
+from gpuwarden.fleet.mttf import gating_drains
+from gpuwarden.lemon.attribution import LEAD_S, Attribution
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.outcomes import gpu_blamed_runs
-from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
+from gpuwarden.slurm.models import NodeEvent
 
 
 @dataclass(frozen=True)
@@ -66,20 +67,6 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution) -> Tradeoff:
         ["restore times per tier: they are in gpuwarden.ckpt's restore records on the "
          "nodes, not in accounting; the difference between tiers (minutes) times the cost "
          "per minute above is what the choice is worth"])
-
-
-def gating_drains(events: Sequence[NodeEvent], since: float,
-                  until: float) -> Iterator[tuple[str, float]]:
-    """(node, start) of each health-gating drain that began in [since, until]: the drains the
-    MTTF section counts as node failures (`fleet.mttf.node_failures`), the same test."""
-    for e in events:
-        if not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
-            continue
-        if "DRAIN" not in e.state.upper():
-            continue
-        at = event_time(e.start)
-        if at is not None and since <= at <= until:
-            yield e.node, at
 
 
 def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
