@@ -85,8 +85,8 @@ class Lost:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: Literal["running", "exited", "lost", "hung", "blind"]
-    code: int | None = None  # "exited": srun's exit status
+    kind: Literal["running", "exited", "failed", "lost", "hung", "blind"]
+    code: int | None = None  # "exited": the status to pass on; "failed": the rank's own
     lost: tuple[Lost, ...] = ()
     why: str = ""
 
@@ -102,11 +102,14 @@ class ProgressWatch:
         self.longest = 0.0
         self.value: int | None = None
         self.at = 0.0
+        self.beating: float | None = None  # when every rank of this launch had beaten
 
     def begin(self, now: float) -> None:
-        self.value, self.at = None, now
+        self.value, self.at, self.beating = None, now, None
 
     def see(self, views: Sequence[RankView], now: float) -> None:
+        if self.beating is None and views and all(v.last is not None for v in views):
+            self.beating = now
         running = [v.progress for v in views if not v.done]
         low = min(running) if running else -1
         if low >= 0 and (self.value is None or low > self.value):
@@ -116,19 +119,25 @@ class ProgressWatch:
     def allowed(self, hang_s: float) -> float:
         return max(hang_s, 2 * self.longest)
 
-    def hung(self, views: Sequence[RankView], now: float, hang_s: float) -> bool:
-        if hang_s == 0 or self.value is None or all(v.done for v in views):
+    def hung(self, views: Sequence[RankView], now: float, hang_s: float,
+             first_s: float = 0.0) -> bool:
+        """``first_s``: what a launch may take from every rank beating to its first progress
+        (restore, the first collective: a hang there is the most common one)."""
+        if hang_s == 0 or all(v.done for v in views):
             return False
+        if self.value is None:
+            return self.beating is not None and now - self.beating >= max(hang_s, first_s)
         return now - self.at >= self.allowed(hang_s)
 
 
 def silent(views: Sequence[RankView], layout: Layout, started: float, now: float,
-           s: LaunchSettings) -> list[Lost]:
-    """Running ranks whose beats stopped for deadline_s, or never came within start_s."""
+           s: LaunchSettings, exits: Mapping[int, int] | None = None) -> list[Lost]:
+    """Running ranks whose beats stopped for deadline_s, or never came within start_s. A rank
+    that ended by itself (``exits``: its node reported it) lost no node."""
     out = []
     for v in views:
         node = v.host or layout.ranks[v.rank]
-        if v.done:
+        if v.done or v.rank in (exits or {}):
             continue
         if v.last is None and now - started >= s.start_s:
             out.append(Lost(v.rank, node, f"no heartbeat within {s.start_s:g} s of the start"))
@@ -138,13 +147,29 @@ def silent(views: Sequence[RankView], layout: Layout, started: float, now: float
     return out
 
 
+def with_quiet(lost: list[Lost], views: Sequence[RankView], layout: Layout, now: float,
+               s: LaunchSettings, exits: Mapping[int, int]) -> list[Lost]:
+    """A node is lost: others silent for longer than a healthy rank ever is (two beats, and
+    half the deadline against a loaded machine's stalls) went with it (a rack's power, a
+    leaf switch); relaunching onto them would fail or cost another deadline."""
+    quiet_s = max(2 * s.beat_s, s.deadline_s / 2)
+    named = {x.rank for x in lost}
+    more = [Lost(v.rank, v.host or layout.ranks[v.rank],
+                 f"no heartbeat for {now - v.last:.1f} s when another node was lost")
+            for v in views if v.rank not in named and not v.done and v.rank not in exits
+            and v.last is not None and now - v.last >= quiet_s]
+    return lost + more
+
+
 def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
           s: LaunchSettings, watch: ProgressWatch, code: int | None,
-          failed_nodes: Sequence[str] = ()) -> Verdict:
+          failed_nodes: Sequence[str] = (), exits: Mapping[int, int] | None = None) -> Verdict:
     """One look at a step. ``code``: srun's exit status, None while it runs;
-    ``failed_nodes``: nodes srun itself reported failed."""
-    lost = silent(views, layout, started, now, s)
-    running = [v for v in views if not v.done]
+    ``failed_nodes``: nodes srun itself reported failed; ``exits``: ranks that ended by
+    themselves non-zero (their own status, as srun printed it)."""
+    exits = dict(exits or {})
+    lost = silent(views, layout, started, now, s, exits)
+    running = [v for v in views if not v.done and v.rank not in exits]
     # Every running rank silent at once says more about the launcher's side (its network,
     # the training not using JobCheckpointer) than about the nodes: no spare is spent on it.
     blind = bool(running) and len(lost) == len(running)
@@ -153,19 +178,33 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
     named = {x.node for x in lost}
     mapping = {v.host or layout.ranks[v.rank]: v.rank for v in views}
     lost += [Lost(mapping[n], n, "srun reported the node failed") for n in failed_nodes
-             if n in mapping and n not in named]
+             if n in mapping and n not in named and mapping[n] not in exits]
+    if lost:
+        lost = with_quiet(lost, views, layout, now, s, exits)
+    # A rank's own failure (not 75: a save at the time limit) is the program's, never a node's.
+    own = [c for _r, c in sorted(exits.items()) if c not in (0, EXIT_REQUEUE)]
     if code is not None:
-        if code in (0, EXIT_REQUEUE) or not lost:
-            return Verdict("exited", code=code)  # done, a requeue asked for, or the job's own
-        return Verdict("lost", lost=tuple(lost))
+        return _ended(code, own, lost)
+    if own:
+        rank = min(r for r, c in exits.items() if c == own[0])
+        return Verdict("failed", code=own[0], why=f"rank {rank} exited {own[0]}")
     if lost:
         return Verdict("lost", lost=tuple(lost))
     if blind:
         return Verdict("blind", why=f"no heartbeat from any of {len(running)} running ranks")
-    if watch.hung(views, now, s.hang_s):
-        return Verdict("hung", why=f"no training progress for {now - watch.at:.0f} s "
-                                   f"(allowed {watch.allowed(s.hang_s):.0f} s), every rank alive")
+    if watch.hung(views, now, s.hang_s, s.start_s):
+        since = watch.at if watch.value is not None else (watch.beating or watch.at)
+        return Verdict("hung", why=f"no training progress for {now - since:.0f} s, "
+                                   "every rank alive")
     return Verdict("running")
+
+
+def _ended(code: int, own: Sequence[int], lost: Sequence[Lost]) -> Verdict:
+    if own:
+        return Verdict("exited", code=own[0])  # its own status, not the others' signal
+    if code in (0, EXIT_REQUEUE) or not lost:
+        return Verdict("exited", code=code)  # done, a requeue asked for, or the job's own
+    return Verdict("lost", lost=tuple(lost))
 
 
 def after_hang(hang_relaunches_done: int, s: LaunchSettings) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Protocol
 
 from gpuwarden.launch import decide
-from gpuwarden.launch.decide import Layout, ProgressWatch, Verdict
+from gpuwarden.launch.decide import Layout, Lost, ProgressWatch, Verdict
 from gpuwarden.launch.heartbeat import BeatTable, UdpReceiver
 from gpuwarden.launch.report import Events, Reporter
 from gpuwarden.launch.settings import EXIT_REQUEUE, LaunchSettings
@@ -47,52 +47,101 @@ class Launcher:
         self.clock = clock or RealClock()
         self.leaf_of = dict(leaf_of or {})
         self.gen = 0
+        self.step: Step | None = None  # the running one, ended if the launcher fails
 
     def run(self) -> int:
+        try:
+            return self._run()
+        except BaseException:
+            # Whatever went wrong here, the step must not outlive its launcher.
+            if self.step is not None and self.steps.poll(self.step) is None:
+                log.error("the launcher failed: ending step %s", self.table.step_id())
+                self.steps.cancel(self.step, self.table.step_id())
+                self.steps.kill(self.step)
+            raise
+
+    def _run(self) -> int:
         hangs = 0
         watch = ProgressWatch()
+        fresh: tuple[str, ...] = ()  # nodes this launch runs on that the last one did not
         while True:
             self.gen += 1
             self.table.begin(self.gen, len(self.layout.ranks))
             try:
-                step = self.steps.start(self.layout.ranks, self.table.env(self.beat_addr,
-                                                                          self.s.beat_s),
-                                        self.argv)
+                self.step = step = self.steps.start(
+                    self.layout.ranks, self.table.env(self.beat_addr, self.s.beat_s), self.argv)
             except StepError as exc:
-                self.events("requeue", why=f"cannot start the step: {exc}")
-                return EXIT_REQUEUE
+                before = set(self.layout.ranks) - set(fresh)  # what did start before
+                if not self._refused(exc):
+                    return EXIT_REQUEUE
+                fresh = tuple(n for n in self.layout.ranks if n not in before)
+                continue
             started = self.clock.monotonic()
             watch.begin(started)
             self.events("step_started", gen=self.gen, nodes=list(self.layout.ranks),
                         spares=list(self.layout.spares))
-            v = self._watch(step, started, watch)
+            v = self._watch(step, started, watch, fresh)
             if v.kind == "exited":
                 assert v.code is not None
-                self.events("exited", gen=self.gen, code=v.code)
+                self.events("exited", gen=self.gen, code=v.code, why=v.why)
+                return v.code
+            if v.kind == "failed":
+                assert v.code is not None
+                self.events("failed", gen=self.gen, code=v.code, why=v.why)
+                self._end(step, list(range(len(self.layout.ranks))))
                 return v.code
             if v.kind == "lost":
                 self.events("lost", gen=self.gen, lost=[asdict(x) for x in v.lost])
                 self.reporter.lost(v.lost)
                 gone = {x.rank for x in v.lost}
                 self._end(step, [r for r in range(len(self.layout.ranks)) if r not in gone])
-                new = decide.replace_lost(self.layout, [x.node for x in v.lost], self.leaf_of)
-                if new is None:
-                    self.events("requeue", why=f"{len(v.lost)} node(s) lost, "
-                                               f"{len(self.layout.spares)} spare(s) left")
+                before = set(self.layout.ranks)
+                if not self._replace(v.lost):
                     return EXIT_REQUEUE
-                self.layout = new
+                fresh = tuple(n for n in self.layout.ranks if n not in before)
                 continue
+            if v.kind == "blind":  # only after a relaunch: see _watch
+                self.events("requeue", why=v.why)
+                self._end(step, list(range(len(self.layout.ranks))))
+                return EXIT_REQUEUE
             self.events("hung", gen=self.gen, why=v.why)
             self._end(step, list(range(len(self.layout.ranks))))
+            fresh = ()
             if not decide.after_hang(hangs, self.s):
                 self.events("requeue", why=f"hung again after {hangs} relaunch(es)")
                 return EXIT_REQUEUE
             hangs += 1
 
-    def _watch(self, step: Step, started: float, watch: ProgressWatch) -> Verdict:
+    def _refused(self, exc: StepError) -> bool:
+        """srun refused the step: nodes it names as down (another node of a correlated
+        failure) are lost and replaced while spares last. False: requeue."""
+        down = [n for n in exc.nodes if n in self.layout.ranks]
+        if not down or not self.layout.spares:
+            self.events("requeue", why=f"cannot start the step: {exc}")
+            return False
+        lost = [Lost(self.layout.ranks.index(n), n, f"the step was refused: {exc}")
+                for n in down]
+        self.events("lost", gen=self.gen, lost=[asdict(x) for x in lost])
+        self.reporter.lost(lost)
+        return self._replace(lost)
+
+    def _replace(self, lost: Sequence[Lost]) -> bool:
+        new = decide.replace_lost(self.layout, [x.node for x in lost], self.leaf_of)
+        if new is None:
+            self.events("requeue", why=f"{len(lost)} node(s) lost, "
+                                       f"{len(self.layout.spares)} spare(s) left")
+            return False
+        self.layout = new
+        return True
+
+    def _watch(self, step: Step, started: float, watch: ProgressWatch,
+               fresh: Sequence[str]) -> Verdict:
         said: set[str] = set()
+        failed_at: float | None = None
+        done_at: float | None = None
         while True:
             code = self.steps.poll(step)
+            exits = self.steps.exits(step)
             now = self.clock.monotonic()
             views = self.table.views()
             placed = decide.adopt(self.layout, [v.host for v in views])
@@ -102,9 +151,38 @@ class Launcher:
                 self.layout = placed
             watch.see(views, now)
             v = decide.judge(views, self.layout, started, now, self.s, watch, code,
-                             self.steps.failed_nodes(step))
-            if v.kind not in ("running", "blind"):
+                             self.steps.failed_nodes(step), exits)
+            never = [Lost(r, n, "its rank never beat after the relaunch onto it")
+                     for r, n in enumerate(self.layout.ranks)
+                     if n in fresh and views[r].last is None]
+            if fresh and all(x.last is None for x in views) and (
+                    (code is not None and code != 0)
+                    or (v.kind == "blind" and now - started >= self.s.start_s)):
+                # A relaunch whose srun failed or hangs before any rank beat: a dead spare
+                # (slurmctld refuses or retries the step). The next spare, else requeue.
+                if never:
+                    return Verdict("lost", lost=tuple(never))
+                return Verdict("blind", why=f"the relaunch started no rank (srun: {code})")
+            if v.kind == "failed":
+                # srun waits for every task (--kill-on-bad-exit=0): the others may block in a
+                # collective; they have a deadline to end by themselves, then the step ends.
+                failed_at = now if failed_at is None else failed_at
+                if now - failed_at >= self.s.deadline_s:
+                    return v
+            elif v.kind not in ("running", "blind"):
                 return v
+            if views and all(x.done or x.rank in exits for x in views) and code is None:
+                # Training is over; a rank stuck at exit (a destructor, a thread) must not hold
+                # the allocation: stop_s, then the step ends with what the ranks said.
+                done_at = now if done_at is None else done_at
+                if now - done_at >= self.s.stop_s:
+                    stuck = [x.rank for x in views if x.rank not in exits and x.last is not None
+                             and now - x.last < 3 * self.s.beat_s]  # still beating
+                    codes = sorted(exits.values())
+                    rc = EXIT_REQUEUE if EXIT_REQUEUE in codes else (codes[-1] if codes else 0)
+                    self.events("stuck_at_exit", gen=self.gen, ranks=stuck, code=rc)
+                    self._end(step, [])
+                    return Verdict("exited", code=rc, why=f"ranks {stuck} did not exit")
             self._note(said, v, views, watch, now - started)
             self.clock.sleep(self.s.poll_s)
 

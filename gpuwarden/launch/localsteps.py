@@ -1,9 +1,12 @@
 """A hand-written fake of `Steps`: each "node" is a name, each rank a real local process.
 
 What it copies from srun: SLURM_PROCID/NTASKS/STEP_ID/SLURMD_NODENAME per rank, a new step id
-per start, --kill-on-bad-exit (a rank that exits non-zero ends the others; the step's status is
-then that rank's, where real srun may report the others' SIGKILL: the launcher passes on
-whatever srun says), else the highest exit status. What it copies from a lost node:
+per start, and the step's status as src/srun/launch.c `_task_finish` makes it: a task killed by
+a signal wins over any exit code (128 + signal), else the highest exit code. With
+``kill_on_bad_exit`` (srun --kill-on-bad-exit=1) a task's non-zero exit, 75 included, gets the
+others SIGKILLed, so the step then ends 137; without it (what the launcher asks for) srun waits
+for every task. `exits` is what srun prints per task ("task N: Exited with exit code C"): ranks
+that ended non-zero by themselves. What it copies from a lost node:
 `kill_node` SIGKILLs the rank there and srun hears nothing of it (a dead node reports
 nothing), so the step keeps "running" until it is cancelled; a step started on a lost node is
 refused. For unit tests and a demo without Slurm.
@@ -30,13 +33,14 @@ class LocalStep:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     cancelled: bool = False
     code: int | None = None
-    first_bad: int | None = None  # the status of the task whose exit ended the others
+    killed_bad: bool = False  # --kill-on-bad-exit has ended the others
 
 
 class LocalSteps:
     def __init__(self, job_id: str, log_dir: Path | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, kill_on_bad_exit: bool = False) -> None:
         self.job_id, self.log_dir = job_id, log_dir
+        self.kill_on_bad_exit = kill_on_bad_exit
         self.base = dict(os.environ if env is None else env)
         self.dead: set[str] = set()
         self.started: list[LocalStep] = []
@@ -46,7 +50,8 @@ class LocalSteps:
               argv: Sequence[str]) -> LocalStep:
         with self._lock:
             if set(nodes) & self.dead:
-                raise StepError(f"nodes {sorted(set(nodes) & self.dead)} are down")
+                down = sorted(set(nodes) & self.dead)
+                raise StepError(f"nodes {down} are down", down)
             step = LocalStep(tuple(nodes), str(len(self.started)))
             self.started.append(step)
         for rank, node in enumerate(nodes):
@@ -71,23 +76,30 @@ class LocalSteps:
         live = {n: p for n, p in step.procs.items() if n not in self.dead}
         codes = {n: p.poll() for n, p in live.items()}
         bad = [c for c in codes.values() if c is not None and c != 0]
-        if bad and step.first_bad is None and not step.cancelled:
-            step.first_bad = _status(bad[0])
-            for p in live.values():  # --kill-on-bad-exit
+        if bad and self.kill_on_bad_exit and not step.killed_bad and not step.cancelled:
+            step.killed_bad = True
+            for p in live.values():
                 with contextlib.suppress(ProcessLookupError):
                     p.kill()
         if any(c is None for c in codes.values()):
             return None
         if not step.cancelled and any(n in self.dead for n in step.procs):
             return None  # srun waits for a node that will never answer
-        if step.first_bad is not None:
-            step.code = step.first_bad
-        else:
-            step.code = max((_status(c) for c in codes.values() if c is not None), default=0)
+        step.code = srun_status([c for c in codes.values() if c is not None])
         return step.code
 
     def failed_nodes(self, step: Step) -> list[str]:
         return []
+
+    def exits(self, step: Step) -> dict[int, int]:
+        assert isinstance(step, LocalStep)
+        out = {}
+        for rank, node in enumerate(step.nodes):
+            p = step.procs.get(node)
+            code = None if p is None or node in self.dead else p.poll()
+            if code is not None and code > 0:  # signals: srun names them, not parsed
+                out[rank] = code
+        return out
 
     def cancel(self, step: Step, step_id: str | None) -> None:
         assert isinstance(step, LocalStep)
@@ -124,3 +136,9 @@ class LocalSteps:
 
 def _status(code: int) -> int:
     return 128 - code if code < 0 else code
+
+
+def srun_status(returncodes: list[int]) -> int:
+    """srun's exit status from its tasks' (Popen returncodes: < 0 a signal)."""
+    signals = [-c for c in returncodes if c < 0]
+    return 128 + max(signals) if signals else max(returncodes, default=0)

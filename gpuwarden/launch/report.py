@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -25,6 +26,10 @@ from gpuwarden.slurm.runner import CommandRunner
 log = logging.getLogger(__name__)
 
 COMMENT_PREFIX = "gpuwarden-launch: lost "
+# Comments this launcher may replace: its own, and placement's note on a waiting job. Any
+# other is the user's (sbatch --comment) and is kept.
+_OURS = ("gpuwarden-launch:", "gpuwarden: this job may wait")
+_SHOWN_COMMENT = re.compile(r"^\s*Comment=(.*)$", re.MULTILINE)
 _COMMENT_MAX = 250  # scontrol keeps more; short enough to read in `squeue -o %k`
 
 
@@ -43,20 +48,44 @@ def comment(lost_so_far: Sequence[Lost]) -> str:
     return text[:_COMMENT_MAX]
 
 
+def ours(current: str | None) -> bool:
+    """True when the job's Comment is empty or one gpuwarden wrote: it may be replaced."""
+    return current is None or current.strip() in ("", "(null)") or \
+        current.startswith(_OURS)
+
+
 class JobComment:
-    """The real reporter: the job's own Comment, rewritten with every loss so far."""
+    """The real reporter: the job's own Comment, rewritten with every loss so far, unless the
+    user set a comment of their own (then the loss is only logged)."""
 
     def __init__(self, job_id: str, runner: CommandRunner, scontrol: str = "scontrol") -> None:
         self.job_id, self.runner, self.scontrol = job_id, runner, scontrol
         self.so_far: list[Lost] = []
 
+    def current(self) -> str | None:
+        """The job's Comment now; None when it has none. SlurmError when it cannot be read."""
+        res = self.runner.run([self.scontrol, "show", "job", self.job_id], 10.0)
+        if res.returncode != 0:
+            raise SlurmError(res.stderr.strip()[:300] or f"scontrol exited {res.returncode}")
+        m = _SHOWN_COMMENT.search(res.stdout)
+        return m.group(1).strip() if m else None
+
     def lost(self, lost: Sequence[Lost]) -> None:
         self.so_far.extend(lost)
+        text = comment(self.so_far)
+        try:
+            now = self.current()
+        except (SlurmError, OSError) as exc:
+            log.warning("%s; not written: the job's comment could not be read (%s)", text, exc)
+            return
+        if not ours(now):
+            log.warning("%s; not written: job %s has a comment of its own", text, self.job_id)
+            return
         argv = [self.scontrol, "update", f"JobId={self.job_id}",
-                f"Comment={comment(self.so_far)}"]
+                f"Comment={text}"]
         try:
             res = self.runner.run(argv, 10.0)
-        except SlurmError as exc:
+        except (SlurmError, OSError) as exc:
             log.warning("could not record the lost node in job %s: %s", self.job_id, exc)
             return
         if res.returncode != 0:
@@ -82,6 +111,7 @@ class Events:
         self.out = out
         self.seen: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._failed = False
 
     def __call__(self, event: str, **fields: Any) -> None:
         rec = {"t": round(time.time(), 3), "mono": round(time.monotonic(), 3), "event": event,
@@ -90,9 +120,13 @@ class Events:
         log.info("%s", line)
         with self._lock:
             self.seen.append(rec)
-            if self.out is not None:
-                self.out.write(line + "\n")
-                self.out.flush()
+            if self.out is not None and not self._failed:
+                try:
+                    self.out.write(line + "\n")
+                    self.out.flush()
+                except (OSError, ValueError) as exc:  # a full disk never stops the launcher
+                    self._failed = True
+                    log.error("events file: %s; no more events are written there", exc)
 
     def named(self, event: str) -> list[dict[str, Any]]:
         with self._lock:

@@ -37,7 +37,11 @@ log = logging.getLogger(__name__)
 
 
 class StepError(Exception):
-    """A step could not be started."""
+    """A step could not be started; ``nodes``: those it named as the cause (down), if any."""
+
+    def __init__(self, message: str, nodes: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.nodes = tuple(nodes)
 
 
 class Step(Protocol):
@@ -57,6 +61,11 @@ class Steps(Protocol):
         """Nodes Slurm itself reported failed for this step so far."""
         ...
 
+    def exits(self, step: Step) -> dict[int, int]:
+        """Ranks that ended by themselves with a non-zero status, as their node's slurmd
+        reported it (so the node is alive): rank -> exit code."""
+        ...
+
     def cancel(self, step: Step, step_id: str | None) -> None:
         """Ask the step to end (every node), without waiting."""
         ...
@@ -68,6 +77,17 @@ class Steps(Protocol):
 
 # srun's line when slurmctld tells it a node of the step failed.
 _NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
+# srun's line when a task ends non-zero (src/srun/launch.c _task_finish): "task 1" or "tasks 0-2,5".
+_TASK_EXIT = re.compile(r"srun: error: \S+: tasks? ([0-9,-]+): Exited with exit code (\d+)")
+
+
+def _task_ids(ranges: str) -> list[int]:
+    out: list[int] = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 @dataclass
@@ -75,6 +95,7 @@ class SrunStep:
     nodes: tuple[str, ...]
     proc: subprocess.Popen[bytes]
     failed: list[str] = field(default_factory=list)
+    exits: dict[int, int] = field(default_factory=dict)
     reader: threading.Thread | None = None
 
 
@@ -83,9 +104,15 @@ def srun_argv(srun: str, job_id: str, nodes: Sequence[str], argv: Sequence[str],
     n = str(len(nodes))
     # No --nodes (srun refuses it with --distribution=arbitrary): the list, one node per
     # task in rank order, says where each task goes (checked on Slurm 24.11).
+    # --kill-on-bad-exit=0: exit 75 (saved at the time limit) is a "bad exit" to srun, and with
+    # 1 the first rank's 75 would get the others killed before they save, and srun would exit
+    # with their signal; the launcher ends the step itself on a real failure.
+    # --export=ALL: under `sbatch --export=NONE` srun inherits SLURM_EXPORT_ENV=NONE and the
+    # launcher's variables would never reach the ranks (never VAR=value here: ps shows it).
     return [srun, f"--jobid={job_id}", "--ntasks", n,
             "--distribution=arbitrary", f"--nodelist={','.join(nodes)}",
-            "--kill-on-bad-exit=1", *(["--overlap"] if overlap else []), *argv]
+            "--kill-on-bad-exit=0", "--export=ALL", *(["--overlap"] if overlap else []),
+            *argv]
 
 
 class SrunSteps:
@@ -120,21 +147,36 @@ class SrunSteps:
         assert step.proc.stderr is not None
         for raw in step.proc.stderr:
             line = raw.decode(errors="replace")
-            self.stderr.write(line)
+            # Matched before it is written on: a slow stderr must not hide a node failure.
             m = _NODE_FAIL.search(line)
             if m:
                 step.failed.append(m.group(1))
+            t = _TASK_EXIT.search(line)
+            if t:
+                for rank in _task_ids(t.group(1)):
+                    step.exits.setdefault(rank, int(t.group(2)))
+            try:
+                self.stderr.write(line)
+            except (OSError, ValueError) as exc:  # a full disk must not stop the watching
+                log.debug("srun stderr: %s", exc)
 
     def poll(self, step: Step) -> int | None:
         assert isinstance(step, SrunStep)
         code = step.proc.poll()
         if code is None:
             return None
+        if step.reader is not None:
+            # srun's last lines (a node failure, a task's exit) count before its status.
+            step.reader.join(10.0)
         return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
 
     def failed_nodes(self, step: Step) -> list[str]:
         assert isinstance(step, SrunStep)
         return list(step.failed)
+
+    def exits(self, step: Step) -> dict[int, int]:
+        assert isinstance(step, SrunStep)
+        return dict(step.exits)
 
     def cancel(self, step: Step, step_id: str | None) -> None:
         assert isinstance(step, SrunStep)

@@ -68,7 +68,8 @@ def test_the_step_is_srun_in_rank_order_and_node_failures_are_read_from_its_stde
     got = json.loads(seen.read_text())
     assert got["argv"] == ["--jobid=9", "--ntasks", "3",
                            "--distribution=arbitrary", "--nodelist=c4,c3,c1",
-                           "--kill-on-bad-exit=1", "--overlap", "python", "t.py"]
+                           "--kill-on-bad-exit=0", "--export=ALL", "--overlap", "python",
+                           "t.py"]
     assert got["env"]["GPUWARDEN_LAUNCH_GEN"] == "2"
     assert "SLURM_HOSTFILE" not in got["env"]  # it would override the order asked for
 

@@ -106,8 +106,8 @@ def test_a_hang_is_no_progress_past_hang_s_while_every_rank_beats() -> None:
     lay, w = Layout(("n0", "n1"), ()), ProgressWatch()
     w.begin(0)
     w.see(views(10, 10, progress=-1), 10)
-    assert w.value is None  # nothing saved yet: start-up and restore take what they take
-    assert decide.judge(views(1000, 1000, progress=-1), lay, 0, 1000, S, w, None).kind == "running"
+    assert w.value is None  # nothing saved yet: restore has hang_s from every rank beating
+    assert decide.judge(views(309, 309, progress=-1), lay, 0, 309, S, w, None).kind == "running"
     w.see(views(20, 20, progress=3), 20)
     w.see(views(30, 30, progress=4), 30)
     assert decide.judge(views(319, 319, progress=4), lay, 0, 319, S, w, None).kind == "running"
@@ -141,3 +141,38 @@ def test_settings_refuse_a_deadline_one_lost_datagram_could_trip() -> None:
     with pytest.raises(ValueError, match="--deadline-s: at least 3 x beat_s"):
         settings(beat_s=1, deadline_s=2)
     assert settings(spares=2).spares == 2
+
+
+def test_a_hang_before_the_first_progress_is_caught_hang_s_after_every_rank_beats() -> None:
+    # D6: a hang in init_process_group or the first collective after restore.
+    lay, w = Layout(("n0", "n1"), ()), ProgressWatch()
+    w.begin(0)
+    w.see(views(None, 10, progress=-1), 10)
+    w.see(views(15, 15, progress=-1), 15)  # every rank beats from here
+    assert decide.judge(views(314, 314, progress=-1), lay, 0, 314, S, w, None).kind == "running"
+    v = decide.judge(views(315, 315, progress=-1), lay, 0, 315, S, w, None)
+    assert v.kind == "hung" and "300 s" in v.why
+
+
+def test_nodes_silent_when_another_is_lost_are_lost_with_it() -> None:
+    # D2: a rack's power: n1 went quiet 3 s after n2, both dead; n0 beat a moment ago.
+    v = decide.judge(views(100, 89.9, 93, 99.5), Layout(("n0", "n1", "n2", "n3"), ("a", "b")),
+                     0, 100, S, ProgressWatch(), None)
+    assert v.kind == "lost" and [x.rank for x in v.lost] == [1, 2]
+    nxt = decide.replace_lost(Layout(("n0", "n1", "n2", "n3"), ("a", "b")),
+                              [x.node for x in v.lost])
+    assert nxt is not None and nxt.ranks == ("n0", "a", "b", "n3")
+
+
+def test_a_rank_that_exited_by_itself_is_a_failure_not_a_lost_node() -> None:
+    # D4: rank 1 exited 3 (srun printed it: its node is alive) and fell silent.
+    lay = Layout(("n0", "n1", "n2"), ("n3",))
+    v = decide.judge(views(100, 80, 100), lay, 0, 100, S, ProgressWatch(), None, exits={1: 3})
+    assert v.kind == "failed" and v.code == 3 and "rank 1" in v.why
+    # srun's own status is the others' SIGTERM (the launcher ended them): the rank's wins.
+    v = decide.judge(views(100, 80, 100), lay, 0, 100, S, ProgressWatch(), 143, exits={1: 3})
+    assert v == decide.Verdict("exited", code=3)
+    # 75 (saved at the time limit) is no failure: the others are saving too.
+    v = decide.judge(views(100, 100, 100, done=(0, 1, 2)), lay, 0, 100, S, ProgressWatch(),
+                     None, exits={0: 75})
+    assert v.kind == "running"
