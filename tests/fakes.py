@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.errors import NotOurDrainError
+from gpuwarden.errors import NotOurDrainError, SlurmError
 from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
-from gpuwarden.slurm.models import Node, NodeView
+from gpuwarden.slurm.models import Job, Node, NodeView
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError
 
 Handler = Callable[[Sequence[str]], CommandResult]
@@ -67,6 +67,14 @@ class FakeSlurm:
     table: dict[str, Node]
     now: float = 1_800_000_000.0
     log: list[str] = field(default_factory=list)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    job_reads: int = 0
+
+    def job(self, job_id: int) -> Job:
+        self.job_reads += 1
+        if job_id not in self.jobs:
+            raise SlurmError(f"job {job_id} is not known to slurmctld")
+        return self.jobs[job_id]
 
     def nodes(self) -> list[Node]:
         return list(self.table.values())

@@ -29,8 +29,9 @@ from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.reasons import health_reason, is_health_drain
 from gpuwarden.health.store import Counters, StateDirError, Store
+from gpuwarden.slurm import lostnote
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
-from gpuwarden.slurm.models import Node, same_drain
+from gpuwarden.slurm.models import Job, Node, same_drain
 
 log = logging.getLogger(__name__)
 
@@ -351,14 +352,52 @@ def epilog(env: Env) -> int:
     The job's failure only decides whether to look; a drain needs the checks' own evidence."""
     from gpuwarden.ckpt import jobdirs  # noqa: PLC0415
 
+    asked = JobOnce(env.client)
     # Node memory a finished job's checkpoints held is freed (kept while Slurm will run the
     # job again); never raises.
-    jobdirs.for_epilog(env.config, env.environ, env.client)
-    return epilog_gate(env)
+    jobdirs.for_epilog(env.config, env.environ, asked)
+    return epilog_gate(env, asked)
 
 
-def epilog_gate(env: Env) -> int:
-    """The epilog's health part (the self-test's dry run calls only this)."""
+class JobOnce:
+    """The job as Slurm shows it at the epilog, asked once for its two readers (tier 0's
+    cleanup, the launcher's note): one RPC per node per job, not two."""
+
+    def __init__(self, client: SlurmClient) -> None:
+        self.client = client
+        self._got: Job | GpuwardenError | None = None
+
+    def job(self, job_id: int) -> Job:
+        if self._got is None:
+            try:
+                self._got = self.client.job(job_id)
+            except GpuwardenError as exc:
+                self._got = exc
+        if isinstance(self._got, GpuwardenError):
+            raise self._got
+        return self._got
+
+
+def launcher_lost_here(env: Env, source: JobOnce | None) -> str:
+    """What the job's launcher wrote about this node when it named it lost ("" when it did
+    not, or when the job cannot be read: then the epilog's usual rules apply).
+
+    The job's owner can write that note: it only makes the epilog run every check here."""
+    job = job_id(env.environ)
+    if source is None or job == "?" or "_" in job:
+        return ""
+    try:
+        comment = source.job(int(job)).comment
+    except GpuwardenError as exc:
+        log.warning("epilog job %s: cannot read the job's comment (%s): a node its launcher "
+                    "lost is checked by the next prolog and the periodic check", job, exc)
+        return ""
+    return lostnote.lost_in(comment).get(env.node, "")
+
+
+def epilog_gate(env: Env, source: JobOnce | None = None) -> int:
+    """The epilog's health part (the self-test's dry run calls it without ``source``: no
+    Slurm job to read)."""
     h = env.config.health
     job = job_id(env.environ)
     try:
@@ -368,16 +407,25 @@ def epilog_gate(env: Env) -> int:
         stored = None
     suspect = (stored is None or stored.status != Status.OK
                or env.clock() - stored.at > h.verdict_max_age_s)
-    if not (suspect or _job_failed(env.environ)):
+    lost = launcher_lost_here(env, source)
+    if lost:
+        log.warning("epilog job %s: the job's launcher lost %s (%s): running every check",
+                    job, env.node, lost)
+    if not (suspect or lost or _job_failed(env.environ)):
         return 0
     fake_fp = fake_gpu_fingerprint(env)
     started = time.monotonic()
-    verdict = epilog_evidence(gather(h, env.node, f"epilog job {job}",
+    # The stored verdict says why it ran (`gpuwarden health show`): stderr is discarded.
+    context = f"epilog job {job}" + (f" (its launcher lost this node: {lost})" if lost else "")
+    verdict = epilog_evidence(gather(h, env.node, context,
                                      checks_budget(env, h.epilog_budget_s), probe=env.probe,
                                      now=env.clock))
     note_gaps(env, verdict)
     if verdict.status == Status.CRITICAL:
         _act_or_report(env, verdict, resume_allowed=False)
+    elif lost:
+        log.warning("epilog job %s: %s passed every check after its launcher lost it: left in "
+                    "service (a job's own report never drains a node)", job, env.node)
     # Results held back are stored as needing a full check: the fast path refuses the verdict
     # and the next prolog runs every check again.
     _save(env, verdict, started, complete=not needs_full_check(verdict), fake_fp=fake_fp)

@@ -3,9 +3,9 @@ event as a JSON line (for the log, and for whoever measures recovery times).
 
 The launcher runs as the job's user and never drains a node: a user must not be able to take
 nodes out of service. It writes what it saw into its own job's Comment, which the job's owner
-may set (`scontrol update JobId=N Comment=...`); health gating's epilog, as root, may read it
-back as a hint to run its full checks on that node, never as a drain by itself (the user
-writes it).
+may set (`scontrol update JobId=N Comment=...`); health gating's epilog, as root, reads it
+back as a hint to run every check on that node, never as a drain by itself (the user
+writes it): see gpuwarden.slurm.lostnote and health.entry.epilog_gate.
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ from typing import IO, Any, Protocol
 
 from gpuwarden.errors import SlurmError
 from gpuwarden.launch.decide import Lost
+from gpuwarden.slurm import lostnote
 from gpuwarden.slurm.runner import CommandRunner
 
 log = logging.getLogger(__name__)
 
-COMMENT_PREFIX = "gpuwarden-launch: lost "
-# Comments this launcher may replace: its own, and placement's note on a waiting job. Any
-# other is the user's (sbatch --comment) and is kept.
-_OURS = ("gpuwarden-launch:", "gpuwarden: this job may wait")
+COMMENT_PREFIX = lostnote.PREFIX
 _SHOWN_COMMENT = re.compile(r"^\s*Comment=(.*)$", re.MULTILINE)
-_COMMENT_MAX = 250  # scontrol keeps more; short enough to read in `squeue -o %k`
 
 
 class Reporter(Protocol):
@@ -38,20 +35,13 @@ class Reporter(Protocol):
 
 
 def comment(lost_so_far: Sequence[Lost]) -> str:
-    """``gpuwarden-launch: lost c3 (rank 1: no heartbeat ...); c7 (...)``, oldest first,
-    cut to a length squeue shows; the newest losses are the ones kept when cut. Pure."""
-    parts = [f"{x.node} (rank {x.rank}: {x.why})" for x in lost_so_far]
-    text = COMMENT_PREFIX + "; ".join(parts)
-    while len(text) > _COMMENT_MAX and len(parts) > 1:
-        parts = parts[1:]
-        text = COMMENT_PREFIX + "...; " + "; ".join(parts)
-    return text[:_COMMENT_MAX]
+    """``gpuwarden-launch: lost c3 (rank 1: no heartbeat ...); c7 (...)`` (lostnote). Pure."""
+    return lostnote.format_lost([(x.node, x.rank, x.why) for x in lost_so_far])
 
 
 def ours(current: str | None) -> bool:
     """True when the job's Comment is empty or one gpuwarden wrote: it may be replaced."""
-    return current is None or current.strip() in ("", "(null)") or \
-        current.startswith(_OURS)
+    return lostnote.replaceable(current)
 
 
 class JobComment:

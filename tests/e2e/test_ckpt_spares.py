@@ -103,3 +103,43 @@ def test_two_nodes_lost_one_after_the_other_use_both_spares(cluster: Harness) ->
     assert set(allocated[3:]) <= set(starts[-1]["nodes"]), starts  # type: ignore[arg-type]
     for v in victims:
         wait_for(lambda v=v: not nodes(h)[v].down, 120, f"{v} back in service")
+
+
+def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
+        cluster: Harness) -> None:
+    """A rank frozen (SIGSTOP: alive, silent) on a node whose GPU then fails: the spare takes
+    over, and after the job health gating's epilog reads the launcher's note, runs every check
+    on that node and drains it on the checks' own evidence. The note alone drains nothing (see
+    tests/unit/test_entry.py): the user writes it."""
+    h = cluster
+    args = ["--steps", "90", "--every", "5", "--mb", "8"]
+    expected = h.train_reference(3, args)
+    log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
+                   env={"SPARES": "1", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
+    wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
+             "step 10 durable on the shared filesystem")
+    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    victim = allocated[2]
+    try:
+        h.sh(victim, "pkill -STOP -f train_example.py").check("freeze the rank")
+        wait_for(lambda: any(e["event"] == "lost" for e in events(h, log)), 60,
+                 "the launcher to find the frozen rank lost")
+        # The GPU fails while the node idles in the allocation: nothing else looks at it
+        # until the periodic check, unless the epilog takes the launcher's note.
+        h.set_gpu(victim, 3, ecc_uncorrected_volatile=2)
+        h.wait_job(job, timeout=400)
+        assert h.job_fields(job).get("Restarts", "0") == "0", "no requeue"
+        assert h.train_finals(job, 3) == expected, "bit-identical to an uninterrupted run"
+        assert victim in h.job_fields(job).get("Comment", ""), "the launcher's note"
+        wait_for(lambda: nodes(h)[victim].drained, 60, f"{victim} drained after the job")
+        assert nodes(h)[victim].reason == \
+            "gpuwarden: 2 uncorrectable ECC errors on GPU 3 [health]"
+        for other in allocated:
+            if other != victim:
+                assert not nodes(h)[other].drained, f"{other} drained too"
+    finally:
+        h.clear_gpu_faults(victim)
+        h.sh(victim, "rm -f /var/lib/gpuwarden/*.json").check("forget the verdict")
+        if nodes(h)[victim].drained:
+            h.exec("slurmctld", ["scontrol", "update", f"nodename={victim}", "state=resume"])

@@ -15,6 +15,9 @@ from gpuwarden.health import entry
 from gpuwarden.health.config import BlastRadius, Expected, HealthConfig
 from gpuwarden.health.model import Status
 from gpuwarden.health.probe import FakeGpuProbe, healthy_fake
+from gpuwarden.launch.decide import Lost
+from gpuwarden.launch.report import comment
+from gpuwarden.slurm.models import Job
 from tests.unit.test_gate import NOW, FakeSlurm, fleet
 
 
@@ -134,3 +137,50 @@ def test_job_id_from_the_environment_is_sanitised() -> None:
     assert entry.job_id({"SLURM_JOB_ID": "1234"}) == "1234"
     assert entry.job_id({"SLURM_JOB_ID": "12\n; rm -rf /"}) == "?"
     assert entry.job_id({}) == "?"
+
+
+def lost_job(node: str, state: tuple[str, ...] = ("COMPLETED",)) -> Job:
+    note = comment([Lost(1, node, "no heartbeat for 6.0 s")])
+    return Job(7, "train", "alice", state, "", "gpu", "c1,c3,c5", 3, 0, 0, "", note)
+
+
+def test_a_node_the_launcher_lost_gets_every_check_and_drains_on_their_evidence(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    entry.periodic(env)  # a fresh OK verdict: a job that exits 0 alone would not be looked at
+    break_gpu(tmp)
+    slurm.jobs[7] = lost_job("c3")
+    assert entry.epilog(env) == 0
+    assert slurm.log == ["drain c3"]
+    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5 [health]"
+    assert slurm.job_reads == 1  # one RPC shared with tier 0's cleanup
+
+
+def test_the_launchers_note_alone_never_drains_a_healthy_node(node_env, caplog) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, _ = node_env
+    entry.periodic(env)
+    slurm.jobs[7] = lost_job("c3")
+    with caplog.at_level("WARNING"):
+        assert entry.epilog(env) == 0
+    assert slurm.log == []
+    assert "launcher lost c3 (rank 1: no heartbeat for 6.0 s): running every check" in caplog.text
+    assert "passed every check" in caplog.text and "left in service" in caplog.text
+
+
+def test_a_note_naming_another_node_or_a_users_comment_changes_nothing(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    entry.periodic(env)
+    break_gpu(tmp)  # found only if the epilog looks: it must not, for these notes
+    for note_job in (lost_job("c5"),
+                     replace(lost_job("c3"), comment="lost c3 (rank 1: trust me)"),
+                     replace(lost_job("c3"), comment="")):
+        slurm.jobs[7] = note_job
+        assert entry.epilog(env) == 0
+    assert slurm.log == []
+
+
+def test_an_unreadable_job_falls_back_to_the_usual_epilog(node_env, caplog) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, _ = node_env
+    entry.periodic(env)  # no job 7 in the fake: scontrol fails
+    with caplog.at_level("WARNING"):
+        assert entry.epilog(env) == 0
+    assert slurm.log == [] and "cannot read the job's comment" in caplog.text
