@@ -368,11 +368,15 @@ class JobOnce:
         self._got: Job | GpuwardenError | None = None
 
     def job(self, job_id: int) -> Job:
+        """The job, or the same GpuwardenError for both readers (whatever went wrong)."""
         if self._got is None:
             try:
                 self._got = self.client.job(job_id)
             except GpuwardenError as exc:
                 self._got = exc
+            except Exception as exc:  # an epilog reader never stops the checks
+                self._got = SlurmError(f"scontrol show job {job_id}: {type(exc).__name__}: "
+                                       f"{exc}")
         if isinstance(self._got, GpuwardenError):
             raise self._got
         return self._got
@@ -384,13 +388,13 @@ def launcher_lost_here(env: Env, source: JobOnce | None) -> str:
 
     The job's owner can write that note: it only makes the epilog run every check here."""
     job = job_id(env.environ)
-    if source is None or job == "?" or "_" in job:
+    if source is None or job == "?":
         return ""
     try:
         comment = source.job(int(job)).comment
     except GpuwardenError as exc:
-        log.warning("epilog job %s: cannot read the job's comment (%s): a node its launcher "
-                    "lost is checked by the next prolog and the periodic check", job, exc)
+        env.fail("slurm", f"epilog job {job}: cannot read the job ({exc}): a node its "
+                          "launcher lost is checked by the next prolog and the periodic check")
         return ""
     return lostnote.lost_in(comment).get(env.node, "")
 

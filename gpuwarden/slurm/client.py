@@ -168,7 +168,8 @@ class CliSlurmClient:
 
     def job(self, job_id: int) -> Job:
         out = self._call(self._argv("scontrol", "show", "job", str(int(job_id)), "--json"))
-        jobs = parse.parse_jobs(out.stdout)
+        # An array's or a heterogeneous job's id answers with every member: take its own.
+        jobs = [j for j in parse.parse_jobs(out.stdout) if j.job_id == int(job_id)]
         if not jobs:
             raise SlurmError(f"job {job_id} is not known to slurmctld")
         return jobs[0]

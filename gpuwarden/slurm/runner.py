@@ -85,7 +85,10 @@ class SubprocessRunner:
             proc = subprocess.run(
                 list(argv),
                 capture_output=True,
-                text=True,
+                # Users choose bytes in job names, comments and paths, and Slurm prints them
+                # as they are: one invalid byte must not fail every reader of the output.
+                encoding="utf-8",
+                errors="replace",
                 timeout=timeout,
                 check=False,
                 stdin=subprocess.DEVNULL,

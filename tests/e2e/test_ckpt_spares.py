@@ -13,6 +13,7 @@ import json
 import re
 import time
 import uuid
+from datetime import datetime
 
 import pytest
 
@@ -135,6 +136,19 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
         wait_for(lambda: nodes(h)[victim].drained, 60, f"{victim} drained after the job")
         assert nodes(h)[victim].reason == \
             "gpuwarden: 2 uncorrectable ECC errors on GPU 3 [health]"
+        # Why the epilog looked is in the verdict it stored, unless the periodic check (its
+        # own timer) ran after it and stored a newer one: then that one is from after the job.
+        ended = datetime.fromisoformat(h.job_fields(job)["EndTime"]).timestamp()
+
+        def epilog_took_the_note() -> bool:
+            res = h.gpuwarden(victim, "health", "show", "--json")
+            if res.rc not in (0, 1, 2):
+                return False
+            shown = json.loads(res.out)
+            return f"epilog job {job} (its launcher lost this node: rank " in \
+                shown["context"] or (shown["context"] == "health check" and
+                                     float(shown["at"]) >= ended)
+        wait_for(epilog_took_the_note, 60, "the epilog's verdict, taken for the launcher's note")
         for other in allocated:
             if other != victim:
                 assert not nodes(h)[other].drained, f"{other} drained too"

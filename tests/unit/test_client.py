@@ -194,3 +194,33 @@ def test_resume_with_an_expected_reason_refuses_a_drain_made_since() -> None:
     with pytest.raises(NotOurDrainError, match="drained again since"):
         client.resume("c3", expect_reason="gpuwarden: xid 79")
     assert all(call[:2] != UPDATE for call in runner.calls)
+
+
+def _two_jobs_json() -> str:
+    """An array's `scontrol show job <id> --json`: every member, the asked one not first."""
+    import copy
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parent.parent / "fixtures" / "slurm_versions" /
+                      "scontrol_show_job_v0.0.42.json").read_text())
+    other = copy.deepcopy(doc["jobs"][0])
+    other["job_id"], other["comment"] = 1236, "someone else's"
+    doc["jobs"].insert(0, other)
+    return json.dumps(doc)
+
+
+def test_job_returns_the_asked_job_not_the_first_member() -> None:
+    text = _two_jobs_json()
+    client, _, _ = make([lambda a: ok(a, text)])
+    assert client.job(1235).job_id == 1235
+    client, _, _ = make([lambda a: ok(a, text)])
+    with pytest.raises(SlurmError, match="job 99 is not known"):
+        client.job(99)
+
+
+def test_bytes_that_are_not_utf8_in_slurms_output_do_not_fail_the_reader() -> None:
+    from gpuwarden.slurm.runner import SubprocessRunner
+
+    res = SubprocessRunner().run(["printf", "caf\\351 ok"], 10.0)
+    assert res.returncode == 0 and res.stdout == "caf\ufffd ok"

@@ -183,4 +183,21 @@ def test_an_unreadable_job_falls_back_to_the_usual_epilog(node_env, caplog) -> N
     entry.periodic(env)  # no job 7 in the fake: scontrol fails
     with caplog.at_level("WARNING"):
         assert entry.epilog(env) == 0
-    assert slurm.log == [] and "cannot read the job's comment" in caplog.text
+    assert slurm.log == [] and "cannot read the job" in caplog.text
+
+
+def test_a_job_read_that_breaks_never_stops_the_epilogs_checks(node_env) -> None:  # type: ignore[no-untyped-def]
+    """Whatever goes wrong reading the job (here not a Slurm error at all), the epilog still
+    checks after a failed job and drains on evidence, and says it could not read the job."""
+    env, slurm, tmp = node_env
+    entry.periodic(env)
+
+    def broken(job_id: int) -> Job:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    slurm.job = broken  # type: ignore[method-assign]
+    break_gpu(tmp)
+    failed = replace(env, environ={**env.environ, "SLURM_JOB_EXIT_CODE": "256"})
+    assert entry.epilog(failed) == 0
+    assert slurm.log == ["drain c3"]
+    assert "slurm" in failed.problems and "UnicodeDecodeError" in failed.problems["slurm"]

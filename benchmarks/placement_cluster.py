@@ -1,0 +1,200 @@
+"""Placement in the running test cluster, not a model of it: the filter against plain Slurm,
+both arms in one run, on the same seeded workloads at several loads.
+
+Each workload is a Poisson stream of jobs over `--span` seconds: one-node jobs and gang jobs of
+2 to 8 nodes (`--gpus-per-node=8`), each `sleep`ing 20 to 90 s with a 3-minute time limit; the
+number of jobs follows from the load (node-seconds asked / node-seconds the cluster has in the
+span). Each load runs twice, same jobs, same submit times:
+- slurm: the placement policy's mode set to "off" (the filter passes every job unchanged, as
+  with JobSubmitPlugins commented out): Slurm's own topology/tree;
+- wait N: the filter (mode "preferred") with `wait_s = N`, for each N of `--waits` (the test
+  cluster's gpuwarden.toml has 60; gpuwarden's default is 300).
+The arm is switched by editing /etc/gpuwarden/gpuwarden.toml: the daemon reloads it and the
+benchmark waits for the snapshot to show the policy; the file is put back at the end.
+
+Printed per load and arm: gang jobs placed in the fewest leaf switches their size allows
+(ceil(nodes / nodes per leaf)), mean and p90 wait (start - submit, every job), and makespan
+(first submit to last end), from accounting (sacct). Goal (issue 19): at high load >= 20 points
+more gang jobs in the fewest switches than plain Slurm at <= 5% added mean wait; never worse
+than plain Slurm at low load.
+
+Needs a running cluster with 4 or more leaves: `GPUWARDEN_NODES=16 make cluster-up` (nodes per
+leaf: 4). Each arm of each load takes about span + 3 minutes.
+
+    GPUWARDEN_NODES=16 .venv/bin/python benchmarks/placement_cluster.py \\
+        [--loads 0.4,1.2] [--waits 60,300] [--span 300] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import docker
+
+from gpuwarden.devcluster.cluster import Cluster
+from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.spec import from_env
+from gpuwarden.placement import topology
+
+CONFIG = "/etc/gpuwarden/gpuwarden.toml"
+SNAPSHOT = "/etc/slurm/gpuwarden-placement.lua"
+# (nodes, share of jobs): the independent check's mix of 1 to 8 nodes
+MIX = ((1, 0.30), (2, 0.22), (3, 0.12), (4, 0.16), (6, 0.10), (8, 0.10))
+SLEEP_S = (20, 90)
+
+
+@dataclass(frozen=True)
+class Planned:
+    at: float  # seconds after the arm's start
+    nodes: int
+    sleep_s: int
+
+
+@dataclass(frozen=True)
+class Ran:
+    nodes: int
+    leaves: int
+    fewest: int
+    submit: int
+    start: int
+    end: int
+
+
+def workload(load: float, span: float, total_nodes: int, seed: int) -> list[Planned]:
+    rng = random.Random(seed)  # noqa: S311 - a reproducible workload
+    mean_node_s = sum(n * share for n, share in MIX) * sum(SLEEP_S) / 2
+    count = max(2, round(load * total_nodes * span / mean_node_s))
+    sizes, weights = zip(*MIX, strict=True)
+    t, out = 0.0, []
+    for _ in range(count):
+        out.append(Planned(t, rng.choices(sizes, weights)[0], rng.randint(*SLEEP_S)))
+        t += rng.expovariate(count / span)
+    return out
+
+
+def wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(1.0)
+
+
+def set_policy(h: Harness, mode: str, wait_s: int) -> None:
+    """The default policy's mode and wait in the cluster's config; back when the snapshot
+    shows them."""
+    section = r"/^\[placement.default\]/,/^\[/"
+    h.exec("slurmctld", ["sed", "-i", f'{section} s/^mode = .*/mode = "{mode}"/; '
+                         f"{section} s/^wait_s = .*/wait_s = {wait_s}/", CONFIG]).check("policy")
+    want = f" mode={mode} wait={wait_s} "
+    wait(lambda: want in h.exec("slurmctld", ["cat", SNAPSHOT]).out, 60, f"a snapshot with{want}")
+    time.sleep(2.5)  # the filter re-reads the snapshot's header at most every 2 s
+
+
+def run_arm(h: Harness, jobs: list[Planned], leaf_of: dict[str, str], per_leaf: int,
+            label: str) -> list[Ran]:
+    wait(lambda: h.exec("slurmctld", ["squeue", "-h"]).out.strip() == "", 600, "an empty queue")
+    t0 = time.monotonic()
+    ids: list[tuple[int, Planned]] = []
+    for j in jobs:
+        time.sleep(max(0.0, t0 + j.at - time.monotonic()))
+        gpus = ["--gpus-per-node=8"] if j.nodes > 1 else []
+        ids.append((h.sbatch(f"-N{j.nodes}", *gpus, "--time=3", name="bench",
+                             wrap=f"sleep {j.sleep_s}"), j))
+    print(f"  {label}: {len(ids)} jobs submitted in {time.monotonic() - t0:.0f} s; waiting",
+          flush=True)
+    h.wait_finished([i for i, _ in ids], timeout=3600,
+                    on_poll=lambda m: print(f"  {label}: {m}", flush=True))
+    out = []
+    for jid, j in ids:
+        rec = next(r for r in h.acct(jid) if r.start_time)
+        names = h.exec("slurmctld", ["scontrol", "show", "hostnames", rec.nodes]).out.split()
+        out.append(Ran(j.nodes, len({leaf_of[n] for n in names}), math.ceil(j.nodes / per_leaf),
+                       rec.submit_time or 0, rec.start_time or 0, rec.end_time or 0))
+    return out
+
+
+def p90(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=10)[-1] if len(xs) > 1 else xs[0]
+
+
+def summary(ran: list[Ran]) -> dict[str, float]:
+    gang = [r for r in ran if r.nodes > 1]
+    waits = [float(r.start - r.submit) for r in ran]
+    return {"gang": len(gang), "fewest": sum(r.leaves == r.fewest for r in gang),
+            "mean_wait": statistics.fmean(waits), "p90_wait": p90(waits),
+            "makespan": float(max(r.end for r in ran) - min(r.submit for r in ran))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--loads", default="0.4,1.2", help="offered loads, comma-separated")
+    ap.add_argument("--waits", default="60,300", help="the filter's wait_s arms, seconds")
+    ap.add_argument("--span", type=float, default=300.0, help="seconds of arrivals per arm")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    waits = [int(x) for x in a.waits.split(",")]
+    h = Harness(Cluster(docker.from_env(timeout=600), from_env(), progress=lambda m: None))
+    topo = topology.parse(h.exec("slurmctld", ["cat", "/etc/slurm/topology.conf"]).out)
+    leaf_of = topo.leaf_of()
+    sizes = {len(leaf.nodes) for leaf in topo.leaves}
+    if len(topo.leaves) < 4 or len(sizes) != 1:
+        print(f"placement_cluster: needs 4 or more leaves of equal size, the cluster has "
+              f"{len(topo.leaves)}: GPUWARDEN_NODES=16 make cluster-up", file=sys.stderr)
+        return 2
+    per_leaf = sizes.pop()
+    config = h.exec("slurmctld", ["cat", CONFIG]).out
+    found = re.search(r'^\[placement\.default\]\nmode = "(\w+)"\nwait_s = (\d+)$', config, re.M)
+    if not found:
+        print("placement_cluster: the cluster's config has no [placement.default] with mode "
+              "and wait_s lines: is this the test cluster?", file=sys.stderr)
+        return 2
+    before = (found.group(1), int(found.group(2)))
+    h.prepare_jobs_dir()
+    rows: list[tuple[float, str, dict[str, float]]] = []
+    arms = [("slurm", "off", before[1])] + [(f"wait {w}", "preferred", w) for w in waits]
+    try:
+        for i, load in enumerate(float(x) for x in a.loads.split(",")):
+            jobs = workload(load, a.span, len(leaf_of), a.seed + i)
+            asked = sum(j.nodes * j.sleep_s for j in jobs) / (len(leaf_of) * a.span)
+            print(f"load {load:g}: {len(jobs)} jobs over {a.span:g} s (node-seconds asked: "
+                  f"{asked:.2f} of the cluster's)", flush=True)
+            for arm, mode, w in arms:
+                set_policy(h, mode, w)
+                rows.append((load, arm, summary(run_arm(h, jobs, leaf_of, per_leaf,
+                                                        f"load {load:g} {arm}"))))
+    finally:
+        set_policy(h, *before)
+    print(f"\n{len(topo.leaves)} leaves x {per_leaf} nodes, seed {a.seed}; slurm: the filter "
+          "off; wait N: the filter with wait_s = N")
+    print(f"{'load':>5} {'arm':>9} {'fewest switches':>16} {'mean wait':>10} {'p90 wait':>9} "
+          f"{'makespan':>9}")
+    by = {(load, arm): st for load, arm, st in rows}
+    for load, arm, st in rows:
+        pct = 100 * st["fewest"] / st["gang"] if st["gang"] else 0.0
+        print(f"{load:>5g} {arm:>9} {int(st['fewest']):>5}/{int(st['gang']):<3} {pct:>5.1f}% "
+              f"{st['mean_wait']:>8.1f} s {st['p90_wait']:>7.1f} s {st['makespan']:>7.0f} s")
+    for load in sorted({r[0] for r in rows}):
+        plain = by[(load, "slurm")]
+        for arm, _, _ in arms[1:]:
+            filt = by[(load, arm)]
+            points = 100 * (filt["fewest"] / filt["gang"] - plain["fewest"] / plain["gang"]) \
+                if plain["gang"] and filt["gang"] else 0.0
+            added = (filt["mean_wait"] / plain["mean_wait"] - 1) * 100 \
+                if plain["mean_wait"] else 0.0
+            print(f"load {load:g}, {arm} vs slurm: {points:+.1f} points in the fewest "
+                  f"switches, mean wait {added:+.1f}% ({filt['mean_wait'] - plain['mean_wait']:+.1f} s), "
+                  f"makespan x{filt['makespan'] / plain['makespan']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
