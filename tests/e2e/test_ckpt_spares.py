@@ -13,6 +13,7 @@ import json
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 import pytest
@@ -32,16 +33,31 @@ def events(h: Harness, path: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) -> None:
-    h = cluster
-    args = ["--steps", "90", "--every", "5", "--mb", "8"]
+@dataclass(frozen=True)
+class Started:
+    job: int
+    log: str  # the launcher's events (JSON lines)
+    expected: list[str]  # per-rank checksums of an uninterrupted run
+    allocated: list[str]  # the job's nodes in rank order, spares last
+
+
+def start(h: Harness, steps: int, spares: int) -> Started:
+    """A 3-rank training with ``spares`` spares, once its step 10 is durable."""
+    args = ["--steps", str(steps), "--every", "5", "--mb", "8"]
     expected = h.train_reference(3, args)
     log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
-    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
-                   env={"SPARES": "1", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
+    job = h.sbatch(f"-N{3 + spares}", "--gpus-per-node=8", name="train",
+                   script=[SPARES_SBATCH, *args],
+                   env={"SPARES": str(spares), "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
     wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
              "step 10 durable on the shared filesystem")
-    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    return Started(job, log, expected, hostnames(h, h.job_fields(job)["NodeList"]))
+
+
+def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) -> None:
+    h = cluster
+    run = start(h, 90, 1)
+    job, log, expected, allocated = run.job, run.log, run.expected, run.allocated
     started = events(h, log)
     launch = next(e for e in started if e["event"] == "launch")
     assert launch["spares"] == allocated[3:], launch
@@ -75,14 +91,8 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) 
 def test_two_nodes_lost_one_after_the_other_use_both_spares(cluster: Harness) -> None:
     """k = 2: a second node lost after the first relaunch takes the second spare."""
     h = cluster
-    args = ["--steps", "120", "--every", "5", "--mb", "8"]
-    expected = h.train_reference(3, args)
-    log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
-    job = h.sbatch("-N5", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
-                   env={"SPARES": "2", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
-    wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
-             "step 10 durable on the shared filesystem")
-    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    run = start(h, 120, 2)
+    job, log, expected, allocated = run.job, run.log, run.expected, run.allocated
     victims = [allocated[1], allocated[2]]
     h.kill(victims[0])
     try:
@@ -113,14 +123,8 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
     on that node and drains it on the checks' own evidence. The note alone drains nothing (see
     tests/unit/test_entry.py): the user writes it."""
     h = cluster
-    args = ["--steps", "90", "--every", "5", "--mb", "8"]
-    expected = h.train_reference(3, args)
-    log = f"{JOBS_DIR}/launch-{uuid.uuid4().hex[:8]}.jsonl"
-    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
-                   env={"SPARES": "1", "LAUNCH_OPTS": f"--deadline-s 5 --events {log}"})
-    wait_for(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 180,
-             "step 10 durable on the shared filesystem")
-    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    run = start(h, 90, 1)
+    job, log, expected, allocated = run.job, run.log, run.expected, run.allocated
     victim = allocated[2]
     try:
         h.sh(victim, "pkill -STOP -f train_example.py").check("freeze the rank")
