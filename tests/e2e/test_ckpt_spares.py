@@ -127,7 +127,9 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
     job, log, expected, allocated = run.job, run.log, run.expected, run.allocated
     victim = allocated[2]
     try:
-        h.sh(victim, "pkill -STOP -f train_example.py").check("freeze the rank")
+        # "[t]rain": pkill -f must not match (and stop) the `timeout` wrapping it, whose
+        # command line holds the pattern.
+        h.exec(victim, ["pkill", "-STOP", "-f", "[t]rain_example.py"]).check("freeze the rank")
         wait_for(lambda: any(e["event"] == "lost" for e in events(h, log)), 60,
                  "the launcher to find the frozen rank lost")
         # The GPU fails while the node idles in the allocation: nothing else looks at it
@@ -149,6 +151,7 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
             if res.rc not in (0, 1, 2):
                 return False
             shown = json.loads(res.out)
+            print(f"{victim}'s stored verdict: {shown['context']}")
             return f"epilog job {job} (its launcher lost this node: rank " in \
                 shown["context"] or (shown["context"] == "health check" and
                                      float(shown["at"]) >= ended)
