@@ -111,8 +111,13 @@ def run_arm(h: Harness, jobs: list[Planned], leaf_of: dict[str, str], per_leaf: 
                              wrap=f"sleep {j.sleep_s}"), j))
     print(f"  {label}: {len(ids)} jobs submitted in {time.monotonic() - t0:.0f} s; waiting",
           flush=True)
-    h.wait_finished([i for i, _ in ids], timeout=3600,
-                    on_poll=lambda m: print(f"  {label}: {m}", flush=True))
+    said: set[str] = set()
+
+    def progress(m: str) -> None:
+        if m not in said:  # a line when the count changes, not every poll
+            said.add(m)
+            print(f"  {label}: {m}", flush=True)
+    h.wait_finished([i for i, _ in ids], timeout=3600, on_poll=progress)
     out = []
     for jid, j in ids:
         rec = next(r for r in h.acct(jid) if r.start_time)
