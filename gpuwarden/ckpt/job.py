@@ -92,14 +92,9 @@ def job_env(environ: Mapping[str, str]) -> JobEnv:
 
 
 def _leaves(path: str) -> dict[str, str]:
-    from gpuwarden.placement.topology import TopologyError, parse  # noqa: PLC0415 - optional
+    from gpuwarden.placement.topology import leaf_of_file  # noqa: PLC0415 - optional
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return parse(fh.read(), path).leaf_of()
-    except (OSError, TopologyError) as exc:
-        log.info("no leaf switches for peer placement (%s): partners on other nodes only", exc)
-        return {}
+    return leaf_of_file(path, "peer partners on other nodes only")
 
 
 def install_stop_signal(stop: threading.Event, signum: int = signal.SIGUSR1) -> None:

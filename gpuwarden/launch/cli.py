@@ -25,14 +25,9 @@ _D = LaunchSettings()
 
 
 def _leaves(path: str) -> dict[str, str]:
-    from gpuwarden.placement.topology import TopologyError, parse  # noqa: PLC0415
+    from gpuwarden.placement.topology import leaf_of_file  # noqa: PLC0415 - optional
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return parse(fh.read(), path).leaf_of()
-    except (OSError, TopologyError) as exc:
-        log.info("no leaf switches for choosing spares (%s): spares in allocation order", exc)
-        return {}
+    return leaf_of_file(path, "spares in allocation order")
 
 
 @click.command("launch", context_settings={"allow_interspersed_args": False})

@@ -5,11 +5,14 @@ A bad line is an error naming the file, the line number and what is wrong; nothi
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.hostlist import HostlistError, expand
+
+log = logging.getLogger(__name__)
 
 
 class TopologyError(GpuwardenError):
@@ -106,3 +109,14 @@ def parse(text: str, source: str = "topology.conf") -> Topology:
     if not leaves:
         raise TopologyError(f"{source}: no leaf switches or blocks with Nodes=")
     return Topology(kinds.pop(), tuple(leaves), sizes)
+
+
+def leaf_of_file(path: str, otherwise: str) -> dict[str, str]:
+    """Node -> leaf from a topology.conf, for jobs that only prefer a leaf: {} when the file
+    cannot be read or parsed, logged with what the caller does ``otherwise``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return parse(fh.read(), path).leaf_of()
+    except (OSError, TopologyError) as exc:
+        log.info("no leaf switches (%s): %s", exc, otherwise)
+        return {}
