@@ -21,8 +21,18 @@ OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
 def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
                                                           tmp_path: Path) -> None:
     h = cluster
+    # The failed job must be the user's by the report's rules: one node that health gating
+    # never drained in the window (earlier tests drain nodes; a health drain of its node after
+    # it started would make it the hardware's, rightly). Pick such a node, idle now.
+    drained = h.exec("slurmctld", ["sacctmgr", "-n", "-P", "show", "events", "start=now-2days",
+                                   "format=NodeName,Reason"]).check("events").out
+    touched = {line.split("|")[0] for line in drained.splitlines()
+               if "|" in line and line.split("|", 1)[1].startswith("gpuwarden:")}
+    idle = h.exec("slurmctld", ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).check("sinfo").out
+    clean = sorted(set(idle.split()) - touched)
+    assert clean, f"every idle node had a gpuwarden drain this session: {sorted(touched)}"
     ok = h.sbatch("-N1", name="report-ok", wrap="true")
-    bad = h.sbatch("-N1", name="report-bad", wrap="exit 3")
+    bad = h.sbatch("-N1", "-w", clean[0], name="report-bad", wrap="exit 3")
     assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
