@@ -31,8 +31,9 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     idle = h.exec("slurmctld", ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).check("sinfo").out
     clean = sorted(set(idle.split()) - touched)
     assert clean, f"every idle node had a gpuwarden drain this session: {sorted(touched)}"
-    ok = h.sbatch("-N1", name="report-ok", wrap="true")
-    bad = h.sbatch("-N1", "-w", clean[0], name="report-bad", wrap="exit 3")
+    ok = h.sbatch("-N1", "--gpus-per-node=8", name="report-ok", wrap="true")
+    bad = h.sbatch("-N1", "--gpus-per-node=8", "-w", clean[0], name="report-bad",
+                   wrap="exit 3")
     assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
