@@ -34,13 +34,12 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import docker
 
 from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.harness import Harness, wait_until
 from gpuwarden.devcluster.spec import from_env
 from gpuwarden.placement import topology
 
@@ -80,14 +79,6 @@ def workload(load: float, span: float, total_nodes: int, seed: int) -> list[Plan
     return out
 
 
-def wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(1.0)
-
-
 def set_policy(h: Harness, mode: str, wait_s: int) -> None:
     """The default policy's mode and wait in the cluster's config; back when the snapshot
     shows them."""
@@ -95,13 +86,13 @@ def set_policy(h: Harness, mode: str, wait_s: int) -> None:
     h.exec("slurmctld", ["sed", "-i", f'{section} s/^mode = .*/mode = "{mode}"/; '
                          f"{section} s/^wait_s = .*/wait_s = {wait_s}/", CONFIG]).check("policy")
     want = f" mode={mode} wait={wait_s} "
-    wait(lambda: want in h.exec("slurmctld", ["cat", SNAPSHOT]).out, 60, f"a snapshot with{want}")
+    wait_until(lambda: want in h.exec("slurmctld", ["cat", SNAPSHOT]).out, 60, f"a snapshot with{want}")
     time.sleep(2.5)  # the filter re-reads the snapshot's header at most every 2 s
 
 
 def run_arm(h: Harness, jobs: list[Planned], leaf_of: dict[str, str], per_leaf: int,
             label: str) -> list[Ran]:
-    wait(lambda: h.exec("slurmctld", ["squeue", "-h"]).out.strip() == "", 600, "an empty queue")
+    wait_until(lambda: h.exec("slurmctld", ["squeue", "-h"]).out.strip() == "", 600, "an empty queue")
     t0 = time.monotonic()
     ids: list[tuple[int, Planned]] = []
     for j in jobs:

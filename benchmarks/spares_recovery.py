@@ -20,30 +20,22 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
 
 import docker
 
 from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
+from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness, wait_until
 from gpuwarden.devcluster.spec import from_env
 
 SPARES_SBATCH = "/opt/gpuwarden/ckpt/train_spares.sbatch"
 TEST_HOLD_S, DEFAULT_HOLD_S = 31.0, 121.0
 
 
-def wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
 def arm(h: Harness, script: str, nodes: int, args: list[str], env: dict[str, str]) -> float:
     job = h.sbatch(f"-N{nodes}", "--gpus-per-node=8", name="train", script=[script, *args],
                    env=env)
-    wait(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 240, f"job {job} at step 10")
+    wait_until(lambda: max(h.shared_steps(job, 2), default=0) >= 10, 240, f"job {job} at step 10",
+               poll_s=0.5)
     allocated = h.exec("slurmctld", ["scontrol", "show", "hostnames",
                                      h.job_fields(job)["NodeList"]]).out.split()
     victim = allocated[1]
@@ -57,13 +49,15 @@ def arm(h: Harness, script: str, nodes: int, args: list[str], env: dict[str, str
     killed = time.monotonic()
     h.kill(victim)
     try:
-        wait(lambda: restored() >= before + 3, 600, f"job {job}'s ranks restored")
+        wait_until(lambda: restored() >= before + 3, 600, f"job {job}'s ranks restored",
+                   poll_s=0.5)
         took = time.monotonic() - killed
         h.wait_job(job, timeout=600)
     finally:
         h.heal(victim)
-    wait(lambda: "down" not in h.exec("slurmctld", ["sinfo", "-h", "-n", victim, "-o",
-                                                    "%T"]).out.lower(), 180, f"{victim} back")
+    wait_until(lambda: "down" not in h.exec("slurmctld", ["sinfo", "-h", "-n", victim, "-o",
+                                                          "%T"]).out.lower(), 180,
+               f"{victim} back", poll_s=0.5)
     return took
 
 

@@ -59,6 +59,15 @@ class JobWaitError(AssertionError):
     pass
 
 
+def wait_until(cond: Callable[[], bool], timeout: float, what: str, poll_s: float = 1.0) -> None:
+    """For benchmarks run by hand: poll ``cond``; past ``timeout``, exit naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(poll_s)
+
+
 def job_status(job_id: int, job: Job | None) -> str:
     """A job's state as a progress line shows it: "job 12 PENDING (BeginTime)"."""
     if job is None or not job.state:
