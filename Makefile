@@ -58,10 +58,10 @@ MORE_SLURM ?= 26.05
 # unless KEEP_CLUSTER=1; the tests' exit status is make's.
 test: lint $(STAMP)
 	@$(HOST_DEPS) debootstrap lua chromium
-	@status=0; $(PY) -m pytest tests -q || status=$$?; \
+	@status=0; $(PY) -m pytest tests -q --durations=20 || status=$$?; \
 	for v in $(MORE_SLURM); do \
 	    echo "make test: the e2e tests marked versions, on Slurm $$v"; \
-	    GPUWARDEN_SLURM=$$v $(PY) -m pytest tests/e2e -q -m versions || status=$$?; \
+	    GPUWARDEN_SLURM=$$v $(PY) -m pytest tests/e2e -q -m versions --durations=10 || status=$$?; \
 	done; \
 	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
 	    echo "KEEP_CLUSTER=1: the test cluster is left running (make cluster-down removes it)"; \

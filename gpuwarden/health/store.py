@@ -13,7 +13,7 @@ import secrets
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.health.model import Status, Verdict
@@ -128,6 +128,10 @@ class Counters:
     drained_reason: str = ""
 
 
+def _number(value: object) -> TypeGuard[float]:
+    return isinstance(value, float | int) and not isinstance(value, bool)
+
+
 class Store:
     VERDICT = "verdict.json"
     FAST = FAST_SUMMARY
@@ -225,30 +229,39 @@ class Store:
 
     def _newer_stored(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """The stored document when it must stay instead of ``doc``, else None (then ``doc``
-        is written): when it is worse news (CRITICAL over OK, ...) and ``doc``'s checks
-        started before its checks ended, so ``doc`` is no later a look at the node than it.
-        Worse or equal news is always written, and so is news from checks that started after
-        the stored ones ended (a repaired node). Anything unreadable, undated, of another boot
+        is written). It stays when it is the later look at the node:
+        - better news (OK over CRITICAL, ...) whose checks started before the stored checks
+          ended is no later a look than them;
+        - equal news whose checks started before the stored checks started, when the stored
+          verdict is as complete (a periodic check that drained the node and saves after the
+          epilog that ran every check once the job ended must not hide the epilog's why).
+        Worse news is always written, and so is news from checks that started after the
+        stored ones ended (a repaired node). Anything unreadable, undated, of another boot
         or dated in the future counts as older."""
         ours = doc.get(STARTED)
-        if not isinstance(ours, float | int) or not doc[BOOT_ID]:
+        if not _number(ours) or not doc[BOOT_ID]:
             return None
         try:
             data = read_private(os.path.join(self.dir, self.VERDICT))
             stored = json.loads(data) if data else None
             if not isinstance(stored, dict):
                 return None
-            theirs_end = stored.get(MONO)
-            worse = Status[str(stored.get("status"))] > Status[str(doc["status"])]
+            theirs, ours_status = Status[str(stored.get("status"))], Status[str(doc["status"])]
         except (OSError, StateDirError, ValueError, KeyError):
             return None
-        if stored.get(BOOT_ID) != doc[BOOT_ID] or not worse or \
-                not isinstance(theirs_end, float | int) or isinstance(theirs_end, bool) or \
-                theirs_end > time.monotonic() or ours >= theirs_end:
+        theirs_end, theirs_start = stored.get(MONO), stored.get(STARTED)
+        if stored.get(BOOT_ID) != doc[BOOT_ID] or not _number(theirs_end) or \
+                theirs_end > time.monotonic():
             return None
-        log.info("verdict of %s (%s) not stored: %s (%s) is worse news from checks that were "
-                 "still running when these started", doc.get("context"), doc.get("status"),
-                 stored.get("context"), stored.get("status"))
+        if theirs > ours_status and ours < theirs_end:
+            why = "worse news from checks that were still running when these started"
+        elif theirs == ours_status and _number(theirs_start) and ours < theirs_start <= \
+                theirs_end and (stored.get(COMPLETE) is not False or not doc[COMPLETE]):
+            why = "the same news from checks that started after these"
+        else:
+            return None
+        log.info("verdict of %s (%s) not stored: %s (%s) is %s", doc.get("context"),
+                 doc.get("status"), stored.get("context"), stored.get("status"), why)
         return stored
 
     def _restore_summary(self, stored: dict[str, Any]) -> None:

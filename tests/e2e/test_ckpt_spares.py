@@ -145,13 +145,18 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
         # Why the epilog looked is in the verdict it stored, unless the periodic check (its
         # own timer) ran after it and stored a newer one: then that one is from after the job.
         ended = datetime.fromisoformat(h.job_fields(job)["EndTime"]).timestamp()
+        seen: set[str] = set()
 
         def epilog_took_the_note() -> bool:
             res = h.gpuwarden(victim, "health", "show", "--json")
             if res.rc not in (0, 1, 2):
                 return False
             shown = json.loads(res.out)
-            print(f"{victim}'s stored verdict: {shown['context']}")
+            line = (f"{victim}'s stored verdict: {shown['context']} at {shown['at']:.1f} "
+                    f"(the job ended at {ended:.0f})")
+            if line not in seen:
+                seen.add(line)
+                print(line)
             return f"epilog job {job} (its launcher lost this node: rank " in \
                 shown["context"] or (shown["context"] == "health check" and
                                      float(shown["at"]) >= ended)

@@ -168,3 +168,39 @@ def test_a_stored_verdict_dated_in_the_future_blocks_nothing(tmp_path: Path) -> 
     assert s.save_verdict(_ok(now, "health check"), started_mono=mono + 1)
     kept = s.load_stored()
     assert kept is not None and kept[0].status == Status.OK
+
+
+def test_the_same_news_from_checks_that_started_earlier_keeps_the_later_look(
+        tmp_path: Path) -> None:
+    """The periodic check finds a fault during a job and drains (slowly: slurmctld is busy);
+    the job ends, the epilog runs every check, finds the same fault and saves first. The
+    periodic check's save after it must not hide the epilog's verdict, which says why it
+    looked (CI saw exactly this)."""
+    state = tmp_path / "state"
+    s = store.Store(str(state))
+    now, mono = time.time(), time.monotonic()
+    assert s.save_verdict(_crit(now, "epilog job 3 (its launcher lost this node: rank 2)"),
+                          started_mono=mono - 2)
+    assert not s.save_verdict(_crit(now - 20), started_mono=mono - 25)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].context.startswith("epilog job 3")
+    assert not isinstance(_fast(state), dict)
+    # A later periodic check's verdict, the same news, does replace it.
+    assert s.save_verdict(_crit(now + 1), started_mono=mono - 1)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].context == "health check"
+
+
+def test_a_partial_later_look_does_not_keep_out_a_whole_node_verdict(tmp_path: Path) -> None:
+    """A prolog that checked its job's GPUs only (stored partial) starts during the periodic
+    check; the periodic check's whole-node OK, saved after it, still lands (and reaches the
+    textfile and the prologs' fast path)."""
+    state, prom = tmp_path / "state", tmp_path / "prom"
+    s = store.Store(str(state), str(prom))
+    now, mono = time.time(), time.monotonic()
+    assert s.save_verdict(_ok(now, "prolog job 9"), complete=False, gpus={0},
+                          started_mono=mono - 5)
+    assert s.save_verdict(_ok(now, "health check"), started_mono=mono - 30)
+    kept = s.load_stored()
+    assert kept is not None and kept[0].context == "health check" and kept[1]
+    assert isinstance(_fast(state), dict)
