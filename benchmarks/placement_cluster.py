@@ -1,14 +1,17 @@
 """Placement in the running test cluster, not a model of it: the filter against plain Slurm,
 both arms in one run, on the same seeded workloads at several loads.
 
-Each workload is a Poisson stream of jobs over `--span` seconds: one-node jobs and gang jobs of
-2 to 8 nodes (`--gpus-per-node=8`), each `sleep`ing 20 to 90 s with a 3-minute time limit; the
-number of jobs follows from the load (node-seconds asked / node-seconds the cluster has in the
-span). Each load runs twice, same jobs, same submit times:
+Each workload is a Poisson stream of jobs over `--span` seconds, sizes from `--mix`: "frag"
+(default; 60% one-node jobs, gang jobs of 2 to 4 nodes, at most a leaf: where Slurm alone
+splits gang jobs) or "wide" (the independent check's 1 to 8 nodes). Gang jobs ask
+`--gpus-per-node=8`; each job `sleep`s 20 to 90 s with a time limit of its run plus a quarter
+in whole minutes. The number of jobs follows from the load (node-seconds asked / node-seconds
+the cluster has in the span). Each load runs once per arm, same jobs, same submit times:
 - slurm: the placement policy's mode set to "off" (the filter passes every job unchanged, as
   with JobSubmitPlugins commented out): Slurm's own topology/tree;
-- wait N: the filter (mode "preferred") with `wait_s = N`, for each N of `--waits` (the test
-  cluster's gpuwarden.toml has 60; gpuwarden's default is 300).
+- fixed N: the filter (mode "preferred") with `wait_s = N`, `wait_by = "fixed"`;
+- limits N: the same with `wait_by = "limits"` (gpuwarden's default): a job waits only as long
+  as the running jobs' time limits say its fewest switches take to free, at most N.
 The arm is switched by editing /etc/gpuwarden/gpuwarden.toml: the daemon reloads it and the
 benchmark waits for the snapshot to show the policy; the file is put back at the end.
 
@@ -22,7 +25,8 @@ Needs a running cluster with 4 or more leaves: `GPUWARDEN_NODES=16 make cluster-
 leaf: 4). Each arm of each load takes about span + 3 minutes.
 
     GPUWARDEN_NODES=16 .venv/bin/python benchmarks/placement_cluster.py \\
-        [--loads 0.4,1.2] [--waits 60,300] [--span 300] [--seed 1]
+        [--loads 0.4,1.2] [--waits 300] [--by fixed,limits] [--mix frag] [--span 300] \\
+        [--seed 1]
 """
 
 from __future__ import annotations
@@ -45,8 +49,13 @@ from gpuwarden.placement import topology
 
 CONFIG = "/etc/gpuwarden/gpuwarden.toml"
 SNAPSHOT = "/etc/slurm/gpuwarden-placement.lua"
-# (nodes, share of jobs): the independent check's mix of 1 to 8 nodes
-MIX = ((1, 0.30), (2, 0.22), (3, 0.12), (4, 0.16), (6, 0.10), (8, 0.10))
+# (nodes, share of jobs): "wide" is the independent check's mix of 1 to 8 nodes; "frag" is
+# where Slurm alone splits gang jobs: one-node jobs scatter over the leaves, and gang jobs of
+# at most a leaf find the nodes free but never a whole leaf at that moment.
+MIXES = {
+    "wide": ((1, 0.30), (2, 0.22), (3, 0.12), (4, 0.16), (6, 0.10), (8, 0.10)),
+    "frag": ((1, 0.60), (2, 0.10), (3, 0.15), (4, 0.15)),
+}
 SLEEP_S = (20, 90)
 
 
@@ -55,6 +64,12 @@ class Planned:
     at: float  # seconds after the arm's start
     nodes: int
     sleep_s: int
+
+    @property
+    def limit_min(self) -> int:
+        """The job's time limit: its run plus a quarter, in Slurm's whole minutes (users
+        who set limits set them near what the job needs)."""
+        return math.ceil(self.sleep_s * 1.25 / 60)
 
 
 @dataclass(frozen=True)
@@ -67,11 +82,12 @@ class Ran:
     end: int
 
 
-def workload(load: float, span: float, total_nodes: int, seed: int) -> list[Planned]:
+def workload(load: float, span: float, total_nodes: int, seed: int,
+             mix: tuple[tuple[int, float], ...]) -> list[Planned]:
     rng = random.Random(seed)  # noqa: S311 - a reproducible workload
-    mean_node_s = sum(n * share for n, share in MIX) * sum(SLEEP_S) / 2
+    mean_node_s = sum(n * share for n, share in mix) * sum(SLEEP_S) / 2
     count = max(2, round(load * total_nodes * span / mean_node_s))
-    sizes, weights = zip(*MIX, strict=True)
+    sizes, weights = zip(*mix, strict=True)
     t, out = 0.0, []
     for _ in range(count):
         out.append(Planned(t, rng.choices(sizes, weights)[0], rng.randint(*SLEEP_S)))
@@ -79,14 +95,21 @@ def workload(load: float, span: float, total_nodes: int, seed: int) -> list[Plan
     return out
 
 
-def set_policy(h: Harness, mode: str, wait_s: int) -> None:
-    """The default policy's mode and wait in the cluster's config; back when the snapshot
-    shows them."""
+def set_policy(h: Harness, mode: str, wait_s: int, wait_by: str) -> None:
+    """The default policy's mode, wait and wait_by in the cluster's config; back when the
+    snapshot shows them (a fit line only where wait_by is "limits" in mode "preferred")."""
     section = r"/^\[placement.default\]/,/^\[/"
+    h.exec("slurmctld", ["sed", "-i", f"{section} {{/^wait_by = /d}}", CONFIG]).check("policy")
     h.exec("slurmctld", ["sed", "-i", f'{section} s/^mode = .*/mode = "{mode}"/; '
-                         f"{section} s/^wait_s = .*/wait_s = {wait_s}/", CONFIG]).check("policy")
+                         f'{section} s/^wait_s = .*/wait_s = {wait_s}\\nwait_by = "{wait_by}"/',
+                         CONFIG]).check("policy")
     want = f" mode={mode} wait={wait_s} "
-    wait_until(lambda: want in h.exec("slurmctld", ["cat", SNAPSHOT]).out, 60, f"a snapshot with{want}")
+    fits = mode == "preferred" and wait_by == "limits"
+
+    def shown() -> bool:
+        text = h.exec("slurmctld", ["cat", SNAPSHOT]).out
+        return want in text and ("\nfit " in text) == fits
+    wait_until(shown, 60, f"a snapshot with{want}wait_by={wait_by}")
     time.sleep(2.5)  # the filter re-reads the snapshot's header at most every 2 s
 
 
@@ -98,7 +121,7 @@ def run_arm(h: Harness, jobs: list[Planned], leaf_of: dict[str, str], per_leaf: 
     for j in jobs:
         time.sleep(max(0.0, t0 + j.at - time.monotonic()))
         gpus = ["--gpus-per-node=8"] if j.nodes > 1 else []
-        ids.append((h.sbatch(f"-N{j.nodes}", *gpus, "--time=3", name="bench",
+        ids.append((h.sbatch(f"-N{j.nodes}", *gpus, f"--time={j.limit_min}", name="bench",
                              wrap=f"sleep {j.sleep_s}"), j))
     print(f"  {label}: {len(ids)} jobs submitted in {time.monotonic() - t0:.0f} s; waiting",
           flush=True)
@@ -133,11 +156,16 @@ def summary(ran: list[Ran]) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--loads", default="0.4,1.2", help="offered loads, comma-separated")
-    ap.add_argument("--waits", default="60,300", help="the filter's wait_s arms, seconds")
+    ap.add_argument("--waits", default="300", help="the filter's wait_s arms, seconds")
+    ap.add_argument("--by", default="fixed,limits",
+                    help="the filter's wait_by arms: fixed (always wait_s), limits (by the "
+                         "running jobs' time limits, at most wait_s)")
+    ap.add_argument("--mix", choices=sorted(MIXES), default="frag", help="the job sizes")
     ap.add_argument("--span", type=float, default=300.0, help="seconds of arrivals per arm")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     waits = [int(x) for x in a.waits.split(",")]
+    bys = a.by.split(",")
     h = Harness(Cluster(docker.from_env(timeout=600), from_env(), progress=lambda m: None))
     topo = topology.parse(h.exec("slurmctld", ["cat", "/etc/slurm/topology.conf"]).out)
     leaf_of = topo.leaf_of()
@@ -156,31 +184,33 @@ def main() -> int:
     before = (found.group(1), int(found.group(2)))
     h.prepare_jobs_dir()
     rows: list[tuple[float, str, dict[str, float]]] = []
-    arms = [("slurm", "off", before[1])] + [(f"wait {w}", "preferred", w) for w in waits]
+    arms = [("slurm", "off", before[1], "fixed")] + [
+        (f"{by} {w}", "preferred", w, by) for w in waits for by in bys]
     try:
         for i, load in enumerate(float(x) for x in a.loads.split(",")):
-            jobs = workload(load, a.span, len(leaf_of), a.seed + i)
+            jobs = workload(load, a.span, len(leaf_of), a.seed + i, MIXES[a.mix])
             asked = sum(j.nodes * j.sleep_s for j in jobs) / (len(leaf_of) * a.span)
             print(f"load {load:g}: {len(jobs)} jobs over {a.span:g} s (node-seconds asked: "
                   f"{asked:.2f} of the cluster's)", flush=True)
-            for arm, mode, w in arms:
-                set_policy(h, mode, w)
+            for arm, mode, w, by in arms:
+                set_policy(h, mode, w, by)
                 rows.append((load, arm, summary(run_arm(h, jobs, leaf_of, per_leaf,
                                                         f"load {load:g} {arm}"))))
     finally:
-        set_policy(h, *before)
-    print(f"\n{len(topo.leaves)} leaves x {per_leaf} nodes, seed {a.seed}; slurm: the filter "
-          "off; wait N: the filter with wait_s = N")
-    print(f"{'load':>5} {'arm':>9} {'fewest switches':>16} {'mean wait':>10} {'p90 wait':>9} "
+        set_policy(h, *before, "limits")
+    print(f"\n{len(topo.leaves)} leaves x {per_leaf} nodes, mix {a.mix}, seed {a.seed}; slurm: "
+          "the filter off; fixed N: the filter waiting wait_s = N; limits N: waiting as the "
+          "running jobs' time limits say, at most N")
+    print(f"{'load':>5} {'arm':>10} {'fewest switches':>16} {'mean wait':>10} {'p90 wait':>9} "
           f"{'makespan':>9}")
     by = {(load, arm): st for load, arm, st in rows}
     for load, arm, st in rows:
         pct = 100 * st["fewest"] / st["gang"] if st["gang"] else 0.0
-        print(f"{load:>5g} {arm:>9} {int(st['fewest']):>5}/{int(st['gang']):<3} {pct:>5.1f}% "
+        print(f"{load:>5g} {arm:>10} {int(st['fewest']):>5}/{int(st['gang']):<3} {pct:>5.1f}% "
               f"{st['mean_wait']:>8.1f} s {st['p90_wait']:>7.1f} s {st['makespan']:>7.0f} s")
     for load in sorted({r[0] for r in rows}):
         plain = by[(load, "slurm")]
-        for arm, _, _ in arms[1:]:
+        for arm, *_ in arms[1:]:
             filt = by[(load, arm)]
             points = 100 * (filt["fewest"] / filt["gang"] - plain["fewest"] / plain["gang"]) \
                 if plain["gang"] and filt["gang"] else 0.0

@@ -67,14 +67,17 @@ class FakeSlurm:
     table: dict[str, Node]
     now: float = 1_800_000_000.0
     log: list[str] = field(default_factory=list)
-    jobs: dict[int, Job] = field(default_factory=dict)
+    job_table: dict[int, Job] = field(default_factory=dict)
     job_reads: int = 0
 
     def job(self, job_id: int) -> Job:
         self.job_reads += 1
-        if job_id not in self.jobs:
+        if job_id not in self.job_table:
             raise SlurmError(f"job {job_id} is not known to slurmctld")
-        return self.jobs[job_id]
+        return self.job_table[job_id]
+
+    def jobs(self) -> list[Job]:
+        return list(self.job_table.values())
 
     def nodes(self) -> list[Node]:
         return list(self.table.values())

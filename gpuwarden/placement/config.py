@@ -16,6 +16,10 @@ class PartitionPolicy:
     # wait `wait_s`, then run wherever it fits; "off": leave the partition's jobs alone.
     mode: str = "preferred"
     wait_s: int = 300
+    # "limits": a "preferred" job waits only as long as the running jobs' time limits say
+    # enough nodes free under its fewest leaf switches (plus a scheduling margin), at most
+    # wait_s, and not at all when they say none will within wait_s; "fixed": always wait_s.
+    wait_by: str = "limits"
     min_nodes: int = 2  # a gang job: at least this many nodes, and GPUs
     shadow: bool = False  # decide and log, change nothing
     exclude_suspects: bool = True
@@ -25,6 +29,7 @@ class PartitionPolicy:
         require(self.mode in ("required", "preferred", "off"), "mode",
                 '"required", "preferred" or "off"')
         require(0 <= self.wait_s <= 7 * 86_400, "wait_s", "seconds, 0 to a week")
+        require(self.wait_by in ("limits", "fixed"), "wait_by", '"limits" or "fixed"')
         require(self.min_nodes >= 2, "min_nodes", "an integer >= 2")
 
 

@@ -1,7 +1,8 @@
 """`gpuwarden placement daemon`: keep the filter's snapshot current.
 
 Every `interval_s`: read topology.conf, node state (one `scontrol show nodes --json`, one
-`sinfo --json`) and the lemon list, build the snapshot, and replace the file atomically. The
+`sinfo --json`), the running jobs' ends (`scontrol show job --json`, where a policy waits by
+them) and the lemon list, build the snapshot, and replace the file atomically. The
 generation changes only when the content does; the header's time on every write, which is how
 the filter knows the daemon is alive. Any failure keeps the last good snapshot in place (it
 goes stale, and the filter then lets jobs through unchanged) and is logged with what to fix.
@@ -58,8 +59,11 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
         else:
             log.warning("%s; keeping the last lemons read (%s)", exc,
                         ",".join(state.lemons) or "none")
+    # Running jobs' ends only where a policy waits by them: one more controller call a round.
+    by_limits = any(p.mode == "preferred" and p.wait_by == "limits"
+                    for p in (cfg.default, *cfg.partitions.values()))
     return snapshot.build(cfg, topo, client.nodes(), client.partitions(), state.lemons,
-                          state.generation, now)
+                          state.generation, now, client.jobs() if by_limits else ())
 
 
 _NOTE_CHARS = 300

@@ -3,11 +3,13 @@ filter is tested against (tests/unit/test_placement.py runs both on the same cas
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
+import time
 from dataclasses import dataclass
 
-from gpuwarden.placement.snapshot import PartitionView, Snapshot
+from gpuwarden.placement.snapshot import FITS_NOW, NO_FIT, PartitionView, Snapshot
 
 # job_submit.lua's MAX_FIELD: a longer user string is not parsed (the job is left alone), so a
 # 16 MB --exclude cannot hold slurmctld's locks for seconds.
@@ -45,6 +47,30 @@ class Decision:
 
 
 REQUIRED_WAIT_S = 7 * 86_400  # "required": as long as Slurm's max_switch_wait allows
+# On top of when the time limits free the nodes: Slurm starts a waiting job at its next
+# scheduling pass (the backfill runs every 30 s by default).
+SCHED_MARGIN_S = 30
+
+
+def fit_at(fit: tuple[tuple[int, int], ...], nodes: int) -> int | None:
+    """The snapshot's fit time for a job of ``nodes`` nodes; None without a table."""
+    i = bisect.bisect_right([n for n, _ in fit], nodes) - 1
+    return fit[i][1] if i >= 0 else None
+
+
+def wait_for(view: PartitionView, nodes: int, now: int) -> tuple[int, str]:
+    """How long a "preferred" job waits for its fewest switches, and why when the running
+    jobs' time limits decided it (wait_by = "limits"): as long as they say the nodes take to
+    free plus SCHED_MARGIN_S, at most wait_s; 0 when they say not within wait_s (the job
+    then starts at once, in the fewest switches Slurm finds free, as with wait_s = 0)."""
+    p = view.policy
+    at = fit_at(view.fit, nodes)
+    if at is None or at == FITS_NOW:
+        return p.wait_s, ""
+    if at == NO_FIT:
+        return 0, f"not within {p.wait_s}s by the running jobs' time limits"
+    wait = min(p.wait_s, max(0, at - now) + SCHED_MARGIN_S)
+    return wait, "by the running jobs' time limits"
 
 
 def fewest_leaves(capacity: tuple[int, ...], nodes: int) -> int | None:
@@ -242,9 +268,11 @@ def _left_alone(view: PartitionView, job: JobRequest) -> str:
     return ""
 
 
-def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
+def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0,
+           now: int | None = None) -> Decision:
     """``reserved``: nodes held by reservations the job is not in (None: cannot tell, so no
-    exclusions); the filter reads them from slurm.reservations."""
+    exclusions); the filter reads them from slurm.reservations. ``now``: the epoch second
+    (the filter's os.time())."""
     long = too_long(job)
     if long:
         return Decision("pass", f"{long} is over {MAX_FIELD} bytes: left alone unparsed")
@@ -282,10 +310,13 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0) -> Decision:
         notes.append("-N min-max: switches left to Slurm")
     elif s.kind == "block":
         notes.append("topology/block: --segment is cli_filter.lua's")
-    else:
-        switches = k
-        wait = REQUIRED_WAIT_S if p.mode == "required" else p.wait_s
+    elif p.mode == "required":
+        switches, wait = k, REQUIRED_WAIT_S
         notes.append(f"switches={k} wait={wait}s")
+    else:
+        wait, by = wait_for(view, nodes, int(time.time()) if now is None else now)
+        switches = k
+        notes.append(f"switches={k} wait={wait}s" + (f" ({by})" if by else ""))
     exc = None
     if view.avoid and not job.req_nodes and k is not None:
         exc = _exclusions(view, job, need, reserved, notes)

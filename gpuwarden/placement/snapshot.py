@@ -11,8 +11,11 @@ string 190-fold between two hook checks).
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.errors import GpuwardenError
@@ -20,9 +23,10 @@ from gpuwarden.health.gate import CLAIM, WOULD
 from gpuwarden.placement import safefile
 from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
 from gpuwarden.placement.topology import Topology
-from gpuwarden.slurm.models import REASON_PREFIX, Node
+from gpuwarden.slurm import hostlist
+from gpuwarden.slurm.models import REASON_PREFIX, Job, Node
 
-FORMAT = 3
+FORMAT = 4
 # job_submit.lua's caps (MAX_BYTES, MAX_ITEMS): the daemon refuses to write what it would refuse.
 MAX_BYTES = 4 << 20
 MAX_ITEMS = 100_000
@@ -53,6 +57,20 @@ class PartitionView:
     # (drained and down ones included: they come back, and exc_nodes is for the job's life).
     # The filter excludes a group only if a job that could run on that kind still can.
     avoid: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # When a job of N nodes fits under its fewest leaf switches by the running jobs' time
+    # limits (policy wait_by = "limits"): (from N, at) runs, N ascending, each holding up to
+    # the next; at is FITS_NOW, an epoch second, or NO_FIT (not within wait_s).
+    fit: tuple[tuple[int, int], ...] = ()
+
+
+FITS_NOW, NO_FIT = 0, -1
+# Buckets of the fit times: at most this many per partition, each at least _STEP_MIN_S long.
+# Times are rounded up to a bucket's end (a fit is never promised early), on the epoch, so the
+# table (and the generation) changes when jobs start or end, not every round.
+_STEPS, _STEP_MIN_S = 64, 10
+# Node states in which a node is free for a new job now: IDLE and no flag (COMPLETING,
+# PLANNED for a pending job, RESERVED, POWERED_DOWN, ... all make it not free).
+_FREE = frozenset({"IDLE"})
 
 
 @dataclass(frozen=True)
@@ -85,34 +103,94 @@ def suspects(nodes: Iterable[Node], lemons: Mapping[str, str] | Iterable[str]) -
     return out
 
 
+def releases(nodes: Iterable[Node], jobs: Iterable[Job]) -> dict[str, float]:
+    """When each node is free for a new job at the latest, as the controller knows it: 0 for
+    a free node, else the end (start + time limit) of the last running job on it; math.inf
+    when that cannot be told (a job without a limit, a node busy for another reason)."""
+    end: dict[str, float] = {}
+    for j in jobs:
+        if not {"RUNNING", "SUSPENDED", "COMPLETING"} & set(j.state):
+            continue
+        at = float(j.end_time) if j.end_time and "SUSPENDED" not in j.state else math.inf
+        try:
+            names = hostlist.expand(j.nodes) if j.nodes else []
+        except ValueError:
+            continue  # its nodes then count as busy for good (below): never a fit promised
+        for name in names:
+            end[name] = max(end.get(name, 0.0), at)
+    out: dict[str, float] = {}
+    for n in nodes:
+        if set(n.state) <= _FREE and n.state:
+            out[n.name] = 0.0
+        else:
+            out[n.name] = end.get(n.name, math.inf) or math.inf
+    return out
+
+
+def fit_table(per_leaf: Sequence[Sequence[float]], wait_s: int,
+              now: float) -> tuple[tuple[int, int], ...]:
+    """``per_leaf``: each leaf's healthy nodes, as when each is free (releases()). For every
+    job size N up to their count, when N nodes are free under the fewest leaves whose healthy
+    nodes can hold N (as the filter picks req_switch), as (from N, at) runs."""
+    total = sum(len(leaf) for leaf in per_leaf)
+    if total == 0:
+        return ()
+    capacity = sorted((len(leaf) for leaf in per_leaf), reverse=True)
+    step = max(_STEP_MIN_S, math.ceil(wait_s / _STEPS))
+
+    def bucket(t: float) -> float:  # a release counts at its bucket's end: never early
+        return t if t == 0 or math.isinf(t) else math.ceil(t / step) * step
+
+    leaves = [sorted(bucket(t) for t in leaf) for leaf in per_leaf]
+    horizon = now + wait_s + step
+    moments = sorted({t for leaf in leaves for t in leaf if 0 < t <= horizon})
+    tops: list[tuple[int, list[int]]] = []
+    for m in [0, *moments]:
+        free = sorted((bisect.bisect_right(leaf, m) for leaf in leaves), reverse=True)
+        tops.append((int(m), list(itertools.accumulate(free, initial=0))))
+    runs: list[tuple[int, int]] = []
+    k, held = 0, 0
+    for n in range(1, total + 1):
+        while held < n:
+            held += capacity[k]
+            k += 1
+        value = next((m for m, prefix in tops if prefix[k] >= n), NO_FIT)
+        if not runs or runs[-1][1] != value:
+            runs.append((n, value))
+    return tuple(runs)
+
+
 def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
           partitions: Mapping[str, tuple[str, ...]], lemons: Mapping[str, str] | Iterable[str],
           generation: int,
-          now: float) -> Snapshot:
+          now: float, jobs: Sequence[Job] = ()) -> Snapshot:
     by_name = {n.name: n for n in nodes}
     why = suspects(nodes, lemons)
     leaf_of = topo.leaf_of()
+    free_at = releases(nodes, jobs)
     views: dict[str, PartitionView] = {}
     for part, members in sorted(partitions.items()):
         policy = cfg.policy(part)
         excluded = {n: w for n, w in why.items() if n in set(members) and (
             (w == "lemon" and policy.exclude_lemons)
             or (w != "lemon" and policy.exclude_suspects))}
-        per_leaf: dict[str, int] = {}
+        per_leaf: dict[str, list[float]] = {}
         for name in members:
             node = by_name.get(name)
             if node is None or node.drained or node.down or name in excluded:
                 continue
             leaf = leaf_of.get(name)
             if leaf is not None:
-                per_leaf[leaf] = per_leaf.get(leaf, 0) + 1
-        capacity = tuple(sorted(per_leaf.values(), reverse=True))
+                per_leaf.setdefault(leaf, []).append(free_at.get(name, math.inf))
+        capacity = tuple(sorted((len(v) for v in per_leaf.values()), reverse=True))
+        fit = (fit_table(list(per_leaf.values()), policy.wait_s, now)
+               if policy.mode == "preferred" and policy.wait_by == "limits" else ())
         known = [by_name[n] for n in members if n in by_name]
         in_service = sum(1 for n in known if not (n.drained or n.down))
         views[part] = PartitionView(part, policy, capacity, sum(capacity), len(members),
                                     in_service, _gpu_sizes(members, by_name),
                                     tuple(sorted(excluded)),
-                                    _avoid_groups(members, by_name, set(excluded)))
+                                    _avoid_groups(members, by_name, set(excluded)), fit)
     default = cfg.default_partition or (next(iter(views)) if len(views) == 1 else "")
     return Snapshot(generation, now, cfg.stale_after_s, default, topo.kind, views, why)
 
@@ -190,11 +268,13 @@ def render(s: Snapshot) -> str:
         for keep, nodes in v.avoid:
             names = ",".join(_token(n, "node") for n in nodes)
             lines.append(f"avoid {v.name} keep={keep} nodes={names}")
+        if v.fit:
+            lines.append(f"fit {v.name} {' '.join(f'{n}:{at}' for n, at in v.fit)}")
     for node, w in sorted(s.why.items()):
         lines.append(f"why {_token(node, 'node')} {' '.join(w.split())}")
     lines += ["end", ""]
     text = "\n".join(lines)
-    items = sum(1 + len(v.capacity) + len(v.gpus) + len(v.avoid)
+    items = sum(1 + len(v.capacity) + len(v.gpus) + len(v.avoid) + len(v.fit)
                 for v in s.partitions.values())
     if len(text.encode()) > MAX_BYTES or items > MAX_ITEMS:
         raise SnapshotError(f"the snapshot would be {len(text.encode())} bytes and {items} "

@@ -182,6 +182,7 @@ _JOB: dict[str, Any] = {
     "job_id": None, "name": None, "user_name": None, "job_state": None, "state_reason": None,
     "partition": None, "nodes": None, "node_count": None, "restart_cnt": None,
     "exit_code": {"return_code": None}, "admin_comment": None, "comment": None,
+    "end_time": None,
 }
 
 SACCT_V40 = spec(_SACCT)

@@ -108,6 +108,9 @@ class Job:
     exit_code: int | None
     admin_comment: str
     comment: str
+    # When the job ends at the latest: its start plus its time limit while it runs (Slurm's
+    # own estimate while it is pending); None when unset or unlimited.
+    end_time: int | None = None
 
 
 @dataclass(frozen=True)

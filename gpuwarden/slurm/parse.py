@@ -269,6 +269,7 @@ def job_from_json(item: Mapping[str, Any], src: Source = _JOBS, at: At = _AT_JOB
         exit_code=rc,
         admin_comment=_str(item.get("admin_comment")),
         comment=_str(item.get("comment")),
+        end_time=_number(item.get("end_time")) or None,
     )
 
 

@@ -88,7 +88,9 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
     h = placement
     busy(h, "c5")
     set_shadow(h, True)
-    short = h.sbatch("-w", "c1", "--exclusive", name="busy", wrap="sleep 1000")
+    # Its time limit (1 min) tells the filter that leaf1 frees within the policy's 60 s:
+    # without one, waiting would have no promise to rest on (next test).
+    short = h.sbatch("-w", "c1", "--exclusive", "--time=1", name="busy", wrap="sleep 1000")
     h.wait_job(short, want=("RUNNING",), timeout=60)
     t0 = time.time() - 1
     split = gang(h, 4)
@@ -110,6 +112,23 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
              "the gang job to start")
     packed = h.job_fields(job)
     assert packed["NodeList"] == "c[1-4]" and leaves_of(h, packed["NodeList"]) == {"leaf1"}
+
+
+def test_a_gang_job_no_leaf_can_hold_within_the_wait_starts_at_once(
+        placement: Harness) -> None:
+    """Both leaves have a node busy for longer than the policy's 60 s by the running jobs'
+    time limits (read from the real `scontrol show job --json`): waiting would be for
+    nothing, so the job starts at once and is told nothing."""
+    h = placement
+    busy(h, "c5")
+    long = h.sbatch("-w", "c1", "--exclusive", "--time=30", name="busy", wrap="sleep 1000")
+    h.wait_job(long, want=("RUNNING",), timeout=60)
+    fresh_snapshot(h)
+    started = gang(h, 4)
+    assert leaves_of(h, started["NodeList"]) == {"leaf1", "leaf2"}
+    assert "switches=1 wait=0s (not within 60s by the running jobs' time limits)" in \
+        started["AdminComment"], started
+    assert not started.get("Comment", "").startswith("gpuwarden:"), started
 
 
 def test_a_small_gang_job_leaves_a_whole_leaf_for_a_later_big_one(placement: Harness) -> None:

@@ -148,7 +148,7 @@ def test_a_node_the_launcher_lost_gets_every_check_and_drains_on_their_evidence(
     env, slurm, tmp = node_env
     entry.periodic(env)  # a fresh OK verdict: a job that exits 0 alone would not be looked at
     break_gpu(tmp)
-    slurm.jobs[7] = lost_job("c3")
+    slurm.job_table[7] = lost_job("c3")
     assert entry.epilog(env) == 0
     assert slurm.log == ["drain c3"]
     assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5 [health]"
@@ -158,7 +158,7 @@ def test_a_node_the_launcher_lost_gets_every_check_and_drains_on_their_evidence(
 def test_the_launchers_note_alone_never_drains_a_healthy_node(node_env, caplog) -> None:  # type: ignore[no-untyped-def]
     env, slurm, _ = node_env
     entry.periodic(env)
-    slurm.jobs[7] = lost_job("c3")
+    slurm.job_table[7] = lost_job("c3")
     with caplog.at_level("WARNING"):
         assert entry.epilog(env) == 0
     assert slurm.log == []
@@ -173,7 +173,7 @@ def test_a_note_naming_another_node_or_a_users_comment_changes_nothing(node_env)
     for note_job in (lost_job("c5"),
                      replace(lost_job("c3"), comment="lost c3 (rank 1: trust me)"),
                      replace(lost_job("c3"), comment="")):
-        slurm.jobs[7] = note_job
+        slurm.job_table[7] = note_job
         assert entry.epilog(env) == 0
     assert slurm.log == []
 

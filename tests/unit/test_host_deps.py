@@ -141,14 +141,15 @@ def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path
     code, out, ran = _make(tmp_path, "test", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
     assert "host-deps debootstrap lua chromium" in ran
-    i = ran.index("python -m pytest tests -q")
+    i = ran.index("python -m pytest tests -q --durations=20")
     # Then the e2e tests marked versions on the other Slurm release, then the cleanup.
-    assert ran[i + 1:] == ["python -m pytest tests/e2e -q -m versions", "docker info",
+    assert ran[i + 1:] == ["python -m pytest tests/e2e -q -m versions --durations=10", "docker info",
                            "python -m gpuwarden.devcluster down"]
 
 
 def test_make_test_with_keep_cluster_leaves_it(tmp_path: Path) -> None:
     code, out, ran = _make(tmp_path, "test", "KEEP_CLUSTER=1")
     assert code == 0, out
-    assert ran[-2:] == ["python -m pytest tests -q", "python -m pytest tests/e2e -q -m versions"]
+    assert ran[-2:] == ["python -m pytest tests -q --durations=20",
+                        "python -m pytest tests/e2e -q -m versions --durations=10"]
     assert "KEEP_CLUSTER=1: the test cluster is left running" in out

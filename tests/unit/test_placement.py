@@ -174,7 +174,7 @@ def cases_lua(jobs: list[JobRequest], reservations: str = "{}") -> str:
 def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest],
                lfs: bool = True, snap_file: Path | None = None,
                timeout: float = 30, reservations: str = "{}",
-               cwd: Path | None = None) -> list[dict[str, object]]:
+               cwd: Path | None = None, now: int | None = None) -> list[dict[str, object]]:
     d = filter_dir(tmp)
     snap_file = snap_file or d / "gpuwarden-placement.lua"
     if snapshot_text is not None:
@@ -183,6 +183,8 @@ def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest],
     cases = tmp / "cases.lua"
     cases.write_text(cases_lua(jobs, reservations))
     pre = [] if lfs else ["-e", "gpuwarden_no_lfs = true"]
+    if now is not None:  # the filter's clock, for the waits it derives from the snapshot
+        pre += ["-e", f"os.time = function() return {now} end"]
     # The driver comes on stdin, so the outermost file on the Lua stack is job_submit.lua, as
     # when slurmctld loads it: its directory is where the filter looks for the snapshot.
     out = subprocess.run([lua(), *pre, "-", str(d / "job_submit.lua"), str(snap_file),
@@ -246,7 +248,7 @@ def head(t: str) -> str:
     (lambda t: "garbage {{{\n", "no generation line"),
     (lambda t: head(t) + "\nreturn {{{\n", "cannot parse"),
     (lambda t: head(t) + "\nreturn 42\nend\n", "cannot parse: line 2: not a comment line"),
-    (lambda t: head(t) + "\n-- x\nreturn {version = 1}\nend\n", "not a format 3 snapshot"),
+    (lambda t: head(t) + "\n-- x\nreturn {version = 1}\nend\n", "not a format 4 snapshot"),
     (lambda t: t.replace("capacity=4,3", "capacity=x"), "line 7: not a valid partition line"),
     (lambda t: t.replace("capacity=4,3", "capacity=4,,3"), "capacity is not a list"),
     (lambda t: t.replace("avoid gpu", "avoid cpu"), "not a valid avoid line"),

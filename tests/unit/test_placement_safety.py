@@ -69,16 +69,19 @@ HOSTILE = {
     # One instruction growing a string 190-fold: defeats any per-N-instructions memory hook.
     "wide concat": HEADER + _concat(190),
     # Valid records up to the byte cap: capacity lists and exclusion groups hit the item cap.
-    "huge capacity": HEADER + "-- x\nformat 3\npartition p mode=off wait=0 min_nodes=2 "
+    "huge capacity": HEADER + "-- x\nformat 4\npartition p mode=off wait=0 min_nodes=2 "
     "shadow=0 size=1 in_service=1 healthy=1 gpus=8:1 capacity="
     + ",".join(["1"] * 2_000_000) + "\nend\n",
-    "huge gpus": HEADER + "-- x\nformat 3\npartition p mode=off wait=0 min_nodes=2 "
+    "huge gpus": HEADER + "-- x\nformat 4\npartition p mode=off wait=0 min_nodes=2 "
     "shadow=0 size=1 in_service=1 healthy=1 gpus=" + ",".join(["8:1"] * 1_000_000)
     + " capacity=1\nend\n",
-    "many groups": HEADER + "-- x\nformat 3\npartition p mode=off wait=0 min_nodes=2 shadow=0 "
+    "many groups": HEADER + "-- x\nformat 4\npartition p mode=off wait=0 min_nodes=2 shadow=0 "
     "size=1 in_service=1 healthy=1 gpus=8:1 capacity=1\n"
     + "avoid p keep=1 nodes=n1\n" * 170_000 + "end\n",
-    "long line": HEADER + "-- x\nformat 3\npartition " + "p" * (4 << 20) + "\nend\n",
+    "long line": HEADER + "-- x\nformat 4\npartition " + "p" * (4 << 20) + "\nend\n",
+    "huge fit": HEADER + "-- x\nformat 4\npartition p mode=off wait=0 min_nodes=2 shadow=0 "
+    "size=1 in_service=1 healthy=1 gpus=8:1 capacity=1\nfit p "
+    + " ".join(f"{n}:0" for n in range(1, 400_000)) + "\nend\n",
 }
 
 

@@ -48,10 +48,10 @@ local LOG_EVERY = gpuwarden_log_every or 300 -- an unchanged state is logged aga
 local NO_VAL = 4294967294
 local REQUIRED_WAIT = 604800 -- "required": as long as Slurm's max_switch_wait allows
 local MAX_BYTES = 4 * 1024 * 1024 -- snapshot.MAX_BYTES; 10,000 nodes take about 8 KiB
-local MAX_ITEMS = 100000 -- partitions + capacity entries + exclusion groups
+local MAX_ITEMS = 100000 -- partitions + capacity entries + exclusion groups + fit runs
 local MAX_FIELD = 64 * 1024 -- decide.MAX_FIELD: a longer user string is not parsed at all
 local LIST_CHARS = 200 -- decide.LIST_CHARS: node names shown per list in admin_comment and logs
-local FORMAT_LINE = "format 3"
+local FORMAT_LINE = "format 4"
 
 local cache = { snap = nil, generation = nil, written = 0, checked = nil, err = "not read yet",
                 warned = false, failed = nil, failed_err = nil, parses = 0 }
@@ -222,6 +222,33 @@ local function parse_avoid(line, snap)
   return 1
 end
 
+-- "fit gpu 1:0 3:1767225650 9:-1": from N nodes on, when the running jobs' time limits free
+-- them under the fewest leaf switches (0 now, -1 not within wait), N ascending (decide.fit_at).
+local function parse_fit(line, snap, budget)
+  local part, runs = string.match(line, "^fit (%S+) ([%d:%- ]+)$")
+  local view = part and snap.partitions[part]
+  if not view or view.fit then
+    return nil, "not a valid fit line (after its partition)"
+  end
+  local fit, back = {}, {}
+  for n, at in string.gmatch(runs, "(%d+):(%-?%d+)") do
+    if #fit >= budget then
+      return nil, string.format("more than %d items", MAX_ITEMS)
+    end
+    n, at = tonumber(n), tonumber(at)
+    if (#fit > 0 and n <= fit[#fit].n) or at < -1 then
+      return nil, "fit is not a list of ascending N:time pairs"
+    end
+    fit[#fit + 1] = { n = n, at = at }
+    back[#back + 1] = n .. ":" .. at
+  end
+  if #fit == 0 or table.concat(back, " ") ~= runs then
+    return nil, "fit is not a list of ascending N:time pairs"
+  end
+  view.fit = fit
+  return #fit
+end
+
 -- One record a line after the two comment lines; "end" last. Nothing is executed, only
 -- anchored patterns (linear in the line) run, and what is kept is capped by MAX_ITEMS.
 local function parse(data)
@@ -247,6 +274,8 @@ local function parse(data)
       n, err = parse_partition(line, snap, MAX_ITEMS - items)
     elseif string.sub(line, 1, 6) == "avoid " then
       n, err = parse_avoid(line, snap)
+    elseif string.sub(line, 1, 4) == "fit " then
+      n, err = parse_fit(line, snap, MAX_ITEMS - items)
     elseif string.match(line, "^why [%w_.@+%-]+ ") then
       n = 0 -- for people and `explain`; the filter needs none of it
     elseif string.match(line, "^stale_after %d+$") then
@@ -585,6 +614,36 @@ local function waits(job, nodes, switches, wait)
   return line, line
 end
 
+-- decide.SCHED_MARGIN_S: Slurm starts a waiting job at its next scheduling pass.
+local SCHED_MARGIN = 30
+
+-- The fit time for a job of `nodes` nodes (decide.fit_at): binary search of the runs.
+local function fit_at(fit, nodes)
+  local lo, hi, found = 1, #fit, nil
+  while lo <= hi do
+    local mid = math.floor((lo + hi) / 2)
+    if fit[mid].n <= nodes then
+      found, lo = fit[mid].at, mid + 1
+    else
+      hi = mid - 1
+    end
+  end
+  return found
+end
+
+-- How long a "preferred" job waits, and why when the time limits decided it (decide.wait_for).
+local function wait_for(view, nodes, now)
+  local at = view.fit and fit_at(view.fit, nodes)
+  if at == nil or at == 0 then
+    return view.wait, nil
+  end
+  if at == -1 then
+    return 0, string.format("not within %ds by the running jobs' time limits", view.wait)
+  end
+  return math.min(view.wait, math.max(0, at - now) + SCHED_MARGIN),
+    "by the running jobs' time limits"
+end
+
 local function fewest_leaves(capacity, nodes)
   local total = 0
   for i, c in ipairs(capacity) do
@@ -712,10 +771,15 @@ local function decide(snap, job)
     table.insert(d.notes, "node count not understood: switches left to Slurm")
   elseif snap.kind == "block" then
     table.insert(d.notes, "topology/block: --segment is cli_filter.lua's")
-  else
-    d.switches = k
-    d.wait = view.mode == "required" and REQUIRED_WAIT or view.wait
+  elseif view.mode == "required" then
+    d.switches, d.wait = k, REQUIRED_WAIT
     table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait))
+  else
+    local by
+    d.wait, by = wait_for(view, nodes, os.time())
+    d.switches = k
+    table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait)
+      .. (by and " (" .. by .. ")" or ""))
   end
   if #view.avoid > 0 and (job.req_nodes == nil or job.req_nodes == "") and k ~= nil then
     d.exc = exclusions(view, job, need, d.notes)
