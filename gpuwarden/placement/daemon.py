@@ -2,10 +2,11 @@
 
 Every `interval_s`: read topology.conf, node state (one `scontrol show nodes --json`, one
 `sinfo --json`), the running jobs' ends (`scontrol show job --json`, where a policy waits by
-them) and the lemon list, build the snapshot, and replace the file atomically. The
-generation changes only when the content does; the header's time on every write, which is how
-the filter knows the daemon is alive. Any failure keeps the last good snapshot in place (it
-goes stale, and the filter then lets jobs through unchanged) and is logged with what to fix.
+them, and only when node states changed) and the lemon list, build the snapshot, and replace
+the file atomically. The generation changes only when the content does; the header's time on
+every write, which is how the filter knows the daemon is alive. Any failure keeps the last
+good snapshot in place (it goes stale, and the filter then lets jobs through unchanged) and is
+logged with what to fix.
 
 Settings change without a restart: `reload` (reload.Reloader in production) is asked before
 each round after the first. A valid new config runs from the next snapshot; an invalid one is
@@ -27,6 +28,7 @@ from gpuwarden.placement import snapshot, topology
 from gpuwarden.placement.config import PlacementConfig
 from gpuwarden.placement.reload import Reloaded
 from gpuwarden.slurm.client import SlurmClient
+from gpuwarden.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,38 @@ class State:
     content: str = ""  # the last rendered body, without the header
     lemons: dict[str, str] = field(default_factory=dict)  # node -> what --drain did
     refused: str = ""  # why the config file's last change was refused; "" when it was not
+    # The running jobs last read, and the node states they were read with: read again only
+    # when those change (a job started or ended) or after JOBS_MAX_AGE_S.
+    jobs: list[Job] | None = None
+    jobs_nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    jobs_at: float = 0.0
+    jobs_failed: bool = False
+
+
+JOBS_MAX_AGE_S = 60.0
+
+
+def running_jobs(client: SlurmClient, nodes: list[Node], state: State,
+                 now: float) -> list[Job] | None:
+    """The jobs for the fit tables (`scontrol show job --json` lists every job, pending
+    ones too: on a large site that is not every 5 s's work), or None when they cannot be read:
+    then no fit tables (logged as an error), and every job waits the policy's wait_s."""
+    seen = tuple((n.name, n.state) for n in nodes)
+    if state.jobs is not None and seen == state.jobs_nodes and \
+            0 <= now - state.jobs_at < JOBS_MAX_AGE_S:
+        return state.jobs
+    try:
+        jobs = client.jobs()
+    except GpuwardenError as exc:
+        if not state.jobs_failed:
+            log.error("running jobs not read (%s): gang jobs wait the policy's wait_s until "
+                      "they can be (wait_by = \"limits\" needs their time limits)", exc)
+        state.jobs, state.jobs_failed = None, True
+        return None
+    if state.jobs_failed:
+        log.info("running jobs read again: waits by their time limits from this snapshot")
+    state.jobs, state.jobs_nodes, state.jobs_at, state.jobs_failed = jobs, seen, now, False
+    return jobs
 
 
 def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: State,
@@ -59,11 +93,13 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
         else:
             log.warning("%s; keeping the last lemons read (%s)", exc,
                         ",".join(state.lemons) or "none")
-    # Running jobs' ends only where a policy waits by them: one more controller call a round.
+    nodes = client.nodes()
+    # Running jobs' ends only where a policy waits by them.
     by_limits = any(p.mode == "preferred" and p.wait_by == "limits"
                     for p in (cfg.default, *cfg.partitions.values()))
-    return snapshot.build(cfg, topo, client.nodes(), client.partitions(), state.lemons,
-                          state.generation, now, client.jobs() if by_limits else ())
+    jobs = running_jobs(client, nodes, state, now) if by_limits else []
+    return snapshot.build(cfg, topo, nodes, client.partitions(), state.lemons,
+                          state.generation, now, jobs)
 
 
 _NOTE_CHARS = 300

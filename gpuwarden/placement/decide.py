@@ -33,6 +33,9 @@ class JobRequest:
     gpus_per_node: int = 0  # --gpus-per-node (tres_per_node); 0: not given
     tasks: int = 0  # -n; 0: not given
     comment: str = ""  # --comment: the user's, never overwritten
+    # Its wait clock starts after submission (--begin later, --dependency, -H): the snapshot's
+    # cluster state says nothing about then.
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,13 @@ def fit_at(fit: tuple[tuple[int, int], ...], nodes: int) -> int | None:
     return fit[i][1] if i >= 0 else None
 
 
-def wait_for(view: PartitionView, nodes: int, now: int) -> tuple[int, str]:
+def wait_for(view: PartitionView, job: JobRequest, nodes: int, now: int) -> tuple[int, str]:
     """How long a "preferred" job waits for its fewest switches, and why when the running
     jobs' time limits decided it (wait_by = "limits"): as long as they say the nodes take to
     free plus SCHED_MARGIN_S, at most wait_s; 0 when they say not within wait_s (the job
     then starts at once, in the fewest switches Slurm finds free, as with wait_s = 0)."""
     p = view.policy
-    at = fit_at(view.fit, nodes)
+    at = None if job.deferred else fit_at(view.fit, nodes)
     if at is None or at == FITS_NOW:
         return p.wait_s, ""
     if at == NO_FIT:
@@ -314,7 +317,7 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0,
         switches, wait = k, REQUIRED_WAIT_S
         notes.append(f"switches={k} wait={wait}s")
     else:
-        wait, by = wait_for(view, nodes, int(time.time()) if now is None else now)
+        wait, by = wait_for(view, job, nodes, int(time.time()) if now is None else now)
         switches = k
         notes.append(f"switches={k} wait={wait}s" + (f" ({by})" if by else ""))
     exc = None

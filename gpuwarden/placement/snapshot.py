@@ -68,9 +68,12 @@ FITS_NOW, NO_FIT = 0, -1
 # Times are rounded up to a bucket's end (a fit is never promised early), on the epoch, so the
 # table (and the generation) changes when jobs start or end, not every round.
 _STEPS, _STEP_MIN_S = 64, 10
-# Node states in which a node is free for a new job now: IDLE and no flag (COMPLETING,
-# PLANNED for a pending job, RESERVED, POWERED_DOWN, ... all make it not free).
-_FREE = frozenset({"IDLE"})
+# An IDLE node is free for a new job now unless a flag says otherwise (dynamic, cloud and
+# powered-down idle nodes are allocatable: a powered-down one boots for the job).
+_NOT_FREE = frozenset({
+    "COMPLETING", "PLANNED", "RESERVED", "MAINTENANCE", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+    "NOT_RESPONDING", "POWERING_DOWN", "POWER_DOWN", "INVALID_REG", "BLOCKED", "DRAIN",
+    "DOWN", "FAIL", "FAILING", "FUTURE", "UNKNOWN", "ERROR"})
 
 
 @dataclass(frozen=True)
@@ -103,27 +106,33 @@ def suspects(nodes: Iterable[Node], lemons: Mapping[str, str] | Iterable[str]) -
     return out
 
 
-def releases(nodes: Iterable[Node], jobs: Iterable[Job]) -> dict[str, float]:
+def releases(nodes: Iterable[Node], jobs: Iterable[Job], now: float) -> dict[str, float]:
     """When each node is free for a new job at the latest, as the controller knows it: 0 for
     a free node, else the end (start + time limit) of the last running job on it; math.inf
-    when that cannot be told (a job without a limit, a node busy for another reason)."""
+    when that cannot be told: a node busy for another reason, a suspended job, or one past
+    its end (OverTimeLimit, or an unlimited job, which Slurm dates a year on, after a year).
+    A running job whose node list cannot be read makes every busy node unknown."""
     end: dict[str, float] = {}
+    unreadable = False
     for j in jobs:
         if not {"RUNNING", "SUSPENDED", "COMPLETING"} & set(j.state):
             continue
         at = float(j.end_time) if j.end_time and "SUSPENDED" not in j.state else math.inf
+        if at < now:
+            at = math.inf
         try:
             names = hostlist.expand(j.nodes) if j.nodes else []
         except ValueError:
-            continue  # its nodes then count as busy for good (below): never a fit promised
+            unreadable = True
+            continue
         for name in names:
             end[name] = max(end.get(name, 0.0), at)
     out: dict[str, float] = {}
     for n in nodes:
-        if set(n.state) <= _FREE and n.state:
+        if "IDLE" in n.state and not _NOT_FREE & set(n.state):
             out[n.name] = 0.0
         else:
-            out[n.name] = end.get(n.name, math.inf) or math.inf
+            out[n.name] = math.inf if unreadable else end.get(n.name, math.inf)
     return out
 
 
@@ -163,11 +172,13 @@ def fit_table(per_leaf: Sequence[Sequence[float]], wait_s: int,
 def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
           partitions: Mapping[str, tuple[str, ...]], lemons: Mapping[str, str] | Iterable[str],
           generation: int,
-          now: float, jobs: Sequence[Job] = ()) -> Snapshot:
+          now: float, jobs: Sequence[Job] | None = ()) -> Snapshot:
+    """``jobs``: the running jobs, for the fit tables; None when they could not be read (no
+    fit tables: every job waits the policy's wait_s, as with wait_by = "fixed")."""
     by_name = {n.name: n for n in nodes}
     why = suspects(nodes, lemons)
     leaf_of = topo.leaf_of()
-    free_at = releases(nodes, jobs)
+    free_at = releases(nodes, jobs or (), now)
     views: dict[str, PartitionView] = {}
     for part, members in sorted(partitions.items()):
         policy = cfg.policy(part)
@@ -184,7 +195,8 @@ def build(cfg: PlacementConfig, topo: Topology, nodes: list[Node],
                 per_leaf.setdefault(leaf, []).append(free_at.get(name, math.inf))
         capacity = tuple(sorted((len(v) for v in per_leaf.values()), reverse=True))
         fit = (fit_table(list(per_leaf.values()), policy.wait_s, now)
-               if policy.mode == "preferred" and policy.wait_by == "limits" else ())
+               if policy.mode == "preferred" and policy.wait_by == "limits"
+               and jobs is not None else ())
         known = [by_name[n] for n in members if n in by_name]
         in_service = sum(1 for n in known if not (n.drained or n.down))
         views[part] = PartitionView(part, policy, capacity, sum(capacity), len(members),

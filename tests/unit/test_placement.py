@@ -154,6 +154,8 @@ def lua_job(j: JobRequest) -> str:
         fields.append(f"exc_nodes = {lua_str(j.exc_nodes)}")
     if j.reservation:
         fields.append(f'reservation = "{j.reservation}"')
+    if j.deferred:
+        fields.append('dependency = "afterok:1"')
     return "{ " + ", ".join(fields) + " }"
 
 
@@ -165,23 +167,27 @@ def filter_dir(tmp: Path) -> Path:
     return d
 
 
-def cases_lua(jobs: list[JobRequest], reservations: str = "{}") -> str:
-    """The driver's cases file; ``reservations``: slurm.reservations as slurmctld sets it."""
+def cases_lua(jobs: list[JobRequest], reservations: str = "{}",
+              extra: str = "") -> str:
+    """The driver's cases file; ``reservations``: slurm.reservations as slurmctld sets it;
+    ``extra``: more job_desc fields for every job ("begin_time = 5, ")."""
     return (f"slurm.reservations = {reservations}\n"
-            "return {\n" + ",\n".join(lua_job(j) for j in jobs) + "\n}\n")
+            "return {\n" + ",\n".join(lua_job(j).replace("{ ", "{ " + extra, 1)
+                                      for j in jobs) + "\n}\n")
 
 
 def run_filter(tmp: Path, snapshot_text: str | None, jobs: list[JobRequest],
                lfs: bool = True, snap_file: Path | None = None,
                timeout: float = 30, reservations: str = "{}",
-               cwd: Path | None = None, now: int | None = None) -> list[dict[str, object]]:
+               cwd: Path | None = None, now: int | None = None,
+               extra: str = "") -> list[dict[str, object]]:
     d = filter_dir(tmp)
     snap_file = snap_file or d / "gpuwarden-placement.lua"
     if snapshot_text is not None:
         snap_file.write_text(snapshot_text)
         snap_file.chmod(0o644)
     cases = tmp / "cases.lua"
-    cases.write_text(cases_lua(jobs, reservations))
+    cases.write_text(cases_lua(jobs, reservations, extra))
     pre = [] if lfs else ["-e", "gpuwarden_no_lfs = true"]
     if now is not None:  # the filter's clock, for the waits it derives from the snapshot
         pre += ["-e", f"os.time = function() return {now} end"]

@@ -53,11 +53,90 @@ def test_no_leaf_freeing_within_the_wait_means_no_wait() -> None:
 
 
 @pytest.mark.parametrize("job", [
-    running(1, "c[1-8]", None),  # no time limit
+    running(1, "c[1-8]", None),  # no end time at all
+    running(1, "c[1-8]", 365 * 86_400),  # unlimited: Slurm dates its end a year on
+    running(1, "c[1-8]", -60),  # past its end: OverTimeLimit, or a year-old unlimited job
     running(1, "c[1-8]", 30, state="SUSPENDED"),  # its end moves while it is suspended
 ])
 def test_an_end_that_cannot_be_told_is_never_promised(job: Job) -> None:
     assert decide(fitted([job]), JobRequest(4, True), now=NOW).wait_s == 0
+
+
+def test_a_node_list_that_cannot_be_read_makes_every_busy_node_unknown() -> None:
+    s = fitted([running(1, "c[3-4]", 45), running(2, "c[5-8]", 3600)])
+    jobs = [running(1, "c[3-4]", 45), running(2, "c[5-8", 40)]
+    nodes = [node(f"c{i}", ("ALLOCATED",) if i > 2 else ("IDLE",)) for i in range(1, 9)]
+    free_at = snapshot.releases(nodes, jobs, NOW)
+    assert free_at["c1"] == 0 and all(math.isinf(free_at[f"c{i}"]) for i in range(3, 9))
+    assert decide(s, JobRequest(4, True), now=NOW).wait_s == 80  # the readable case
+
+
+@pytest.mark.parametrize("state, free", [
+    (("IDLE",), True), (("IDLE", "DYNAMIC_NORM"), True), (("IDLE", "CLOUD"), True),
+    (("IDLE", "POWERED_DOWN"), True), (("IDLE", "COMPLETING"), False),
+    (("IDLE", "PLANNED"), False), (("IDLE", "RESERVED"), False),
+    (("IDLE", "NOT_RESPONDING"), False), (("MIXED",), False), (("ALLOCATED",), False),
+])
+def test_an_idle_node_is_free_unless_a_flag_says_otherwise(state: tuple[str, ...],
+                                                           free: bool) -> None:
+    got = snapshot.releases([node("c1", state)], [], NOW)["c1"]
+    assert (got == 0) is free
+
+
+def test_a_job_that_starts_later_waits_the_policys_wait() -> None:
+    """Slurm starts the wait clock when it first looks at the job: for --begin later, a
+    dependency or a held job, today's cluster state says nothing."""
+    s = fitted([running(1, "c[1-2]", 3600), running(2, "c[5-6]", 3600)])
+    d = decide(s, JobRequest(4, True, deferred=True), now=NOW)
+    assert (d.switches, d.wait_s) == (1, 300)
+
+
+@pytest.mark.parametrize("extra", [
+    'dependency = "afterok:9", ', f"begin_time = {NOW + 600}, ", "priority = 0, "])
+def test_the_lua_filter_gives_a_deferred_job_the_policys_wait(tmp_path: Path,
+                                                               extra: str) -> None:
+    s = fitted([running(1, "c[1-2]", 3600), running(2, "c[5-6]", 3600)])
+    got = run_filter(tmp_path, snapshot.render(s), [JobRequest(4, True)], now=NOW,
+                     extra=extra)[0]
+    assert got.get("wait4switch") == "300", got
+    now = run_filter(tmp_path, snapshot.render(s), [JobRequest(4, True)], now=NOW,
+                     extra=f"begin_time = {NOW - 5}, ")[0]
+    assert now.get("wait4switch") == "0", now
+
+
+def test_the_daemon_reads_jobs_only_when_nodes_change_and_survives_a_failed_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from gpuwarden.errors import SlurmError
+    topo = tmp_path / "topology.conf"
+    topo.write_text(TREE)
+    cfg = PlacementConfig(topology_file=str(topo), snapshot_file=str(tmp_path / "snap.lua"),
+                          interval_s=1, stale_after_s=10)
+    reads: list[int] = []
+    broken = [False]
+
+    class Slurm(FakeSlurm):
+        def partitions(self) -> dict[str, tuple[str, ...]]:
+            return {"gpu": tuple(self.table)}
+
+        def jobs(self) -> list[Job]:
+            reads.append(1)
+            if broken[0]:
+                raise SlurmError("scontrol show job --json: timed out after 30 s")
+            return super().jobs()
+
+    slurm = Slurm({f"c{i}": node(f"c{i}", ("ALLOCATED",) if i <= 2 else ("IDLE",))
+                   for i in range(1, 9)})
+    slurm.job_table[1] = running(1, "c[1-2]", 95)
+    state, lemons = daemon.State(), str(tmp_path / "none.json")
+    for t in range(0, 20, 5):
+        assert daemon.step(cfg, slurm, lemons, state, NOW + t) is not None  # type: ignore[arg-type]
+    assert len(reads) == 1  # nodes unchanged: the jobs read once
+    slurm.table["c3"] = node("c3", ("ALLOCATED",))
+    broken[0] = True
+    snap = daemon.step(cfg, slurm, lemons, state, NOW + 25)  # type: ignore[arg-type]
+    assert snap is not None and snap.partitions["gpu"].fit == ()  # fixed waits, not stale
+    assert "running jobs not read" in caplog.text
+    assert decide(snap, JobRequest(4, True), now=NOW + 25).wait_s == 300
 
 
 def test_fixed_and_required_policies_keep_their_wait() -> None:
@@ -121,6 +200,11 @@ def test_the_lua_filter_waits_as_the_python_reference(tmp_path: Path) -> None:
     "fit gpu",
     "fit gpu 1:0  2:5",
     "fit cpu 1:0",  # no such partition
+    "fit gpu 1:-0", "fit gpu 0:5", "fit gpu 2:0",  # never written: N from 1, -1 or a time
+    "fit gpu 1:0 2:0",  # a run repeated
+    "fit gpu 1:0 99:-1",  # more nodes than the partition's healthy ones
+    "fit gpu 1:0 ",
+    "fit gpu 1:0 2:123456789012345",
 ])
 def test_a_bad_fit_line_lets_the_job_through_unchanged(tmp_path: Path, line: str) -> None:
     text = snapshot.render(fitted([running(1, "c[1-2]", 45)]))

@@ -224,29 +224,39 @@ end
 
 -- "fit gpu 1:0 3:1767225650 9:-1": from N nodes on, when the running jobs' time limits free
 -- them under the fewest leaf switches (0 now, -1 not within wait), N ascending (decide.fit_at).
+-- Only what the daemon writes is accepted; two flat arrays of numbers, one anchored step a run.
+local FIT_BAD = "not a valid fit line (after its preferred partition: ascending N:time runs)"
 local function parse_fit(line, snap, budget)
-  local part, runs = string.match(line, "^fit (%S+) ([%d:%- ]+)$")
+  local part, runs = string.match(line, "^fit (%S+) (.+)$")
   local view = part and snap.partitions[part]
-  if not view or view.fit then
-    return nil, "not a valid fit line (after its partition)"
+  if not view or view.fit_n or view.mode ~= "preferred" then
+    return nil, FIT_BAD
   end
-  local fit, back = {}, {}
-  for n, at in string.gmatch(runs, "(%d+):(%-?%d+)") do
-    if #fit >= budget then
+  local ns, ats, pos = {}, {}, 1
+  while true do
+    if #ns >= budget then
       return nil, string.format("more than %d items", MAX_ITEMS)
     end
-    n, at = tonumber(n), tonumber(at)
-    if (#fit > 0 and n <= fit[#fit].n) or at < -1 then
-      return nil, "fit is not a list of ascending N:time pairs"
+    local _, e, n, at, sep = string.find(runs, "^([1-9]%d*):(%-?%d+)( ?)", pos)
+    if not e or #n > 9 or #at > 12 then
+      return nil, FIT_BAD
     end
-    fit[#fit + 1] = { n = n, at = at }
-    back[#back + 1] = n .. ":" .. at
+    local nn, aa = tonumber(n), tonumber(at)
+    if nn > view.healthy or (#ns > 0 and (nn <= ns[#ns] or aa == ats[#ats]))
+        or not (at == "0" or at == "-1" or string.find(at, "^[1-9]")) then
+      return nil, FIT_BAD
+    end
+    ns[#ns + 1], ats[#ats + 1] = nn, aa
+    pos = e + 1
+    if sep == "" then
+      break
+    end
   end
-  if #fit == 0 or table.concat(back, " ") ~= runs then
-    return nil, "fit is not a list of ascending N:time pairs"
+  if pos <= #runs or ns[1] ~= 1 then
+    return nil, FIT_BAD
   end
-  view.fit = fit
-  return #fit
+  view.fit_n, view.fit_at = ns, ats
+  return #ns
 end
 
 -- One record a line after the two comment lines; "end" last. Nothing is executed, only
@@ -618,12 +628,12 @@ end
 local SCHED_MARGIN = 30
 
 -- The fit time for a job of `nodes` nodes (decide.fit_at): binary search of the runs.
-local function fit_at(fit, nodes)
-  local lo, hi, found = 1, #fit, nil
+local function fit_at(view, nodes)
+  local ns, lo, hi, found = view.fit_n, 1, #view.fit_n, nil
   while lo <= hi do
     local mid = math.floor((lo + hi) / 2)
-    if fit[mid].n <= nodes then
-      found, lo = fit[mid].at, mid + 1
+    if ns[mid] <= nodes then
+      found, lo = view.fit_at[mid], mid + 1
     else
       hi = mid - 1
     end
@@ -631,9 +641,19 @@ local function fit_at(fit, nodes)
   return found
 end
 
+-- A job whose wait clock starts later than its submission (Slurm starts it when it first
+-- looks at the job): --begin in the future, a dependency, or held (-H: priority 0).
+local function deferred(job, now)
+  return (set(job.begin_time) and job.begin_time > now)
+    or (job.dependency ~= nil and job.dependency ~= "") or job.priority == 0
+end
+
 -- How long a "preferred" job waits, and why when the time limits decided it (decide.wait_for).
-local function wait_for(view, nodes, now)
-  local at = view.fit and fit_at(view.fit, nodes)
+local function wait_for(view, job, nodes, now)
+  if not view.fit_n or deferred(job, now) then
+    return view.wait, nil
+  end
+  local at = fit_at(view, nodes)
   if at == nil or at == 0 then
     return view.wait, nil
   end
@@ -776,7 +796,7 @@ local function decide(snap, job)
     table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait))
   else
     local by
-    d.wait, by = wait_for(view, nodes, os.time())
+    d.wait, by = wait_for(view, job, nodes, os.time())
     d.switches = k
     table.insert(d.notes, string.format("switches=%d wait=%ds", k, d.wait)
       .. (by and " (" .. by .. ")" or ""))
