@@ -282,8 +282,8 @@ def resume_cmd(obj: Context, node: str) -> None:
 @click.option("--feature", "features", type=click.Choice(list(FEATURES)), multiple=True,
               help="only this feature, for --check and --part gpuwarden (repeatable; default: all)")
 @click.option("--slurm-version", "release", metavar="RELEASE", default=None,
-              help="--check: the Slurm release whose slurm.conf keys to accept, e.g. 24.11 "
-              "(default: `scontrol --version` on this host)")
+              help="--check and --part gpuwarden: the Slurm release whose slurm.conf keys to "
+              "accept or write, e.g. 24.11 (default: `scontrol --version` on this host)")
 @click.option("--autodetect/--no-autodetect", default=True, show_default=True,
               help="gres.conf: AutoDetect=nvml (real GPUs) or explicit File= lines")
 @click.option("--nodes", type=int, default=None, help="override [cluster] nodes")
@@ -307,18 +307,26 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
     if release is not None and slurm_version is None:
         _die(f"--slurm-version {release!r}: give a release such as 24.11 or 25.05.2 "
              "(`scontrol --version` on a Slurm host says which)", EXIT_CONFIG)
+    how = "--slurm-version"
+    if slurm_version is None and (check_path is not None or part == "gpuwarden"):
+        # --check needs the config; the printed block only the Slurm commands' directory, so a
+        # broken config file does not stop it (the commands are then looked for on PATH).
+        try:
+            bin_dir = obj.config().slurm.bin_dir
+        except ConfigError:
+            if check_path is not None:
+                obj.config_or_exit()
+            bin_dir = ""
+        runner = SubprocessRunner(lambda: bindir.locate(bin_dir, use_path=True).path)
+        slurm_version, how = slurmconfcheck.running_version(runner), "scontrol --version"
     if check_path is not None:
         cfg = obj.config_or_exit()
-        how = "--slurm-version"
-        if slurm_version is None:
-            runner = SubprocessRunner(lambda: bindir.locate(cfg.slurm.bin_dir, use_path=True).path)
-            slurm_version, how = slurmconfcheck.running_version(runner), "scontrol --version"
         sys.exit(slurmconfcheck.check(
             check_path, chosen, slurmconfcheck.placement_wait_s(cfg.placement), click.echo,
             lambda line: click.echo(line, err=True), slurm_version=slurm_version,
             version_from=how, cluster_set=slurmconf.described(config_file)))
     if part == "gpuwarden":
-        click.echo(slurmconfcheck.block(chosen), nl=False)
+        click.echo(slurmconfcheck.block(chosen, slurm_version=slurm_version), nl=False)
         return
     try:
         cluster = obj.config().cluster

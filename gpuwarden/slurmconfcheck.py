@@ -37,6 +37,7 @@ from gpuwarden.slurmconfneeds import (
     Site,
     Verdict,
     items,
+    keys_for,
     merged,
     option_name,
     wanted,
@@ -144,13 +145,18 @@ def summary(findings: list[Finding], features: Iterable[str]) -> str:
 
 
 # ---- the merged block -------------------------------------------------------------------------
-def block(features: Iterable[str] = tuple(FEATURES), hooks: dict[str, str] | None = None) -> str:
+def block(features: Iterable[str] = tuple(FEATURES), hooks: dict[str, str] | None = None,
+          slurm_version: Version | None = None) -> str:
     """The slurm.conf lines the features need, one line per key, each under a comment that says
-    which feature needs it and why."""
+    which feature needs it and why, written for ``slurm_version`` (None: unknown, lines every
+    supported release reads)."""
     on = [f for f in FEATURES if f in set(features)]
     paths = {**HOOKS, **(hooks or {})}
-    site = Site()
+    site = Site(slurm_version=slurm_version)
+    written_for = f"Slurm {show(slurm_version)}" if slurm_version else \
+        "any Slurm from 24.05 (release unknown: --slurm-version names it)"
     lines = [f"# gpuwarden: the slurm.conf lines for {', '.join(FEATURES[f] for f in on)}.",
+             f"# Written for {written_for}.",
              "# Merge them into slurm.conf: where a key is there already, combine the values on",
              "# ONE line (Slurm keeps only the last line of a key; Prolog and Epilog excepted)."]
     if "placement" in on:
@@ -166,7 +172,8 @@ def block(features: Iterable[str] = tuple(FEATURES), hooks: dict[str, str] | Non
             feats = ", ".join(FEATURES[f] for f in n.features if f in on)
             lines.extend(textwrap.wrap(f"{feats}: {n.why}", 94, initial_indent="# ",
                                        subsequent_indent="#   "))
-        lines.append(f"{'' if mine[0].block else '#'}{key}={value}")
+        lines.extend(f"{'' if mine[0].block else '#'}{k}={value}"
+                     for k in keys_for(key, slurm_version))
     return "\n".join(lines) + "\n"
 
 

@@ -187,6 +187,15 @@ def node_state(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
                    f"set: {need.key}={need.value}")
 
 
+def keys_for(key: str, version: Version | None) -> tuple[str, ...]:
+    """The keys a release writes ``key`` as: from 25.05 the hook timeout is two keys
+    (PrologEpilogTimeout is still read there, but deprecated); an unknown release gets the one
+    key every supported release reads."""
+    if key == "PrologEpilogTimeout" and version is not None and version >= OWN_TIMEOUTS:
+        return ("PrologTimeout", "EpilogTimeout")
+    return (key,)
+
+
 def timeouts(need: Need, conf: SlurmConf, site: Site) -> Verdict:
     floor = site.hook_limit_s + HOOK_MARGIN_S
     limit = f"{site.hook_limit_s} s" + (f", {site.hook_limit_from}" if site.hook_limit_from else "")
@@ -270,11 +279,19 @@ def topology(need: Need, conf: SlurmConf, site: Site) -> Verdict:
     names = ("topology.conf", "topology.yaml")
     # Only Slurm's reading matters here: a file we may not read is there all the same.
     there = {*site.beside, *(n for n, b in site.unusable.items() if b.denied)}
-    if v.severity != OK or there & set(names):
+    if v.severity != OK or "topology.conf" in there:
         return v
+    where = f"{conf.directory}/topology.conf"
+    if "topology.yaml" in there:
+        # Slurm 25.05+ may read its switches from topology.yaml; gpuwarden's daemon and
+        # cli_filter.lua read topology.conf only, and without it pack nothing.
+        return Verdict(MISSING, f"{v.found} and {conf.directory}/topology.yaml, but no "
+                       "topology.conf: gpuwarden's placement (its daemon and cli_filter.lua) "
+                       "reads the switches from topology.conf only, and without it sets no "
+                       "switch count", f"write {where} describing the same switches as "
+                       "topology.yaml (man topology.conf; Slurm keeps reading topology.yaml)")
     broken = "; ".join(f"{conf.directory}/{n}: {site.unusable[n].why}"
                        for n in names if n in site.unusable)
-    where = f"{conf.directory}/topology.conf"
     # Rendered from a [cluster] the site never set, it would describe gpuwarden's example
     # nodes, and Slurm only warns about unknown nodes: placement without real switches.
     fix = f"write it: gpuwarden slurm-conf --part topology.conf > {where}" if site.cluster_set \

@@ -20,6 +20,7 @@ from gpuwarden.devcluster.exec import ExecResult, run_in
 from gpuwarden.devcluster.spec import LABEL, PREFIX, Spec
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.parse import parse_nodes
+from gpuwarden.slurmconfkeys import parse_release, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,26 @@ class Cluster:
             for host, role in roles.items():
                 self._run(host, role, tag, config_hash, hosts[host], hosts)
         self.wait_ready(timeout=timeout)
-        self.progress(f"cluster ready in {time.monotonic() - t0:.0f} s: "
+        release = self.check_release(tag)
+        self.progress(f"cluster ready in {time.monotonic() - t0:.0f} s: {release}, "
                       f"{len(self.spec.node_names)} nodes x {self.spec.cluster.gpus_per_node} GPUs")
+
+    def check_release(self, tag: str) -> str:
+        """The Slurm the cluster runs ("slurm 26.05.5"), or ClusterError when it is not the
+        release GPUWARDEN_SLURM asked for: an image built from a Debian suite that has moved
+        on would otherwise test another Slurm under the asked one's name."""
+        wanted = parse_release(self.spec.slurm)
+        seen: dict[str, str] = {}
+        for host in ("slurmctld", self.spec.node_names[0]):
+            res = self.exec(host, ["scontrol", "--version"], timeout=20)
+            seen[host] = (res.out.strip() or res.err.strip() or f"exit {res.rc}")
+            if res.rc != 0 or parse_version(res.out) != wanted:
+                raise ClusterError(
+                    f"GPUWARDEN_SLURM={self.spec.slurm}, but {host} of image {tag} runs "
+                    f"{seen[host]!r}: the image's Debian suite carries another Slurm now. "
+                    f"Rebuild it (`docker rmi {tag}`, then make cluster-up) and check "
+                    "docker-cluster/image's packages, or pick the release it runs")
+        return seen["slurmctld"]
 
     def down(self, keep_state: bool = False) -> None:
         for c in self._containers():

@@ -104,6 +104,27 @@ def _exit_code(value: Any) -> tuple[int | None, int | None]:
     return rc, signal
 
 
+# Fields whose misread would change a decision (a drained node read as idle, a reason or a
+# health marker read as empty): in a document that names its version, a value of another JSON
+# type is an error naming field and version, never a silent default. Slurm prints flag sets
+# as lists of strings and these texts as strings in every version v0.0.40-45.
+_NODE_TYPES = (("state", list), ("reason", str), ("reason_set_by_user", str), ("extra", str),
+               ("comment", str))
+_JOB_TYPES = (("job_state", list), ("nodes", str), ("admin_comment", str), ("comment", str))
+
+
+def _check_types(item: Mapping[str, Any], types: tuple[tuple[str, type], ...], at: At,
+                 src: Source) -> None:
+    for key, kind in types:
+        value = item.get(key)
+        if value is not None and not isinstance(value, kind):
+            want = "a list of strings" if kind is list else "a string"
+            raise src.error(f"{at}.{key}: expected {want}, found "
+                            f"{dataparser.json_type(value)} ({value!r:.60})")
+        if kind is list and value is not None and not all(isinstance(v, str) for v in value):
+            raise src.error(f"{at}.{key}: expected a list of strings, found {value!r:.60}")
+
+
 _NODES = Source("scontrol show nodes --json")
 
 
@@ -111,6 +132,7 @@ def node_from_json(item: Mapping[str, Any], src: Source = _NODES,
                    at: At = _AT_NODES) -> Node:
     if src.strict:
         dataparser.check(item, dataparser.NODE, at, src)
+        _check_types(item, _NODE_TYPES, at, src)
     name = item.get("name")
     if not isinstance(name, str) or not name:
         raise src.error(f"{at}: node without a name: {dict(item)!r:.200}")
@@ -252,6 +274,7 @@ _JOBS = Source("scontrol show job --json")
 def job_from_json(item: Mapping[str, Any], src: Source = _JOBS, at: At = _AT_JOBS) -> Job:
     if src.strict:
         dataparser.check(item, dataparser.JOB, at, src)
+        _check_types(item, _JOB_TYPES, at, src)
     job_id = _number(item.get("job_id"))
     if job_id is None:
         raise src.error(f"{at}.job_id missing: job without a job_id: {dict(item)!r:.200}")

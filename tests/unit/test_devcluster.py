@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -64,3 +65,29 @@ def test_image_build_without_root_or_debootstrap_says_what_to_do(
     monkeypatch.setattr(image.shutil, "which", lambda _name: None)
     with pytest.raises(image.ImageBuildError, match="apt-get install -y debootstrap"):
         image._check_prerequisites()
+
+
+class _Runs:
+    """Stands in for a Cluster whose hosts answer `scontrol --version` with ``answer``."""
+
+    def __init__(self, slurm: str, answer: str) -> None:
+        self.spec = dataclasses.replace(spec.from_env(), slurm=slurm)
+        self.answer = answer
+
+    def exec(self, host: str, argv: list[str], timeout: float = 60.0) -> object:
+        from gpuwarden.devcluster.exec import ExecResult
+        return ExecResult(0, self.answer, "")
+
+
+@pytest.mark.parametrize("slurm", ["24.11", "26.05"])
+def test_the_cluster_says_which_slurm_it_runs(slurm: str) -> None:
+    from gpuwarden.devcluster.cluster import Cluster
+    got = Cluster.check_release(_Runs(slurm, f"slurm {slurm}.5\n"), "tag")  # type: ignore[arg-type]
+    assert got == f"slurm {slurm}.5"
+
+
+def test_an_image_running_another_slurm_than_asked_is_refused() -> None:
+    # Debian's testing suite moving on to 26.11 must not pass as 26.05 tested end to end.
+    from gpuwarden.devcluster.cluster import Cluster, ClusterError
+    with pytest.raises(ClusterError, match=r"GPUWARDEN_SLURM=26.05, but slurmctld .*26.11.1"):
+        Cluster.check_release(_Runs("26.05", "slurm 26.11.1\n"), "tag")  # type: ignore[arg-type]

@@ -324,3 +324,28 @@ def test_strict_fast_decoder_is_used_only_where_msgspec_is() -> None:
     else:
         assert acctfast.decoder_for(None) is acctfast.DECODER
         assert acctfast.decoder_for("v0.0.43") is not acctfast.DECODER
+
+
+# ---- a field of another type is an error, not a default (issue 17) ----------------------------
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("state", 5, "a list of strings, found a number"),
+    ("state", {"flags": ["DRAIN"]}, "a list of strings, found dict"),
+    ("state", [1, 2], "a list of strings"),
+    ("reason", ["gpuwarden: xid 79"], "a string, found a list"),
+    ("extra", {"gpuwarden": "ok"}, "a string, found dict"),
+])
+def test_a_node_field_of_another_type_names_field_and_version(field: str, value: object,
+                                                              expected: str) -> None:
+    doc = json.loads((DIR / "scontrol_show_node_v0.0.45.json").read_text())
+    doc["nodes"][0][field] = value
+    with pytest.raises(SlurmParseError) as err:
+        parse.parse_nodes(json.dumps(doc))
+    assert f"(data_parser v0.0.45): nodes[0].{field}: expected {expected}" in str(err.value)
+
+
+def test_a_job_state_of_another_type_names_field_and_version() -> None:
+    doc = json.loads((DIR / "scontrol_show_job_v0.0.42.json").read_text())
+    doc["jobs"][0]["job_state"] = "RUNNING"
+    with pytest.raises(SlurmParseError, match=r"v0\.0\.42\): jobs\[0\]\.job_state: expected a "
+                       r"list of strings, found a string"):
+        parse.parse_jobs(json.dumps(doc))
