@@ -170,9 +170,13 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
     exits = dict(exits or {})
     lost = silent(views, layout, started, now, s, exits)
     running = [v for v in views if not v.done and v.rank not in exits]
+    # A rank's own failure (not 75: a save at the time limit).
+    own = [c for _r, c in sorted(exits.items()) if c not in (0, EXIT_REQUEUE)]
     # Every running rank silent at once says more about the launcher's side (its network,
     # the training not using JobCheckpointer) than about the nodes: no spare is spent on it.
-    blind = bool(running) and len(lost) == len(running)
+    # Not when the others failed meanwhile: ranks whose collective broke on a vanished peer
+    # (gloo, NCCL) exit, and the silent ones are what they lost.
+    blind = bool(running) and len(lost) == len(running) and not own
     if blind:
         lost = []
     named = {x.node for x in lost}
@@ -181,15 +185,15 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
              if n in mapping and n not in named and mapping[n] not in exits]
     if lost:
         lost = with_quiet(lost, views, layout, now, s, exits)
-    # A rank's own failure (not 75: a save at the time limit) is the program's, never a node's.
-    own = [c for _r, c in sorted(exits.items()) if c not in (0, EXIT_REQUEUE)]
     if code is not None:
         return _ended(code, own, lost)
+    # A lost node explains the others' failures (their collectives broke on it); a rank's own
+    # failure with every other node alive is the program's, never a node's.
+    if lost:
+        return Verdict("lost", lost=tuple(lost))
     if own:
         rank = min(r for r, c in exits.items() if c == own[0])
         return Verdict("failed", code=own[0], why=f"rank {rank} exited {own[0]}")
-    if lost:
-        return Verdict("lost", lost=tuple(lost))
     if blind:
         return Verdict("blind", why=f"no heartbeat from any of {len(running)} running ranks")
     if watch.hung(views, now, s.hang_s, s.start_s):
@@ -200,11 +204,11 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
 
 
 def _ended(code: int, own: Sequence[int], lost: Sequence[Lost]) -> Verdict:
+    if lost and code not in (0, EXIT_REQUEUE):
+        return Verdict("lost", lost=tuple(lost))  # the failures it explains are not the job's
     if own:
         return Verdict("exited", code=own[0])  # its own status, not the others' signal
-    if code in (0, EXIT_REQUEUE) or not lost:
-        return Verdict("exited", code=code)  # done, a requeue asked for, or the job's own
-    return Verdict("lost", lost=tuple(lost))
+    return Verdict("exited", code=code)  # done, a requeue asked for, or the job's own
 
 
 def after_hang(hang_relaunches_done: int, s: LaunchSettings) -> bool:

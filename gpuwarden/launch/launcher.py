@@ -154,7 +154,11 @@ class Launcher:
                              self.steps.failed_nodes(step), exits)
             never = [Lost(r, n, "its rank never beat after the relaunch onto it")
                      for r, n in enumerate(self.layout.ranks)
-                     if n in fresh and views[r].last is None]
+                     if n in fresh and views[r].last is None and r not in exits]
+            if never and code not in (None, 0) and any(x.last is not None for x in views):
+                # srun ended the step while the other nodes' ranks ran: it could not launch
+                # on these (a dead node slurmctld does not know is down yet).
+                return Verdict("lost", lost=tuple(never))
             if fresh and all(x.last is None for x in views) and (
                     (code is not None and code != 0)
                     or (v.kind == "blind" and now - started >= self.s.start_s)):
@@ -166,8 +170,10 @@ class Launcher:
             if v.kind == "failed":
                 # srun waits for every task (--kill-on-bad-exit=0): the others may block in a
                 # collective; they have a deadline to end by themselves, then the step ends.
+                # A node lost meanwhile (silent past the deadline) is found within it and
+                # explains the failure (decide.judge); one beat more against a late datagram.
                 failed_at = now if failed_at is None else failed_at
-                if now - failed_at >= self.s.deadline_s:
+                if now - failed_at >= self.s.deadline_s + self.s.beat_s:
                     return v
             elif v.kind not in ("running", "blind"):
                 return v

@@ -50,6 +50,12 @@ if mode == "done_hang":  # training over; rank 1 hangs at interpreter exit
     if rank == 1:
         threading.Event().wait()
     sys.exit(0)
+if mode == "peer_exit":  # a collective fails once a peer's node is gone (gloo, NCCL): exit 1
+    while gen == 1:
+        b.progress(9); time.sleep(0.1)
+        if os.path.exists(sys.argv[2]):
+            sys.exit(1)
+    b.done(); time.sleep(0.2)
 if mode == "gen1_forever":  # the first launch runs until its node dies; later ones finish
     while gen == 1:
         b.progress(9); time.sleep(0.1)
@@ -282,3 +288,76 @@ def test_the_launchers_variables_reach_the_ranks_under_export_none() -> None:
     argv = srun_argv("srun", "9", ["a", "b"], ["python", "t.py"])
     assert "--export=ALL" in argv and argv.index("--export=ALL") < argv.index("python")
     assert not [a for a in argv if a.startswith("--export=") and a != "--export=ALL"]
+
+
+# ---- a second review (issue 18) -----------------------------------------------------------
+def test_survivors_whose_collective_fails_on_the_lost_peer_get_a_spare(rank: list[str],
+                                                                       tmp_path: Path) -> None:
+    # R1: with real collectives the survivors exit 1 as soon as their peer's node is gone;
+    # that was taken for the program's own failure: rc 1, no spare, no requeue.
+    gone = tmp_path / "peer_gone"
+    steps, ev, rep = LocalSteps("9410"), Events(), Recorded()
+    th, out = in_thread(lambda: launch(
+        "9410", ["n0", "n1", "n2", "n3"], [*rank, "peer_exit", str(gone)], S, steps, rep, ev,
+        "127.0.0.1"))
+    while not ev.named("all_beating"):
+        assert th.is_alive(), ev.seen
+        time.sleep(0.02)
+    steps.kill_node("n1")
+    time.sleep(0.2)
+    gone.touch()
+    th.join(60)
+    steps.reap()
+    assert not th.is_alive() and out["rc"] == 0, ev.seen
+    assert [x.node for x in rep.so_far] == ["n1"]
+    assert [e["nodes"] for e in ev.named("step_started")] == [["n0", "n1", "n2"],
+                                                              ["n0", "n3", "n2"]]
+    assert not ev.named("failed")
+
+
+class LaunchTimesOut(LocalSteps):
+    """A spare that is dead but not yet DOWN in slurmctld: the step is created, the other
+    nodes' tasks start and beat, the launch RPC to the dead one times out and srun ends the
+    step with exit 1."""
+
+    def __init__(self, job_id: str, down: str) -> None:
+        super().__init__(job_id)
+        self.down = down
+        self.t0: dict[str, float] = {}
+
+    def start(self, nodes: Any, env: Any, argv: Any) -> LocalStep:
+        step = super().start(nodes, env, argv)
+        if self.down in nodes:
+            p = step.procs.pop(self.down)
+            p.kill()
+            p.wait()
+            self.t0[step.step_id] = time.monotonic()
+        return step
+
+    def poll(self, step: Step) -> int | None:
+        assert isinstance(step, LocalStep)
+        if step.step_id in self.t0 and step.code is None:
+            if time.monotonic() - self.t0[step.step_id] > 1.5:
+                for p in step.procs.values():
+                    p.kill()
+                step.code = 1
+            return step.code
+        return super().poll(step)
+
+
+def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
+        rank: list[str]) -> None:
+    # R2: the survivors beat, srun failed on the dead spare: rc 1 with a spare still left.
+    steps, ev, rep = LaunchTimesOut("9310", "n3"), Events(), Recorded()
+    th, out = in_thread(lambda: launch(
+        "9310", ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
+        replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
+    while not ev.named("all_beating"):
+        assert th.is_alive(), ev.seen
+        time.sleep(0.02)
+    steps.kill_node("n1")
+    th.join(60)
+    steps.reap()
+    assert not th.is_alive() and out["rc"] == 0, ev.seen
+    assert [x.node for x in rep.so_far] == ["n1", "n3"]
+    assert [e["nodes"] for e in ev.named("step_started")][-1] == ["n0", "n4", "n2"]
