@@ -21,8 +21,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures
-from gpuwarden.lemon.attribution import LEMON_PREFIX, Attribution, event_time
-from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
+from gpuwarden.health.reasons import is_health_drain
+from gpuwarden.lemon.attribution import Attribution, event_time
+from gpuwarden.slurm.models import NodeEvent
 
 
 @dataclass(frozen=True)
@@ -99,10 +100,10 @@ def daly(cost_h: float, mttf_h: float) -> float:
 def gating_drains(events: Iterable[NodeEvent], since: float = 0.0,
                   until: float = float("inf")) -> Iterator[tuple[str, float]]:
     """(node, start) of each health-gating drain that began in [since, until] (lemon drains
-    and operators' drains are not node failures; a drain that began before the history did is
-    not its failure)."""
+    and operators' drains, `gpuwarden drain` by hand included, are not node failures; a
+    drain that began before the history did is not its failure)."""
     for e in events:
-        if not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
+        if not is_health_drain(e.reason):  # tagged by health gating; not a hand drain
             continue
         if "DRAIN" not in e.state.upper():
             continue

@@ -18,7 +18,9 @@ from itertools import accumulate
 from pathlib import Path
 
 from gpuwarden.fleet.calibrate import BIG_GPUS, SimParams
+from gpuwarden.health.reasons import health_reason
 from gpuwarden.slurm.hostlist import compress
+from gpuwarden.slurm.models import REASON_PREFIX
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 CLUSTER = "sim"
@@ -247,7 +249,8 @@ class Generator:
         if found:
             # Health gating drains it (XID 79 style); the node is away a day for repair.
             self.events.append(Event(node, at + 30, at + 86_400, "DRAIN",
-                                     f"gpuwarden: xid 79 on GPU {rng.randrange(8)}", "root"))
+                                     f"{REASON_PREFIX} {health_reason(f'xid 79 on GPU {rng.randrange(8)}')}",
+                                     "root"))
             return ("FAILED", "") if n == 1 or rng.random() < 0.5 else ("NODE_FAIL", node)
         self.events.append(Event(node, at, at + 600, "DOWN*", "Not responding", "root"))
         return "NODE_FAIL", node

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 
+from gpuwarden.health.reasons import is_health_drain
 from gpuwarden.lemon.incidence import IncidenceBuilder
 from gpuwarden.lemon.rangetally import RangeTally, shape
 from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
@@ -200,7 +201,9 @@ def health_drains(events: Iterable[NodeEvent]) -> list[HealthDrain]:
     """Drains set by health gating, from `sacctmgr show events` (lemon drains excluded)."""
     out = []
     for e in events:
-        if not e.node or not e.reason.startswith(REASON_PREFIX) or e.reason.startswith(LEMON_PREFIX):
+        # Only health gating's own drains (tagged): a hand `gpuwarden drain --reason` is an
+        # operator's, not evidence of a fault.
+        if not e.node or not is_health_drain(e.reason):
             continue
         at = event_time(e.start)
         if at is not None:
@@ -224,9 +227,9 @@ def node_failures(events: Iterable[NodeEvent]) -> list[HealthDrain]:
     downs; never an operator's down or drain."""
     out = []
     for e in events:
-        if not e.node or e.reason.startswith(LEMON_PREFIX):
+        if not e.node:
             continue
-        if e.reason.startswith(REASON_PREFIX) or e.reason.startswith(SLURM_DOWN_REASONS):
+        if is_health_drain(e.reason) or e.reason.startswith(SLURM_DOWN_REASONS):
             at = event_time(e.start)
             if at is not None:
                 out.append(HealthDrain(e.node, at, e.reason))

@@ -16,9 +16,10 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuwarden.health.reasons import is_health_drain
 from gpuwarden.lemon.attribution import LEMON_PREFIX, SLURM_DOWN_REASONS, event_time
 from gpuwarden.report.bins import DAY, bin_days, day_label
-from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
+from gpuwarden.slurm.models import NodeEvent
 
 OWNERS = ("health", "lemon", "operator", "slurm")
 
@@ -26,8 +27,8 @@ OWNERS = ("health", "lemon", "operator", "slurm")
 def owner(reason: str) -> str:
     if reason.startswith(LEMON_PREFIX):
         return "lemon"
-    if reason.startswith(REASON_PREFIX):
-        return "health"
+    if is_health_drain(reason):
+        return "health"  # a hand `gpuwarden drain` falls through: an operator's
     if reason.startswith(SLURM_DOWN_REASONS):
         return "slurm"
     return "operator"

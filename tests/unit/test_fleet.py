@@ -34,9 +34,9 @@ def test_mttf_by_size_counts_only_infrastructure_failures() -> None:
             gjob(3, "FAILED", "c3", 8, 5),  # the user's: not a failure of the fleet
             gjob(4, "FAILED", "c[1-2]", 16, 2), gjob(5, "COMPLETED", "c[3-4]", 16, 2)]
     during = T0 + 15_000
-    events = [ev("c9", during), ev("c8", during, "DRAIN", "gpuwarden: xid 79"),
+    events = [ev("c9", during), ev("c8", during, "DRAIN", "gpuwarden: xid 79 [health]"),
               ev("c7", during, "DRAIN", "maintenance"),
-              ev("c6", T0 - 86_400, "DRAIN", "gpuwarden: xid 48")]  # began before the history
+              ev("c6", T0 - 86_400, "DRAIN", "gpuwarden: xid 48 [health]")]  # began before the history
     rep = mttf.report(attribute(jobs), events, 8, 30.0, (16_384,))
     by = {c.gpus: c for c in rep.classes}
     assert (by[8].runs, by[8].failures, by[8].mttf_h) == (3, 1, pytest.approx(20.0))

@@ -80,7 +80,7 @@ def test_malformed_records_are_skipped_and_counted() -> None:
 
 def test_health_drains_from_events_skip_lemon_and_operator_drains() -> None:
     events = [
-        NodeEvent("g", "c1", "2026-11-29T10:00:00", "Unknown", "DRAIN", "gpuwarden: xid 79", "root"),
+        NodeEvent("g", "c1", "2026-11-29T10:00:00", "Unknown", "DRAIN", "gpuwarden: xid 79 [health]", "root"),
         NodeEvent("g", "c2", "2026-11-29T10:00:00", "Unknown", "DRAIN", "maintenance", "root"),
         NodeEvent("g", "c3", "2026-11-29T10:00:00", "Unknown", "DRAIN",
                   "gpuwarden: lemon, 7 of 41 jobs failed", "root"),
@@ -214,7 +214,7 @@ def test_operator_downs_drains_and_lemon_drains_are_not_node_failures() -> None:
     from gpuwarden.lemon.attribution import node_failures
 
     events = [ev("c1", T0, "DRAIN", "maintenance"), ev("c2", T0, "DRAIN", "gpuwarden: lemon, x"),
-              ev("c3", T0, "DRAIN", "gpuwarden: xid 79"), ev("c4", T0),
+              ev("c3", T0, "DRAIN", "gpuwarden: xid 79 [health]"), ev("c4", T0),
               ev("c5", T0, "DOWN", "maint: swap PSU"), ev("c6", T0, "DOWN", "Kill task failed")]
     assert sorted(d.node for d in node_failures(events)) == ["c3", "c4", "c6"]
 

@@ -121,7 +121,8 @@ def test_collector_keeps_nothing_of_failed_runs_no_event_can_explain() -> None:
     def tally(n: int) -> tuple[int, int]:
         jobs = [job(i, "FAILED", f"n{i % 2000}", 8, T0 + i, 600, exit_code=1) for i in range(n)]
         # One health drain: the one run on n7 that it overlaps may be blamed (rule 4).
-        events = [ev("n7", "2026-01-01T00:00:10", "2026-01-01T01:00:00", "DRAIN", "gpuwarden: x")]
+        events = [ev("n7", "2026-01-01T00:00:10", "2026-01-01T01:00:00", "DRAIN",
+                     "gpuwarden: x [health]")]
         tracemalloc.start()
         t = RunTally(blamable=Blamable.of(events))
         t.add(jobs)
@@ -136,7 +137,8 @@ def test_collector_keeps_nothing_of_failed_runs_no_event_can_explain() -> None:
 
 
 def test_kept_failed_runs_are_every_run_the_attribution_blames() -> None:
-    events = [ev("n7", "2026-01-01T00:05:00", "2026-01-01T01:00:00", "DRAIN", "gpuwarden: x"),
+    events = [ev("n7", "2026-01-01T00:05:00", "2026-01-01T01:00:00", "DRAIN",
+                 "gpuwarden: x [health]"),
               ev("n9", "2026-01-01T02:10:00", "2026-01-01T03:00:00", "DOWN", "Not responding")]
     jobs = [job(1, "FAILED", "n7", 8, T0, 600, exit_code=1),  # rule 4: drained while it ran
             job(2, "FAILED", "n8", 8, T0, 600, exit_code=1),  # the user's
@@ -207,10 +209,13 @@ def test_report_of_files_says_where_gating_state_is() -> None:
 # 7 -------------------------------------------------------------------------------------------
 def test_one_count_of_health_drains_and_came_with_counted_directly() -> None:
     jobs = [job(1, "COMPLETED", "n2", 8, T0, 10 * H)]
-    events = [ev("n1", "2026-01-01T01:00:00", "2026-01-01T01:30:00", "DRAIN", "gpuwarden: xid 79"),
+    events = [ev("n1", "2026-01-01T01:00:00", "2026-01-01T01:30:00", "DRAIN",
+                 "gpuwarden: xid 79 [health]"),
               ev("n1", "2026-01-01T02:00:00", "2026-01-01T03:00:00", "DRAIN", "gpuwarden: lemon"),
-              ev("n3", "2026-01-01T03:00:00", "2026-01-01T04:00:00", "DOWN", "gpuwarden: xid 48"),
-              ev("n4", "2026-01-01T10:30:00", "2026-01-01T11:00:00", "DRAIN", "gpuwarden: ecc")]
+              ev("n3", "2026-01-01T03:00:00", "2026-01-01T04:00:00", "DOWN",
+                 "gpuwarden: xid 48 [health]"),
+              ev("n4", "2026-01-01T10:30:00", "2026-01-01T11:00:00", "DRAIN",
+                 "gpuwarden: ecc [health]")]
     r = report(jobs, events)
     f = {x.label: x.value for x in r.tradeoffs[2].figures}
     # Only the n1 xid drain is a node failure (the MTTF's count): a DRAIN, not a lemon's,
@@ -291,7 +296,7 @@ def test_sub_second_and_exact_checkpoint_intervals(tmp_path: Path) -> None:
 def test_drains_count_inside_the_window_one_cluster_and_each_hour_once() -> None:
     evs = [ev("n1", "2026-01-03T00:00:00", "Unknown", "DRAIN", "maint"),  # after the window
            ev("n2", "2026-01-01T00:00:00", "Unknown", "DRAIN", "maint", cluster="a"),
-           ev("n2", "2026-01-01T06:00:00", "2026-01-01T12:00:00", "DRAIN", "gpuwarden: x",
+           ev("n2", "2026-01-01T06:00:00", "2026-01-01T12:00:00", "DRAIN", "gpuwarden: x [health]",
               cluster="a"),
            ev("n2", "2026-01-01T00:00:00", "Unknown", "DRAIN", "maint", cluster="b")]
     d = drains(evs, T0, T0 + DAY)
@@ -344,3 +349,20 @@ def test_long_histories_bin_by_week_with_the_year_and_unique_ids() -> None:
     text = " ".join(page.split())
     assert f"{r.mttf.gpu_hours} GPU-hours" in text
     assert "the size's upper bound in nodes" in text
+
+
+# A second review -------------------------------------------------------------------------------
+def test_a_hand_gpuwarden_drain_is_an_operators_not_a_node_failure() -> None:
+    # `gpuwarden drain n4 --reason "replacing PSU"` stores "gpuwarden: replacing PSU": it was
+    # counted as health gating's (r_f, the proactive card, health drain-hours) and made a
+    # user's one-node failure on n4 the hardware's by rule 4.
+    jobs = [job(1, "FAILED", "n4", 8, T0, H, exit_code=1),
+            job(2, "COMPLETED", "n2", 8, T0, 10 * H)]
+    events = [ev("n4", "2026-01-01T00:30:00", "2026-01-01T05:00:00", "DRAIN",
+                 "gpuwarden: replacing PSU")]
+    r = report(jobs, events)
+    assert r.mttf.node_failures == 0
+    f = {x.label: x.value for x in r.tradeoffs[2].figures}
+    assert f["health-gating drains (the MTTF section's node failures)"] == 0
+    assert r.drains.events.get("health", 0) == 0 and r.drains.events["operator"] == 1
+    assert sum(c.failures for c in r.mttf.classes) == 0  # the user's failure stays the user's
