@@ -18,7 +18,8 @@ shared filesystem or S3, verified again. (A job of one rank with no durable tier
 node memory.) DCP's coordinator must be rank 0 (SLURM_PROCID 0), which holds the metadata.
 
 DCP's metadata is read with torch's weights-only unpickler (`torch.load(weights_only=True)`),
-allowing DCP's metadata classes only: a checkpoint never runs code, even one a user edited.
+allowing DCP's metadata classes only. Non-tensor items are unpickled by DCP's own load planner,
+as with its FileSystemReader, and only from the job's own verified steps.
 """
 
 from __future__ import annotations
@@ -106,10 +107,22 @@ class GpuwardenWriter(StorageWriter):
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self.step = check_step(int(checkpoint_id))
+            try:
+                step = int(checkpoint_id)
+            except (TypeError, ValueError):
+                raise StateError(f"checkpoint_id {checkpoint_id!r}: gpuwarden's checkpoint_id "
+                                 "is the step number (dcp_writer(ck, step) sets it; leave "
+                                 "checkpoint_id= out)") from None
+            self.step = check_step(step)
         self.items = {}
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("use_collectives") is False:
+            # Every rank then coordinates its own save: the step would hold one rank's
+            # metadata and the others' items would be overwritten.
+            raise StateError("dcp.save(..., use_collectives=False) is not supported: a "
+                             "gpuwarden step gathers every rank's results on rank 0 (DCP's "
+                             "default, use_collectives=True)")
         if is_coordinator != (self.rank == 0):
             # The reader looks for the metadata in rank 0's step: any other layout would
             # save checkpoints that no load can read.
@@ -179,6 +192,11 @@ class GpuwardenReader(StorageReader):
         self.storage_data = {}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if "rank" in kwargs:
+            # DCP asks for a rank's own metadata after the global read failed, and then
+            # loads that rank alone without collectives: the ranks' collectives would part.
+            raise StateError("gpuwarden keeps no per-rank DCP metadata: the step's metadata "
+                             "is in rank 0's step")
         md = _load_metadata(self._state(0).get(METADATA))
         if getattr(md, "storage_meta", None) is None and hasattr(dcp_metadata, "StorageMeta"):
             md.storage_meta = dcp_metadata.StorageMeta()

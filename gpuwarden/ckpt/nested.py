@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +31,9 @@ from gpuwarden.ckpt.codec import StateError
 
 STRUCTURE = "_nested.json"
 FORMAT = "gpuwarden.nested/1"
-MAX_STRUCTURE = 64 << 20
+# The tree (Python scalars and strings inline) at most: save refuses more, so that every tree
+# a save writes is one a restore accepts; a parse of this much stays within a few hundred MB.
+MAX_STRUCTURE = 16 << 20
 MAX_DEPTH = 64
 
 
@@ -61,6 +64,10 @@ class _Flattener:
         import torch  # noqa: PLC0415
 
         t = value.detach()
+        if type(t) is not torch.Tensor:  # nn.Parameter detaches to a Tensor; DTensor does not
+            raise StateError(f"state {path}: a {type(t).__name__} (a tensor subclass) cannot "
+                             "be saved with ck.save: sharded state (DTensor, FSDP) goes "
+                             "through DCP: dcp.save(sd, storage_writer=dcp_writer(ck, step))")
         if t.is_sparse or t.layout != torch.strided:
             raise StateError(f"state {path}: {t.layout} tensors are not supported; save "
                              "t.to_dense()")
@@ -80,7 +87,11 @@ class _Flattener:
         name = self._shard()
         node = {"tensor": name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
         if t.device.type == "cpu":
-            self.shards[name] = _bytes_of(t.contiguous())
+            try:
+                self.shards[name] = _bytes_of(t.contiguous())
+            except RuntimeError as exc:
+                raise StateError(f"state {path}: cannot read the tensor's memory: "
+                                 f"{str(exc)[:200]}") from None
         else:
             host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
             host.copy_(t, non_blocking=True)
@@ -93,10 +104,14 @@ class _Flattener:
             raise StateError(f"state {path}: nested more than {MAX_DEPTH} deep")
         if value is None or isinstance(value, bool):
             return {"v": value}
+        if isinstance(value, np.generic):  # before float: np.float64 is one, and stays itself
+            name = self._shard()
+            self.shards[name] = np.asarray(value)
+            return {"npscalar": name}
         if isinstance(value, int):
-            return {"int": str(value)}  # any size: JSON readers may round large numbers
+            return _int_node(int(value))
         if isinstance(value, float):
-            return {"float": value.hex()}
+            return _float_node(float(value))
         if isinstance(value, str):
             return {"str": value}
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -107,10 +122,6 @@ class _Flattener:
             name = self._shard()
             self.shards[name] = value
             return {"ndarray": name}
-        if isinstance(value, np.generic):
-            name = self._shard()
-            self.shards[name] = np.asarray(value)
-            return {"npscalar": name}
         if _is_tensor(value):
             return self.leaf_tensor(value, path)
         if isinstance(value, Mapping):
@@ -127,6 +138,22 @@ class _Flattener:
         raise StateError(f"state {path}: {type(value).__module__}.{type(value).__name__} "
                          "cannot be checkpointed (tensors, arrays, bytes, str, int, float, "
                          "bool, None, and dicts, lists and tuples of them can)")
+
+
+def _int_node(n: int) -> dict[str, str]:
+    """As text, of any size (JSON readers may round large numbers); past Python's limit on
+    decimal conversion (4300 digits), in hex, which has none."""
+    try:
+        return {"int": str(n)}
+    except ValueError:
+        return {"hexint": hex(n)}
+
+
+def _float_node(x: float) -> dict[str, str]:
+    """float.hex is exact but for a NaN's sign and payload: those keep their 8 bytes."""
+    if math.isnan(x):
+        return {"fbits": struct.pack("<d", x).hex()}
+    return {"float": x.hex()}
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -152,6 +179,9 @@ def _bytes_of(t: Any) -> np.ndarray[Any, Any]:
     flat = t.reshape(-1)
     if flat.numel() == 0:
         return np.zeros(0, dtype=np.uint8)
+    if flat.stride(0) != 1:
+        # A one-element view keeps its parent's stride and counts as contiguous: copied.
+        flat = flat.clone(memory_format=torch.contiguous_format)
     out: np.ndarray[Any, Any] = (flat.view(torch.uint8) if flat.dtype != torch.uint8
                                  else flat).numpy()
     return out
@@ -170,6 +200,10 @@ def flatten(state: Mapping[str, Any]) -> dict[str, Any]:
             f.shards[name] = _bytes_of(host)
     doc = json.dumps({"format": FORMAT, "tree": tree}, separators=(",", ":"),
                      allow_nan=False).encode()
+    if len(doc) > MAX_STRUCTURE:
+        raise StateError(f"state: its Python values (ints, floats, strings, lists of them) "
+                         f"take {len(doc)} bytes as text, more than {MAX_STRUCTURE} a restore "
+                         "reads: save long lists and strings as tensors or arrays (or bytes)")
     return {**f.shards, STRUCTURE: doc}
 
 
@@ -226,9 +260,19 @@ class _Builder:
         (kind, body), = node.items()
         if kind == "v" and (body is None or isinstance(body, bool)):
             return body
-        if kind == "int" and isinstance(body, str) and len(body) <= 4300:
+        if kind == "int" and isinstance(body, str) and len(body) <= 4301:  # sign + 4300
             try:
                 return int(body)
+            except ValueError:
+                pass
+        elif kind == "hexint" and isinstance(body, str) and body.lstrip("-").startswith("0x"):
+            try:
+                return int(body, 16)
+            except ValueError:
+                pass
+        elif kind == "fbits" and isinstance(body, str) and len(body) == 16:
+            try:
+                return float(struct.unpack("<d", bytes.fromhex(body))[0])
             except ValueError:
                 pass
         elif kind == "float" and isinstance(body, str) and len(body) <= 40:
@@ -275,9 +319,9 @@ def is_nested(state: Mapping[str, Any]) -> bool:
 def unflatten(state: Mapping[str, Any]) -> dict[str, Any]:
     """The state `flatten` was given, from the decoded shards of a verified step."""
     raw = state[STRUCTURE]
-    # What flatten writes is about 100 bytes per leaf: anything far larger is not its tree,
-    # and parsing it could take gigabytes first.
-    most = min(MAX_STRUCTURE, (1 << 20) + 512 * len(state))
+    # flatten writes at most this: anything larger is not its tree, and parsing it could
+    # take gigabytes first.
+    most = MAX_STRUCTURE
     if not isinstance(raw, bytes) or len(raw) > most:
         raise StateError(f"{STRUCTURE}: not a bytes shard of at most {most} bytes")
     try:

@@ -121,7 +121,7 @@ def _check_types(item: Mapping[str, Any], types: tuple[tuple[str, type], ...], a
             want = "a list of strings" if kind is list else "a string"
             raise src.error(f"{at}.{key}: expected {want}, found "
                             f"{dataparser.json_type(value)} ({value!r:.60})")
-        if kind is list and value is not None and not all(isinstance(v, str) for v in value):
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
             raise src.error(f"{at}.{key}: expected a list of strings, found {value!r:.60}")
 
 

@@ -169,3 +169,40 @@ def test_a_job_of_one_rank_without_a_shared_tier_loads_from_node_memory(tmp_path
         assert (tmp_path / "m" / "job-8" / "rank-00000" / "step-000000000010").is_dir()
     finally:
         dist.destroy_process_group()
+
+
+# ---- a second review (issue 15) -------------------------------------------------------------
+def _writer(rank: int) -> Any:
+    from types import SimpleNamespace
+
+    from gpuwarden.ckpt.dcp import GpuwardenWriter
+    return GpuwardenWriter(SimpleNamespace(env=SimpleNamespace(rank=rank)), 10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_save_without_collectives_is_refused_before_anything_is_written(rank: int) -> None:
+    # dcp.save(..., use_collectives=False) makes every rank its own coordinator: rank 1's
+    # items were replaced by an empty step, and a load gave zeros without an error.
+    from gpuwarden.ckpt.codec import StateError
+    with pytest.raises(StateError, match="use_collectives=False"):
+        _writer(rank).set_up_storage_writer(rank == 0, rank=rank, use_collectives=False)
+
+
+def test_a_checkpoint_id_that_is_no_step_number_names_itself() -> None:
+    from gpuwarden.ckpt.codec import StateError
+    w = _writer(0)
+    with pytest.raises(StateError, match=r"checkpoint_id '/fsx/ckpt/step-10'.*step number"):
+        w.reset("/fsx/ckpt/step-10")
+    w.reset(20)
+    assert w.step == 20
+
+
+def test_a_per_rank_metadata_read_is_refused_so_no_rank_loads_alone() -> None:
+    # After one failed global read DCP retried with rank=, and a rank that got an answer
+    # loaded without collectives while the others waited in them.
+    from gpuwarden.ckpt.codec import StateError
+    from gpuwarden.ckpt.dcp import GpuwardenReader
+    reader = GpuwardenReader.__new__(GpuwardenReader)
+    reader.step = 10
+    with pytest.raises(StateError, match="no per-rank"):
+        reader.read_metadata(rank=1)

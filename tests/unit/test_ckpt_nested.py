@@ -154,8 +154,50 @@ def test_a_damaged_scalar_is_a_state_error_never_a_crash(node: dict[str, Any]) -
         nested.unflatten(_decoded(flat))
 
 
-def test_a_tree_far_larger_than_its_shards_need_is_refused_before_parsing() -> None:
+def test_a_tree_larger_than_any_save_writes_is_refused_before_parsing() -> None:
     flat = nested.flatten({"a": np.ones(2)})
-    flat[nested.STRUCTURE] = b"[" * (3 << 20)
+    flat[nested.STRUCTURE] = b"[" * (nested.MAX_STRUCTURE + 1)
     with pytest.raises(StateError, match="at most"):
         nested.unflatten(_decoded(flat))
+
+
+# ---- a second review (issue 15) -------------------------------------------------------------
+def roundtrip(tmp_path: Path, state: dict[str, Any]) -> Any:
+    """Saved to node memory and a shared tier, restored from the shared tier alone."""
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-9")
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-9")
+    ck = Checkpointer("job-9", shm, [fsx])
+    ck.save(1, state)
+    assert ck.wait_durable(1, timeout=30)
+    ck.close(timeout=30)
+    got = Checkpointer("job-9", FsTier("shm", str(tmp_path / "none"), "job-9"), [fsx]).restore()
+    assert got is not None and got.step == 1, "a state that saved must restore"
+    return got.state
+
+
+def test_large_python_values_that_save_also_restore(tmp_path: Path) -> None:
+    # A loss history, a sampler's order and a long config string are kept inline in the tree:
+    # they saved, became durable, and every restore refused the tree (a fresh start).
+    state = {"losses": [float(i) / 7 for i in range(40_000)],
+             "order": list(range(150_000)), "config": "x" * 1_100_000,
+             "w": np.ones(4, np.float32)}
+    assert same(state, roundtrip(tmp_path, state))
+
+
+def test_a_tree_larger_than_any_restore_accepts_is_refused_at_save(tmp_path: Path) -> None:
+    ck = Checkpointer("job-8", FsTier("shm", str(tmp_path / "shm"), "job-8"), [])
+    with pytest.raises(StateError, match="as tensors or arrays"):
+        ck.save(1, {"huge": "y" * (nested.MAX_STRUCTURE + 1)})
+    ck.close(timeout=30)
+
+
+def test_ints_of_any_size_and_nan_payloads_come_back_bit_for_bit(tmp_path: Path) -> None:
+    import struct
+    payload = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0ABC))[0]
+    big = 10 ** 4299
+    state = {"neg": -(big * 9 + 1), "huge": 7 ** 20_000, "nan": payload,
+             "scalars": [np.float64(2.5), np.int64(-3), np.bool_(True)]}
+    got = roundtrip(tmp_path, state)
+    assert got["neg"] == state["neg"] and got["huge"] == state["huge"]
+    assert struct.pack("<d", got["nan"]) == struct.pack("<d", payload)
+    assert [type(x) for x in got["scalars"]] == [np.float64, np.int64, np.bool_]

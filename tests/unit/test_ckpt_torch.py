@@ -164,3 +164,32 @@ def test_lazy_conjugate_and_negative_views_save_their_values(tmp_path: Path) -> 
     assert got is not None
     assert torch.equal(got.state["conj"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
     assert torch.equal(got.state["neg"], -torch.ones(3))
+
+
+# ---- a second review (issue 15) -------------------------------------------------------------
+def test_one_element_views_with_a_parents_stride_save_their_value(tmp_path: Path) -> None:
+    # `.contiguous()` is a no-op on them (one element counts as contiguous), and reading
+    # their memory as bytes failed with a raw RuntimeError.
+    base = torch.randn(3, 4, dtype=torch.float32)
+    state = {"col": base[:1, 1], "imag": torch.randn(1, 3, dtype=torch.complex64)[:, 1].imag,
+             "one": base[2:3, 3:4]}
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-5")
+    ck = Checkpointer("job-5", shm, [])
+    ck.save(1, state)
+    got = ck.restore()
+    ck.close(timeout=30)
+    assert got is not None
+    for k, v in state.items():
+        assert got.state[k].shape == v.shape and torch.equal(got.state[k], v), k
+
+
+def test_a_tensor_subclass_is_refused_with_the_way_to_dcp() -> None:
+    class Sub(torch.Tensor):
+        pass
+
+    Sub.__module__ = "torch.distributed.tensor._api"  # where DTensor lives
+    sub = torch.ones(2).as_subclass(Sub)
+    with pytest.raises(StateError, match=r"state \['w'\]: a Sub .*dcp_writer"):
+        nested.flatten({"w": sub})
+    # nn.Parameter is no subclass to refuse: it is a model's own tensor.
+    assert nested.STRUCTURE in nested.flatten({"p": torch.nn.Parameter(torch.ones(2))})
