@@ -39,3 +39,16 @@ def test_nothing_overflows_the_window(page: Path, width: int) -> None:
 @pytest.mark.timeout(240)
 def test_the_screenshot_shows_every_chart(page: Path) -> None:
     assert_charts_drawn(page, 4)  # MTTF, one partition, ETTR, drains
+
+
+@pytest.mark.timeout(240)
+def test_a_chart_with_axes_but_no_data_fails_the_screenshot_check(tmp_path: Path) -> None:
+    # The check passed any box that was neither blank nor solid: axes alone measured 0.034.
+    from gpuwarden.report.charts import drains_chart
+    from gpuwarden.report.drains import drains
+    svg = drains_chart(drains([], 1767225600, 1767225600 + 30 * 86400))
+    page = tmp_path / "empty.html"
+    page.write_text(f"<!doctype html><html><body><main><div class=\"chart\">{svg}</div>"
+                    "</main></body></html>")
+    with pytest.raises(AssertionError, match="axes without data"):
+        assert_charts_drawn(page, 1)
