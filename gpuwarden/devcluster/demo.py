@@ -295,7 +295,9 @@ def reports(h: Harness, say: Say) -> None:
     out = "/root/gpuwarden-demo-report"
     h.exec("slurmctld", ["install", "-d", "-m", "700", out]).check("report directory")
     sacct, events = f"{FLEET_DIR}/sacct", f"{FLEET_DIR}/events.txt"
-    runs = {"cluster": ["--since", "1d"], "fleet-month": ["--from", sacct, "--events", events]}
+    # The cluster's own leaves for the placement card; the simulated fleet has none.
+    runs = {"cluster": ["--since", "1d", "--topology", "/etc/slurm/topology.conf"],
+            "fleet-month": ["--from", sacct, "--events", events]}
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     for name, args in runs.items():
         _show(h, say, "", ["gpuwarden", "report", *args, "-o", f"{out}/{name}.html", "--json",

@@ -37,8 +37,11 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
+    gang = h.sbatch("-N2", "--gpus-per-node=8", name="report-gang", wrap="true")
+    assert h.wait_finished([gang], timeout=180) == {gang: "COMPLETED"}
     res = h.gpuwarden("slurmctld", "report", "--since", "1d", "-o", f"{OUT}/report.html",
-                      "--json", f"{OUT}/report.json", timeout=300).check("gpuwarden report")
+                      "--json", f"{OUT}/report.json", "--topology", "/etc/slurm/topology.conf",
+                      timeout=300).check("gpuwarden report")
     assert f"wrote {OUT}/report.html" in res.out + res.err
     doc = json.loads(h.exec("slurmctld", ["cat", f"{OUT}/report.json"]).check("json").out)
     assert doc["records"] >= 2
@@ -46,6 +49,11 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     # failures-by-class figures.
     user = sum(p["totals"]["user"] for p in doc["outcomes"]["partitions"])
     assert user >= 1, doc["outcomes"]["partitions"]
+    # The placement card reads the cluster's leaves: the 2-node job is a gang run in it.
+    card = {t["key"]: {f["label"]: f["value"] for f in t["figures"]} for t in doc["tradeoffs"]}
+    placed = card["central_vs_negotiated"]
+    assert placed["gang runs (more than one node)"] >= 1, placed
+    assert placed["gang runs on nodes topology.conf does not list"] == 0, placed
 
     page = tmp_path / "report.html"
     page.write_text(h.exec("slurmctld", ["cat", f"{OUT}/report.html"]).check("html").out)
