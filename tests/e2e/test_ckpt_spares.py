@@ -82,6 +82,12 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_requeue(cluster: Harness) 
     text = output(h, job)
     restored = re.findall(r"rank (\d): restored step (\d+) from (\w+)", text)
     assert len({step for _, step, _ in restored}) == 1 and len(restored) >= 3, text[-2000:]
+    # Memory speed, not the shared filesystem: the survivors from their own node memory, the
+    # lost rank (now on the spare) from the replica its partner holds in memory.
+    tiers = {int(r): tier for r, _, tier in restored}
+    lost_rank = allocated.index(victim)
+    assert tiers[lost_rank] == "peer", tiers
+    assert all(t == "memory" for r, t in tiers.items() if r != lost_rank), tiers
     print(f"spare path: lost detected {float(lost[0]['t']) - killed:.1f} s after the kill, "
           f"every rank training again after {float(again['t']) - killed:.1f} s; restored "
           f"from {sorted({tier for _, _, tier in restored})}")
