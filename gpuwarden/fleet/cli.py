@@ -19,6 +19,7 @@ from gpuwarden.lemon.cli import load_history, progress
 with Needs("lemon") as LEMON:
     from gpuwarden.fleet.compare import compare
     from gpuwarden.fleet.mttf import human_hours, report
+    from gpuwarden.fleet.spares import payoff
 
 _COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 
@@ -59,20 +60,62 @@ def fleet() -> None:
 @click.option("--project", "project_to", default="16384,131072", show_default=True,
               help="job sizes (GPUs) to project the MTTF to")
 @click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--spares", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="hot-spare nodes per job (k) whose pay-off is shown per multi-node size")
+@click.option("--restart-cost", default="15m", show_default=True,
+              help="u0: a requeue's wait plus restore, per failure")
+@click.option("--spare-swap", default="2m", show_default=True,
+              help="s: a hot spare's take-over, per failure")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
-         ckpt_cost: str, project_to: str, gpus_per_node: int, as_json: bool) -> None:
-    """MTTF by job size, its 1/N projection, and the Young/Daly checkpoint interval."""
+         ckpt_cost: str, project_to: str, gpus_per_node: int, spares: int, restart_cost: str,
+         spare_swap: str, as_json: bool) -> None:
+    """MTTF by job size, its 1/N projection, the Young/Daly checkpoint interval, and whether
+    k hot spares per job pay off at each size."""
     cost = parse_cost(ckpt_cost)
     sizes = parse_sizes(project_to)
+    restart, swap = parse_cost(restart_cost), parse_cost(spare_swap)
     grace = obj.config_or_exit().lemon.grace_s
     hist = load_history(obj, since, from_files, events_file, grace)
     rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes)
+    pays = spare_rows(rep, spares, gpus_per_node, restart, swap)
     if as_json:
-        click.echo(json.dumps({"records": hist.records, **asdict(rep)}, indent=2, default=str))
+        click.echo(json.dumps({"records": hist.records, **asdict(rep),
+                               "spares": {"k": spares, "restart_s": restart, "swap_s": swap,
+                                          "sizes": pays}}, indent=2, default=str))
         return
-    click.echo("\n".join(mttf_lines(hist.records, rep, gpus_per_node)))
+    click.echo("\n".join([*mttf_lines(hist.records, rep, gpus_per_node),
+                          *spare_lines(pays, spares, restart, swap)]))
+
+
+def spare_rows(rep: Any, spares: int, gpus_per_node: int, restart_s: float,
+               swap_s: float) -> list[dict[str, Any]]:
+    """Per multi-node size class of ``rep`` (an `mttf.MttfReport`): what k spares cost and
+    save (`fleet.spares.payoff`)."""
+    out = []
+    for c in rep.classes:
+        mean_gpus = c.gpu_hours / c.hours if c.hours > 0 else 0.0
+        p = payoff(max(1, c.gpus // gpus_per_node), c.hours, c.failures, mean_gpus, spares,
+                   gpus_per_node, restart_s / 3600, swap_s / 3600)
+        if p is not None:
+            out.append({"gpus": c.gpus, "failures": c.failures,
+                        "idle_gpu_h": round(p.idle_gpu_h, 1),
+                        "requeue_lost_gpu_h": round(p.requeue_lost_gpu_h, 1), "pays": p.pays})
+    return out
+
+
+def spare_lines(rows: list[dict[str, Any]], spares: int, restart_s: float,
+                swap_s: float) -> list[str]:
+    if not rows:
+        return ["hot spares: no multi-node job size in this history"]
+    out = [f"HOT SPARES, k={spares} per job (a requeue costs u0={restart_s:g} s, a spare's "
+           f"take-over s={swap_s:g} s; the work since the last checkpoint is lost either way)",
+           f"{'SIZE':>6} {'FAILED':>6} {'SPARES IDLE GPU-H':>18} {'REQUEUES LOSE GPU-H':>20} "
+           f"{'PAY OFF':>8}"]
+    out += [f"{'<=' + str(r['gpus']):>6} {r['failures']:>6} {r['idle_gpu_h']:>18.1f} "
+            f"{r['requeue_lost_gpu_h']:>20.1f} {'yes' if r['pays'] else 'no':>8}" for r in rows]
+    return out
 
 
 _PAPER = "Meta (paper)"

@@ -36,6 +36,7 @@ class SizeClass:
     young_h: float | None
     daly_h: float | None
     paper_mttf_h: float | None = None  # Meta's, where the paper gives one for this size
+    gpu_hours: float = 0.0  # GPUs x hours of the class's runs (its mean GPUs: / hours)
 
     @property
     def failure_rate(self) -> float:
@@ -141,7 +142,8 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
         m = hours / fails if fails else None
         classes.append(SizeClass(g, att.gpu_runs[g], hours, fails, m,
                                  young(cost_h, m) if m else None,
-                                 daly(cost_h, m) if m else None, paper_mttf_h(g, fig)))
+                                 daly(cost_h, m) if m else None, paper_mttf_h(g, fig),
+                                 att.class_gpu_hours.get(g, 0.0)))
     big = [c for c in classes if c.gpus >= BIG_GPUS]
     gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)

@@ -111,6 +111,7 @@ class Attribution:
     gpu_runs: Counter[int] = field(default_factory=Counter)
     gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     gpu_failures: Counter[int] = field(default_factory=Counter)
+    class_gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     gpu_hours_total: float = 0.0  # GPUs x hours, exact (the classes round GPU counts up)
     first_start: float = float("inf")
     last_end: float = 0.0
@@ -135,6 +136,8 @@ class Attribution:
         for g, h in other.gpu_hours.items():
             self.gpu_hours[g] += h
         self.gpu_failures.update(other.gpu_failures)
+        for g, h in other.class_gpu_hours.items():
+            self.class_gpu_hours[g] += h
         self.gpu_hours_total += other.gpu_hours_total
         self.first_start = min(self.first_start, other.first_start)
         self.last_end = max(self.last_end, other.last_end)
@@ -304,7 +307,8 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
     # Exposure goes to a tally of node ranges, spread over the nodes once at the end: at
     # millions of records, naming and touching every node of every run dominated the scan.
     ranged = RangeTally() if tally is None else tally
-    gpu_runs, gpu_hours, runs_by_size = result.gpu_runs, result.gpu_hours, result.runs_by_size
+    gpu_runs, gpu_hours, runs_by_size, class_gpu_hours = (
+        result.gpu_runs, result.gpu_hours, result.runs_by_size, result.class_gpu_hours)
     add_hours = result.incidence.add_hours
     first, last, gpu_total = result.first_start, result.last_end, result.gpu_hours_total
     for job in jobs:
@@ -329,9 +333,9 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
         gclass = gpu_class(gpus)
         gpu_runs[gclass] += 1
         gpu_hours[gclass] += hours
+        class_gpu_hours[gclass] += hours * max(0, gpus)
         gpu_total += hours * max(0, gpus)
-        first = min(first, start)
-        last = max(last, end)
+        first, last = min(first, start), max(last, end)
         runs_by_size[size] += len(nodes) if cleared else count
         add_hours(size, hours)
         if cleared:

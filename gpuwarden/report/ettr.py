@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.fleet.mttf import MttfReport, daly
+from gpuwarden.fleet.spares import payoff
 from gpuwarden.report.mttfview import r
 
 FORMULA = "ETTR = (H - Σ min(τ/2, tᵢ) - H·C/τ) / (H + F·u0)"
@@ -137,13 +138,13 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Sequence[floa
         for key, p in (("now", now), ("daly", best), ("spares", spare)):
             sums[key][0] += p[0] * mean_gpus
             sums[key][1] += p[1] * mean_gpus
-        idle = lost_h = None
-        if n > 1:
-            idle = c.hours * a.spares * a.gpus_per_node
-            lost_h = c.failures * max(0.0, a.restart_h - a.swap_h) * mean_gpus
+        pay = payoff(n, c.hours, c.failures, mean_gpus, a.spares, a.gpus_per_node,
+                     a.restart_h, a.swap_h)
         rows.append(EttrRow(c.gpus, n, r(c.hours) or 0.0, r(gh) or 0.0, c.failures, ratio(now),
-                            r(tau), ratio(best) if tau else None, ratio(spare), r(idle),
-                            r(lost_h), None if idle is None or lost_h is None else lost_h > idle))
+                            r(tau), ratio(best) if tau else None, ratio(spare),
+                            r(pay.idle_gpu_h) if pay else None,
+                            r(pay.requeue_lost_gpu_h) if pay else None,
+                            pay.pays if pay else None))
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
                        ratio((sums["daly"][0], sums["daly"][1])),
                        ratio((sums["spares"][0], sums["spares"][1])), a)

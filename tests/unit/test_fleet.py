@@ -204,7 +204,8 @@ def test_fleet_mttf_and_simulate_commands(tmp_path: Path) -> None:
     assert "<=1024" in res.stdout and "checkpoint cost 45 s" in res.stdout
     assert "per 1000 node-days" in res.stdout and "16384 GPUs" in res.stdout
     # Meta's published figures beside the site's, on the rows where the paper gives one.
-    rows = {line.split()[0]: line for line in res.stdout.splitlines() if line.strip()}
+    mttf_part = res.stdout.split("HOT SPARES")[0]  # the spares' table follows, by size too
+    rows = {line.split()[0]: line for line in mttf_part.splitlines() if line.strip()}
     assert "META (PAPER)" in rows["GPUS"]
     assert rows["<=8"].endswith(" 47.7 d") and rows["<=1024"].endswith(" 7.9 h")
     assert rows["<=16"].endswith(("h", "d", "min", "-")) and "47.7" not in rows["<=16"]
@@ -221,3 +222,33 @@ def test_fleet_mttf_and_simulate_commands(tmp_path: Path) -> None:
     bad = CliRunner().invoke(cli, ["fleet", "mttf", "--from", str(out / "sacct"),
                                    "--ckpt-cost", "soon"], obj=Context())
     assert bad.exit_code == 2 and "30s, 2m or 0.5h" in bad.output
+
+
+def test_fleet_mttf_says_per_size_whether_spares_pay_off(tmp_path: Path) -> None:
+    # Issue 18: `gpuwarden fleet`, not only the report, answers it at the site's own MTTF.
+    from gpuwarden.fleet.spares import payoff
+    # 10 job-hours of 2-node (16-GPU) jobs with 3 failures; k=1 at 8 GPUs per node idles
+    # 10 x 1 x 8 = 80 GPU-h; requeues of u0 = 2 h against s = 0.1 h lose 3 x 1.9 x 16 = 91.2.
+    p = payoff(2, 10.0, 3, 16.0, 1, 8, 2.0, 0.1)
+    assert p is not None and p.idle_gpu_h == 80.0 and round(p.requeue_lost_gpu_h, 1) == 91.2
+    assert p.pays
+    assert payoff(1, 10.0, 3, 8.0, 1, 8, 2.0, 0.1) is None  # one node: no spare
+    out = tmp_path / "sim"
+    res = CliRunner().invoke(cli, ["simulate", "--nodes", "500", "--days", "10", "--no-compare",
+                                   "--out", str(out)], obj=Context())
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(cli, ["fleet", "mttf", "--from", str(out / "sacct"), "--events",
+                                   str(out / "events.txt"), "--spares", "2", "--restart-cost",
+                                   "99s", "--spare-swap", "8s"], obj=Context())
+    assert res.exit_code == 0, res.output
+    assert "HOT SPARES, k=2 per job (a requeue costs u0=99 s, a spare's take-over s=8 s" in \
+        res.stdout
+    assert "PAY OFF" in res.stdout
+    rep_json = CliRunner().invoke(cli, ["fleet", "mttf", "--from", str(out / "sacct"),
+                                        "--events", str(out / "events.txt"), "--json"],
+                                  obj=Context())
+    doc = json.loads(rep_json.stdout)
+    sizes = doc["spares"]["sizes"]
+    assert sizes and all(s["gpus"] > 8 for s in sizes)
+    assert {"idle_gpu_h", "requeue_lost_gpu_h", "pays"} <= set(sizes[0])
+
