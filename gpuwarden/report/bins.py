@@ -1,5 +1,7 @@
 """One rule for the time axis of every chart: a bar per UTC day, a bar per week past
-`WEEKLY_OVER_DAYS` (a bar per day of a long history is unreadable, and megabytes of SVG)."""
+`WEEKLY_OVER_DAYS`, and past `MAX_BINS` weeks a bar per as many weeks as keep the bars at
+most `MAX_BINS` (a bar per day of a long history is unreadable, and megabytes of SVG; a
+record dated decades off made thousands of bars)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,14 @@ from datetime import UTC, datetime
 
 DAY = 86_400
 WEEKLY_OVER_DAYS = 92
+MAX_BINS = 400
 
 
 def bin_days(ndays: int) -> int:
-    return 7 if ndays > WEEKLY_OVER_DAYS else 1
+    if ndays <= WEEKLY_OVER_DAYS:
+        return 1
+    weeks = -(-ndays // 7)
+    return 7 * max(1, -(-weeks // MAX_BINS))
 
 
 def day_label(n: int) -> str:
@@ -20,7 +26,7 @@ def day_label(n: int) -> str:
 
 
 def unit(days: int) -> str:
-    return "day" if days == 1 else "week"
+    return "day" if days == 1 else "week" if days == 7 else f"{days // 7} weeks"
 
 
 def tick_labels(labels: Sequence[str]) -> tuple[list[str], str]:

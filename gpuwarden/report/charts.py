@@ -66,7 +66,8 @@ def _own_ids(svg: str, name: str) -> str:
         key = m.group(2)
         return f"{m.group(1)}{name}-{key}" if key in ids else m.group(0)
     svg = re.sub(r'(\bid=")([^"]+)(?=")', one, svg)
-    return re.sub(r'(#)([A-Za-z_][\w.-]*)', one, svg)
+    # References only (url(#..), href="#.."): a "#" in text (a partition's name) is text.
+    return re.sub(r'((?:url\(|href=")#)([A-Za-z_][\w.-]*)', one, svg)
 
 
 def _colour(name: str) -> str:

@@ -366,3 +366,25 @@ def test_a_hand_gpuwarden_drain_is_an_operators_not_a_node_failure() -> None:
     assert f["health-gating drains (the MTTF section's node failures)"] == 0
     assert r.drains.events.get("health", 0) == 0 and r.drains.events["operator"] == 1
     assert sum(c.failures for c in r.mttf.classes) == 0  # the user's failure stays the user's
+
+
+def test_a_partition_name_with_hashes_is_shown_as_it_is_in_its_chart() -> None:
+    # The id rewrite renamed every "#word" in the SVG, text included: the chart's title
+    # read "#outcomes-0-figure_1" for partition "#figure_1".
+    name = "#figure_1 #patch_1"
+    jobs = [job(1, "FAILED", "n1", 8, T0, H, part=name, exit_code=1),
+            job(2, "COMPLETED", "n2", 8, T0, 2 * H, part=name)]
+    page = render(report(jobs))
+    titles = re.findall(r"<text[^>]*>[^<]*figure_1[^<]*</text>", page)
+    assert titles and all(name in t for t in titles), titles
+    assert "#outcomes-0-figure_1" not in page
+    # References are still the chart's own.
+    assert re.search(r'clip-path="url\(#outcomes-0-', page)
+
+
+def test_decades_of_history_make_at_most_max_bins_bars() -> None:
+    from gpuwarden.report.bins import MAX_BINS, bin_days, unit
+    assert bin_days(92) == 1 and bin_days(93) == 7 and bin_days(7 * MAX_BINS) == 7
+    step = bin_days(40 * 365)
+    assert step % 7 == 0 and -(-40 * 365 // step) <= MAX_BINS
+    assert unit(step) == f"{step // 7} weeks"
