@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +36,7 @@ FORMAT = "gpuwarden.nested/1"
 # a save writes is one a restore accepts; a parse of this much stays within a few hundred MB.
 MAX_STRUCTURE = 16 << 20
 MAX_DEPTH = 64
+_HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
 def is_flat(state: Mapping[str, Any]) -> bool:
@@ -129,6 +131,9 @@ class _Flattener:
             for k, v in value.items():
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
                     raise StateError(f"state {path}: key {k!r}: keys must be str or int")
+                if isinstance(k, int) and k.bit_length() > INT_DIGITS * 3:
+                    raise StateError(f"state {path}: an int key of {k.bit_length()} bits: "
+                                     "keys must have at most 3,884 digits")
                 key = ["s", k] if isinstance(k, str) else ["i", str(k)]
                 items.append([key, self.walk(v, f"{path}[{k!r}]", depth + 1)])
             return {"dict": items}
@@ -140,13 +145,21 @@ class _Flattener:
                          "bool, None, and dicts, lists and tuples of them can)")
 
 
+# Python's default limit on decimal conversion: what a restore reads in decimal, whatever
+# limit the saving process ran with (PYTHONINTMAXSTRDIGITS, sys.set_int_max_str_digits).
+INT_DIGITS = 4300
+
+
 def _int_node(n: int) -> dict[str, str]:
-    """As text, of any size (JSON readers may round large numbers); past Python's limit on
-    decimal conversion (4300 digits), in hex, which has none."""
-    try:
+    """As text, of any size (JSON readers may round large numbers): decimal up to
+    INT_DIGITS digits, past it in hex, which has no limit."""
+    if n.bit_length() <= INT_DIGITS * 3:  # at most 3,884 decimal digits: under the limit
         return {"int": str(n)}
-    except ValueError:
+    try:
+        text = str(n)
+    except ValueError:  # past this process's limit
         return {"hexint": hex(n)}
+    return {"int": text} if len(text.lstrip("-")) <= INT_DIGITS else {"hexint": hex(n)}
 
 
 def _float_node(x: float) -> dict[str, str]:
@@ -260,7 +273,7 @@ class _Builder:
         (kind, body), = node.items()
         if kind == "v" and (body is None or isinstance(body, bool)):
             return body
-        if kind == "int" and isinstance(body, str) and len(body) <= 4301:  # sign + 4300
+        if kind == "int" and isinstance(body, str) and len(body.lstrip("-")) <= INT_DIGITS:
             try:
                 return int(body)
             except ValueError:
@@ -270,11 +283,8 @@ class _Builder:
                 return int(body, 16)
             except ValueError:
                 pass
-        elif kind == "fbits" and isinstance(body, str) and len(body) == 16:
-            try:
-                return float(struct.unpack("<d", bytes.fromhex(body))[0])
-            except ValueError:
-                pass
+        elif kind == "fbits" and isinstance(body, str) and _HEX16.fullmatch(body):
+            return float(struct.unpack("<d", bytes.fromhex(body))[0])
         elif kind == "float" and isinstance(body, str) and len(body) <= 40:
             try:
                 return float.fromhex(body)

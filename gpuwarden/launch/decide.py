@@ -167,7 +167,10 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
     """One look at a step. ``code``: srun's exit status, None while it runs;
     ``failed_nodes``: nodes srun itself reported failed; ``exits``: ranks that ended by
     themselves non-zero (their own status, as srun printed it)."""
-    exits = dict(exits or {})
+    mapping = {v.host or layout.ranks[v.rank]: v.rank for v in views}
+    # A task on a node srun reported failed did not end by itself, whatever srun said of it.
+    down = {mapping[n] for n in failed_nodes if n in mapping}
+    exits = {r: c for r, c in (exits or {}).items() if r not in down}
     lost = silent(views, layout, started, now, s, exits)
     running = [v for v in views if not v.done and v.rank not in exits]
     # A rank's own failure (not 75: a save at the time limit).
@@ -180,7 +183,6 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
     if blind:
         lost = []
     named = {x.node for x in lost}
-    mapping = {v.host or layout.ranks[v.rank]: v.rank for v in views}
     lost += [Lost(mapping[n], n, "srun reported the node failed") for n in failed_nodes
              if n in mapping and n not in named and mapping[n] not in exits]
     if lost:

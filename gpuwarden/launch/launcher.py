@@ -155,7 +155,9 @@ class Launcher:
             never = [Lost(r, n, "its rank never beat after the relaunch onto it")
                      for r, n in enumerate(self.layout.ranks)
                      if n in fresh and views[r].last is None and r not in exits]
-            if never and code not in (None, 0) and any(x.last is not None for x in views):
+            saving = code == EXIT_REQUEUE or EXIT_REQUEUE in exits.values()
+            if never and code not in (None, 0) and not saving and any(
+                    x.last is not None for x in views):
                 # srun ended the step while the other nodes' ranks ran: it could not launch
                 # on these (a dead node slurmctld does not know is down yet).
                 return Verdict("lost", lost=tuple(never))

@@ -97,8 +97,8 @@ class LocalSteps:
         for rank, node in enumerate(step.nodes):
             p = step.procs.get(node)
             code = None if p is None or node in self.dead else p.poll()
-            if code is not None and code > 0:  # signals: srun names them, not parsed
-                out[rank] = code
+            if code is not None and code != 0:  # a signal as srun names it: 128 + its number
+                out[rank] = code if code > 0 else 128 - code
         return out
 
     def cancel(self, step: Step, step_id: str | None) -> None:

@@ -19,6 +19,7 @@ starts the new one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -79,6 +80,33 @@ class Steps(Protocol):
 _NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
 # srun's line when a task ends non-zero (src/srun/launch.c _task_finish): "task 1" or "tasks 0-2,5".
 _TASK_EXIT = re.compile(r"srun: error: \S+: tasks? ([0-9,-]+): Exited with exit code (\d+)")
+# ... and when a task dies of a signal: strsignal's text ("Killed", "Segmentation fault",
+# "Aborted", "Terminated"), " (core dumped)" after it where it dumped one. Its node's slurmstepd
+# reported it, so the node is alive: the program's own end (an OOM kill, a crash).
+_TASK_SIGNAL = re.compile(r"srun: error: \S+: tasks? ([0-9,-]+): ([A-Z][A-Za-z -]*?)"
+                          r"(?: \(core dumped\))?\s*$")
+
+
+@functools.cache
+def _signal_numbers() -> dict[str, int]:
+    out = {}
+    for sig in signal.Signals:
+        text = signal.strsignal(sig)
+        if text:
+            out[text] = int(sig)
+    return out
+
+
+def task_exits(line: str) -> dict[int, int]:
+    """Ranks srun reports ended by themselves on this stderr line: rank -> status (a signal
+    as 128 + its number, as a shell gives it)."""
+    t = _TASK_EXIT.search(line)
+    if t:
+        return dict.fromkeys(_task_ids(t.group(1)), int(t.group(2)))
+    s = _TASK_SIGNAL.search(line)
+    if s and s.group(2) in _signal_numbers():
+        return dict.fromkeys(_task_ids(s.group(1)), 128 + _signal_numbers()[s.group(2)])
+    return {}
 
 
 def _task_ids(ranges: str) -> list[int]:
@@ -151,10 +179,8 @@ class SrunSteps:
             m = _NODE_FAIL.search(line)
             if m:
                 step.failed.append(m.group(1))
-            t = _TASK_EXIT.search(line)
-            if t:
-                for rank in _task_ids(t.group(1)):
-                    step.exits.setdefault(rank, int(t.group(2)))
+            for rank, code in task_exits(line).items():
+                step.exits.setdefault(rank, code)
             try:
                 self.stderr.write(line)
             except (OSError, ValueError) as exc:  # a full disk must not stop the watching

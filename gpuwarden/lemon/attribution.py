@@ -10,8 +10,8 @@ Rules (one accounting record = one run of a job; requeued jobs have several):
    never blamed.
 3. FAILED on k > 1 nodes: a gang job died; the cause is on one of its nodes, so blame is
    spread, 1/k each. A node that causes many such failures accumulates blame quickly.
-4. FAILED on one node: the user's, unless health gating drained that node (a `gpuwarden:`
-   reason other than a lemon drain) while the job ran or within `grace_s` after it ended;
+4. FAILED on one node: the user's, unless health gating drained that node (a reason tagged
+   `[health]`, which only health gating writes) while the job ran or within `grace_s` after;
    then the node takes the whole blame.
 5. A health-gating drain not already explained by a run blamed under rules 1-4 on the same node
    within `grace_s` counts as one failure of its own.

@@ -1,8 +1,9 @@
 """Node drains and downs over time, by who set them, from `sacctmgr show events`. Pure.
 
-Owner: lemon (a `gpuwarden: lemon` reason), health (any other `gpuwarden:` reason: health
-gating), slurm (one of slurmctld's own reasons, `attribution.SLURM_DOWN_REASONS`), operator
-(anything else). Each event counts for the node-hours it overlaps the history's window; an
+Owner: lemon (a `gpuwarden: lemon` reason), health (a reason health gating wrote, tagged
+`[health]`: `health.reasons.is_health_drain`), slurm (one of slurmctld's own reasons,
+`attribution.SLURM_DOWN_REASONS`), operator (anything else, a hand `gpuwarden drain --reason`
+included). Each event counts for the node-hours it overlaps the history's window; an
 event still open ("Unknown" end) counts up to the window's end. A node is out of service once
 at a time: where its events overlap, each moment counts once, for the event that began first.
 One cluster: slurmdbd may hold several, with the same node names; the events of the cluster

@@ -201,3 +201,31 @@ def test_ints_of_any_size_and_nan_payloads_come_back_bit_for_bit(tmp_path: Path)
     assert got["neg"] == state["neg"] and got["huge"] == state["huge"]
     assert struct.pack("<d", got["nan"]) == struct.pack("<d", payload)
     assert [type(x) for x in got["scalars"]] == [np.float64, np.int64, np.bool_]
+
+
+def test_a_huge_int_saved_without_a_digit_limit_still_restores(tmp_path: Path) -> None:
+    import sys
+    n = 3 ** 10_000  # 4,772 digits
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # the saving process may run without Python's limit
+    try:
+        flat = nested.flatten({"n": n, "neg": -n})
+    finally:
+        sys.set_int_max_str_digits(before)
+    got = nested.unflatten(_decoded(flat))
+    assert got == {"n": n, "neg": -n}
+
+
+@pytest.mark.parametrize("body", ["00 00 00 00 0000", "zzzzzzzzzzzzzzzz", "00000000000000F8"])
+def test_a_damaged_float_s_bits_are_a_state_error(body: str) -> None:
+    flat = nested.flatten({"f": float("nan")})
+    tree = _tree(flat)
+    tree["tree"]["dict"][0][1] = {"fbits": body}
+    flat[nested.STRUCTURE] = json.dumps(tree).encode()
+    with pytest.raises(StateError):
+        nested.unflatten(_decoded(flat))
+
+
+def test_an_int_key_too_large_for_text_is_refused_naming_it() -> None:
+    with pytest.raises(StateError, match="int key"):
+        nested.flatten({"d": {7 ** 20_000: 1}})

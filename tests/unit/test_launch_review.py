@@ -361,3 +361,69 @@ def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
     assert not th.is_alive() and out["rc"] == 0, ev.seen
     assert [x.node for x in rep.so_far] == ["n1", "n3"]
     assert [e["nodes"] for e in ev.named("step_started")][-1] == ["n0", "n4", "n2"]
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("srun: error: n2: task 1: Killed", {1: 137}),  # the OOM killer
+    ("srun: error: n2: tasks 0,2: Segmentation fault (core dumped)", {0: 139, 2: 139}),
+    ("srun: error: n3: task 4: Aborted (core dumped)", {4: 134}),  # NCCL's watchdog
+    ("srun: error: n2: task 1: Exited with exit code 3", {1: 3}),
+    ("srun: error: Node failure on n1", {}),
+    ("srun: error: n2: task 1: something srun never says", {}),
+])
+def test_srun_s_signal_deaths_are_a_ranks_own_end(line: str, want: dict[int, int]) -> None:
+    from gpuwarden.launch.steps import task_exits
+    assert task_exits(line) == want
+
+
+def test_a_rank_killed_by_a_signal_on_a_live_node_is_the_programs_failure(
+        rank: list[str]) -> None:
+    # R3: only "Exited with exit code" was read: a segfaulting or OOM-killed rank fell silent,
+    # and with another rank's exit 1 beside it, the silence was taken for a lost node (a
+    # spare spent, the bug run again, at last a requeue loop).
+    from gpuwarden.launch import decide
+    from gpuwarden.launch.decide import Layout, ProgressWatch, RankView
+    lay = Layout(("n0", "n1", "n2"), ("n3",))
+    views = [RankView(0, "n0", 89.0, 5, False), RankView(1, "n1", 80.0, 5, False),
+             RankView(2, "n2", 100.0, 5, False)]
+    v = decide.judge(views, lay, 0, 100, replace(S, deadline_s=10, start_s=60), ProgressWatch(), None,
+                     exits={0: 1, 1: 139})
+    assert v.kind == "failed" and v.code == 1, v
+    # The same silence on a node srun reported failed is a lost node, whatever it said of
+    # the task there.
+    v = decide.judge(views, lay, 0, 100, replace(S, deadline_s=10, start_s=60), ProgressWatch(), None,
+                     failed_nodes=["n1"], exits={0: 1, 1: 137})
+    assert v.kind == "lost" and [x.node for x in v.lost] == ["n1"], v
+
+
+class SavesWhileTheSpareStarts(LaunchTimesOut):
+    """The time-limit warning right after a relaunch onto a spare: the beating ranks save and
+    exit 75, the spare's rank, still importing, dies of the signal; srun exits 75."""
+
+    def poll(self, step: Step) -> int | None:
+        assert isinstance(step, LocalStep)
+        if step.step_id in self.t0 and step.code is None:
+            if time.monotonic() - self.t0[step.step_id] > 1.0:
+                for p in step.procs.values():
+                    p.kill()
+                step.code = EXIT_REQUEUE
+            return step.code
+        return super().poll(step)
+
+
+def test_a_time_limit_save_right_after_a_relaunch_requeues_and_spends_no_spare(
+        rank: list[str]) -> None:
+    # R4: srun's 75 was taken for a failed launch on the fresh node: a spare spent seconds
+    # before the kill, and the 75 the template requeues on was lost.
+    steps, ev, rep = SavesWhileTheSpareStarts("9320", "n3"), Events(), Recorded()
+    th, out = in_thread(lambda: launch(
+        "9320", ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
+        replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
+    while not ev.named("all_beating"):
+        assert th.is_alive(), ev.seen
+        time.sleep(0.02)
+    steps.kill_node("n1")
+    th.join(60)
+    steps.reap()
+    assert not th.is_alive() and out["rc"] == EXIT_REQUEUE, ev.seen
+    assert [x.node for x in rep.so_far] == ["n1"]
