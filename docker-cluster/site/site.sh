@@ -7,11 +7,11 @@ set -euo pipefail
 role=${1:?role: head or node}
 seed=/etc/site-seed
 
-# The cluster image has the packages the guide installs (the test cluster uses them); a plain
-# site has not: remove them, so the guide's own `apt-get install` lines must bring them.
-apt-get purge -qq -y --auto-remove python3-venv 'python3.*-venv' python3-pip-whl \
-    python3-setuptools-whl python3-click python3-jinja2 python3-markupsafe python3-numpy \
-    python3-xxhash lua-filesystem >/dev/null
+# The image is the cluster image less the packages the guide installs (plain.sh, run once).
+if python3 -c 'import numpy' 2>/dev/null; then
+    echo "site.sh: this image still has what the guide installs (run plain.sh first)" >&2
+    exit 2
+fi
 
 install -o munge -g munge -m 0400 "$seed/munge.key" /etc/munge/munge.key
 install -d -o munge -g munge -m 0755 /run/munge

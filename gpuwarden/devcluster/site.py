@@ -8,6 +8,7 @@ gpuwarden install is used; the built wheel is only put where the guide says (`/p
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shutil
 import time
@@ -70,7 +71,7 @@ class PlainSite:
 
         t0 = time.monotonic()
         self.down()
-        tag = image.ensure_image(self.client, self.root, self.progress)
+        tag = self.plain_image(image.ensure_image(self.client, self.root, self.progress))
         self.progress("building the gpuwarden wheel (the guide's step 1)")
         built = wheel.build(self.root, self.work / "dist")
         seed = self._seed()
@@ -96,6 +97,37 @@ class PlainSite:
         self.progress(f"waiting: the site's {len(NODES)} nodes are idle")
         self.wait_for(self.nodes_idle, "every node idle", timeout)
         self.progress(f"plain site up in {time.monotonic() - t0:.0f} s")
+
+    def plain_image(self, cluster_tag: str, timeout: float = 900.0) -> str:
+        """The cluster image less what the guide installs (docker-cluster/site/plain.sh), made
+        once and kept (docker commit), named for the cluster image and the script."""
+        import docker  # noqa: PLC0415 - developer tooling only
+
+        script = self.root / "docker-cluster" / "site" / "plain.sh"
+        digest = hashlib.sha256(script.read_bytes()).hexdigest()[:10]
+        tag = f"{PREFIX}-image:{cluster_tag.rsplit(':', 1)[-1]}-{digest}"
+        try:
+            self.client.images.get(tag)
+            return tag
+        except docker.errors.ImageNotFound:
+            pass
+        self.progress(f"making the plain site's image {tag} (once: the guide's packages "
+                      "removed from the cluster image)")
+        # The script as an argument, not a mount: a committed mount point becomes a volume of
+        # the image, which every later container would have to mount over the file.
+        c = self.client.containers.run(
+            cluster_tag, ["/bin/bash", "-c", script.read_text()], detach=True,
+            labels={LABEL: "1"}, network_mode="none")
+        try:
+            rc = c.wait(timeout=timeout).get("StatusCode")
+            if rc != 0:
+                logs = c.logs(tail=20).decode(errors="replace")
+                raise SiteError(f"making the plain site's image failed (exit {rc}):\n{logs}")
+            repo, _, name = tag.partition(":")
+            c.commit(repository=repo, tag=name)
+        finally:
+            c.remove(force=True)
+        return tag
 
     def down(self) -> None:
         for c in self.client.containers.list(all=True, filters={"label": LABEL}):
