@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,35 @@ class ExecResult:
         return self
 
 
+# How long past its own deadline an exec may take to come back: `timeout` inside ends the
+# command, but a process that escaped its group (dpkg runs in a pty of its own) can hold the
+# exec's output open, and dockerd under load can stall a stream; the caller must not wait on.
+GRACE_S = 30.0
+
+
+class ExecStalled(RuntimeError):
+    pass
+
+
+def _bounded(call: Callable[[], Any], limit: float, argv: list[str]) -> Any:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["res"] = call()
+        except BaseException as exc:  # handed to the caller as it is
+            box["exc"] = exc
+    t = threading.Thread(target=run, daemon=True, name="docker-exec")
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        raise ExecStalled(f"`{' '.join(argv)[:200]}` did not come back within {limit:g} s "
+                          "(its own deadline and a grace): the container or dockerd is stuck")
+    if "exc" in box:
+        raise box["exc"]
+    return box["res"]
+
+
 def run_in(container: Any, argv: list[str], timeout: float = 60.0, user: str = "",
            environment: dict[str, str] | None = None, stdin_text: str | None = None) -> ExecResult:
     """coreutils `timeout` inside the container enforces the deadline; exit 124 means it passed."""
@@ -27,7 +58,9 @@ def run_in(container: Any, argv: list[str], timeout: float = 60.0, user: str = "
         environment = {**(environment or {}), "GPUWARDEN_STDIN": stdin_text}
         cmd = ["timeout", "-k", "5", f"{timeout:g}", "sh", "-c",
                'printf %s "$GPUWARDEN_STDIN" | "$@"', "sh", *argv]
-    res = container.exec_run(cmd, demux=True, user=user or "root", environment=environment)
+    res = _bounded(lambda: container.exec_run(cmd, demux=True, user=user or "root",
+                                              environment=environment),
+                   timeout + GRACE_S, argv)
     out, err = res.output if res.output else (b"", b"")
     return ExecResult(
         rc=res.exit_code if res.exit_code is not None else -1,

@@ -91,3 +91,23 @@ def test_an_image_running_another_slurm_than_asked_is_refused() -> None:
     from gpuwarden.devcluster.cluster import Cluster, ClusterError
     with pytest.raises(ClusterError, match=r"GPUWARDEN_SLURM=26.05, but slurmctld .*26.11.1"):
         Cluster.check_release(_Runs("26.05", "slurm 26.11.1\n"), "tag")  # type: ignore[arg-type]
+
+
+def test_an_exec_whose_stream_never_ends_is_given_up_at_its_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded CI run hung 900 s in exec_run after the command's own `timeout` had passed.
+    import threading
+    import time
+
+    from gpuwarden.devcluster import exec as dexec
+
+    class Stuck:
+        def exec_run(self, *args: object, **kwargs: object) -> object:
+            threading.Event().wait()  # dockerd never closes the stream
+            raise AssertionError("unreachable")
+
+    monkeypatch.setattr(dexec, "GRACE_S", 0.2)
+    began = time.monotonic()
+    with pytest.raises(dexec.ExecStalled, match="did not come back within"):
+        dexec.run_in(Stuck(), ["apt-get", "update"], timeout=0.1)
+    assert time.monotonic() - began < 5
