@@ -56,8 +56,16 @@ MORE_SLURM ?= 26.05
 
 # The e2e session leaves its cluster up (11 containers): removed here, whatever the tests did,
 # unless KEEP_CLUSTER=1; the tests' exit status is make's.
+# Every release's image is built before pytest starts: a build (minutes on a fresh machine)
+# inside the first e2e test's fixture counted against that test's timeout.
 test: lint $(STAMP)
 	@$(HOST_DEPS) debootstrap lua chromium
+	@if docker info >/dev/null 2>&1; then \
+	    $(PY) -m gpuwarden.devcluster image || exit $$?; \
+	    for v in $(MORE_SLURM); do \
+	        GPUWARDEN_SLURM=$$v $(PY) -m gpuwarden.devcluster image || exit $$?; \
+	    done; \
+	fi
 	@status=0; $(PY) -m pytest tests -q --durations=20 || status=$$?; \
 	for v in $(MORE_SLURM); do \
 	    echo "make test: the e2e tests marked versions, on Slurm $$v"; \

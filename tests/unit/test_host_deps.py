@@ -142,6 +142,9 @@ def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path
     assert code != 0 and "Error 3" in out, out
     assert "host-deps debootstrap lua chromium" in ran
     i = ran.index("python -m pytest tests -q --durations=20")
+    # Each release's image is built before the tests' timers start.
+    assert ran[i - 3:i] == ["docker info", "python -m gpuwarden.devcluster image",
+                            "python -m gpuwarden.devcluster image"], ran
     # Then the e2e tests marked versions on the other Slurm release, then the cleanup.
     assert ran[i + 1:] == ["python -m pytest tests/e2e -q -m versions --durations=10", "docker info",
                            "python -m gpuwarden.devcluster down"]
