@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from gpuwarden.health.reasons import is_health_drain
 from gpuwarden.lemon.attribution import LEMON_PREFIX, SLURM_DOWN_REASONS, event_time
 from gpuwarden.report.bins import DAY, bin_days, day_label
+from gpuwarden.report.mttfview import r
 from gpuwarden.slurm.models import NodeEvent
 
 OWNERS = ("health", "lemon", "operator", "slurm")
@@ -105,7 +106,7 @@ def drains(events: Sequence[NodeEvent], lo: float, hi: float) -> Drains:
                 a, day = cut, day + 1
     others = Counter(e.cluster for e in events if e.node and e.cluster != cluster)
     return Drains(step, [day_label(first + i * step) for i in range(nbins)],
-                  {o: [round(h, 1) for h in v] for o, v in hours.items()},
+                  {o: [r(h) or 0.0 for h in v] for o, v in hours.items()},
                   {o: count[o] for o in OWNERS},
-                  {o: round(sum(v), 1) for o, v in hours.items()}, still_open, cluster,
+                  {o: r(sum(v)) or 0.0 for o, v in hours.items()}, still_open, cluster,
                   dict(sorted(others.items())))

@@ -12,6 +12,7 @@ import pytest
 from gpuwarden.devcluster.harness import Harness
 from gpuwarden.report.render import MAX_PARTITION_CHARTS
 from tests.browser import assert_charts_drawn, assert_fits
+from tests.e2e.test_foundation import wait_for
 
 OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
 
@@ -37,8 +38,23 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
-    gang = h.sbatch("-N2", "--gpus-per-node=8", name="report-gang", wrap="true")
-    assert h.wait_finished([gang], timeout=180) == {gang: "COMPLETED"}
+    # An operator's drain of its own inside the history (after these jobs began, held while
+    # the gang job runs), so the drains chart has something whatever ran before.
+    held = clean[-1] if len(clean) > 1 else sorted(idle.split())[-1]
+    h.exec("slurmctld", ["scontrol", "update", f"nodename={held}", "state=drain",
+                         "reason=report test: operator"]).check("drain")
+    try:
+        def recorded() -> bool:
+            out = h.exec("slurmctld", ["sacctmgr", "-n", "-P", "show", "events",
+                                       "start=now-1hours", f"nodes={held}",
+                                       "format=Reason"]).out
+            return "report test: operator" in out
+        wait_for(recorded, 60, f"slurmdbd records the drain of {held}")
+        gang = h.sbatch("-N2", "--gpus-per-node=8", name="report-gang", wrap="true")
+        assert h.wait_finished([gang], timeout=180) == {gang: "COMPLETED"}
+    finally:
+        h.exec("slurmctld", ["scontrol", "update", f"nodename={held}",
+                             "state=resume"]).check("resume")
     res = h.gpuwarden("slurmctld", "report", "--since", "1d", "-o", f"{OUT}/report.html",
                       "--json", f"{OUT}/report.json", "--topology", "/etc/slurm/topology.conf",
                       timeout=300).check("gpuwarden report")

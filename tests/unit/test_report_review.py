@@ -388,3 +388,12 @@ def test_decades_of_history_make_at_most_max_bins_bars() -> None:
     step = bin_days(40 * 365)
     assert step % 7 == 0 and -(-40 * 365 // step) <= MAX_BINS
     assert unit(step) == f"{step // 7} weeks"
+
+
+def test_a_short_drain_is_not_rounded_away() -> None:
+    # One decimal made a 4-second drain 0.0 node-hours: an event counted, an empty chart.
+    jobs = [job(1, "COMPLETED", "n2", 8, T0, 10 * H)]
+    events = [ev("n4", "2026-01-01T01:00:00", "2026-01-01T01:00:04", "DRAIN", "maintenance")]
+    d = report(jobs, events).drains
+    assert d.events["operator"] == 1
+    assert d.total_node_hours["operator"] == pytest.approx(4 / 3600, rel=0.01)
