@@ -141,17 +141,8 @@ class DeadSpare(LocalSteps):
 @pytest.mark.parametrize("mode", ["fail", "wait"])
 def test_a_dead_spare_is_passed_over_for_the_next(rank: list[str], mode: str) -> None:
     # D3: the relaunch on a dead spare failed the job (rc 1) or left the launcher blind forever.
-    steps, ev, rep = DeadSpare("9300", "n3", mode), Events(), Recorded()
-    th, out = in_thread(lambda: launch(
-        "9300", ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
-        replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
-    while not ev.named("all_beating"):
-        assert th.is_alive(), ev.seen
-        time.sleep(0.02)
-    steps.kill_node("n1")
-    th.join(60)
-    steps.reap()
-    assert not th.is_alive() and out["rc"] == 0, ev.seen
+    rc, ev, rep = lose_n1_with_two_spares(DeadSpare("9300", "n3", mode), rank)
+    assert rc == 0, ev.seen
     assert [x.node for x in rep.so_far] == ["n1", "n3"]
     assert [e["nodes"] for e in ev.named("step_started")][-1] == ["n0", "n4", "n2"]
 
@@ -320,9 +311,9 @@ class LaunchTimesOut(LocalSteps):
     nodes' tasks start and beat, the launch RPC to the dead one times out and srun ends the
     step with exit 1."""
 
-    def __init__(self, job_id: str, down: str) -> None:
+    def __init__(self, job_id: str, down: str, after_s: float = 1.5, code: int = 1) -> None:
         super().__init__(job_id)
-        self.down = down
+        self.down, self.after_s, self.code = down, after_s, code
         self.t0: dict[str, float] = {}
 
     def start(self, nodes: Any, env: Any, argv: Any) -> LocalStep:
@@ -337,20 +328,19 @@ class LaunchTimesOut(LocalSteps):
     def poll(self, step: Step) -> int | None:
         assert isinstance(step, LocalStep)
         if step.step_id in self.t0 and step.code is None:
-            if time.monotonic() - self.t0[step.step_id] > 1.5:
+            if time.monotonic() - self.t0[step.step_id] > self.after_s:
                 for p in step.procs.values():
                     p.kill()
-                step.code = 1
+                step.code = self.code
             return step.code
         return super().poll(step)
 
 
-def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
-        rank: list[str]) -> None:
-    # R2: the survivors beat, srun failed on the dead spare: rc 1 with a spare still left.
-    steps, ev, rep = LaunchTimesOut("9310", "n3"), Events(), Recorded()
+def lose_n1_with_two_spares(steps: LocalSteps, rank: list[str]) -> tuple[int, Events, Recorded]:
+    """Five nodes, two of them spares; n1 dies once every rank beats. (rc, events, reports)."""
+    ev, rep = Events(), Recorded()
     th, out = in_thread(lambda: launch(
-        "9310", ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
+        steps.job_id, ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
         replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
     while not ev.named("all_beating"):
         assert th.is_alive(), ev.seen
@@ -358,7 +348,15 @@ def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
     steps.kill_node("n1")
     th.join(60)
     steps.reap()
-    assert not th.is_alive() and out["rc"] == 0, ev.seen
+    assert not th.is_alive(), ev.seen
+    return out["rc"], ev, rep
+
+
+def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
+        rank: list[str]) -> None:
+    # R2: the survivors beat, srun failed on the dead spare: rc 1 with a spare still left.
+    rc, ev, rep = lose_n1_with_two_spares(LaunchTimesOut("9310", "n3"), rank)
+    assert rc == 0, ev.seen
     assert [x.node for x in rep.so_far] == ["n1", "n3"]
     assert [e["nodes"] for e in ev.named("step_started")][-1] == ["n0", "n4", "n2"]
 
@@ -396,34 +394,13 @@ def test_a_rank_killed_by_a_signal_on_a_live_node_is_the_programs_failure(
     assert v.kind == "lost" and [x.node for x in v.lost] == ["n1"], v
 
 
-class SavesWhileTheSpareStarts(LaunchTimesOut):
-    """The time-limit warning right after a relaunch onto a spare: the beating ranks save and
-    exit 75, the spare's rank, still importing, dies of the signal; srun exits 75."""
-
-    def poll(self, step: Step) -> int | None:
-        assert isinstance(step, LocalStep)
-        if step.step_id in self.t0 and step.code is None:
-            if time.monotonic() - self.t0[step.step_id] > 1.0:
-                for p in step.procs.values():
-                    p.kill()
-                step.code = EXIT_REQUEUE
-            return step.code
-        return super().poll(step)
-
-
 def test_a_time_limit_save_right_after_a_relaunch_requeues_and_spends_no_spare(
         rank: list[str]) -> None:
     # R4: srun's 75 was taken for a failed launch on the fresh node: a spare spent seconds
-    # before the kill, and the 75 the template requeues on was lost.
-    steps, ev, rep = SavesWhileTheSpareStarts("9320", "n3"), Events(), Recorded()
-    th, out = in_thread(lambda: launch(
-        "9320", ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
-        replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
-    while not ev.named("all_beating"):
-        assert th.is_alive(), ev.seen
-        time.sleep(0.02)
-    steps.kill_node("n1")
-    th.join(60)
-    steps.reap()
-    assert not th.is_alive() and out["rc"] == EXIT_REQUEUE, ev.seen
+    # before the kill, and the 75 the template requeues on was lost. Here the time-limit
+    # warning comes right after the relaunch onto n3: the beating ranks save and exit 75, n3's
+    # rank, still starting, dies of the signal; srun exits 75.
+    rc, ev, rep = lose_n1_with_two_spares(
+        LaunchTimesOut("9320", "n3", after_s=1.0, code=EXIT_REQUEUE), rank)
+    assert rc == EXIT_REQUEUE, ev.seen
     assert [x.node for x in rep.so_far] == ["n1"]
