@@ -272,6 +272,14 @@ def resume_cmd(obj: Context, node: str) -> None:
 
 
 # ---- slurm-conf -----------------------------------------------------------------------------
+def _bin_dir_or_path(obj: Context) -> str:
+    """The config's Slurm directory, or "" (PATH) when the config file is broken."""
+    try:
+        return obj.config().slurm.bin_dir
+    except ConfigError:
+        return ""
+
+
 @cli.command("slurm-conf")
 @click.option("--part", type=click.Choice([*slurmconf.PARTS, "gpuwarden", "all"]), default="all",
               show_default=True, help="which file's lines to print; gpuwarden: the settings "
@@ -307,20 +315,16 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
     if release is not None and slurm_version is None:
         _die(f"--slurm-version {release!r}: give a release such as 24.11 or 25.05.2 "
              "(`scontrol --version` on a Slurm host says which)", EXIT_CONFIG)
+    # --check needs the config; the printed block only the Slurm commands' directory, so a
+    # broken config file does not stop it (the commands are then looked for on PATH).
+    cfg = obj.config_or_exit() if check_path is not None else None
     how = "--slurm-version"
-    if slurm_version is None and (check_path is not None or part == "gpuwarden"):
-        # --check needs the config; the printed block only the Slurm commands' directory, so a
-        # broken config file does not stop it (the commands are then looked for on PATH).
-        try:
-            bin_dir = obj.config().slurm.bin_dir
-        except ConfigError:
-            if check_path is not None:
-                obj.config_or_exit()
-            bin_dir = ""
+    if slurm_version is None and (cfg is not None or part == "gpuwarden"):
+        bin_dir = cfg.slurm.bin_dir if cfg is not None else _bin_dir_or_path(obj)
         runner = SubprocessRunner(lambda: bindir.locate(bin_dir, use_path=True).path)
         slurm_version, how = slurmconfcheck.running_version(runner), "scontrol --version"
-    if check_path is not None:
-        cfg = obj.config_or_exit()
+    if cfg is not None:
+        assert check_path is not None
         sys.exit(slurmconfcheck.check(
             check_path, chosen, slurmconfcheck.placement_wait_s(cfg.placement), click.echo,
             lambda line: click.echo(line, err=True), slurm_version=slurm_version,

@@ -153,8 +153,6 @@ INT_DIGITS = 4300
 def _int_node(n: int) -> dict[str, str]:
     """As text, of any size (JSON readers may round large numbers): decimal up to
     INT_DIGITS digits, past it in hex, which has no limit."""
-    if n.bit_length() <= INT_DIGITS * 3:  # at most 3,884 decimal digits: under the limit
-        return {"int": str(n)}
     try:
         text = str(n)
     except ValueError:  # past this process's limit
@@ -331,9 +329,8 @@ def unflatten(state: Mapping[str, Any]) -> dict[str, Any]:
     raw = state[STRUCTURE]
     # flatten writes at most this: anything larger is not its tree, and parsing it could
     # take gigabytes first.
-    most = MAX_STRUCTURE
-    if not isinstance(raw, bytes) or len(raw) > most:
-        raise StateError(f"{STRUCTURE}: not a bytes shard of at most {most} bytes")
+    if not isinstance(raw, bytes) or len(raw) > MAX_STRUCTURE:
+        raise StateError(f"{STRUCTURE}: not a bytes shard of at most {MAX_STRUCTURE} bytes")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

@@ -184,7 +184,7 @@ def judge(views: Sequence[RankView], layout: Layout, started: float, now: float,
         lost = []
     named = {x.node for x in lost}
     lost += [Lost(mapping[n], n, "srun reported the node failed") for n in failed_nodes
-             if n in mapping and n not in named and mapping[n] not in exits]
+             if n in mapping and n not in named]
     if lost:
         lost = with_quiet(lost, views, layout, now, s, exits)
     if code is not None:

@@ -104,9 +104,9 @@ def task_exits(line: str) -> dict[int, int]:
     if t:
         return dict.fromkeys(_task_ids(t.group(1)), int(t.group(2)))
     s = _TASK_SIGNAL.search(line)
-    if s and s.group(2) in _signal_numbers():
-        return dict.fromkeys(_task_ids(s.group(1)), 128 + _signal_numbers()[s.group(2)])
-    return {}
+    number = _signal_numbers().get(s.group(2)) if s else None
+    return {} if s is None or number is None else dict.fromkeys(_task_ids(s.group(1)),
+                                                                128 + number)
 
 
 def _task_ids(ranges: str) -> list[int]:

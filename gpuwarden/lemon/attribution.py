@@ -111,8 +111,8 @@ class Attribution:
     gpu_runs: Counter[int] = field(default_factory=Counter)
     gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     gpu_failures: Counter[int] = field(default_factory=Counter)
+    # Per GPU-count class, GPUs x hours, exact (the classes round GPU counts up).
     class_gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
-    gpu_hours_total: float = 0.0  # GPUs x hours, exact (the classes round GPU counts up)
     first_start: float = float("inf")
     last_end: float = 0.0
     # The failed runs x nodes, for the joint inference (`gpuwarden.lemon.inference`).
@@ -120,6 +120,11 @@ class Attribution:
     # Failed runs that claim a failure event another run may claim too (rule 8): judged once
     # every batch is in (`settle`).
     pending: list[Pending] = field(default_factory=list)
+
+    @property
+    def gpu_hours_total(self) -> float:
+        """GPUs x hours of every run."""
+        return sum(self.class_gpu_hours.values())
 
     def merge(self, other: Attribution) -> Attribution:
         self.blames.extend(other.blames)
@@ -138,7 +143,6 @@ class Attribution:
         self.gpu_failures.update(other.gpu_failures)
         for g, h in other.class_gpu_hours.items():
             self.class_gpu_hours[g] += h
-        self.gpu_hours_total += other.gpu_hours_total
         self.first_start = min(self.first_start, other.first_start)
         self.last_end = max(self.last_end, other.last_end)
         self.incidence.merge(other.incidence)
@@ -310,7 +314,7 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
     gpu_runs, gpu_hours, runs_by_size, class_gpu_hours = (
         result.gpu_runs, result.gpu_hours, result.runs_by_size, result.class_gpu_hours)
     add_hours = result.incidence.add_hours
-    first, last, gpu_total = result.first_start, result.last_end, result.gpu_hours_total
+    first, last = result.first_start, result.last_end
     for job in jobs:
         text, state = job.nodes, job.state
         known = None if clears or not text else shape(text)
@@ -334,7 +338,6 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
         gpu_runs[gclass] += 1
         gpu_hours[gclass] += hours
         class_gpu_hours[gclass] += hours * max(0, gpus)
-        gpu_total += hours * max(0, gpus)
         first, last = min(first, start), max(last, end)
         runs_by_size[size] += len(nodes) if cleared else count
         add_hours(size, hours)
@@ -354,7 +357,7 @@ def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthD
             else:
                 _judge(result, job, all_nodes, nodes, start, end, size, gclass, {}, {},
                        grace_s)
-    result.first_start, result.last_end, result.gpu_hours_total = first, last, gpu_total
+    result.first_start, result.last_end = first, last
     if tally is None:
         spread_exposure(exposure, ranged)
     return result

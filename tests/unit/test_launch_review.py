@@ -8,6 +8,7 @@ import io
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -287,19 +288,13 @@ def test_survivors_whose_collective_fails_on_the_lost_peer_get_a_spare(rank: lis
     # R1: with real collectives the survivors exit 1 as soon as their peer's node is gone;
     # that was taken for the program's own failure: rc 1, no spare, no requeue.
     gone = tmp_path / "peer_gone"
-    steps, ev, rep = LocalSteps("9410"), Events(), Recorded()
-    th, out = in_thread(lambda: launch(
-        "9410", ["n0", "n1", "n2", "n3"], [*rank, "peer_exit", str(gone)], S, steps, rep, ev,
-        "127.0.0.1"))
-    while not ev.named("all_beating"):
-        assert th.is_alive(), ev.seen
-        time.sleep(0.02)
-    steps.kill_node("n1")
-    time.sleep(0.2)
-    gone.touch()
-    th.join(60)
-    steps.reap()
-    assert not th.is_alive() and out["rc"] == 0, ev.seen
+
+    def peers_notice() -> None:
+        time.sleep(0.2)
+        gone.touch()
+    rc, ev, rep = lose_n1(LocalSteps("9410"), [*rank, "peer_exit", str(gone)],
+                          ["n0", "n1", "n2", "n3"], S, then=peers_notice)
+    assert rc == 0, ev.seen
     assert [x.node for x in rep.so_far] == ["n1"]
     assert [e["nodes"] for e in ev.named("step_started")] == [["n0", "n1", "n2"],
                                                               ["n0", "n3", "n2"]]
@@ -336,20 +331,29 @@ class LaunchTimesOut(LocalSteps):
         return super().poll(step)
 
 
-def lose_n1_with_two_spares(steps: LocalSteps, rank: list[str]) -> tuple[int, Events, Recorded]:
-    """Five nodes, two of them spares; n1 dies once every rank beats. (rc, events, reports)."""
+def lose_n1(steps: LocalSteps, argv: list[str], nodes: list[str], s: LaunchSettings,
+            then: Callable[[], None] | None = None) -> tuple[int, Events, Recorded]:
+    """The launcher on ``nodes``; n1 dies once every rank beats (``then`` runs after).
+    (rc, events, reports)."""
     ev, rep = Events(), Recorded()
-    th, out = in_thread(lambda: launch(
-        steps.job_id, ["n0", "n1", "n2", "n3", "n4"], [*rank, "gen1_forever"],
-        replace(S, spares=2), steps, rep, ev, "127.0.0.1"))
+    th, out = in_thread(lambda: launch(steps.job_id, nodes, argv, s, steps, rep, ev,
+                                       "127.0.0.1"))
     while not ev.named("all_beating"):
         assert th.is_alive(), ev.seen
         time.sleep(0.02)
     steps.kill_node("n1")
+    if then is not None:
+        then()
     th.join(60)
     steps.reap()
     assert not th.is_alive(), ev.seen
     return out["rc"], ev, rep
+
+
+def lose_n1_with_two_spares(steps: LocalSteps, rank: list[str]) -> tuple[int, Events, Recorded]:
+    """Five nodes, two of them spares, every rank training until its node dies."""
+    return lose_n1(steps, [*rank, "gen1_forever"], ["n0", "n1", "n2", "n3", "n4"],
+                   replace(S, spares=2))
 
 
 def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
