@@ -12,10 +12,12 @@ A state of `--mb` MiB (float32), the median of `--repeat` runs of each, the arms
 - torch: the same bytes as torch tensors in a state_dict against the numpy state, save stall.
   Goal: <= 1.1.
 - DCP: `dcp.save` through gpuwarden's writer against DCP's own FileSystemWriter to the same
-  /dev/shm, save stall (durable copies written behind). Goal: <= 1.0.
+  /dev/shm, save stall (durable copies written behind). Goal: <= 1.0. Once in one process,
+  and once with `--ranks` real ranks over gloo (default 2) saving a replicated state, which
+  DCP spreads over the ranks: the stall is from a barrier before the save to one after it.
 Needs torch (`make venv` installs it).
 
-    .venv/bin/python benchmarks/ckpt_memory.py [--mb 256] [--repeat 5]
+    .venv/bin/python benchmarks/ckpt_memory.py [--mb 256] [--repeat 5] [--ranks 2]
 """
 
 from __future__ import annotations
@@ -151,10 +153,66 @@ def torch_arms(state: dict[str, Any], work: Path, disk: Path, repeat: int) -> di
     return out
 
 
+def _rank_arms(rank: int, ranks: int, work: str, disk: str, mb: int, repeat: int,
+               out: str) -> None:
+    """One rank of the `--ranks` arm: each save timed from a barrier to a barrier, so the
+    stall is the slowest rank's; durable copies and removals are waited for untimed."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback: not the hostname's address
+    dist.init_process_group("gloo", rank=rank, world_size=ranks, init_method=f"file://{work}/pg")
+    n = mb << 18
+    tstate = {f"w{i}": torch.from_numpy(
+        np.random.default_rng(i).standard_normal(n // 4).astype(np.float32)) for i in range(4)}
+    jc = JobCheckpointer(CkptConfig(memory_root=f"{work}/mem{rank}", shared_root=disk, keep=1,
+                                    peer_replicas=0, agree_timeout_s=120.0),
+                         JobEnv("5", rank, ranks, 0, "0", f"bench{rank}"))
+
+    def timed(fn: Callable[[], Any], settle: Callable[[], Any]) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        took = time.perf_counter() - t0
+        settle()
+        dist.barrier()
+        return took
+
+    def fs_dir(i: int) -> str:
+        return f"{work}/fs{i}"
+
+    times: dict[str, list[float]] = {"dcp_fs_ranks": [], "dcp_ours_ranks": []}
+    for i in range(repeat):
+        arms = [("dcp_fs_ranks", lambda i=i: dcp.save(
+                    tstate, storage_writer=dcp.FileSystemWriter(fs_dir(i))),
+                 lambda i=i: rank == 0 and shutil.rmtree(fs_dir(i))),
+                ("dcp_ours_ranks", lambda i=i: dcp.save(
+                    tstate, storage_writer=dcp_writer(jc, i + 1)),
+                 lambda i=i: jc.wait_durable(i + 1, timeout=300))]
+        for name, fn, settle in (arms if i % 2 == 0 else arms[::-1]):
+            times[name].append(timed(fn, settle))
+    jc.finish(repeat, timeout=300)
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(repr({k: statistics.median(v) for k, v in times.items()}))
+
+
+def ranks_arms(work: Path, disk: Path, mb: int, repeat: int, ranks: int) -> dict[str, float]:
+    import ast  # noqa: PLC0415
+
+    out = work / "ranks.out"
+    torch.multiprocessing.start_processes(
+        _rank_arms, args=(ranks, str(work), str(disk / "ranks"), mb, repeat, str(out)),
+        nprocs=ranks, start_method="spawn")
+    got: dict[str, float] = ast.literal_eval(out.read_text())
+    return got
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--mb", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=2, help="ranks of the DCP arm over gloo")
     args = ap.parse_args()
     n = args.mb << 18  # float32 values
     state = {f"w{i}": np.random.default_rng(i).standard_normal(n // 4).astype(np.float32)
@@ -164,6 +222,7 @@ def main() -> None:
     try:
         out = numpy_arms(state, work, args.repeat)
         out.update(torch_arms(state, work, disk, args.repeat))
+        out.update(ranks_arms(work, disk, args.mb, args.repeat, args.ranks))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
@@ -179,6 +238,8 @@ def main() -> None:
           "(goal <= 1.1)")
     print(f"DCP via gpuwarden / FileSystemWriter: {out['dcp_ours'] / out['dcp_fs']:.2f}  "
           "(goal <= 1.0)")
+    print(f"  the same, {args.ranks} ranks over gloo:       "
+          f"{out['dcp_ours_ranks'] / out['dcp_fs_ranks']:.2f}  (goal <= 1.0)")
 
 
 if __name__ == "__main__":

@@ -26,13 +26,36 @@ from typing import Any
 from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import StateError, encode
 from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
+from gpuwarden.ckpt.fstier import CorruptStep, FsTier, Staged, TierError
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
 from gpuwarden.ckpt.restore import Restored, Tier, listed, restore
 from gpuwarden.ckpt.retention import readable, to_delete
 
 log = logging.getLogger(__name__)
+
+
+class PendingSave:
+    """A save whose `nested.Later` values are still to come (`Checkpointer.begin`)."""
+
+    def __init__(self, ck: Checkpointer, staged: Staged, later: Mapping[str, nested.Later]) -> None:
+        self._ck, self._staged, self._later = ck, staged, dict(later)
+
+    def commit(self) -> Manifest:
+        """The Later values and the manifest into tier 0: the step is saved (write-back
+        follows). A Later left unset is a StateError, and nothing is saved."""
+        unset = [k for k, v in self._later.items() if v.value is None]
+        if unset:
+            self.abort()
+            raise StateError(f"step {self._staged.manifest.step}: the late values of shards "
+                             f"{unset} were never given: nothing saved")
+        shards, data = encode({k: v.value for k, v in self._later.items()})
+        m = self._staged.commit(shards, data)
+        self._ck._saved(m.step)
+        return m
+
+    def abort(self) -> None:
+        self._staged.abort()
 
 
 class Checkpointer:
@@ -69,22 +92,30 @@ class Checkpointer:
     # ---- the training loop's side -----------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any],
              metadata: Mapping[str, str] | None = None) -> Manifest:
+        return self.begin(step, state, metadata).commit()
+
+    def begin(self, step: int, state: Mapping[str, Any],
+              metadata: Mapping[str, str] | None = None) -> PendingSave:
+        """The first half of `save`: every shard but the `nested.Later` leaves written into
+        tier 0, nothing visible until `PendingSave.commit` (after each Later is set)."""
         check_step(step)
         if nested.is_flat(state):
             if nested.STRUCTURE in state:
                 raise StateError(f"state key {nested.STRUCTURE!r} is reserved")
         else:
             state = nested.flatten(state)  # a torch state_dict, nested dicts, scalars
-        shards, data = encode(state, hashed=False)
+        later = {k: v for k, v in state.items() if isinstance(v, nested.Later)}
+        shards, data = encode({k: v for k, v in state.items() if k not in later}, hashed=False)
         header = Manifest(self.job, step, self.world_size, self.rank, tuple(shards), time.time(),
                           dict(metadata or {}))
         # The only part the caller waits for; the checksums are computed while writing.
-        m = self.tier0.commit(header, data, hash_while_writing=True)
+        return PendingSave(self, self.tier0.stage(header, data, hash_while_writing=True), later)
+
+    def _saved(self, step: int) -> None:
         with self._cv:
             self._pending.append(step)
             self._prune_due = True
             self._cv.notify_all()
-        return m
 
     def wait_durable(self, step: int, timeout: float | None = None) -> bool:
         """True once ``step`` (or a newer one) is on every durable tier."""

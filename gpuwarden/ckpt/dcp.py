@@ -9,8 +9,9 @@ first, write-behind, verification and walk-back:
         dcp.load(state_dict, storage_reader=reader)                  # was checkpoint_id=path
 
 What a step is stays gpuwarden's: each rank saves its items as one gpuwarden step (manifest last,
-checksummed); the coordinator's step also holds DCP's metadata, and is saved last, in `finish`,
-after every rank wrote its items. A DCP load needs items other ranks wrote (DCP writes a
+checksummed); the coordinator's step also holds DCP's metadata: its items are written in
+`write_data`, beside the other ranks', and the step is committed (metadata, then manifest) in
+`finish`, after every rank wrote its items. A DCP load needs items other ranks wrote (DCP writes a
 replicated tensor once), so the reader agrees on, and restores from, the durable tiers alone
 (`JobCheckpointer.restore(durable_only=True)`): each rank verifies the very copy the others will
 read, and a damaged one walks every rank back together; other ranks' items then come from the
@@ -44,8 +45,10 @@ from torch.futures import Future
 
 from gpuwarden.ckpt.codec import StateError
 from gpuwarden.ckpt.names import check_step
+from gpuwarden.ckpt.nested import Later
 
 if TYPE_CHECKING:
+    from gpuwarden.ckpt.checkpointer import PendingSave
     from gpuwarden.ckpt.job import JobCheckpointer
 
 log = logging.getLogger(__name__)
@@ -104,6 +107,8 @@ class GpuwardenWriter(StorageWriter):
         self.rank = ck.env.rank
         self.is_coordinator = False
         self.items: dict[str, Any] = {}
+        self._pending: PendingSave | None = None  # the coordinator's step, until `finish`
+        self._metadata: Later | None = None
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -115,6 +120,7 @@ class GpuwardenWriter(StorageWriter):
                                  "checkpoint_id= out)") from None
             self.step = check_step(step)
         self.items = {}
+        self._abort()  # a save that failed between write_data and finish left a temp dir
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("use_collectives") is False:
@@ -151,17 +157,36 @@ class GpuwardenWriter(StorageWriter):
             self.items[key] = value
             results.append(WriteResult(index=item.index, size_in_bytes=size,
                                        storage_data=ItemWhere(self.rank, key)))
-        if not self.is_coordinator:
+        if self.is_coordinator:
+            # Written now, beside the other ranks' writes; only the metadata, which needs
+            # every rank's results, is left for `finish` (the step stays invisible until then).
+            self._abort()
+            self._metadata = Later()
+            self._pending = self.ck.begin(self.step, {ITEMS: self.items,
+                                                      METADATA: self._metadata})
+        else:
             self.ck.save(self.step, {ITEMS: self.items})
-            self.items = {}
+        self.items = {}
         return _done(results)
 
     def finish(self, metadata: Any, results: list[list[WriteResult]]) -> None:
         # Every rank's items are in its tier 0 now (DCP gathered their results); the
-        # coordinator's step, with the metadata, goes last.
+        # coordinator's step, with the metadata, is committed last.
+        pending, self._pending = self._pending, None
+        if pending is None or self._metadata is None:
+            raise StateError("DCP called finish before write_data on the coordinator")
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
-        self.ck.save(self.step, {ITEMS: self.items, METADATA: _dump_metadata(metadata)})
-        self.items = {}
+        try:
+            self._metadata.set(_dump_metadata(metadata))
+        except BaseException:
+            pending.abort()
+            raise
+        pending.commit()
+
+    def _abort(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.abort()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:

@@ -28,7 +28,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
@@ -128,6 +128,51 @@ def _why(exc: BaseException) -> str:
     return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
 
 
+class Staged:
+    """A step half written by `FsTier.stage`: `commit` it or `abort` it, once."""
+
+    def __init__(self, tier: FsTier, fd: int, owner: int, tmp: str, manifest: Manifest) -> None:
+        self._tmp: str | None = tmp
+        self.tier, self._fd, self._owner = tier, fd, owner
+        self.manifest = manifest  # the shards written so far, with their checksums
+
+    def commit(self, shards: Sequence[Shard], data: Mapping[str, Buf]) -> Manifest:
+        """Add ``shards`` (checksummed: `codec.encode`) and the manifest, and make the step
+        visible; the manifest written. Raises TierError and leaves nothing behind."""
+        names = [s.name for s in (*self.manifest.shards, *shards)]
+        if len(set(names)) != len(names) or MANIFEST in names:
+            self.abort()
+            raise TierError(f"{self.tier.name}: step {self.manifest.step}: a shard name is "
+                            f"given twice, or is {MANIFEST}")
+        tmp, self._tmp = self._tmp, None
+        if tmp is None:
+            raise TierError(f"{self.tier.name}: step {self.manifest.step} was already "
+                            "committed or aborted")
+        try:
+            manifest = dataclasses.replace(self.manifest,
+                                           shards=(*self.manifest.shards, *shards))
+            return self.tier._publish_at(self._fd, self._owner, tmp, manifest,
+                                         {s.name: data[s.name] for s in shards})
+        finally:
+            os.close(self._fd)
+
+    def __del__(self) -> None:
+        # A save abandoned half way (another rank's DCP write failed, so no `finish`): its
+        # bytes in node memory go as the writer does, not at the end of the job.
+        self.abort()
+
+    def abort(self) -> None:
+        """Remove what was written; the step stays as it was (absent, or the older copy)."""
+        tmp, self._tmp = self._tmp, None
+        if tmp is None:
+            return
+        try:
+            with contextlib.suppress(OSError):
+                safeio.remove_at(self._fd, tmp)
+        finally:
+            os.close(self._fd)
+
+
 class FsTier:
     def __init__(self, name: str, root: str, job: str, rank: int = 0,
                  owner: int | None = None, map_reads: bool = False) -> None:
@@ -215,25 +260,62 @@ class FsTier:
         (`codec.encode(hashed=False)`) and are computed here while another thread writes the
         same bytes (the write releases Python's GIL, the hash does not), so a save costs about
         the longer of the two instead of their sum."""
+        return self.stage(manifest, data, hash_while_writing).commit((), {})
+
+    def stage(self, manifest: Manifest, data: Mapping[str, Buf],
+              hash_while_writing: bool = False) -> Staged:
+        """The first half of a commit: ``manifest``'s shards written into a private temp
+        directory, nothing visible yet. `Staged.commit` adds the last shards (a value known
+        only once the first ones are written: DCP's metadata) and the manifest; until then the
+        step is invisible, and a crash leaves only a temp directory (`gc_temp`)."""
         if (manifest.job, manifest.rank) != (self.job, self.rank):
             raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
                             f"belong in {self.dir}")
         check_writable(self.name, manifest)
         fd, owner = self._open(create=True)
-        with closing(fd):
-            return self._commit_at(fd, owner, manifest, data, hash_while_writing)
-
-    def _commit_at(self, fd: int, owner: int, manifest: Manifest,
-                   data: Mapping[str, Buf], hash_while_writing: bool = False) -> Manifest:
-        final = step_dir(manifest.step)
-        stale = tmp = None
+        tmp = None
         try:
-            if safeio.lstat_at(fd, final) is not None:
+            tmp = self._mkdtemp(fd, f".{step_dir(manifest.step)}.")
+            with closing(os.open(tmp, safeio.DIR_FLAGS, dir_fd=fd)) as tfd:
                 if hash_while_writing:
-                    # Compared with the step already there (a retry): hashed first.
-                    manifest = _with_checksums(
-                        manifest, [checksum(data[s.name]) for s in manifest.shards])
-                    hash_while_writing = False
+                    manifest = _write_hashing(tfd, manifest, data)
+                else:
+                    for shard in manifest.shards:
+                        _write_file(tfd, shard.name, data[shard.name])
+        except BaseException as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    safeio.remove_at(fd, tmp)
+            err = self._write_error(fd, manifest, exc) if isinstance(exc, OSError) else None
+            os.close(fd)
+            if err is not None:
+                raise err from None
+            raise
+        return Staged(self, fd, owner, tmp, manifest)
+
+    def _write_error(self, fd: int, manifest: Manifest, exc: OSError) -> TierError:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            vfs = os.fstatvfs(fd)
+            inodes = ", no free inodes" if vfs.f_favail == 0 else ""
+            return TierFull(f"{self.name}: out of space writing step {manifest.step} "
+                            f"({manifest.total_bytes} bytes, {vfs.f_bavail * vfs.f_frsize} "
+                            f"free{inodes} in {self.dir}); the previous steps are intact")
+        return TierError(f"{self.name}: cannot write step {manifest.step} ({_why(exc)})")
+
+    def _publish_at(self, fd: int, owner: int, staged: str, manifest: Manifest,
+                    more: Mapping[str, Buf]) -> Manifest:
+        """The second half: the last shards and the manifest into ``staged``, then one
+        rename. ``staged`` is gone afterwards, whatever happens."""
+        final = step_dir(manifest.step)
+        tmp: str | None = staged
+        stale = None
+        try:
+            with closing(os.open(staged, safeio.DIR_FLAGS, dir_fd=fd)) as tfd:
+                for name, buf in more.items():
+                    _write_file(tfd, name, buf)
+                _write_file(tfd, MANIFEST, manifest.to_json().encode())
+                os.fsync(tfd)
+            if safeio.lstat_at(fd, final) is not None:
                 try:
                     # Every shard, not only the manifest: a damaged copy that restore refused
                     # must not pass for "already committed" when the job saves it again.
@@ -246,30 +328,13 @@ class FsTier:
                     # A step of the same number from another run (a replica pushed before a
                     # requeue): replaced whole, never mixed.
                     stale = self._mkdtemp(fd, f".{final}.stale.")
-            tmp = self._mkdtemp(fd, f".{final}.")
-            with closing(os.open(tmp, safeio.DIR_FLAGS, dir_fd=fd)) as tfd:
-                if hash_while_writing:
-                    manifest = _write_hashing(tfd, manifest, data)
-                else:
-                    for shard in manifest.shards:
-                        _write_file(tfd, shard.name, data[shard.name])
-                _write_file(tfd, MANIFEST, manifest.to_json().encode())
-                os.fsync(tfd)
             if stale is not None:
                 os.rename(final, f"{stale}/old", src_dir_fd=fd, dst_dir_fd=fd)
-            os.rename(tmp, final, src_dir_fd=fd, dst_dir_fd=fd)
+            os.rename(staged, final, src_dir_fd=fd, dst_dir_fd=fd)
             tmp = None
             os.fsync(fd)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                vfs = os.fstatvfs(fd)
-                inodes = ", no free inodes" if vfs.f_favail == 0 else ""
-                raise TierFull(f"{self.name}: out of space writing step {manifest.step} "
-                               f"({manifest.total_bytes} bytes, {vfs.f_bavail * vfs.f_frsize} "
-                               f"free{inodes} in {self.dir}); the previous steps are intact") \
-                    from None
-            raise TierError(f"{self.name}: cannot write step {manifest.step} "
-                            f"({_why(exc)})") from None
+            raise self._write_error(fd, manifest, exc) from None
         finally:
             for leftover in (tmp, stale):
                 if leftover is not None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuwarden.ckpt import beat
 from gpuwarden.ckpt.build import tiers
-from gpuwarden.ckpt.checkpointer import Checkpointer
+from gpuwarden.ckpt.checkpointer import Checkpointer, PendingSave
 from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloCoordinator, agree
 from gpuwarden.ckpt.fstier import FsTier
@@ -266,6 +266,12 @@ class JobCheckpointer:
         m = self.ck.save(step, state)
         self.progress(step)
         return m
+
+    def begin(self, step: int, state: Mapping[str, Any]) -> PendingSave:
+        """`save` in two halves, for a value known only later (`Checkpointer.begin`)."""
+        pending = self.ck.begin(step, state)
+        self.progress(step)
+        return pending
 
     def progress(self, step: int) -> None:
         """Tell `gpuwarden launch` that training reached ``step`` (saves do it too): it tells

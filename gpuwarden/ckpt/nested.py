@@ -39,6 +39,17 @@ MAX_DEPTH = 64
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 
+class Later:
+    """A bytes leaf given after the rest of the step is written (`Checkpointer.begin`): DCP's
+    metadata, which exists only once every rank has written its items."""
+
+    def __init__(self) -> None:
+        self.value: bytes | None = None
+
+    def set(self, value: bytes) -> None:
+        self.value = bytes(value)
+
+
 def is_flat(state: Mapping[str, Any]) -> bool:
     """A state the codec takes as it is: str keys, bytes or NumPy values (the numpy-only API)."""
     return all(isinstance(k, str) and isinstance(v, (bytes, bytearray, memoryview, np.ndarray))
@@ -119,6 +130,10 @@ class _Flattener:
         if isinstance(value, (bytes, bytearray, memoryview)):
             name = self._shard()
             self.shards[name] = memoryview(value).cast("B")
+            return {"bytes": name}
+        if isinstance(value, Later):  # its shard's bytes come at the commit
+            name = self._shard()
+            self.shards[name] = value
             return {"bytes": name}
         if isinstance(value, np.ndarray):
             name = self._shard()

@@ -206,3 +206,72 @@ def test_a_per_rank_metadata_read_is_refused_so_no_rank_loads_alone() -> None:
     reader.step = 10
     with pytest.raises(StateError, match="no per-rank"):
         reader.read_metadata(rank=1)
+
+
+# ---- the coordinator's stall (issue 15) ------------------------------------------------------
+def test_the_coordinator_writes_its_items_before_finish_and_commits_only_the_metadata_then(
+        tmp_path: Path) -> None:
+    """The coordinator's items used to be written in `finish`, after every other rank's write
+    was done: the save's stall was two writes long. They go out in `write_data` now, beside
+    the others'; the step stays invisible until `finish` adds the metadata."""
+    from torch.distributed import checkpoint as dcp
+
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.ckpt.dcp import GpuwardenWriter, dcp_reader
+    from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+
+    seen: dict[str, Any] = {}
+
+    class Watched(GpuwardenWriter):
+        def finish(self, metadata: Any, results: Any) -> None:
+            rank_dir = tmp_path / "m" / "job-6" / "rank-00000"
+            seen["visible"] = self.ck.ck.tier0.steps()
+            seen["written"] = sum(f.stat().st_size for d in rank_dir.glob(".step-*")
+                                  for f in d.iterdir())
+            super().finish(metadata, results)
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
+    try:
+        cfg = CkptConfig(memory_root=str(tmp_path / "m"))
+        ck = JobCheckpointer(cfg, JobEnv("6", 0, 1, 0, "0", "n1"))
+        w = torch.arange(1 << 16, dtype=torch.float32)
+        dcp.save({"w": w}, storage_writer=Watched(ck, 4))
+        assert seen["visible"] == []
+        assert seen["written"] >= w.numel() * 4
+        ck.finish(None)
+        reader = dcp_reader(JobCheckpointer(cfg, JobEnv("6", 0, 1, 1, "0", "n1")))
+        assert reader.step == 4
+        out = {"w": torch.zeros(1 << 16)}
+        dcp.load(out, storage_reader=reader)
+        assert torch.equal(out["w"], w)
+        assert [p.name for p in (tmp_path / "m" / "job-6" / "rank-00000").iterdir()] == \
+            ["step-000000000004"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_save_that_fails_at_finish_leaves_no_step_and_no_temp_dir(tmp_path: Path,
+                                                                    monkeypatch: Any) -> None:
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from gpuwarden.ckpt import dcp as gw_dcp
+    from gpuwarden.ckpt.config import CkptConfig
+    from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
+    try:
+        ck = JobCheckpointer(CkptConfig(memory_root=str(tmp_path / "m")),
+                             JobEnv("7", 0, 1, 0, "0", "n1"))
+        dcp.save({"w": torch.ones(8)}, storage_writer=gw_dcp.dcp_writer(ck, 1))
+
+        def broken(_md: Any) -> bytes:
+            raise OSError("no metadata today")
+        monkeypatch.setattr(gw_dcp, "_dump_metadata", broken)
+        with pytest.raises(CheckpointException):  # DCP's wrapper of the OSError
+            dcp.save({"w": torch.zeros(8)}, storage_writer=gw_dcp.dcp_writer(ck, 2))
+        ck.finish(None)
+        assert [p.name for p in (tmp_path / "m" / "job-7" / "rank-00000").iterdir()] == \
+            ["step-000000000001"]
+    finally:
+        dist.destroy_process_group()
