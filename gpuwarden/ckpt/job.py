@@ -22,12 +22,13 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from gpuwarden.ckpt import beat
+from gpuwarden.ckpt import beat, restorelog
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.checkpointer import Checkpointer, PendingSave
 from gpuwarden.ckpt.config import CkptConfig
@@ -239,12 +240,14 @@ class JobCheckpointer:
                 if not read_only:
                     self.ck.forget_newer(None)  # a fresh start: no step of an earlier run counts
                 return None
+            t0 = time.monotonic()
             try:
                 got = self.ck.restore(at_most=target, mapped=mapped, durable_only=durable_only)
             except TiersUnavailable as exc:
                 log.error("rank %d: %s", env.rank, exc)
                 failed = [*failed, str(exc)]
                 got = None  # reported as -1: then every rank fails together, above
+            took = time.monotonic() - t0
             reached = -1 if got is None else got.step
             every = self.coord.exchange(f"restored-{env.run}-{attempt}", reached,
                                         self.cfg.agree_timeout_s)
@@ -256,11 +259,25 @@ class JobCheckpointer:
                 log.info("rank %d: restored step %d from %s", env.rank, got.step, got.tier)
                 if not read_only:
                     self.ck.forget_newer(got.step)
+                    self._record_restore(got, took)
                 return got
             log.warning("rank %d: some rank could not restore step %d; all take step %s",
                         env.rank, target, low if low >= 0 else "none")
             target = low if low >= 0 else None
         raise CoordError("the ranks could not agree on a step to restore after 4 rounds")
+
+    def _record_restore(self, got: Restored, took: float) -> None:
+        """For the report's restore times per tier (`restorelog`); a failure costs the job
+        nothing but a warning."""
+        if not isinstance(self.coord, FileCoordinator):
+            return  # no shared tier: nowhere an admin reads from
+        env = self.env
+        rec = restorelog.RestoreRecord(env.job, env.rank, env.run, got.step, got.tier,
+                                       got.manifest.total_bytes, round(took, 6), time.time())
+        try:
+            restorelog.write(self.coord.dir, rec)
+        except OSError as exc:
+            log.warning("rank %d: cannot record the restore's time: %s", env.rank, exc)
 
     def save(self, step: int, state: Mapping[str, Any]) -> Manifest:
         m = self.ck.save(step, state)

@@ -107,7 +107,8 @@ def failed_run_hours(tally: RunTally, att: Any) -> dict[int, list[float]]:
 
 
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
-          now: datetime | None = None, gating: Gating = GATING) -> Report:
+          now: datetime | None = None, gating: Gating = GATING,
+          restores: tradeoffs.RestoreTimes | None = None) -> Report:
     att = hist.attribution
     tally = hist.collected
     if not isinstance(tally, RunTally):
@@ -126,7 +127,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         mttfview.section(rep, opts.gpus_per_node, out.gang_failed_no_event),
         out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
-         tradeoffs.filesystem_vs_object_store(tally, att),
+         tradeoffs.filesystem_vs_object_store(tally, att, restores),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating)

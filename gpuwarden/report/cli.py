@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -9,6 +10,8 @@ from typing import Any
 
 import click
 
+from gpuwarden.ckpt import restorelog
+from gpuwarden.ckpt.safeio import Refused
 from gpuwarden.errors import ConfigError, GpuwardenError
 from gpuwarden.extras import Needs
 from gpuwarden.fleet.cli import parse_cost
@@ -25,8 +28,11 @@ with Needs("lemon") as LEMON:
     from gpuwarden.lemon.scoring import ScoreConfig
     from gpuwarden.report.build import GATING, Gating, Options, as_json, build, gating_of
     from gpuwarden.report.collect import Blamable, RunTally
+    from gpuwarden.report.tradeoffs import RestoreTimes
 with Needs("report") as REPORT:
     from gpuwarden.report.render import render
+
+log = logging.getLogger(__name__)
 
 
 def _leaves(path: str | None) -> dict[str, str] | None:
@@ -84,6 +90,32 @@ def _gating(obj: Any) -> Gating:
     return gating_of((of_node(n.name, n.extra, now.timestamp()) for n in nodes), now)
 
 
+def _restores(given: str | None, configured: str, att: Any) -> RestoreTimes | None:
+    """The jobs' restore records in the history's span; None when there is no shared tier
+    here (configured but not mounted where the report runs: said on the page). A root given
+    on the command line that cannot be read is an error."""
+    root = given or configured
+    if not root:
+        return None
+    try:
+        records, skipped = restorelog.read_records(root)
+    except FileNotFoundError:
+        if given:
+            raise click.UsageError(f"--ckpt-root {given}: no such directory") from None
+        log.warning("[ckpt] shared_root %s is not here: no restore times on the page", root)
+        return None
+    except (OSError, Refused) as exc:
+        if given:
+            raise click.UsageError(f"--ckpt-root {given}: {exc}") from None
+        log.warning("[ckpt] shared_root %s: %s: no restore times on the page", root, exc)
+        return None
+    for s in skipped:
+        log.warning("restore record %s left out: %s", s.where, s.why)
+    lo, hi = att.first_start, att.last_end
+    inside = [r for r in records if lo <= r.at <= hi] if hi > lo else []
+    return RestoreTimes(root, restorelog.per_tier(inside), len(skipped))
+
+
 @click.command("report")
 @LEMON.required
 @REPORT.required
@@ -112,11 +144,14 @@ def _gating(obj: Any) -> Gating:
 @click.option("--gpus-per-node", default=8, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--topology", "topology", type=click.Path(dir_okay=False, exists=True),
               default=None, help="topology.conf, for gang jobs within one leaf switch")
+@click.option("--ckpt-root", default=None, type=click.Path(file_okay=False),
+              help="the checkpoints' shared tier, for restore times per tier "
+                   "[default: [ckpt] shared_root, where it is mounted]")
 @click.pass_obj
 def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
            output: str, json_out: str | None, ckpt_cost: str, ckpt_interval: str,
            restart_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
-           topology: str | None) -> None:
+           topology: str | None, ckpt_root: str | None) -> None:
     """Where the site's GPU time went, and what four design choices would change: one
     self-contained HTML page from the site's own accounting."""
     interval = _seconds(ckpt_interval, "--ckpt-interval", positive=True)
@@ -142,7 +177,8 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
         have_topology=leaves is not None)
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
-                gating=GATING if from_files else _gating(obj))
+                gating=GATING if from_files else _gating(obj),
+                restores=_restores(ckpt_root, cfg.ckpt.shared_root, hist.attribution))
     # Both rendered before either is written; the JSON lands first.
     files = [(output, render(rep))]
     if json_out:

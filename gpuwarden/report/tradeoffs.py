@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpuwarden.ckpt.restorelog import TierRestores
 from gpuwarden.fleet.mttf import gating_drains
 from gpuwarden.lemon.attribution import LEAD_S, Attribution
 from gpuwarden.report.collect import RunTally
@@ -49,24 +50,65 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
         ["checkpoint manifests (actual intervals and stalls per job) are not read"])
 
 
-def filesystem_vs_object_store(tally: RunTally, att: Attribution) -> Tradeoff:
+@dataclass(frozen=True)
+class RestoreTimes:
+    """What the jobs recorded of their restores (`ckpt.restorelog`), for this history's span."""
+
+    where: str  # the shared root read, in words
+    tiers: list[TierRestores]
+    skipped: int  # records left out as unreadable or malformed (named in the log)
+
+
+def _minutes(t: TierRestores | None) -> float | None:
+    return None if t is None else round(t.median_s / 60, 2)
+
+
+def filesystem_vs_object_store(tally: RunTally, att: Attribution,
+                               restores: RestoreTimes | None = None) -> Tradeoff:
     runs = gpus = 0
     for _, hit in gpu_blamed_runs(tally, att):
         if hit is not None:
             runs += 1
             gpus += hit[1]
-    return Tradeoff(
-        "filesystem_vs_object_store", "Parallel filesystem vs object store",
-        [Figure("restores after an infrastructure failure", runs, "runs"),
-         Figure("GPUs held by those runs, summed", gpus, "GPUs"),
-         Figure("cost of each minute of restore time", round(gpus / 60, 2),
-                "GPU-hours over this history"),
-         Figure("restore time from the parallel filesystem", None, "min"),
-         Figure("restore time from the object store", None, "min")],
-        ["every failed run restores once, holding all its GPUs while it does"],
-        ["restore times per tier: they are in gpuwarden.ckpt's restore records on the "
-         "nodes, not in accounting; the difference between tiers (minutes) times the cost "
-         "per minute above is what the choice is worth"])
+    by = {t.tier: t for t in (restores.tiers if restores else [])}
+    fs, s3 = by.get("shared"), by.get("s3")
+    worth = None
+    if fs is not None and s3 is not None:
+        worth = round((s3.median_s - fs.median_s) / 60 * gpus / 60, 2)
+    figures = [Figure("restores after an infrastructure failure", runs, "runs"),
+               Figure("GPUs held by those runs, summed", gpus, "GPUs"),
+               Figure("cost of each minute of restore time", round(gpus / 60, 2),
+                      "GPU-hours over this history"),
+               Figure("restore time from the parallel filesystem (median)", _minutes(fs), "min"),
+               Figure("restore time from the object store (median)", _minutes(s3), "min"),
+               Figure("restores from node memory or a peer (no shared read)",
+                      sum(by[t].restores for t in ("memory", "peer") if t in by)
+                      if restores else None, "restores"),
+               Figure("object store instead of the filesystem, for these runs", worth,
+                      "GPU-hours over this history")]
+    assumptions = ["every failed run restores once, holding all its GPUs while it does"]
+    missing = []
+    if restores is None:
+        missing.append("restore times per tier: the jobs record them on the shared tier "
+                       "([ckpt] shared_root); pass --ckpt-root where it is mounted")
+    else:
+        assumptions.append(
+            f"restore times as the jobs' ranks measured them (the verified read of their own "
+            f"step; agreement between ranks and a requeue's prolog stage-in not counted), "
+            f"median per tier, from {restores.where}: "
+            + (", ".join(f"{t.tier} {t.restores} restores, median {t.median_s:.3g} s, "
+                         f"p90 {t.p90_s:.3g} s" for t in restores.tiers) or "none recorded"))
+        assumptions.append("each failed run's restore takes its tier's median: the jobs "
+                           "that restored need not be the ones that failed, nor the same size")
+        if restores.skipped:
+            missing.append(f"{restores.skipped} restore records could not be read or were "
+                           "malformed: left out (each is named in the log)")
+        if fs is None or s3 is None:
+            missing.append("a tier with no recorded restore in this span: "
+                           + ", ".join(n for n, t in (("parallel filesystem", fs),
+                                                      ("object store", s3)) if t is None))
+    return Tradeoff("filesystem_vs_object_store", "Parallel filesystem vs object store",
+                    figures, assumptions, missing)
 
 
 def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],

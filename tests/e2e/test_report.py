@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 from gpuwarden.report.render import MAX_PARTITION_CHARTS
 from tests.browser import assert_charts_drawn, assert_fits
 from tests.e2e.test_foundation import wait_for
 
 OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
+# A rank's life in one line: restore, or save a first step when there is none.
+_SAVE_OR_RESTORE = (
+    "import numpy as np; from gpuwarden.ckpt.job import JobCheckpointer as J; "
+    "ck = J.from_slurm(); got = ck.restore(); print(\"restored\", got and got.tier); "
+    "got or ck.save(1, {\"w\": np.zeros(1 << 20)}); ck.finish(None if got else 1)")
 
 
 @pytest.mark.versions
@@ -32,10 +37,19 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     idle = h.exec("slurmctld", ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).check("sinfo").out
     clean = sorted(set(idle.split()) - touched)
     assert clean, f"every idle node had a gpuwarden drain this session: {sorted(touched)}"
+    # A job that checkpoints, loses its node-memory copy (as a requeue onto a new node does)
+    # and restores from the shared tier: its restore time is on the page's filesystem card.
+    ck = h.sbatch("-N1", "--gpus-per-node=8", name="report-ckpt", wrap=(
+        f"srun python3 -I -c '{_SAVE_OR_RESTORE}' && "
+        "rm -rf /dev/shm/gpuwarden-ckpt/job-$SLURM_JOB_ID/rank-00000 && "
+        f"srun python3 -I -c '{_SAVE_OR_RESTORE}'"))
     ok = h.sbatch("-N1", "--gpus-per-node=8", name="report-ok", wrap="true")
     bad = h.sbatch("-N1", "--gpus-per-node=8", "-w", clean[0], name="report-bad",
                    wrap="exit 3")
-    assert h.wait_finished([ok, bad], timeout=180) == {ok: "COMPLETED", bad: "FAILED"}
+    assert h.wait_finished([ok, bad, ck], timeout=180) == {ok: "COMPLETED", bad: "FAILED",
+                                                            ck: "COMPLETED"}
+    said = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/report-ckpt-{ck}.out"]).check("output").out
+    assert "restored None" in said and "restored shared" in said, said
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
     # An operator's drain of its own inside the history (after these jobs began, held while
@@ -67,6 +81,8 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     assert user >= 1, doc["outcomes"]["partitions"]
     # The placement card reads the cluster's leaves: the 2-node job is a gang run in it.
     card = {t["key"]: {f["label"]: f["value"] for f in t["figures"]} for t in doc["tradeoffs"]}
+    store = card["filesystem_vs_object_store"]
+    assert store["restore time from the parallel filesystem (median)"] is not None, store
     placed = card["central_vs_negotiated"]
     assert placed["gang runs (more than one node)"] >= 1, placed
     assert placed["gang runs on nodes topology.conf does not list"] == 0, placed

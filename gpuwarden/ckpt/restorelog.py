@@ -1,0 +1,178 @@
+"""How long restores took, per tier, as the jobs measured them: the figure the report's
+"parallel filesystem vs object store" tradeoff needs, which accounting does not hold.
+
+Each rank that restores a step writes one small record into its job's coordination directory
+on the shared tier (``<shared_root>/job-N/coord/restore-<run>.rank-R``): the tier it read,
+the step, its bytes and the seconds the verified read took (agreement between ranks left out).
+`read_records` is the admin's side: it reads every job's records under a shared root as
+untrusted input (directories and files opened by descriptor, never through a link, owned by
+the job directory's user, small, strictly parsed) and names each record it skips and why.
+A user can only write records for their own jobs; the report uses medians, and says the
+figures are the jobs' own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import statistics
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from gpuwarden.ckpt import safeio
+from gpuwarden.ckpt.safeio import Refused, closing
+
+log = logging.getLogger(__name__)
+
+PREFIX = "restore-"
+MAX_RECORD = 4096
+MAX_ENTRIES = 100_000  # per job's coordination directory: a bigger one is skipped, named
+_FILE = re.compile(r"restore-r\d{1,9}-s\d{1,9}\.rank-\d{1,9}")
+_JOB = re.compile(r"job-\d{1,12}")
+TIERS = ("memory", "peer", "shared", "s3")
+_FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at")
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    job: str  # job-N
+    rank: int
+    run: str  # r<restarts>-s<step id>
+    step: int
+    tier: str
+    bytes: int
+    seconds: float
+    at: float  # when the restore ended (epoch seconds)
+
+    @property
+    def name(self) -> str:
+        return f"{PREFIX}{self.run}.rank-{self.rank}"
+
+    def to_json(self) -> str:
+        return json.dumps({f: getattr(self, f) for f in _FIELDS}, sort_keys=True)
+
+
+class BadRecord(ValueError):
+    """A record that is not what a rank writes."""
+
+
+def _int(doc: dict[str, object], key: str) -> int:
+    v = doc[key]
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 62:
+        raise BadRecord(f"{key}: expected a non-negative integer, got {str(v)[:40]!r}")
+    return v
+
+
+def _float(doc: dict[str, object], key: str) -> float:
+    v = doc[key]
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise BadRecord(f"{key}: expected a finite number >= 0, got {str(v)[:40]!r}")
+    return float(v)
+
+
+def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
+    """A record read from ``job``'s directory under the file name ``name``; BadRecord naming
+    the field when it is anything else (a record naming another job, rank or run than its
+    place says is refused: a user cannot file a record under someone else's job)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise BadRecord(f"not JSON ({exc})") from None
+    if not isinstance(doc, dict) or sorted(doc) != sorted(_FIELDS):
+        raise BadRecord(f"expected exactly the fields {', '.join(sorted(_FIELDS))}")
+    tier = doc["tier"]
+    if tier not in TIERS:
+        raise BadRecord(f"tier: expected one of {', '.join(TIERS)}, got {str(tier)[:40]!r}")
+    run = doc["run"]
+    if not isinstance(run, str) or not re.fullmatch(r"r\d{1,9}-s\d{1,9}", run):
+        raise BadRecord(f"run: expected r<restarts>-s<step id>, got {str(run)[:40]!r}")
+    rec = RestoreRecord(str(doc["job"])[:40], _int(doc, "rank"), run, _int(doc, "step"),
+                        tier, _int(doc, "bytes"), _float(doc, "seconds"), _float(doc, "at"))
+    if rec.job != job or rec.name != name:
+        raise BadRecord(f"names {rec.job} {rec.name}, but was found as {job} {name}")
+    return rec
+
+
+def write(coord_dir: str, rec: RestoreRecord) -> None:
+    """The rank's record, whole or not at all (a temp name, then a rename)."""
+    path = os.path.join(coord_dir, rec.name)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(rec.to_json())
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    where: str
+    why: str
+
+
+def read_records(shared_root: str) -> tuple[list[RestoreRecord], list[Skipped]]:
+    """Every job's restore records under ``shared_root`` (the `[ckpt] shared_root` spool),
+    and each record or directory left out with why. A missing root is an error (the caller
+    names the option); an unfit one (a link, another user's) is Refused."""
+    records: list[RestoreRecord] = []
+    skipped: list[Skipped] = []
+    spool = safeio.open_spool(shared_root)
+    with closing(spool):
+        for job in sorted(n for n in os.listdir(spool) if _JOB.fullmatch(n)):
+            where = os.path.join(shared_root, job, "coord")
+            try:
+                recs = list(_job_records(spool, job, where, skipped))
+            except (OSError, Refused) as exc:
+                if not isinstance(exc, FileNotFoundError):
+                    skipped.append(Skipped(where, str(exc)))
+                continue
+            records.extend(recs)
+    return records, skipped
+
+
+def _job_records(spool: int, job: str, where: str,
+                 skipped: list[Skipped]) -> Iterator[RestoreRecord]:
+    job_fd, st = safeio.open_dir(spool, job, None, os.path.dirname(where))
+    with closing(job_fd):
+        coord, _ = safeio.open_dir(job_fd, "coord", st.st_uid, where)
+    with closing(coord):
+        names = os.listdir(coord)
+        if len(names) > MAX_ENTRIES:
+            raise Refused(f"{len(names)} entries, more than {MAX_ENTRIES}: not read")
+        for name in sorted(n for n in names if n.startswith(PREFIX) and _FILE.fullmatch(n)):
+            path = os.path.join(where, name)
+            try:
+                raw = safeio.read_file(coord, name, st.st_uid, MAX_RECORD, path)
+                yield parse(bytes(raw), job, name)
+            except (OSError, Refused, BadRecord) as exc:
+                skipped.append(Skipped(path, str(exc)))
+
+
+@dataclass(frozen=True)
+class TierRestores:
+    tier: str
+    restores: int
+    median_s: float
+    p90_s: float
+    median_gib_s: float | None  # None: the restores read no bytes
+
+
+def per_tier(records: Iterable[RestoreRecord]) -> list[TierRestores]:
+    """Each tier's restores: how many, the median and 90th percentile of their seconds, and
+    the median read speed. Pure."""
+    by: dict[str, list[RestoreRecord]] = {}
+    for r in records:
+        by.setdefault(r.tier, []).append(r)
+    out = []
+    for tier in TIERS:
+        rs = by.get(tier)
+        if not rs:
+            continue
+        secs = sorted(r.seconds for r in rs)
+        speeds = [r.bytes / r.seconds / (1 << 30) for r in rs if r.seconds > 0 and r.bytes > 0]
+        p90 = secs[min(len(secs) - 1, math.ceil(0.9 * len(secs)) - 1)]
+        out.append(TierRestores(tier, len(rs), statistics.median(secs), p90,
+                                statistics.median(speeds) if speeds else None))
+    return out
