@@ -12,6 +12,7 @@ from gpuwarden.fleet.mttf import gating_drains
 from gpuwarden.lemon.attribution import LEAD_S, Attribution
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
+from gpuwarden.report.mttfview import r
 from gpuwarden.report.outcomes import gpu_blamed_runs
 from gpuwarden.slurm.models import NodeEvent
 
@@ -59,8 +60,9 @@ class RestoreTimes:
     skipped: int  # records left out as unreadable or malformed (named in the log)
 
 
-def _minutes(t: TierRestores | None) -> float | None:
-    return None if t is None else round(t.median_s / 60, 2)
+def _seconds(t: TierRestores | None) -> float | None:
+    # Seconds to three significant figures: a small job's restore is a fraction of one.
+    return None if t is None else r(t.median_s)
 
 
 def filesystem_vs_object_store(tally: RunTally, att: Attribution,
@@ -79,8 +81,8 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
                Figure("GPUs held by those runs, summed", gpus, "GPUs"),
                Figure("cost of each minute of restore time", round(gpus / 60, 2),
                       "GPU-hours over this history"),
-               Figure("restore time from the parallel filesystem (median)", _minutes(fs), "min"),
-               Figure("restore time from the object store (median)", _minutes(s3), "min"),
+               Figure("restore time from the parallel filesystem (median)", _seconds(fs), "s"),
+               Figure("restore time from the object store (median)", _seconds(s3), "s"),
                Figure("restores from node memory or a peer (no shared read)",
                       sum(by[t].restores for t in ("memory", "peer") if t in by)
                       if restores else None, "restores"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 from gpuwarden.report.render import MAX_PARTITION_CHARTS
 from tests.browser import assert_charts_drawn, assert_fits
@@ -40,9 +41,9 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     # A job that checkpoints, loses its node-memory copy (as a requeue onto a new node does)
     # and restores from the shared tier: its restore time is on the page's filesystem card.
     ck = h.sbatch("-N1", "--gpus-per-node=8", name="report-ckpt", wrap=(
-        f"srun python3 -I -c '{_SAVE_OR_RESTORE}' && "
+        f"srun {VENV_PYTHON} -I -c '{_SAVE_OR_RESTORE}' && "
         "rm -rf /dev/shm/gpuwarden-ckpt/job-$SLURM_JOB_ID/rank-00000 && "
-        f"srun python3 -I -c '{_SAVE_OR_RESTORE}'"))
+        f"srun {VENV_PYTHON} -I -c '{_SAVE_OR_RESTORE}'"))
     ok = h.sbatch("-N1", "--gpus-per-node=8", name="report-ok", wrap="true")
     bad = h.sbatch("-N1", "--gpus-per-node=8", "-w", clean[0], name="report-bad",
                    wrap="exit 3")
