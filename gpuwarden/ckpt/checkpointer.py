@@ -20,6 +20,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ class PendingSave:
 
     def __init__(self, ck: Checkpointer, staged: Staged, later: Mapping[str, nested.Later]) -> None:
         self._ck, self._staged, self._later = ck, staged, dict(later)
+        ck._live.add(self)
 
     def commit(self) -> Manifest:
         """The Later values and the manifest into tier 0: the step is saved (write-back
@@ -49,12 +51,18 @@ class PendingSave:
             self.abort()
             raise StateError(f"step {self._staged.manifest.step}: the late values of shards "
                              f"{unset} were never given: nothing saved")
-        shards, data = encode({k: v.value for k, v in self._later.items()})
+        self._ck._live.discard(self)
+        try:
+            shards, data = encode({k: v.value for k, v in self._later.items()})
+        except BaseException:
+            self._staged.abort()
+            raise
         m = self._staged.commit(shards, data)
         self._ck._saved(m.step)
         return m
 
     def abort(self) -> None:
+        self._ck._live.discard(self)
         self._staged.abort()
 
 
@@ -77,6 +85,9 @@ class Checkpointer:
         self._done: dict[str, set[int]] = {t.name: set() for t in (*self.replicas, *self.durable)}
         self._closed = False
         self._refused: set[tuple[str, int]] = set()  # copies restore could not use: kept
+        # Saves begun and not yet committed (a DCP save another rank's failure ended half
+        # way): `close` frees their bytes in node memory.
+        self._live: weakref.WeakSet[PendingSave] = weakref.WeakSet()
         self._thread = threading.Thread(target=self._writeback, name="gpuwarden-ckpt",
                                         daemon=True)
         self._thread.start()
@@ -165,6 +176,8 @@ class Checkpointer:
                        refused=self._refused, mapped=mapped)
 
     def close(self, timeout: float | None = None) -> None:
+        for pending in list(self._live):
+            pending.abort()
         with self._cv:
             self._closed = True
             self._cv.notify_all()

@@ -144,6 +144,11 @@ class Staged:
             self.abort()
             raise TierError(f"{self.tier.name}: step {self.manifest.step}: a shard name is "
                             f"given twice, or is {MANIFEST}")
+        lacking = [s.name for s in shards if s.name not in data]
+        if lacking:
+            self.abort()
+            raise TierError(f"{self.tier.name}: step {self.manifest.step}: no bytes for "
+                            f"shards {lacking}")
         tmp, self._tmp = self._tmp, None
         if tmp is None:
             raise TierError(f"{self.tier.name}: step {self.manifest.step} was already "
@@ -260,7 +265,32 @@ class FsTier:
         (`codec.encode(hashed=False)`) and are computed here while another thread writes the
         same bytes (the write releases Python's GIL, the hash does not), so a save costs about
         the longer of the two instead of their sum."""
+        held = self._held_same(manifest, data, hash_while_writing)
+        if held is not None:
+            return held  # already committed (a retry after a crash past the rename)
         return self.stage(manifest, data, hash_while_writing).commit((), {})
+
+    def _held_same(self, manifest: Manifest, data: Mapping[str, Buf],
+                   hash_while_writing: bool) -> Manifest | None:
+        """The step already committed, when it is this very one (verified, every shard):
+        a retry then writes nothing, and needs no room for a second copy."""
+        if (manifest.job, manifest.rank) != (self.job, self.rank):
+            return None  # `stage` names the mismatch
+        try:
+            fd, owner = self._open(create=False)
+        except (FileNotFoundError, TierError):
+            return None
+        with closing(fd):
+            if safeio.lstat_at(fd, step_dir(manifest.step)) is None:
+                return None
+            if hash_while_writing:
+                manifest = _with_checksums(
+                    manifest, [checksum(data[s.name]) for s in manifest.shards])
+            try:
+                held = self._verify_at(fd, owner, manifest.step)
+            except CorruptStep:
+                return None  # set aside by the commit
+        return held if _same(held, manifest) and held.version == manifest.version else None
 
     def stage(self, manifest: Manifest, data: Mapping[str, Buf],
               hash_while_writing: bool = False) -> Staged:

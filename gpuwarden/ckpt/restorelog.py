@@ -13,6 +13,7 @@ figures are the jobs' own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,8 +31,9 @@ log = logging.getLogger(__name__)
 PREFIX = "restore-"
 MAX_RECORD = 4096
 MAX_ENTRIES = 100_000  # per job's coordination directory: a bigger one is skipped, named
-_FILE = re.compile(r"restore-r\d{1,9}-s\d{1,9}\.rank-\d{1,9}")
-_JOB = re.compile(r"job-\d{1,12}")
+MAX_RECORDS = 1_000_000  # in all: past it the rest are skipped, and the report says so
+_FILE = re.compile(r"restore-r[0-9]{1,9}-s[0-9]{1,9}\.rank-[0-9]{1,9}")
+_JOB = re.compile(r"job-[0-9]{1,12}")
 TIERS = ("memory", "peer", "shared", "s3")
 _FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at")
 
@@ -79,20 +81,22 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
     place says is refused: a user cannot file a record under someone else's job)."""
     try:
         doc = json.loads(raw)
-    except ValueError as exc:
-        raise BadRecord(f"not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # 4 KiB of "[" is too deep for the parser
+        raise BadRecord(f"not JSON ({str(exc)[:80]})") from None
     if not isinstance(doc, dict) or sorted(doc) != sorted(_FIELDS):
         raise BadRecord(f"expected exactly the fields {', '.join(sorted(_FIELDS))}")
     tier = doc["tier"]
     if tier not in TIERS:
         raise BadRecord(f"tier: expected one of {', '.join(TIERS)}, got {str(tier)[:40]!r}")
     run = doc["run"]
-    if not isinstance(run, str) or not re.fullmatch(r"r\d{1,9}-s\d{1,9}", run):
+    if not isinstance(run, str) or not re.fullmatch(r"r[0-9]{1,9}-s[0-9]{1,9}", run):
         raise BadRecord(f"run: expected r<restarts>-s<step id>, got {str(run)[:40]!r}")
-    rec = RestoreRecord(str(doc["job"])[:40], _int(doc, "rank"), run, _int(doc, "step"),
+    if doc["job"] != job:
+        raise BadRecord(f"names job {str(doc['job'])[:40]!r}, but was found in {job}")
+    rec = RestoreRecord(job, _int(doc, "rank"), run, _int(doc, "step"),
                         tier, _int(doc, "bytes"), _float(doc, "seconds"), _float(doc, "at"))
-    if rec.job != job or rec.name != name:
-        raise BadRecord(f"names {rec.job} {rec.name}, but was found as {job} {name}")
+    if rec.name != name:
+        raise BadRecord(f"names {rec.name!r}, but was found as {name!r}")
     return rec
 
 
@@ -122,13 +126,16 @@ def read_records(shared_root: str) -> tuple[list[RestoreRecord], list[Skipped]]:
     with closing(spool):
         for job in sorted(n for n in os.listdir(spool) if _JOB.fullmatch(n)):
             where = os.path.join(shared_root, job, "coord")
+            if len(records) >= MAX_RECORDS:
+                skipped.append(Skipped(where, f"past {MAX_RECORDS} records in all: not read"))
+                continue
             try:
                 recs = list(_job_records(spool, job, where, skipped))
             except (OSError, Refused) as exc:
                 if not isinstance(exc, FileNotFoundError):
                     skipped.append(Skipped(where, str(exc)))
                 continue
-            records.extend(recs)
+            records.extend(recs[:MAX_RECORDS - len(records)])
     return records, skipped
 
 
@@ -138,9 +145,12 @@ def _job_records(spool: int, job: str, where: str,
     with closing(job_fd):
         coord, _ = safeio.open_dir(job_fd, "coord", st.st_uid, where)
     with closing(coord):
-        names = os.listdir(coord)
-        if len(names) > MAX_ENTRIES:
-            raise Refused(f"{len(names)} entries, more than {MAX_ENTRIES}: not read")
+        names = []
+        with os.scandir(coord) as it:  # stops at the cap: a huge directory is not listed whole
+            for entry in it:
+                names.append(entry.name)
+                if len(names) > MAX_ENTRIES:
+                    raise Refused(f"more than {MAX_ENTRIES} entries: not read")
         for name in sorted(n for n in names if n.startswith(PREFIX) and _FILE.fullmatch(n)):
             path = os.path.join(where, name)
             try:
@@ -148,22 +158,38 @@ def _job_records(spool: int, job: str, where: str,
                 yield parse(bytes(raw), job, name)
             except (OSError, Refused, BadRecord) as exc:
                 skipped.append(Skipped(path, str(exc)))
+            except Exception as exc:  # one user's file must never stop the report
+                skipped.append(Skipped(path, f"{type(exc).__name__}: {str(exc)[:80]}"))
 
 
 @dataclass(frozen=True)
 class TierRestores:
     tier: str
-    restores: int
+    restores: int  # job restores: one per job and run, whatever its ranks
     median_s: float
     p90_s: float
     median_gib_s: float | None  # None: the restores read no bytes
 
 
-def per_tier(records: Iterable[RestoreRecord]) -> list[TierRestores]:
-    """Each tier's restores: how many, the median and 90th percentile of their seconds, and
-    the median read speed. Pure."""
-    by: dict[str, list[RestoreRecord]] = {}
+def job_restores(records: Iterable[RestoreRecord]) -> list[RestoreRecord]:
+    """One record per job restore (job and run): its slowest rank's, which the job waited
+    for, with the job's bytes summed. Pure."""
+    by: dict[tuple[str, str], list[RestoreRecord]] = {}
     for r in records:
+        by.setdefault((r.job, r.run), []).append(r)
+    out = []
+    for rs in by.values():
+        slow = max(rs, key=lambda r: (r.seconds, r.rank))
+        out.append(dataclasses.replace(slow, bytes=sum(r.bytes for r in rs)))
+    return out
+
+
+def per_tier(records: Iterable[RestoreRecord]) -> list[TierRestores]:
+    """Each tier's job restores (`job_restores`: a job is counted under the tier its slowest
+    rank read): how many, the median and 90th percentile of their seconds, and the median
+    read speed. Pure."""
+    by: dict[str, list[RestoreRecord]] = {}
+    for r in job_restores(records):
         by.setdefault(r.tier, []).append(r)
     out = []
     for tier in TIERS:

@@ -83,7 +83,7 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
                       "GPU-hours over this history"),
                Figure("restore time from the parallel filesystem (median)", _seconds(fs), "s"),
                Figure("restore time from the object store (median)", _seconds(s3), "s"),
-               Figure("restores from node memory or a peer (no shared read)",
+               Figure("job restores from node memory or a peer (no shared read)",
                       sum(by[t].restores for t in ("memory", "peer") if t in by)
                       if restores else None, "restores"),
                Figure("object store instead of the filesystem, for these runs", worth,
@@ -96,9 +96,10 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
     else:
         assumptions.append(
             f"restore times as the jobs' ranks measured them (the verified read of their own "
-            f"step; agreement between ranks and a requeue's prolog stage-in not counted), "
-            f"median per tier, from {restores.where}: "
-            + (", ".join(f"{t.tier} {t.restores} restores, median {t.median_s:.3g} s, "
+            f"step; agreement between ranks and a requeue's prolog stage-in not counted), a "
+            f"job restore taking its slowest rank's time, median per tier, from "
+            f"{restores.where}: "
+            + (", ".join(f"{t.tier} {t.restores} job restores, median {t.median_s:.3g} s, "
                          f"p90 {t.p90_s:.3g} s" for t in restores.tiers) or "none recorded"))
         assumptions.append("each failed run's restore takes its tier's median: the jobs "
                            "that restored need not be the ones that failed, nor the same size")

@@ -55,12 +55,33 @@ def test_a_rank_that_restores_records_its_tier_bytes_and_time(tmp_path: Path) ->
 
 
 def test_each_tier_gets_its_median_p90_and_speed() -> None:
-    recs = [_rec(tier="shared", seconds=s) for s in (1.0, 2.0, 3.0, 4.0, 100.0)]
-    recs += [_rec(tier="s3", seconds=30.0), _rec(tier="memory", seconds=0.5)]
+    recs = [_rec(job=f"job-{i}", tier="shared", seconds=s)
+            for i, s in enumerate((1.0, 2.0, 3.0, 4.0, 100.0))]
+    recs += [_rec(job="job-8", tier="s3", seconds=30.0), _rec(job="job-9", tier="memory",
+                                                              seconds=0.5)]
     by = {t.tier: t for t in per_tier(recs)}
     assert list(by) == ["memory", "shared", "s3"]  # fastest tier first
     assert (by["shared"].restores, by["shared"].median_s, by["shared"].p90_s) == (5, 3.0, 100.0)
     assert by["s3"].median_gib_s == pytest.approx(1 / 30)
+
+
+def test_a_job_of_many_ranks_is_one_restore_taking_its_slowest_ranks_time() -> None:
+    # Each rank records its own read; the job waited for the slowest (the review counted an
+    # 8-rank job as 8 restores at the median rank's time).
+    recs = [_rec(rank=r, tier="memory" if r < 7 else "s3", seconds=20.0 + r * (r == 7) * 110 / 7)
+            for r in range(8)]
+    [t] = per_tier(recs)
+    assert (t.tier, t.restores, t.median_s) == ("s3", 1, 130.0)
+
+
+def test_a_record_too_deep_for_the_json_parser_is_skipped_not_fatal(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    coord = _coord(root, "job-1")
+    (coord / _rec(rank=0).name).write_text("[" * 4000)
+    restorelog.write(str(coord), _rec(rank=1))
+    records, skipped = read_records(str(root))
+    assert [r.rank for r in records] == [1]
+    assert len(skipped) == 1 and "not JSON" in skipped[0].why
 
 
 @pytest.mark.parametrize(("doc", "why"), [
@@ -68,8 +89,9 @@ def test_each_tier_gets_its_median_p90_and_speed() -> None:
     ({"seconds": -1}, "seconds: expected a finite number"),
     ({"seconds": "1e400"}, "seconds: expected a finite number"),
     ({"bytes": True}, "bytes: expected a non-negative integer"),
-    ({"job": "job-2"}, "found as job-1"),  # filed under another job's directory
-    ({"rank": 3}, "found as job-1"),
+    ({"job": "job-2"}, "found in job-1"),  # filed under another job's directory
+    ({"job": "job-1\n\x1b[31mCRITICAL forged"}, r"names job 'job-1\\n"),  # no raw newline in a log
+    ({"rank": 3}, "found as"),
     ({"extra": 1}, "expected exactly the fields"),
 ])
 def test_a_malformed_record_names_what_is_wrong(doc: dict[str, object], why: str) -> None:
@@ -100,8 +122,9 @@ def test_records_a_user_planted_as_links_fifos_or_another_users_files_are_skippe
 
 
 def test_the_report_shows_each_tiers_median_restore_and_what_the_choice_is_worth() -> None:
-    times = RestoreTimes("/fsx", per_tier([_rec(tier="shared", seconds=60.0),
-                                           _rec(tier="s3", seconds=660.0)]), skipped=1)
+    times = RestoreTimes("/fsx", per_tier([_rec(job="job-1", tier="shared", seconds=60.0),
+                                           _rec(job="job-2", tier="s3", seconds=660.0)]),
+                         skipped=1)
     rep = build(history(LEAVES), OPTS, ScoreConfig(), restores=times)
     t = next(t for t in rep.tradeoffs if t.key == "filesystem_vs_object_store")
     fig = {f.label: f.value for f in t.figures}

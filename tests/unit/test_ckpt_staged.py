@@ -92,3 +92,36 @@ def test_a_half_save_dropped_without_commit_or_abort_frees_its_bytes(tmp_path: P
     assert len(_entries(t0)) == 1
     del staged
     assert _entries(t0) == []
+
+
+def test_a_retry_of_a_step_already_committed_writes_nothing(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Staging first wrote the whole step again before noticing it was there: on a nearly
+    # full tier a retry of a durable step failed with TierFull.
+    from gpuwarden.ckpt import fstier
+    t0 = FsTier("shared", str(tmp_path), "job-1")
+    header, data = _header(5, {"w": np.arange(100.0)})
+    first = t0.commit(header, data, hash_while_writing=True)
+
+    def no_write(*_a: object) -> None:
+        raise AssertionError("a retry of the same step wrote a file")
+    monkeypatch.setattr(fstier, "_write_file", no_write)
+    assert t0.commit(header, data, hash_while_writing=True) == first
+
+
+def test_late_shards_without_their_bytes_are_refused_and_leave_nothing(tmp_path: Path) -> None:
+    t0 = FsTier("memory", str(tmp_path), "job-1")
+    staged = t0.stage(*_header(5, {"w": np.ones(10)}))
+    late, _ = codec.encode({"meta": b"x"})
+    with pytest.raises(TierError, match="no bytes for shards"):
+        staged.commit(late, {})
+    assert _entries(t0) == []
+
+
+def test_closing_the_checkpointer_frees_a_save_left_half_way(tmp_path: Path) -> None:
+    ck = Checkpointer("job-1", FsTier("memory", str(tmp_path), "job-1"), [])
+    pending = ck.begin(2, {"w": np.zeros(1 << 16), "meta": nested.Later()})
+    assert len(_entries(ck.tier0)) == 1
+    ck.close()
+    assert _entries(ck.tier0) == []
+    del pending
