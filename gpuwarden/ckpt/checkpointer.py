@@ -51,12 +51,12 @@ class PendingSave:
             self.abort()
             raise StateError(f"step {self._staged.manifest.step}: the late values of shards "
                              f"{unset} were never given: nothing saved")
-        self._ck._live.discard(self)
         try:
             shards, data = encode({k: v.value for k, v in self._later.items()})
         except BaseException:
-            self._staged.abort()
+            self.abort()
             raise
+        self._ck._live.discard(self)
         m = self._staged.commit(shards, data)
         self._ck._saved(m.step)
         return m

@@ -115,6 +115,11 @@ class FileCoordinator:
         except ValueError as exc:
             raise CoordError(f"{path}: not JSON ({exc})") from None
 
+    def record(self, name: str, value: Any) -> None:
+        """A file of this rank's that no round waits for, read later by others (the restore
+        records of `restorelog`), written as every other: whole or not at all."""
+        self._write(check_name(name, "record"), value)
+
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]:
         """Publish this rank's value for the round and return every rank's, in rank order."""
         check_name(round_name, "round")

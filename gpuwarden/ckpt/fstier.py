@@ -121,7 +121,9 @@ def _write_hashing(dir_fd: int, manifest: Manifest, data: Mapping[str, Buf]) -> 
 
 
 def _same(held: Manifest, new: Manifest) -> bool:
-    return (held.shards, held.world_size, held.rank) == (new.shards, new.world_size, new.rank)
+    """``held`` is ``new`` already committed (a retry), not another save of its step."""
+    return ((held.shards, held.world_size, held.rank, held.version)
+            == (new.shards, new.world_size, new.rank, new.version))
 
 
 def _why(exc: BaseException) -> str:
@@ -139,6 +141,9 @@ class Staged:
     def commit(self, shards: Sequence[Shard], data: Mapping[str, Buf]) -> Manifest:
         """Add ``shards`` (checksummed: `codec.encode`) and the manifest, and make the step
         visible; the manifest written. Raises TierError and leaves nothing behind."""
+        if self._tmp is None:
+            raise TierError(f"{self.tier.name}: step {self.manifest.step} was already "
+                            "committed or aborted")
         names = [s.name for s in (*self.manifest.shards, *shards)]
         if len(set(names)) != len(names) or MANIFEST in names:
             self.abort()
@@ -150,9 +155,6 @@ class Staged:
             raise TierError(f"{self.tier.name}: step {self.manifest.step}: no bytes for "
                             f"shards {lacking}")
         tmp, self._tmp = self._tmp, None
-        if tmp is None:
-            raise TierError(f"{self.tier.name}: step {self.manifest.step} was already "
-                            "committed or aborted")
         try:
             manifest = dataclasses.replace(self.manifest,
                                            shards=(*self.manifest.shards, *shards))
@@ -290,7 +292,7 @@ class FsTier:
                 held = self._verify_at(fd, owner, manifest.step)
             except CorruptStep:
                 return None  # set aside by the commit
-        return held if _same(held, manifest) and held.version == manifest.version else None
+        return held if _same(held, manifest) else None
 
     def stage(self, manifest: Manifest, data: Mapping[str, Buf],
               hash_while_writing: bool = False) -> Staged:
@@ -353,7 +355,7 @@ class FsTier:
                 except CorruptStep as exc:
                     self._set_aside(fd, final, exc)  # not ours to delete, or an operator's to mend
                 else:
-                    if _same(held, manifest) and held.version == manifest.version:
+                    if _same(held, manifest):
                         return held  # already committed (a retry after a crash past the rename)
                     # A step of the same number from another run (a replica pushed before a
                     # requeue): replaced whole, never mixed.

@@ -275,7 +275,7 @@ class JobCheckpointer:
         rec = restorelog.RestoreRecord(env.job, env.rank, env.run, got.step, got.tier,
                                        got.manifest.total_bytes, round(took, 6), time.time())
         try:
-            restorelog.write(self.coord.dir, rec)
+            self.coord.record(rec.name, rec.doc())
         except OSError as exc:
             log.warning("rank %d: cannot record the restore's time: %s", env.rank, exc)
 

@@ -2,14 +2,13 @@
 "parallel filesystem vs object store" tradeoff needs, which accounting does not hold.
 
 Each rank that restores a step writes one small record into its job's coordination directory
-on the shared tier (``<shared_root>/job-N/coord/restore-<run>.rank-R``): the tier it read,
-the step, its bytes and the seconds the verified read took (agreement between ranks left out).
-`read_records` is the admin's side: it reads every job's records under a shared root as
-untrusted input (directories and files opened by descriptor, never through a link, owned by
-the job directory's user, small, strictly parsed) and names each record it skips and why.
-A user can only write records for their own jobs; the report uses medians, and says the
-figures are the jobs' own.
-"""
+on the shared tier, ``<shared_root>/job-N/coord/restore-<run>.rank-R`` (`FileCoordinator.record`):
+the tier it read, the step, its bytes and the seconds the verified read took (agreement
+between ranks left out). `read_records` is the admin's side: it reads every job's records
+under a shared root as untrusted input (directories and files opened by descriptor, never
+through a link, owned by the job directory's user, small, strictly parsed) and names each
+record it skips and why. Records are not matched against accounting: a user can file records
+in job directories of their own making, so the figures are the jobs' own word (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +52,9 @@ class RestoreRecord:
     def name(self) -> str:
         return f"{PREFIX}{self.run}.rank-{self.rank}"
 
-    def to_json(self) -> str:
-        return json.dumps({f: getattr(self, f) for f in _FIELDS}, sort_keys=True)
+    def doc(self) -> dict[str, object]:
+        """The record as a rank writes it (`parse` reads it back)."""
+        return {f: getattr(self, f) for f in _FIELDS}
 
 
 class BadRecord(ValueError):
@@ -98,16 +98,6 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
     if rec.name != name:
         raise BadRecord(f"names {rec.name!r}, but was found as {name!r}")
     return rec
-
-
-def write(coord_dir: str, rec: RestoreRecord) -> None:
-    """The rank's record, whole or not at all (a temp name, then a rename)."""
-    path = os.path.join(coord_dir, rec.name)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(rec.to_json())
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,10 @@ def _coord(root: Path, job: str) -> Path:
     return d
 
 
+def _plant(coord: Path, rec: RestoreRecord) -> None:
+    (coord / rec.name).write_text(json.dumps(rec.doc()))
+
+
 def _rec(job: str = "job-1", rank: int = 0, tier: str = "shared", seconds: float = 2.0,
          run: str = "r1-s0", at: float = T0 + 3600) -> RestoreRecord:
     return RestoreRecord(job, rank, run, 10, tier, 1 << 30, seconds, at)
@@ -78,7 +82,7 @@ def test_a_record_too_deep_for_the_json_parser_is_skipped_not_fatal(tmp_path: Pa
     root = tmp_path / "shared"
     coord = _coord(root, "job-1")
     (coord / _rec(rank=0).name).write_text("[" * 4000)
-    restorelog.write(str(coord), _rec(rank=1))
+    _plant(coord, _rec(rank=1))
     records, skipped = read_records(str(root))
     assert [r.rank for r in records] == [1]
     assert len(skipped) == 1 and "not JSON" in skipped[0].why
@@ -95,7 +99,7 @@ def test_a_record_too_deep_for_the_json_parser_is_skipped_not_fatal(tmp_path: Pa
     ({"extra": 1}, "expected exactly the fields"),
 ])
 def test_a_malformed_record_names_what_is_wrong(doc: dict[str, object], why: str) -> None:
-    body = {**json.loads(_rec().to_json()), **doc}
+    body = {**_rec().doc(), **doc}
     with pytest.raises(restorelog.BadRecord, match=why):
         parse(json.dumps(body).encode(), "job-1", _rec().name)
 
@@ -104,12 +108,12 @@ def test_records_a_user_planted_as_links_fifos_or_another_users_files_are_skippe
         tmp_path: Path) -> None:
     root = tmp_path / "shared"
     coord = _coord(root, "job-1")
-    restorelog.write(str(coord), _rec(rank=0))
+    _plant(coord, _rec(rank=0))
     secret = tmp_path / "secret"
-    secret.write_text(_rec(rank=1).to_json())
+    secret.write_text(json.dumps(_rec(rank=1).doc()))
     os.symlink(secret, coord / _rec(rank=1).name)
     os.mkfifo(coord / _rec(rank=2).name)  # read without O_NONBLOCK, the report would hang
-    (coord / _rec(rank=3).name).write_text(_rec(rank=3).to_json())
+    _plant(coord, _rec(rank=3))
     os.chown(coord / _rec(rank=3).name, 4242, 4242)
     (coord / _rec(rank=4).name).write_text("x" * 5000)
     records, skipped = read_records(str(root))
@@ -151,7 +155,7 @@ def test_report_reads_the_records_under_ckpt_root_and_refuses_a_missing_one(
     root = tmp_path / "shared"
     doc = json.loads((out / "sacct").glob("*.json").__next__().read_text())
     at = float(doc["jobs"][0]["time"]["start"]) + 60
-    restorelog.write(str(_coord(root, "job-7")), _rec(job="job-7", seconds=90.0, at=at))
+    _plant(_coord(root, "job-7"), _rec(job="job-7", seconds=90.0, at=at))
     res = CliRunner().invoke(cli, [*args, "--ckpt-root", str(root)], obj=Context())
     assert res.exit_code == 0, res.output
     t = next(t for t in json.loads((tmp_path / "r.json").read_text())["tradeoffs"]
