@@ -98,9 +98,9 @@ def daly(cost_h: float, mttf_h: float) -> float:
     return math.sqrt(2 * cost_h * mttf_h) * (1 + math.sqrt(x) / 3 + x / 9) - cost_h
 
 
-def gating_drains(events: Iterable[NodeEvent], since: float = 0.0,
-                  until: float = float("inf")) -> Iterator[tuple[str, float]]:
-    """(node, start) of each health-gating drain that began in [since, until] (lemon drains
+def gating_drain_events(events: Iterable[NodeEvent], since: float = 0.0,
+                        until: float = float("inf")) -> Iterator[tuple[NodeEvent, float]]:
+    """(event, start) of each health-gating drain that began in [since, until] (lemon drains
     and operators' drains, `gpuwarden drain` by hand included, are not node failures; a
     drain that began before the history did is not its failure)."""
     for e in events:
@@ -110,7 +110,14 @@ def gating_drains(events: Iterable[NodeEvent], since: float = 0.0,
             continue
         at = event_time(e.start)
         if at is not None and since <= at <= until:
-            yield e.node, at
+            yield e, at
+
+
+def gating_drains(events: Iterable[NodeEvent], since: float = 0.0,
+                  until: float = float("inf")) -> Iterator[tuple[str, float]]:
+    """(node, start) of each `gating_drain_events` drain."""
+    for e, at in gating_drain_events(events, since, until):
+        yield e.node, at
 
 
 def node_failures(events: Iterable[NodeEvent], since: float = 0.0,

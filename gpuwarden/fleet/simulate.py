@@ -248,9 +248,10 @@ class Generator:
             found = cause == "normal"
         if found:
             # Health gating drains it (XID 79 style); the node is away a day for repair.
+            # The epilog after the failed job finds it.
+            why = health_reason(f"xid 79 on GPU {rng.randrange(8)}", "epilog")
             self.events.append(Event(node, at + 30, at + 86_400, "DRAIN",
-                                     f"{REASON_PREFIX} {health_reason(f'xid 79 on GPU {rng.randrange(8)}')}",
-                                     "root"))
+                                     f"{REASON_PREFIX} {why}", "root"))
             return ("FAILED", "") if n == 1 or rng.random() < 0.5 else ("NODE_FAIL", node)
         self.events.append(Event(node, at, at + 600, "DOWN*", "Not responding", "root"))
         return "NODE_FAIL", node

@@ -27,7 +27,7 @@ from gpuwarden.health import gate, marker
 from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
-from gpuwarden.health.reasons import health_reason, is_health_drain
+from gpuwarden.health.reasons import health_reason, is_health_drain, origin_of
 from gpuwarden.health.store import Counters, StateDirError, Store
 from gpuwarden.slurm import lostnote
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
@@ -127,7 +127,7 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied
     if decision.kind is gate.Kind.RESUME and not resume_allowed:
         decision = replace(decision, kind=gate.Kind.NOTHING)
     if decision.kind is gate.Kind.DRAIN:
-        decision = replace(decision, why=health_reason(decision.why))
+        decision = replace(decision, why=health_reason(decision.why, origin_of(verdict.context)))
     if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
         applied = gate.Applied("held", f"would drain (drain = false): {decision.why}")
     else:

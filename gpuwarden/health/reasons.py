@@ -13,17 +13,42 @@ from gpuwarden.slurm.models import REASON_PREFIX, own_part
 HEALTH_TAG = "[health]"
 # gpuwarden.slurm.client.gpuwarden_reason cuts reasons at 200 characters: the tag must survive.
 _MAX_REASON = 200
+# Which run of health gating drained the node, first in the reason: the report tells the jobs
+# the prolog kept off a bad node from the failures only the epilog caught by it. Only root's
+# health gating writes a drain reason, and it writes this word before any evidence (which may
+# quote kernel text a user shaped), so the word is gating's own.
+ORIGINS = ("prolog", "epilog", "periodic", "manual")
+_CONTEXTS = {"prolog": "prolog", "epilog": "epilog", "health": "periodic", "manual": "manual"}
 
 
-def health_reason(evidence: str) -> str:
-    """The reason text (without the `gpuwarden:` prefix the client adds) for a health drain."""
+def origin_of(context: str) -> str:
+    """The origin word for a verdict's context ("prolog job 12", "health check", ...); ""
+    for a context that is none of health gating's runs."""
+    return _CONTEXTS.get(context.split(" ", 1)[0], "")
+
+
+def health_reason(evidence: str, origin: str = "") -> str:
+    """The reason text (without the `gpuwarden:` prefix the client adds) for a health drain,
+    ``origin`` (one of ORIGINS, or "") first."""
+    if origin and origin not in ORIGINS:
+        raise ValueError(f"origin {origin!r}: expected one of {', '.join(ORIGINS)}")
     body = " ".join(evidence.split()) or "health check failed"
     if body.startswith(REASON_PREFIX):
         body = body[len(REASON_PREFIX):].lstrip()
-    room = _MAX_REASON - len(REASON_PREFIX) - 2 - len(HEALTH_TAG)
+    head = f"{origin}: " if origin else ""
+    room = _MAX_REASON - len(REASON_PREFIX) - 2 - len(HEALTH_TAG) - len(head)
     if len(body) > room:
         body = body[: room - 3] + "..."
-    return f"{body} {HEALTH_TAG}"
+    return f"{head}{body} {HEALTH_TAG}"
+
+
+def drain_origin(reason: str) -> str:
+    """Which run of health gating wrote this health drain's reason (one of ORIGINS); "" when
+    it is not a health drain or names none (a drain made before reasons carried it)."""
+    if not is_health_drain(reason):
+        return ""
+    word, sep, _ = reason[len(REASON_PREFIX):].lstrip().partition(": ")
+    return word if sep and word in ORIGINS else ""
 
 
 def is_health_drain(reason: str) -> bool:

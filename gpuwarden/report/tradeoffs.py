@@ -3,12 +3,13 @@ and what the history cannot tell. Pure."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.ckpt.restorelog import TierRestores
-from gpuwarden.fleet.mttf import gating_drains
+from gpuwarden.fleet.mttf import gating_drain_events
+from gpuwarden.health.reasons import drain_origin
 from gpuwarden.lemon.attribution import LEAD_S, Attribution
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
@@ -121,10 +122,16 @@ def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
         if b.job_id is not None:
             runs[b.node].append((b.started if b.started is not None else b.at, b.at))
     total = came = 0
-    for node, at in gating_drains(events, att.first_start, att.last_end):
+    origins: Counter[str] = Counter()
+    epilog_came = 0
+    for e, at in gating_drain_events(events, att.first_start, att.last_end):
         total += 1
         # The attribution's test (rule 5): the drain explains a run blamed on its node.
-        came += any(s - LEAD_S <= at <= e + grace_s for s, e in runs.get(node, ()))
+        hit = any(s - LEAD_S <= at <= end + grace_s for s, end in runs.get(e.node, ()))
+        came += hit
+        origin = drain_origin(e.reason)
+        origins[origin] += 1
+        epilog_came += hit and origin == "epilog"
     return Tradeoff(
         "proactive_vs_reactive", "Proactive vs reactive health checking",
         [Figure("health-gating drains (the MTTF section's node failures)", total, "drains"),
@@ -132,12 +139,22 @@ def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
                 total - came, "drains"),
          Figure("drains that came with a failed run (the failure came first)", came,
                 "drains"),
-         Figure("jobs the prolog gate kept off bad nodes", None, "jobs")],
+         Figure("jobs the prolog gate kept off bad nodes (prolog drains)", origins["prolog"],
+                "jobs"),
+         Figure("drains by the periodic check", origins["periodic"], "drains"),
+         Figure("drains by the epilog (after a job on the node)", origins["epilog"],
+                "drains"),
+         Figure("failures only the epilog caught (epilog drains with a failed run)",
+                epilog_came, "drains"),
+         Figure("drains by a manual `gpuwarden check`", origins["manual"], "drains"),
+         Figure("drains whose reason names no check (before gpuwarden named it)",
+                origins[""], "drains")],
         [f"a drain within {grace_s / 3600:g} h after a run on that node failed explains "
-         "that failure (the attribution's rules 4 and 5)"],
-        ["prolog refusals (jobs kept off a bad node) are in the nodes' verdict stores and "
-         "slurmd logs, not in accounting", "which check (periodic, prolog, epilog) set each "
-         "drain is not in its reason"])
+         "that failure (the attribution's rules 4 and 5)",
+         "each prolog drain refused the job that was starting on the node (Slurm requeues "
+         "it); which check set a drain is the first word of its reason"],
+        ["a prolog refusal that did not drain (the blast-radius cap held it) is in the "
+         "node's verdict store and syslog, not in accounting"])
 
 
 def _mean_min(wait: int, runs: int) -> float | None:

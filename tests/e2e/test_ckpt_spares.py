@@ -146,8 +146,9 @@ def test_a_hung_rank_is_replaced_and_its_node_gets_every_check_after_the_job(
         assert h.train_finals(job, 3) == expected, "bit-identical to an uninterrupted run"
         assert victim in h.job_fields(job).get("Comment", ""), "the launcher's note"
         wait_for(lambda: nodes(h)[victim].drained, 60, f"{victim} drained after the job")
-        assert nodes(h)[victim].reason == \
-            "gpuwarden: 2 uncorrectable ECC errors on GPU 3 [health]"
+        assert nodes(h)[victim].reason in (
+            f"gpuwarden: {hook}: 2 uncorrectable ECC errors on GPU 3 [health]"
+            for hook in ("epilog", "periodic"))
         # Why the epilog looked is in the verdict it stored, unless the periodic check (its
         # own timer) ran after it and stored a newer one: then that one is from after the job.
         ended = datetime.fromisoformat(h.job_fields(job)["EndTime"]).timestamp()

@@ -123,7 +123,8 @@ def test_hung_mount_times_out_within_the_prolog_budget(clean: Harness) -> None:
     assert took < 10, f"prolog took {took:.1f} s, budget 10 s"
     assert res.rc == 1
     assert "check mount:/fsx timed out after 3 s" in res.err
-    assert sinfo_reasons(h)["c2"] == "gpuwarden: check mount:/fsx timed out after 3 s [health]"
+    assert sinfo_reasons(h)["c2"] == \
+        "gpuwarden: prolog: check mount:/fsx timed out after 3 s [health]"
 
 
 def test_garbage_inputs_give_clear_errors_and_never_drain(clean: Harness) -> None:
@@ -160,7 +161,8 @@ def test_epilog_checks_a_node_after_a_failed_job_and_drains_it(clean: Harness) -
     h.set_gpu("c5", 2, ecc_uncorrected_volatile=1)  # the GPU breaks during the job
     h.wait_job(job, want=("FAILED",), timeout=60)
     wait_for(lambda: "c5" in sinfo_reasons(h), 30, "the epilog drains c5")
-    assert sinfo_reasons(h)["c5"] == "gpuwarden: 1 uncorrectable ECC errors on GPU 2 [health]"
+    assert sinfo_reasons(h)["c5"] == \
+        "gpuwarden: epilog: 1 uncorrectable ECC errors on GPU 2 [health]"
     # The drain comes first and the verdict is stored after it (a full disk never stops a
     # drain): wait for the stored verdict, do not race it.
     wait_for(lambda: f"epilog job {job}" in h.gpuwarden("c5", "health", "show").out, 30,

@@ -42,7 +42,8 @@ def test_the_health_check_finds_slurm_without_path_drains_and_resumes(clean: Har
     h = clean
     h.set_gpu("c6", 1, ecc_uncorrected_volatile=2)
     healthcheck_without_path(h, "c6")
-    assert sinfo_reasons(h)["c6"] == "gpuwarden: 2 uncorrectable ECC errors on GPU 1 [health]"
+    assert sinfo_reasons(h)["c6"] == \
+        "gpuwarden: periodic: 2 uncorrectable ECC errors on GPU 1 [health]"
     h.clear_gpu_faults("c6")
     # The drain is recognised from its reason alone, even with the counters gone.
     h.sh("c6", "rm -f /var/lib/gpuwarden/counters.json").check("drop counters")

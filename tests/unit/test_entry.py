@@ -60,7 +60,9 @@ def test_prolog_on_a_bad_gpu_drains_and_fails_the_job(node_env) -> None:  # type
     break_gpu(tmp)
     assert entry.prolog(env) == 1
     assert slurm.log == ["drain c3"]
-    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5 [health]"
+    # The first word says the prolog refused a job here (the report counts those).
+    assert slurm.table["c3"].reason == \
+        "gpuwarden: prolog: 1 uncorrectable ECC errors on GPU 5 [health]"
 
 
 def test_prolog_checks_only_the_jobs_gpus(node_env) -> None:  # type: ignore[no-untyped-def]
@@ -151,7 +153,8 @@ def test_a_node_the_launcher_lost_gets_every_check_and_drains_on_their_evidence(
     slurm.job_table[7] = lost_job("c3")
     assert entry.epilog(env) == 0
     assert slurm.log == ["drain c3"]
-    assert slurm.table["c3"].reason == "gpuwarden: 1 uncorrectable ECC errors on GPU 5 [health]"
+    assert slurm.table["c3"].reason == \
+        "gpuwarden: epilog: 1 uncorrectable ECC errors on GPU 5 [health]"
     assert slurm.job_reads == 1  # one RPC shared with tier 0's cleanup
 
 
