@@ -273,7 +273,8 @@ class JobCheckpointer:
             return  # no shared tier: nowhere an admin reads from
         env = self.env
         rec = restorelog.RestoreRecord(env.job, env.rank, env.run, got.step, got.tier,
-                                       got.manifest.total_bytes, round(took, 6), time.time())
+                                       got.manifest.total_bytes, round(took, 6), time.time(),
+                                       got.manifest.created_at)
         try:
             self.coord.record(rec.name, rec.doc())
         except OSError as exc:

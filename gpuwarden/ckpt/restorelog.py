@@ -34,7 +34,9 @@ MAX_RECORDS = 1_000_000  # in all: past it the rest are skipped, and the report 
 _FILE = re.compile(r"restore-r[0-9]{1,9}-s[0-9]{1,9}\.rank-[0-9]{1,9}")
 _JOB = re.compile(r"job-[0-9]{1,12}")
 TIERS = ("memory", "peer", "shared", "s3")
-_FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at")
+_FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at", "saved_at")
+# Records written before `saved_at` was (the release that added restore records) lack it.
+_FIELDS_V1 = _FIELDS[:-1]
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,12 @@ class RestoreRecord:
     bytes: int
     seconds: float
     at: float  # when the restore ended (epoch seconds)
+    # When the restored step was saved (its manifest's created_at): the failure's lost work is
+    # the failed run's end less this. None in a record from before it was written.
+    saved_at: float | None = None
+    # The uid owning the job directory the record was read from (the reader sets it; not
+    # written): the report counts a record for job N only when N's user owns it.
+    owner: int | None = None
 
     @property
     def name(self) -> str:
@@ -54,7 +62,17 @@ class RestoreRecord:
 
     def doc(self) -> dict[str, object]:
         """The record as a rank writes it (`parse` reads it back)."""
-        return {f: getattr(self, f) for f in _FIELDS}
+        return {f: getattr(self, f) for f in (_FIELDS if self.saved_at is not None
+                                              else _FIELDS_V1)}
+
+    @property
+    def job_id(self) -> int:
+        return int(self.job[len("job-"):])
+
+    @property
+    def restarts(self) -> int:
+        """SLURM_RESTART_COUNT of the run that restored: 0 for the job's first run."""
+        return int(self.run[1:].split("-", 1)[0])
 
 
 class BadRecord(ValueError):
@@ -83,7 +101,7 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # 4 KiB of "[" is too deep for the parser
         raise BadRecord(f"not JSON ({str(exc)[:80]})") from None
-    if not isinstance(doc, dict) or sorted(doc) != sorted(_FIELDS):
+    if not isinstance(doc, dict) or sorted(doc) not in (sorted(_FIELDS), sorted(_FIELDS_V1)):
         raise BadRecord(f"expected exactly the fields {', '.join(sorted(_FIELDS))}")
     tier = doc["tier"]
     if tier not in TIERS:
@@ -94,7 +112,8 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
     if doc["job"] != job:
         raise BadRecord(f"names job {str(doc['job'])[:40]!r}, but was found in {job}")
     rec = RestoreRecord(job, _int(doc, "rank"), run, _int(doc, "step"),
-                        tier, _int(doc, "bytes"), _float(doc, "seconds"), _float(doc, "at"))
+                        tier, _int(doc, "bytes"), _float(doc, "seconds"), _float(doc, "at"),
+                        _float(doc, "saved_at") if "saved_at" in doc else None)
     if rec.name != name:
         raise BadRecord(f"names {rec.name!r}, but was found as {name!r}")
     return rec
@@ -145,7 +164,7 @@ def _job_records(spool: int, job: str, where: str,
             path = os.path.join(where, name)
             try:
                 raw = safeio.read_file(coord, name, st.st_uid, MAX_RECORD, path)
-                yield parse(bytes(raw), job, name)
+                yield dataclasses.replace(parse(bytes(raw), job, name), owner=st.st_uid)
             except (OSError, Refused, BadRecord) as exc:
                 skipped.append(Skipped(path, str(exc)))
             except Exception as exc:  # one user's file must never stop the report

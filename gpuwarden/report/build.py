@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,8 +17,8 @@ from gpuwarden.health.gatingstate import NodeGating
 from gpuwarden.lemon.attribution import gpu_class
 from gpuwarden.lemon.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
-from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, tradeoffs
-from gpuwarden.report.collect import RunTally
+from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, restarts, tradeoffs
+from gpuwarden.report.collect import RunTally, run_key
 from gpuwarden.report.text import cleaned
 
 
@@ -97,18 +97,41 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def failed_run_hours(tally: RunTally, att: Any) -> dict[int, list[float]]:
-    """Per GPU class, how long each blamed run had run (hours, at least sacct's second)."""
-    out: dict[int, list[float]] = defaultdict(list)
-    for _, hit in outcomes.gpu_blamed_runs(tally, att):
-        if hit is not None:
-            out[gpu_class(hit[1])].append(max(hit[2], 1) / 3600)
+def failed_runs(tally: RunTally, att: Any) -> list[tuple[restarts.FailedRun, int]]:
+    """Each blamed run with GPUs the tally saw, with its GPUs."""
+    out = []
+    for b, hit in outcomes.gpu_blamed_runs(tally, att):
+        if hit is not None and b.job_id is not None:
+            end = int(b.at)
+            out.append((restarts.FailedRun(run_key(b.job_id, end), b.job_id, end, hit[2],
+                                           hit[3]), hit[1]))
     return out
+
+
+def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
+                      measured: restarts.Restarts) -> dict[int, list[ettr.Failure]]:
+    """Per GPU class, each blamed run's length (hours, at least sacct's second) and what its
+    job's restore records measured of its cost."""
+    out: dict[int, list[ettr.Failure]] = defaultdict(list)
+    for f, gpus in runs:
+        m = measured.measured.get(f.key)
+        out[gpu_class(gpus)].append(ettr.Failure(
+            max(f.seconds, 1) / 3600,
+            m.lost_s / 3600 if m is not None and m.lost_s is not None else None,
+            m.restart_s / 3600 if m is not None else None))
+    return out
+
+
+def _no_uid(user: str) -> int | None:
+    return None
 
 
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
           now: datetime | None = None, gating: Gating = GATING,
-          restores: tradeoffs.RestoreTimes | None = None) -> Report:
+          restores: tradeoffs.RestoreTimes | None = None,
+          uid_of: Callable[[str], int | None] = _no_uid) -> Report:
+    """``uid_of``: a user's uid, for matching restore records with the jobs accounting names
+    (`report.restarts`); the default matches none."""
     att = hist.attribution
     tally = hist.collected
     if not isinstance(tally, RunTally):
@@ -116,8 +139,13 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
                       mttfview.PROJECT_TO)
     out = outcomes.outcomes(tally, att)
-    e = ettr.section(rep, opts.assumptions(), failed_run_hours(tally, att),
-                     {g: s / 3600 for g, s in tally.gpu_seconds.items()})
+    runs = failed_runs(tally, att)
+    measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
+                              uid_of)
+    e = replace(ettr.section(rep, opts.assumptions(), failures_by_class(runs, measured),
+                             {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
+                restores_not_owner=measured.not_owner,
+                restores_unexplained=measured.unexplained)
     ran = att.last_end > att.first_start
     lo, hi = (att.first_start, att.last_end) if ran else (0.0, 0.0)
     return Report(

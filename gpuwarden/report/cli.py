@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pwd
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -90,6 +91,15 @@ def _gating(obj: Any) -> Gating:
     return gating_of((of_node(n.name, n.extra, now.timestamp()) for n in nodes), now)
 
 
+def _uid(user: str) -> int | None:
+    """The uid of an accounting user name on this host (the admin host shares the cluster's
+    users); None where it has no such user."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, ValueError):
+        return None
+
+
 def _restores(given: str | None, configured: str, att: Any) -> RestoreTimes | None:
     """The jobs' restore records in the history's span; None when there is no shared tier
     here (configured but not mounted where the report runs: said on the page). A root given
@@ -113,7 +123,7 @@ def _restores(given: str | None, configured: str, att: Any) -> RestoreTimes | No
         log.warning("restore record %s left out: %s", s.where, s.why)
     lo, hi = att.first_start, att.last_end
     inside = [r for r in records if lo <= r.at <= hi] if hi > lo else []
-    return RestoreTimes(root, restorelog.per_tier(inside), len(skipped))
+    return RestoreTimes(root, restorelog.per_tier(inside), len(skipped), inside)
 
 
 @click.command("report")
@@ -178,7 +188,8 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
                 gating=GATING if from_files else _gating(obj),
-                restores=_restores(ckpt_root, cfg.ckpt.shared_root, hist.attribution))
+                restores=_restores(ckpt_root, cfg.ckpt.shared_root, hist.attribution),
+                uid_of=_uid)
     # Both rendered before either is written; the JSON lands first.
     files = [(output, render(rep))]
     if json_out:

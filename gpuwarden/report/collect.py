@@ -118,11 +118,13 @@ class RunTally:
         self.never_ran = 0  # records of jobs that never ran (cancelled while pending)
         self.cpu_runs = 0  # runs without GPUs: not in the MTTF section, nor here
         self.gpu_seconds: Counter[int] = Counter()  # GPU class -> GPUs x seconds, exact
-        self.blamable: dict[int, tuple[Cell, int, int]] = {}  # run_key -> (cell, GPUs, secs)
+        # run_key -> (cell, GPUs, secs, user): the user matches a job's checkpoint records
+        self.blamable: dict[int, tuple[Cell, int, int, str]] = {}
         self.gang_runs: Counter[GangKey] = Counter()
         self.gang_wait_s: Counter[GangKey] = Counter()
         self.gang_waited: Counter[GangKey] = Counter()  # runs with a submit time
         self._shared: dict[Cell, Cell] = {}
+        self._users: dict[str, str] = {}
 
     @classmethod
     def factory(cls, leaf_of: Mapping[str, str] | None = None,
@@ -131,6 +133,7 @@ class RunTally:
 
     def add(self, records: Sequence[AcctRecord]) -> None:
         cells, keep, shared, leaf_of = self.cells, self.blamable, self._shared, self.leaf_of
+        users = self._users
         may = self.filter.may_blame if self.filter is not None else None
         for r in records:
             what = kind(r)
@@ -148,8 +151,9 @@ class RunTally:
                 self.cpu_runs += 1
             if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
                 # One tuple per distinct cell: a million failed runs share a few hundred.
+                user = r.user
                 keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
-                                                end - start)
+                                                end - start, users.setdefault(user, user))
             if leaf_of is not None:
                 nodes = r.nodes
                 if "[" in nodes or "," in nodes:
@@ -183,5 +187,5 @@ class RunTally:
         # Back from a worker without the topology, the events (the parent has them) nor the
         # sharing memo.
         state = dict(self.__dict__)
-        state["leaf_of"], state["filter"], state["_shared"] = None, None, {}
+        state["leaf_of"], state["filter"], state["_shared"], state["_users"] = None, None, {}, {}
         return state

@@ -2,14 +2,18 @@
 training time over the wall time the job held (or waited for) its allocation. Pure.
 
 Accounting gives each class's job-hours H, its infrastructure failures F (the attribution's)
-and how long each failed run had run (t_i); what a failure costs beyond that is modelled, each
-term an assumption stated on the page:
+and how long each failed run had run (t_i). What a failure costs beyond that is measured where
+the job checkpointed with gpuwarden and restored after it (`report.restarts`: l_i, the work
+since the restored step was saved, and u_i, failure to restored), and modelled for the rest,
+each term an assumption stated on the page:
 - work since the last durable checkpoint: on average half the checkpoint interval tau, and
-  never more than the failed run had run: min(tau/2, t_i);
+  never more than the failed run had run: l_i = min(tau/2, t_i);
 - the checkpoint stall: C per checkpoint, H / tau checkpoints;
-- restart: u0 per failure (requeue wait + restore), wall time on top of H.
+- restart: u_i = u0 per failure (requeue wait + restore), wall time on top of H.
 
-    ETTR = (H - sum_i min(tau/2, t_i) - H * C/tau) / (H + F * u0)
+    ETTR = (H - sum_i l_i - H * C/tau) / (H + sum_i u_i)
+
+At the Young/Daly interval the lost work is modelled (a different tau), the restarts kept.
 
 With k hot-spare nodes per job, a failure costs a swap s instead of u0, and the job holds
 n + k nodes for n nodes' work: ETTR_spares = ETTR(tau = Daly, u0 = s) * n / (n + k), n the
@@ -21,6 +25,7 @@ its GPU-hours, so that a 1,024-GPU job counts for 1,024 GPUs' time.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +33,8 @@ from gpuwarden.fleet.mttf import MttfReport, daly
 from gpuwarden.fleet.spares import payoff
 from gpuwarden.report.mttfview import r
 
-FORMULA = "ETTR = (H - Σ min(τ/2, tᵢ) - H·C/τ) / (H + F·u0)"
+FORMULA = ("ETTR = (H - Σ lᵢ - H·C/τ) / (H + Σ uᵢ); lᵢ, uᵢ measured from restore records, "
+           "else lᵢ = min(τ/2, tᵢ), uᵢ = u0")
 SPARES_FORMULA = "ETTR with k spares = ETTR(τ = Daly, u0 = s) · n / (n + k), for n > 1"
 
 
@@ -79,6 +85,17 @@ class EttrRow:
     spare_idle_gpu_h: float | None = None
     requeue_lost_gpu_h: float | None = None
     spares_pay: bool | None = None
+    measured: int = 0  # failures whose lost work and restart came from restore records
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed run of one size: how long it had run (hours), and what its job's restore
+    records measured of its cost (None: modelled)."""
+
+    hours: float
+    lost_h: float | None = None
+    restart_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -92,42 +109,70 @@ class EttrSection:
     spares_formula: str = SPARES_FORMULA
     weighting: str = ("all sizes, weighted by GPU-hours; at Young/Daly, sizes with no failure "
                       "count at today's τ")
-    modelled: str = ("modelled: lost work (τ/2 per failure, at most what the failed run had "
-                     "run), checkpoint stalls and restart cost come from the assumptions "
-                     "below, not from checkpoint manifests (none are read from accounting); H, "
-                     "F and each failed run's length tᵢ are measured")
+    measured_failures: int = 0  # with lost work and restart from restore records
+    measured_lost_median_s: float | None = None
+    measured_restart_median_s: float | None = None
+    # Job restores after a restart left out: the job directory's owner is not the job's user
+    # in accounting; no blamed run of the job came before them (a preemption, a hand requeue).
+    restores_not_owner: int = 0
+    restores_unexplained: int = 0
+    modelled: str = ("measured: H, F and each failed run's length tᵢ (accounting); for a "
+                     "failure after which the job restored a gpuwarden checkpoint, its lost "
+                     "work (the failure less the restored step's save) and its restart "
+                     "(failure to restored) from the job's restore records. Modelled for the "
+                     "rest: lost work τ/2 per failure (at most what the failed run had run) "
+                     "and restart u0; checkpoint stalls C per τ always")
 
 
-def lost(f: int, tau: float, lengths: Sequence[float]) -> float:
-    """Work lost to ``f`` failures: min(tau/2, t) for each failed run of known length t, tau/2
-    for the rest."""
+Runs = Sequence[Failure | float]
+
+
+def _failures(runs: Runs) -> list[Failure]:
+    return [f if isinstance(f, Failure) else Failure(f) for f in runs]
+
+
+def lost(f: int, tau: float, lengths: Runs, measured: bool = False) -> float:
+    """Work lost to ``f`` failures: each failed run's measured loss (with ``measured``), else
+    min(tau/2, t) for each of known length t, tau/2 for the rest."""
     half = tau / 2
-    return sum(min(half, t) for t in lengths[:f]) + max(0, f - len(lengths)) * half
+    runs = _failures(lengths)[:f]
+    return sum(r.lost_h if measured and r.lost_h is not None else min(half, r.hours)
+               for r in runs) + max(0, f - len(runs)) * half
+
+
+def restart(f: int, u0: float, lengths: Runs, measured: bool = False) -> float:
+    """Wall hours ``f`` failures added: each measured restart (with ``measured``), else u0."""
+    runs = _failures(lengths)[:f]
+    return sum(r.restart_h if measured and r.restart_h is not None else u0
+               for r in runs) + max(0, f - len(runs)) * u0
 
 
 def parts(h: float, f: int, tau: float, cost_h: float, u0: float,
-          lengths: Sequence[float] = ()) -> tuple[float, float]:
+          lengths: Runs = (), lost_measured: bool = False,
+          restart_measured: bool = False) -> tuple[float, float]:
     """(productive hours, wall hours)."""
-    return max(0.0, h - lost(f, tau, lengths) - h * cost_h / tau), h + f * u0
+    return (max(0.0, h - lost(f, tau, lengths, lost_measured) - h * cost_h / tau),
+            h + restart(f, u0, lengths, restart_measured))
 
 
 def ratio(p: tuple[float, float]) -> float | None:
     return round(p[0] / p[1], 4) if p[1] > 0 else None
 
 
-def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Sequence[float]],
+def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
             gpu_hours: Mapping[int, float]) -> EttrSection:
-    """``lengths``: per GPU class, the hours each blamed run had run; ``gpu_hours``: per GPU
-    class, GPUs x hours (each size's weight)."""
+    """``lengths``: per GPU class, each blamed run (a `Failure`, or the hours it had run);
+    ``gpu_hours``: per GPU class, GPUs x hours (each size's weight)."""
     cost_h = a.ckpt_cost_s / 3600
     rows = []
     sums = {"now": [0.0, 0.0], "daly": [0.0, 0.0], "spares": [0.0, 0.0]}
     for c in rep.classes:
         n = max(1, c.gpus // a.gpus_per_node)
-        ts = lengths.get(c.gpus, ())
-        now = parts(c.hours, c.failures, a.interval_h, cost_h, a.restart_h, ts)
+        ts = _failures(lengths.get(c.gpus, ()))
+        now = parts(c.hours, c.failures, a.interval_h, cost_h, a.restart_h, ts, True, True)
         tau = daly(cost_h, c.mttf_h) if c.mttf_h else None
-        best = parts(c.hours, c.failures, tau, cost_h, a.restart_h, ts) if tau else now
+        best = parts(c.hours, c.failures, tau, cost_h, a.restart_h, ts, False, True) \
+            if tau else now
         if n > 1:
             swap = parts(c.hours, c.failures, tau or a.interval_h, cost_h, a.swap_h, ts)
             spare = (swap[0] * n / (n + a.spares), swap[1])
@@ -144,7 +189,16 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Sequence[floa
                             r(tau), ratio(best) if tau else None, ratio(spare),
                             r(pay.idle_gpu_h) if pay else None,
                             r(pay.requeue_lost_gpu_h) if pay else None,
-                            pay.pays if pay else None))
+                            pay.pays if pay else None,
+                            sum(1 for f in ts[:c.failures] if f.restart_h is not None)))
+    got = [f for c in rep.classes for f in _failures(lengths.get(c.gpus, ()))[:c.failures]
+           if f.restart_h is not None]
+    losses = [f.lost_h * 3600 for f in got if f.lost_h is not None]
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
                        ratio((sums["daly"][0], sums["daly"][1])),
-                       ratio((sums["spares"][0], sums["spares"][1])), a)
+                       ratio((sums["spares"][0], sums["spares"][1])), a,
+                       measured_failures=len(got),
+                       measured_lost_median_s=r(statistics.median(losses)) if losses else None,
+                       measured_restart_median_s=r(statistics.median(
+                           f.restart_h * 3600 for f in got if f.restart_h is not None))
+                       if got else None)

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.ckpt.restorelog import TierRestores
+from gpuwarden.ckpt.restorelog import RestoreRecord, TierRestores
 from gpuwarden.fleet.mttf import gating_drain_events
 from gpuwarden.health.reasons import drain_origin
 from gpuwarden.lemon.attribution import LEAD_S, Attribution
@@ -40,16 +40,30 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
         "checkpoint_vs_redundancy", "Checkpoint-restart vs redundancy",
         [Figure("fleet ETTR at today's interval", e.fleet_now),
          Figure("fleet ETTR at the Young/Daly interval of each job size", e.fleet_daly),
-         Figure(f"fleet ETTR with {a.spares} hot-spare node(s) per job", e.fleet_spares)],
-        [f"today's checkpoint interval τ = {a.interval_s} s (--ckpt-interval)",
+         Figure(f"fleet ETTR with {a.spares} hot-spare node(s) per job", e.fleet_spares),
+         Figure("failures measured from the jobs' restore records", e.measured_failures,
+                "failures"),
+         Figure("work lost per measured failure (median)", e.measured_lost_median_s, "s"),
+         Figure("restart per measured failure, failure to restored (median)",
+                e.measured_restart_median_s, "s")],
+        [f"today's checkpoint interval τ = {a.interval_s} s (--ckpt-interval), for the "
+         "failures not measured",
          f"checkpoint stall C = {a.ckpt_cost_s} s (--ckpt-cost)",
-         f"restart u0 = {a.restart_s} s per failure: requeue wait + restore (--restart-cost)",
+         f"restart u0 = {a.restart_s} s per failure not measured: requeue wait + restore "
+         "(--restart-cost)",
+         "a measured failure's lost work is its end less the save time of the step its job "
+         "restored next, and its restart the time from its end to that restore's end (the "
+         "job's own records, counted only where the job's user owns them)",
          f"a spare swaps in within s = {a.swap_s} s (--spare-swap) and absorbs every "
          "infrastructure failure of the run; spares hold nodes that do no work",
          "one-node job sizes get no spare and keep their checkpoint-restart figure",
          "job sizes with no failure keep today's interval",
          "each size weighs by its GPU-hours"],
-        ["checkpoint manifests (actual intervals and stalls per job) are not read"])
+        ["checkpoint stalls per job are not recorded (C is the site's figure)",
+         "jobs that do not checkpoint with gpuwarden, or restored from another tool's "
+         "checkpoint, are modelled"]
+        + ([f"{e.restores_not_owner} job restores left out: their records are in a job "
+            "directory its job's user does not own"] if e.restores_not_owner else []))
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,8 @@ class RestoreTimes:
     where: str  # the shared root read, in words
     tiers: list[TierRestores]
     skipped: int  # records left out as unreadable or malformed (named in the log)
+    # The records inside the span, each rank's (for lost work and restarts: `restarts.match`).
+    records: list[RestoreRecord] = field(default_factory=list)
 
 
 def _seconds(t: TierRestores | None) -> float | None:

@@ -5,6 +5,7 @@ renders in headless Chromium with its charts drawn and nothing wider than the wi
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 from gpuwarden.report.render import MAX_PARTITION_CHARTS
 from tests.browser import assert_charts_drawn, assert_fits
 from tests.e2e.test_foundation import wait_for
+from tests.e2e.test_health import nodes
 
 OUT = "/root/gpuwarden-report"  # root's own directory on slurmctld
 # A rank's life in one line: restore, or save a first step when there is none.
@@ -21,6 +23,41 @@ _SAVE_OR_RESTORE = (
     "import numpy as np; from gpuwarden.ckpt.job import JobCheckpointer as J; "
     "ck = J.from_slurm(); got = ck.restore(); print(\"restored\", got and got.tier); "
     "got or ck.save(1, {\"w\": np.zeros(1 << 20)}); ck.finish(None if got else 1)")
+
+
+def _measured_failure(h: Harness, exclude: str) -> str:
+    """A failure the report can measure: a job saves a step, its node's GPU breaks, the job
+    fails and health gating drains the node (so the run is the hardware's), and requeued it
+    restores on another node. Returns the node, resumed and healthy again."""
+    idle = h.exec("slurmctld", ["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).check("sinfo").out
+    victim = next(n for n in sorted(idle.split()) if n != exclude)
+    job = h.sbatch("-N1", "--gpus-per-node=8", "-w", victim, name="report-fail", wrap=(
+        f"srun {VENV_PYTHON} -I -c '{_SAVE_OR_RESTORE}' && "
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then '
+        "touch /fsx/jobs/saved-$SLURM_JOB_ID; "
+        "for i in $(seq 600); do test -e /fsx/jobs/fail-$SLURM_JOB_ID && exit 1; sleep 0.2; "
+        "done; fi"))
+    try:
+        wait_for(lambda: h.exec(victim, ["test", "-e", f"{JOBS_DIR}/saved-{job}"]).rc == 0, 120,
+                 "the job saves its first step")
+        h.set_gpu(victim, 2, ecc_uncorrected_volatile=1)
+        h.exec(victim, ["touch", f"{JOBS_DIR}/fail-{job}"]).check("fail the job")
+        h.wait_job(job, want=("FAILED",), timeout=120)
+        wait_for(lambda: nodes(h)[victim].drained, 90, f"health gating drains {victim}")
+        # Requeued, it may run anywhere but the drained node (-w would hold it for that one).
+        h.exec("slurmctld", ["scontrol", "requeue", str(job)]).check("requeue")
+        h.exec("slurmctld", ["scontrol", "update", f"jobid={job}",
+                             f"excnodelist={victim}", "reqnodelist="]).check("unpin")
+        h.wait_job(job, timeout=240)
+        out = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/report-fail-{job}.out"]).check("out").out
+        assert re.search(r"restored (memory|peer|shared)", out), out
+    finally:
+        h.clear_gpu_faults(victim)
+        h.sh(victim, "rm -f /var/lib/gpuwarden/*.json")
+        if nodes(h)[victim].drained:
+            h.exec("slurmctld", ["scontrol", "update", f"nodename={victim}",
+                                 "state=resume"]).check("resume")
+    return victim
 
 
 @pytest.mark.versions
@@ -51,11 +88,14 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
                                                             ck: "COMPLETED"}
     said = h.exec("slurmctld", ["cat", f"{JOBS_DIR}/report-ckpt-{ck}.out"]).check("output").out
     assert "restored None" in said and "restored shared" in said, said
+    victim = _measured_failure(h, exclude=clean[0])
+
 
     h.exec("slurmctld", ["install", "-d", "-m", "700", OUT]).check("report directory")
     # An operator's drain of its own inside the history (after these jobs began, held while
     # the gang job runs), so the drains chart has something whatever ran before.
-    held = clean[-1] if len(clean) > 1 else sorted(idle.split())[-1]
+    held = next((n for n in reversed(clean) if n not in (clean[0], victim)),
+                sorted(set(idle.split()) - {victim})[-1])
     h.exec("slurmctld", ["scontrol", "update", f"nodename={held}", "state=drain",
                          "reason=report test: operator"]).check("drain")
     try:
@@ -84,6 +124,14 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     card = {t["key"]: {f["label"]: f["value"] for f in t["figures"]} for t in doc["tradeoffs"]}
     store = card["filesystem_vs_object_store"]
     assert store["restore time from the parallel filesystem (median)"] is not None, store
+    # The failure the job measured: its lost work and restart come from its restore record;
+    # health gating's drain of its node says which check made it.
+    measured = card["checkpoint_vs_redundancy"]
+    assert measured["failures measured from the jobs' restore records"] >= 1, measured
+    assert measured["restart per measured failure, failure to restored (median)"] > 0, measured
+    health = card["proactive_vs_reactive"]
+    assert health["drains by the epilog (after a job on the node)"] \
+        + health["drains by the periodic check"] >= 1, health
     placed = card["central_vs_negotiated"]
     assert placed["gang runs (more than one node)"] >= 1, placed
     assert placed["gang runs on nodes topology.conf does not list"] == 0, placed
