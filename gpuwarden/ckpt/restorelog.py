@@ -32,7 +32,7 @@ MAX_RECORD = 4096
 MAX_ENTRIES = 100_000  # per job's coordination directory: a bigger one is skipped, named
 MAX_RECORDS = 1_000_000  # in all: past it the rest are skipped, and the report says so
 _FILE = re.compile(r"restore-r[0-9]{1,9}-s[0-9]{1,9}\.rank-[0-9]{1,9}")
-_JOB = re.compile(r"job-[0-9]{1,12}")
+_JOB = re.compile(r"job-[1-9][0-9]{0,11}")  # as Slurm numbers jobs: no leading zeros
 TIERS = ("memory", "peer", "shared", "s3")
 _FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at", "saved_at")
 # Records written before `saved_at` was (the release that added restore records) lack it.
@@ -182,14 +182,17 @@ class TierRestores:
 
 def job_restores(records: Iterable[RestoreRecord]) -> list[RestoreRecord]:
     """One record per job restore (job and run): its slowest rank's, which the job waited
-    for, with the job's bytes summed. Pure."""
+    for, with the job's bytes summed, ending when the last rank's did. Pure."""
     by: dict[tuple[str, str], list[RestoreRecord]] = {}
     for r in records:
         by.setdefault((r.job, r.run), []).append(r)
     out = []
     for rs in by.values():
         slow = max(rs, key=lambda r: (r.seconds, r.rank))
-        out.append(dataclasses.replace(slow, bytes=sum(r.bytes for r in rs)))
+        saved = [r.saved_at for r in rs if r.saved_at is not None]
+        out.append(dataclasses.replace(slow, bytes=sum(r.bytes for r in rs),
+                                       at=max(r.at for r in rs),
+                                       saved_at=max(saved) if saved else None))
     return out
 
 

@@ -17,8 +17,8 @@ _MAX_REASON = 200
 # the prolog kept off a bad node from the failures only the epilog caught by it. Only root's
 # health gating writes a drain reason, and it writes this word before any evidence (which may
 # quote kernel text a user shaped), so the word is gating's own.
-ORIGINS = ("prolog", "epilog", "periodic", "manual")
-_CONTEXTS = {"prolog": "prolog", "epilog": "epilog", "health": "periodic", "manual": "manual"}
+ORIGINS = ("prolog", "epilog", "periodic")
+_CONTEXTS = {"prolog": "prolog", "epilog": "epilog", "health": "periodic"}
 
 
 def origin_of(context: str) -> str:

@@ -115,10 +115,17 @@ def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
     out: dict[int, list[ettr.Failure]] = defaultdict(list)
     for f, gpus in runs:
         m = measured.measured.get(f.key)
-        out[gpu_class(gpus)].append(ettr.Failure(
-            max(f.seconds, 1) / 3600,
-            m.lost_s / 3600 if m is not None and m.lost_s is not None else None,
-            m.restart_s / 3600 if m is not None else None))
+        if m is None:
+            out[gpu_class(gpus)].append(ettr.Failure(max(f.seconds, 1) / 3600))
+        elif m.lost_s is None:  # an older record: its restart whole, its lost work modelled
+            out[gpu_class(gpus)].append(ettr.Failure(max(f.seconds, 1) / 3600, None,
+                                                     m.restart_s / 3600))
+        else:
+            # The restore inside the next run is time in H that trained nothing: lost, like
+            # the work since the save; only the wait between the runs adds wall time.
+            out[gpu_class(gpus)].append(ettr.Failure(
+                max(f.seconds, 1) / 3600, (m.lost_s + m.restart_s - m.gap_s) / 3600,
+                m.gap_s / 3600, m.lost_s / 3600, m.restart_s / 3600))
     return out
 
 
@@ -141,7 +148,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     out = outcomes.outcomes(tally, att)
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
-                              uid_of)
+                              tally.watched, uid_of)
     e = replace(ettr.section(rep, opts.assumptions(), failures_by_class(runs, measured),
                              {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
                 restores_not_owner=measured.not_owner,

@@ -100,10 +100,14 @@ def _uid(user: str) -> int | None:
         return None
 
 
-def _restores(given: str | None, configured: str, att: Any) -> RestoreTimes | None:
-    """The jobs' restore records in the history's span; None when there is no shared tier
-    here (configured but not mounted where the report runs: said on the page). A root given
-    on the command line that cannot be read is an error."""
+Read = tuple[str, list[restorelog.RestoreRecord], int]  # root, records, how many skipped
+
+
+def _read_restores(given: str | None, configured: str) -> Read | None:
+    """Every job's restore records under the shared tier, read before the history (whose
+    pass then keeps those jobs' runs); None when there is no shared tier here (configured but
+    not mounted where the report runs: said on the page). A root given on the command line
+    that cannot be read is an error."""
     root = given or configured
     if not root:
         return None
@@ -121,9 +125,17 @@ def _restores(given: str | None, configured: str, att: Any) -> RestoreTimes | No
         return None
     for s in skipped:
         log.warning("restore record %s left out: %s", s.where, s.why)
+    return root, records, len(skipped)
+
+
+def _restores(read: Read | None, att: Any) -> RestoreTimes | None:
+    """The records in the history's span."""
+    if read is None:
+        return None
+    root, records, skipped = read
     lo, hi = att.first_start, att.last_end
     inside = [r for r in records if lo <= r.at <= hi] if hi > lo else []
-    return RestoreTimes(root, restorelog.per_tier(inside), len(skipped), inside)
+    return RestoreTimes(root, restorelog.per_tier(inside), skipped, inside)
 
 
 @click.command("report")
@@ -177,8 +189,10 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
     leaves = _leaves(topology)
     lc = cfg.lemon
     blamable = Blamable.of(_events_first(obj, since, from_files, events_file), lc.grace_s)
+    read = _read_restores(ckpt_root, cfg.ckpt.shared_root)
+    watch = frozenset(r.job_id for r in (read[1] if read else ()) if r.restarts > 0)
     hist = load_history(obj, since, from_files, events_file, lc.grace_s,
-                        collector=RunTally.factory(leaves, blamable))
+                        collector=RunTally.factory(leaves, blamable, watch))
     opts = Options(
         source=("files: " + ", ".join(from_files)) if from_files
         else f"the cluster's accounting, {since or DEFAULT_SINCE} back",
@@ -188,7 +202,7 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
                 gating=GATING if from_files else _gating(obj),
-                restores=_restores(ckpt_root, cfg.ckpt.shared_root, hist.attribution),
+                restores=_restores(read, hist.attribution),
                 uid_of=_uid)
     # Both rendered before either is written; the JSON lands first.
     files = [(output, render(rep))]

@@ -111,9 +111,14 @@ class RunTally:
     """Picklable, mergeable: each worker process fills one per file."""
 
     def __init__(self, leaf_of: Mapping[str, str] | None = None,
-                 blamable: Blamable | None = None) -> None:
+                 blamable: Blamable | None = None,
+                 watch: frozenset[int] = frozenset()) -> None:
         self.leaf_of = leaf_of
         self.filter = blamable  # None: keep every run in a state the attribution may blame
+        # Jobs with restore records after a restart: each of their runs (start, end), so a
+        # restore is placed in the run that made it (`report.restarts`).
+        self.watch = watch
+        self.watched: dict[int, list[tuple[int, int]]] = {}
         self.cells: Counter[Cell] = Counter()
         self.never_ran = 0  # records of jobs that never ran (cancelled while pending)
         self.cpu_runs = 0  # runs without GPUs: not in the MTTF section, nor here
@@ -128,12 +133,13 @@ class RunTally:
 
     @classmethod
     def factory(cls, leaf_of: Mapping[str, str] | None = None,
-                blamable: Blamable | None = None) -> partial[RunTally]:
-        return partial(cls, leaf_of, blamable)
+                blamable: Blamable | None = None,
+                watch: frozenset[int] = frozenset()) -> partial[RunTally]:
+        return partial(cls, leaf_of, blamable, watch)
 
     def add(self, records: Sequence[AcctRecord]) -> None:
         cells, keep, shared, leaf_of = self.cells, self.blamable, self._shared, self.leaf_of
-        users = self._users
+        users, watch = self._users, self.watch
         may = self.filter.may_blame if self.filter is not None else None
         for r in records:
             what = kind(r)
@@ -154,6 +160,8 @@ class RunTally:
                 user = r.user
                 keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
                                                 end - start, users.setdefault(user, user))
+            if watch and r.job_id in watch:
+                self.watched.setdefault(r.job_id, []).append((start, end))
             if leaf_of is not None:
                 nodes = r.nodes
                 if "[" in nodes or "," in nodes:
@@ -179,6 +187,8 @@ class RunTally:
         self.cpu_runs += other.cpu_runs
         self.gpu_seconds.update(other.gpu_seconds)
         self.blamable.update(other.blamable)
+        for job, runs in other.watched.items():
+            self.watched.setdefault(job, []).extend(runs)
         self.gang_runs.update(other.gang_runs)
         self.gang_wait_s.update(other.gang_wait_s)
         self.gang_waited.update(other.gang_waited)
@@ -188,4 +198,5 @@ class RunTally:
         # sharing memo.
         state = dict(self.__dict__)
         state["leaf_of"], state["filter"], state["_shared"], state["_users"] = None, None, {}, {}
+        state["watch"] = frozenset()
         return state

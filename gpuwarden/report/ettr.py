@@ -94,8 +94,11 @@ class Failure:
     records measured of its cost (None: modelled)."""
 
     hours: float
-    lost_h: float | None = None
-    restart_h: float | None = None
+    lost_h: float | None = None  # productive time lost (work since the save, the restore)
+    restart_h: float | None = None  # wall time added
+    # As the page shows them: the work since the save, and failure to restored.
+    shown_lost_h: float | None = None
+    shown_restart_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -193,12 +196,13 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
                             sum(1 for f in ts[:c.failures] if f.restart_h is not None)))
     got = [f for c in rep.classes for f in _failures(lengths.get(c.gpus, ()))[:c.failures]
            if f.restart_h is not None]
-    losses = [f.lost_h * 3600 for f in got if f.lost_h is not None]
+    losses = [f.shown_lost_h * 3600 for f in got if f.shown_lost_h is not None]
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
                        ratio((sums["daly"][0], sums["daly"][1])),
                        ratio((sums["spares"][0], sums["spares"][1])), a,
                        measured_failures=len(got),
                        measured_lost_median_s=r(statistics.median(losses)) if losses else None,
                        measured_restart_median_s=r(statistics.median(
-                           f.restart_h * 3600 for f in got if f.restart_h is not None))
+                           (f.shown_restart_h if f.shown_restart_h is not None
+                            else f.restart_h or 0.0) * 3600 for f in got))
                        if got else None)

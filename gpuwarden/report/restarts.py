@@ -6,8 +6,9 @@ the same job, SLURM_RESTART_COUNT at least 1). That restore says:
 - the work the failure lost: the failed run's end less the time the restored step was saved
   (its manifest's `created_at`), at most the failed run's length (what came before the run
   was an earlier failure's loss);
-- the restart: the restore's end less the failed run's end: the requeue wait, the prolog's
-  stage-in and the verified read, until training could go on (ETTR's u0).
+- the restart: the restore's end less the failed run's end: the requeue wait (outside any
+  run: wall time on top of H), then the prolog's stage-in and the verified read inside the
+  next run (time in H that trained nothing), until training could go on (ETTR's u0).
 
 A job restore counts for job N only when the user accounting names for N owns the job
 directory its records were read from: a user can file records under any `job-N` directory of
@@ -16,17 +17,20 @@ their own making, but not speak for another user's job.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.ckpt.restorelog import RestoreRecord, job_restores
+from gpuwarden.report.collect import run_key
+
+SKEW_S = 60.0  # clocks of the node that saved and of slurmctld may differ this much
 
 
 @dataclass(frozen=True)
 class Measured:
     lost_s: float | None  # None: the record is from before restores recorded saved_at
-    restart_s: float
+    restart_s: float  # failure to restored
+    gap_s: float  # failure to the next run's start: the part of the restart outside any run
 
 
 @dataclass(frozen=True)
@@ -45,28 +49,40 @@ class Restarts:
     measured: dict[int, Measured] = field(default_factory=dict)  # run_key -> its restart
     after_restart: int = 0  # job restores in a run after the first (SLURM_RESTART_COUNT > 0)
     not_owner: int = 0  # the job directory's owner is not the user accounting names
-    unexplained: int = 0  # no blamed run of the job before it (preempted, requeued by hand)
+    # Not after a blamed run of the job (a preemption, a hand requeue), not inside a run of
+    # it in accounting, or from a step saved after that failure.
+    unexplained: int = 0
 
 
 def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
+          runs: Mapping[int, Sequence[tuple[int, int]]],
           uid_of: Callable[[str], int | None]) -> Restarts:
-    """``uid_of``: a user name's uid, None where it cannot be resolved (nothing matches)."""
-    by_job: dict[int, list[FailedRun]] = defaultdict(list)
-    for f in failed:
-        by_job[f.job_id].append(f)
-    for runs in by_job.values():
-        runs.sort(key=lambda f: f.end)
+    """``runs``: each watched job's runs in accounting, (start, end); ``uid_of``: a user
+    name's uid, None where it cannot be resolved (nothing matches).
+
+    A job restore is placed in the run of its job that was going on when it ended; the run
+    before that one must be a blamed failure, and the restored step saved before it ended.
+    So a record's times are bounded by accounting's: a restart by the next run's start and
+    that run's length, lost work by the failed run's length."""
+    by_key = {f.key: f for f in failed}
     measured: dict[int, Measured] = {}
     after = not_owner = unexplained = 0
     uids: dict[str, int | None] = {}
     for rec in sorted((r for r in job_restores(records) if r.restarts > 0),
                       key=lambda r: (r.at, r.job, r.run)):
         after += 1
-        before = [f for f in by_job.get(rec.job_id, ()) if f.end <= rec.at]
-        if not before or before[-1].key in measured:
-            unexplained += 1  # the failure before it is another restore's already
+        spans = sorted(set(runs.get(rec.job_id, ())))
+        # Accounting keeps whole seconds, and the node's clock is not slurmctld's.
+        here = [i for i, (s, e) in enumerate(spans) if s - SKEW_S <= rec.at <= e + SKEW_S]
+        if not here or here[-1] == 0:
+            unexplained += 1
             continue
-        f = before[-1]
+        start = spans[here[-1]][0]
+        f = by_key.get(run_key(rec.job_id, spans[here[-1] - 1][1]))
+        if f is None or f.key in measured or (rec.saved_at is not None
+                                              and rec.saved_at > f.end + SKEW_S):
+            unexplained += 1
+            continue
         if f.user not in uids:
             uids[f.user] = uid_of(f.user)
         if rec.owner is None or uids[f.user] != rec.owner:
@@ -75,5 +91,5 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
         lost = None
         if rec.saved_at is not None:
             lost = min(float(f.seconds), max(0.0, f.end - rec.saved_at))
-        measured[f.key] = Measured(lost, rec.at - f.end)
+        measured[f.key] = Measured(lost, rec.at - f.end, max(0.0, float(start - f.end)))
     return Restarts(measured, after, not_owner, unexplained)

@@ -155,22 +155,23 @@ def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
                 total - came, "drains"),
          Figure("drains that came with a failed run (the failure came first)", came,
                 "drains"),
-         Figure("jobs the prolog gate kept off bad nodes (prolog drains)", origins["prolog"],
-                "jobs"),
+         Figure("prolog drains (each kept a starting job off a bad node)", origins["prolog"],
+                "drains"),
          Figure("drains by the periodic check", origins["periodic"], "drains"),
          Figure("drains by the epilog (after a job on the node)", origins["epilog"],
                 "drains"),
          Figure("failures only the epilog caught (epilog drains with a failed run)",
                 epilog_came, "drains"),
-         Figure("drains by a manual `gpuwarden check`", origins["manual"], "drains"),
          Figure("drains whose reason names no check (before gpuwarden named it)",
                 origins[""], "drains")],
         [f"a drain within {grace_s / 3600:g} h after a run on that node failed explains "
          "that failure (the attribution's rules 4 and 5)",
          "each prolog drain refused the job that was starting on the node (Slurm requeues "
-         "it); which check set a drain is the first word of its reason"],
-        ["a prolog refusal that did not drain (the blast-radius cap held it) is in the "
-         "node's verdict store and syslog, not in accounting"])
+         "it): a gang job refused on k nodes counts k times; which check set a drain is the "
+         "first word of its reason"],
+        ["prolog refusals on a node already drained make no new drain, and a drain the "
+         "blast-radius cap undid at once still counts: jobs refused are in the nodes' "
+         "verdict stores and syslog, not in accounting"])
 
 
 def _mean_min(wait: int, runs: int) -> float | None:

@@ -19,7 +19,7 @@ from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 @pytest.mark.parametrize(("context", "origin"), [
     ("prolog job 12", "prolog"), ("epilog job 9 (its launcher lost this node: c3)", "epilog"),
-    ("health check", "periodic"), ("manual check", "manual"), ("something else", "")])
+    ("health check", "periodic"), ("manual check", ""), ("something else", "")])
 def test_each_run_of_health_gating_names_itself(context: str, origin: str) -> None:
     assert origin_of(context) == origin
     reason = f"{REASON_PREFIX} {health_reason('xid 79 on GPU 3', origin)}"
@@ -67,7 +67,7 @@ def test_the_report_counts_prolog_refusals_and_epilog_catches() -> None:
                       first_start=0.0, last_end=4e9)
     t = proactive_vs_reactive(att, events, 3600.0)
     got = {f.label: f.value for f in t.figures}
-    assert got["jobs the prolog gate kept off bad nodes (prolog drains)"] == 2
+    assert got["prolog drains (each kept a starting job off a bad node)"] == 2
     assert got["drains by the epilog (after a job on the node)"] == 1
     assert got["drains by the periodic check"] == 1
     assert got["drains whose reason names no check (before gpuwarden named it)"] == 1

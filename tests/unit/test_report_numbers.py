@@ -164,7 +164,7 @@ def test_tradeoffs_from_the_history(rep: Report) -> None:
     assert health["health-gating drains (the MTTF section's node failures)"] == 1
     assert health["drains with no failed run behind them (found before a job failed)"] == 1
     # Its reason names no check (written before reasons carried one).
-    assert health["jobs the prolog gate kept off bad nodes (prolog drains)"] == 0
+    assert health["prolog drains (each kept a starting job off a bad node)"] == 0
     assert health["drains whose reason names no check (before gpuwarden named it)"] == 1
     place = _figures(rep, "central_vs_negotiated")
     # Run 2 on n[2-3] (leaf s1, waited 600 s), run 6 on n[4-5] (s1 and s2, waited 1800 s).

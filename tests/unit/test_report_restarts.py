@@ -6,22 +6,39 @@ test_report_numbers' history worked out by hand."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.restorelog import RestoreRecord, parse, per_tier, read_records
+from gpuwarden.lemon.attribution import attribute, health_drains, node_failures
+from gpuwarden.lemon.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Report, build
+from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.tradeoffs import RestoreTimes
-from tests.unit.test_report_numbers import LEAVES, OPTS, T0, H, history
+from tests.unit.test_report_numbers import EVENTS, JOBS, LEAVES, OPTS, T0, H, job
 
 UIDS = {"alice": 1000, "mallory": 2000}
 END2 = T0 + 5 * H  # job 2's NODE_FAIL run (16 GPUs, alice) ends here
+END6 = T0 + 86_400 + 3 * H  # job 6's FAILED gang run (16 GPUs, alice) ends here
+# Both requeued: their next runs, an hour each, start 600 s and 30 s after the failures.
+RERUNS = [job(2, "COMPLETED", "a", "n[6-7]", 16, END2 + 600, 1),
+          job(6, "COMPLETED", "b", "n[6-7]", 16, END6 + 30, 1)]
+
+
+def history() -> History:
+    runs = JOBS + RERUNS
+    tally = RunTally(LEAVES, watch=frozenset({2, 6, 7}))
+    tally.add(runs)
+    att = attribute(runs, health_drains(EVENTS), failures=node_failures(EVENTS))
+    return History(att, len(runs), tuple(EVENTS), tally)
 
 
 def _rec(job: str, rank: int, at: float, seconds: float, saved_at: float | None,
@@ -30,19 +47,19 @@ def _rec(job: str, rank: int, at: float, seconds: float, saved_at: float | None,
 
 
 RECORDS = [
-    # Job 2 restored 1,200 s after its failure (the slower rank), from a step saved 900 s
-    # before it: 900 s of work lost, a 1,200 s restart.
-    _rec("job-2", 0, END2 + 1100, 20.0, END2 - 900, 1000),
-    _rec("job-2", 1, END2 + 1200, 30.0, END2 - 900, 1000),
+    # Job 2 restored 1,200 s after its failure (the last rank, in its next run), from a step
+    # saved 900 s before it: 900 s of work lost, a 1,200 s restart (600 s between the runs).
+    _rec("job-2", 0, END2 + 1100, 30.0, END2 - 900, 1000),
+    _rec("job-2", 1, END2 + 1200, 20.0, END2 - 900, 1000),
     # Job 6 failed too (alice's), but mallory's directory speaks for it: not counted.
-    _rec("job-6", 0, T0 + 86_400 + 3 * H + 60, 5.0, T0 + 86_400 + 3 * H - 1, 2000),
+    _rec("job-6", 0, END6 + 60, 5.0, END6 - 1, 2000),
     # Job 7 was preempted, not blamed: no failure explains the restore.
     _rec("job-7", 0, T0 + 86_400 + H + 60, 5.0, T0 + 86_400, 1000),
 ]
 
 
 def _report(records: list[RestoreRecord]) -> Report:
-    return build(history(LEAVES), OPTS, ScoreConfig(),
+    return build(history(), OPTS, ScoreConfig(),
                  restores=RestoreTimes("/fsx", per_tier(records), 0, records),
                  uid_of=UIDS.get)
 
@@ -56,13 +73,17 @@ def test_a_failure_its_job_restored_after_is_measured_not_modelled() -> None:
     rep = _report(RECORDS)
     e = rep.ettr
     sixteen = e.rows[1]
-    # 16 GPUs: H = 8, F = 2; tau = 1 h, C = 0.01 h, u0 = 0.5 h. Failure 2 measured: 0.25 h
-    # lost, 1/3 h restart; failure 6 modelled: min(0.5, 3) lost, 0.5 restart.
-    # (8 - 0.25 - 0.5 - 0.08) / (8 + 1/3 + 0.5) = 7.17 / 8.8333 = 0.8117 (modelled: 0.7689).
-    assert sixteen.ettr_now == 0.8117 and sixteen.measured == 1
-    # At Daly the lost work is modelled again (another tau), the restart kept:
-    # (8 - 0.276215 - 0.289629) / 8.8333 = 0.8416.
-    assert sixteen.ettr_daly == 0.8416
+    # 16 GPUs: H = 10 (the reruns add 2 h), F = 2; tau = 1 h, C = 0.01 h, u0 = 0.5 h.
+    # Failure 2 measured: 900 s since the save and 600 s restoring inside the next run are
+    # lost (1,500 s), the 600 s between the runs is wall time on top of H; failure 6
+    # modelled: min(0.5, 3) lost, 0.5 h restart.
+    # (10 - 1500/3600 - 0.5 - 0.1) / (10 + 600/3600 + 0.5) = 8.98333 / 10.66667 = 0.8422.
+    assert sixteen.ettr_now == 0.8422 and sixteen.measured == 1
+    # At Daly (M = 5 h) the lost work is modelled again (another tau), the restarts kept.
+    x = 0.01 / (2 * 5)
+    tau = math.sqrt(2 * 0.01 * 5) * (1 + math.sqrt(x) / 3 + x / 9) - 0.01
+    want = (10 - tau - 10 * 0.01 / tau) / (10 + 600 / 3600 + 0.5)
+    assert sixteen.ettr_daly == pytest.approx(want, abs=5e-5)
     card = _card(e, rep)
     assert card["failures measured from the jobs' restore records"] == 1
     assert card["work lost per measured failure (median)"] == 900
@@ -74,43 +95,52 @@ def test_a_failure_its_job_restored_after_is_measured_not_modelled() -> None:
 
 def test_without_records_every_failure_is_modelled_as_before() -> None:
     e = _report([]).ettr
-    assert e.rows[1].ettr_now == 0.7689 and e.measured_failures == 0
+    # (10 - 2 * 0.5 - 0.1) / (10 + 2 * 0.5) = 8.9 / 11 = 0.8091.
+    assert e.rows[1].ettr_now == 0.8091 and e.measured_failures == 0
     assert e.measured_lost_median_s is None and e.measured_restart_median_s is None
 
 
 def test_only_the_jobs_user_speaks_for_it() -> None:
     # The same job-2 records in a directory another user owns count for nothing.
-    forged = [_rec("job-2", 0, END2 + 60, 1.0, END2, 2000)]
+    forged = [_rec("job-2", 0, END2 + 660, 1.0, END2, 2000)]
     e = _report(forged).ettr
-    assert e.rows[1].ettr_now == 0.7689 and e.restores_not_owner == 1
+    assert e.rows[1].ettr_now == 0.8091 and e.restores_not_owner == 1
     # Nor where the job's user does not resolve on the admin host.
-    e = build(history(LEAVES), OPTS, ScoreConfig(),
+    e = build(history(), OPTS, ScoreConfig(),
               restores=RestoreTimes("/fsx", [], 0, forged), uid_of=lambda u: None).ettr
     assert e.measured_failures == 0
 
 
-def test_lost_work_is_bounded_by_the_failed_run() -> None:
+def test_a_records_times_are_bounded_by_accounting() -> None:
     # A step saved before the failed run started (no save in it): the whole 5 h run is lost,
-    # not the time back to that save. A save stamped after the failure loses nothing.
-    early = [_rec("job-2", 0, END2 + 600, 1.0, END2 - 9 * H, 1000)]
+    # not the time back to that save. A save stamped just after the failure (clock skew)
+    # loses nothing; one well after it is a later run's step: not this failure's restore.
+    early = [_rec("job-2", 0, END2 + 700, 1.0, END2 - 9 * H, 1000)]
     e = _report(early).ettr
     assert e.measured_lost_median_s == 5 * H
-    late = [_rec("job-2", 0, END2 + 600, 1.0, END2 + 10, 1000)]
+    late = [_rec("job-2", 0, END2 + 700, 1.0, END2 + 10, 1000)]
     assert _report(late).ettr.measured_lost_median_s == 0
+    later = _report([_rec("job-2", 0, END2 + 700, 1.0, END2 + 3000, 1000)]).ettr
+    assert later.measured_failures == 0 and later.restores_unexplained == 1
+    # A restore that ended outside every run of its job (a time the user made up: after the
+    # rerun ended, or before it began) is not placed: it measures nothing.
+    for at in (END2 + 600 + 2 * H, END2 + 300 - 61):
+        e = _report([_rec("job-2", 0, at, 1.0, END2 - 60, 1000)]).ettr
+        assert e.measured_failures == 0 and e.restores_unexplained == 1, at
     # A record from before saved_at was written: its restart counts, its lost work modelled.
-    old = [_rec("job-2", 0, END2 + 600, 1.0, None, 1000)]
+    old = [_rec("job-2", 0, END2 + 700, 1.0, None, 1000)]
     e = _report(old).ettr
     assert e.measured_failures == 1 and e.measured_lost_median_s is None
-    assert e.measured_restart_median_s == 600
+    assert e.measured_restart_median_s == 700
 
 
 def test_one_restore_per_failure() -> None:
     # Two restores after job 2's one failure (a later requeue without a failure): the first
     # measures it, the second is unexplained.
-    twice = [_rec("job-2", 0, END2 + 600, 1.0, END2 - 60, 1000),
-             _rec("job-2", 0, END2 + 7200, 1.0, END2 + 3000, 1000, run="r2-s0")]
+    twice = [_rec("job-2", 0, END2 + 700, 1.0, END2 - 60, 1000),
+             _rec("job-2", 0, END2 + 1800, 1.0, END2 - 60, 1000, run="r2-s0")]
     e = _report(twice).ettr
-    assert e.measured_failures == 1 and e.measured_restart_median_s == 600
+    assert e.measured_failures == 1 and e.measured_restart_median_s == 700
     assert e.restores_unexplained == 1
 
 
