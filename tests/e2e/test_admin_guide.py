@@ -237,7 +237,7 @@ def test_an_injected_xid_drains_the_node_and_the_prolog_requeues_the_job(
         job = wait_job(site, job_id, lambda j: j.get("restart_cnt", 0) >= 1, "requeued")
         assert "COMPLETED" not in job["job_state"], job["job_state"]
         site.wait_for(drained, f"{node} drained by gpuwarden", 60)
-        assert reason.startswith("gpuwarden: xid 79 on GPU 5"), reason
+        assert reason.startswith("gpuwarden: prolog: xid 79 on GPU 5"), reason
         shown = site.exec(HEAD, ["gpuwarden", "nodes"]).out
         assert node in shown and "xid 79" in shown, shown
     finally:

@@ -62,7 +62,7 @@ def test_xid79_drains_requeues_elsewhere_and_returns_after_passing_checks(clean:
     assert (runs[0].state, runs[0].nodes) == ("REQUEUED", "c3")
     assert runs[-1].state == "COMPLETED" and runs[-1].nodes not in ("c3", "c4")
     reason = sinfo_reasons(h)["c3"]
-    assert reason.startswith("gpuwarden: xid 79 on GPU 5 at ")
+    assert reason.startswith("gpuwarden: prolog: xid 79 on GPU 5 at ")
 
     # No second job on c3: a burst of jobs all goes elsewhere.
     later = [h.sbatch("-N1", name="after", wrap="true") for _ in range(4)]
@@ -105,7 +105,8 @@ def test_blast_radius_cap_holds_back_drains_past_25_percent(clean: Harness) -> N
     assert len(drained) == 2, {n: (state[n].state, state[n].comment) for n in faulty}
     assert sorted(drained + held) == faulty
     for n in drained:
-        assert state[n].reason.startswith("gpuwarden: 3 uncorrectable ECC errors on GPU 0")
+        assert state[n].reason.startswith(
+            "gpuwarden: periodic: 3 uncorrectable ECC errors on GPU 0")
     listing = h.gpuwarden("slurmctld", "nodes").check("gpuwarden nodes").out
     for n in held:
         (line,) = [ln for ln in listing.splitlines() if ln.startswith(f"{n} ")]

@@ -46,7 +46,7 @@ def test_mig_format_in_kmsg_rendering_drains_by_its_own_rst_flag(clean: Harness)
     h.write_fake("c6", "kmsg", line)
     periodic(h, "c6")
     reason = sinfo_reasons(h).get("c6", "")
-    assert reason.startswith("gpuwarden: xid 94 on GPU 5") and "needs GPU reset" in reason
+    assert reason.startswith("gpuwarden: periodic: xid 94 on GPU 5") and "needs GPU reset" in reason
 
 
 def test_fatal_xid_in_a_forgeable_dmesg_rendering_never_drains_and_says_why(clean: Harness) -> None:  # noqa: F811
@@ -71,4 +71,5 @@ def test_fatal_sxid_in_journal_json_drains(clean: Harness) -> None:  # noqa: F81
                          "Severity 1 Engine instance 60 Sub-engine instance 00")]
     h.write_fake("c7", "kmsg", "\n".join(recs) + "\n")
     periodic(h, "c7")
-    assert sinfo_reasons(h).get("c7", "").startswith("gpuwarden: sxid 20034 on NVSwitch 0000:05:00")
+    assert sinfo_reasons(h).get("c7", "").startswith(
+        "gpuwarden: periodic: sxid 20034 on NVSwitch 0000:05:00")
