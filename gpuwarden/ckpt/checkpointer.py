@@ -4,9 +4,11 @@
 step, read back and verified from tier 0, to each durable tier in order (shared filesystem,
 S3). While a tier is unreachable the writer retries with backoff and training goes on; when it
 comes back, the newest pending step goes first (older pending steps are superseded: only the
-newest matters to a restart). A tier that fails does not hold back the tiers after it: the
-shared filesystem still gets the step while S3 is away, or while a peer is gone. Extra host
-memory stays at one copy of the state, the one being written back.
+newest matters to a restart). A tier that fails does not hold back the others: the peers and
+the first durable tier (the shared filesystem) share one writer, and each further durable
+tier (S3) has a writer of its own, so an S3 request hanging until its timeouts never delays
+the next step on the shared filesystem. Extra host memory stays at one copy of the state per
+writer, the one it is writing back.
 
 Replicas (tier 1, peers) are written first but are not durable: `wait_durable` waits for the
 durable tiers only. Retention keeps `keep` steps per durable tier, never deletes a tier's newest
@@ -66,6 +68,21 @@ class PendingSave:
         self._staged.abort()
 
 
+class _Lane:
+    """One writer: the tiers it writes in order, the steps waiting for it, the one it is
+    reading out of tier 0 (the Checkpointer's condition guards all but ``tiers``)."""
+
+    def __init__(self, tiers: list[Any]) -> None:
+        self.tiers = tiers
+        self.pending: list[int] = []
+        self.writing: int | None = None
+        self.thread: threading.Thread | None = None
+
+    @property
+    def names(self) -> str:
+        return ", ".join(t.name for t in self.tiers)
+
+
 class Checkpointer:
     def __init__(self, job: str, tier0: FsTier, durable: Sequence[Any], rank: int = 0,
                  world_size: int = 1, keep: int = 2,
@@ -80,17 +97,21 @@ class Checkpointer:
         self.coord: Coordinator = coord or SoloCoordinator()
         self._sleep = sleep
         self._cv = threading.Condition()
-        self._pending: list[int] = []
-        self._writing: int | None = None  # the step the writer is copying out of tier 0
+        # The writers: peers and the first durable tier in one, each further durable tier in
+        # its own (see the module's docstring).
+        first = [*self.replicas, *self.durable[:1]]
+        self._lanes = [_Lane(tiers) for tiers in ([first] if first else [])
+                       + [[t] for t in self.durable[1:]]]
         self._done: dict[str, set[int]] = {t.name: set() for t in (*self.replicas, *self.durable)}
         self._closed = False
         self._refused: set[tuple[str, int]] = set()  # copies restore could not use: kept
         # Saves begun and not yet committed (a DCP save another rank's failure ended half
         # way): `close` frees their bytes in node memory.
         self._live: weakref.WeakSet[PendingSave] = weakref.WeakSet()
-        self._thread = threading.Thread(target=self._writeback, name="gpuwarden-ckpt",
-                                        daemon=True)
-        self._thread.start()
+        for i, lane in enumerate(self._lanes):
+            lane.thread = threading.Thread(target=self._writeback, args=(lane,),
+                                           name=f"gpuwarden-ckpt-{i}", daemon=True)
+            lane.thread.start()
         # Tier 0's retention runs beside the save, not in it: freeing a step's pages takes
         # as long as a good part of writing them, and the training loop need not wait for it.
         # Its own thread, not the writer's, so that a durable tier retried for minutes never
@@ -124,7 +145,8 @@ class Checkpointer:
 
     def _saved(self, step: int) -> None:
         with self._cv:
-            self._pending.append(step)
+            for lane in self._lanes:
+                lane.pending.append(step)
             self._prune_due = True
             self._cv.notify_all()
 
@@ -181,9 +203,16 @@ class Checkpointer:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        self._thread.join(timeout)
-        self._janitor.join(timeout)
-        if not (self._thread.is_alive() or self._janitor.is_alive()):
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+        for lane in self._lanes:
+            if lane.thread is not None:
+                lane.thread.join(left())
+        self._janitor.join(left())
+        alive = any(lane.thread is not None and lane.thread.is_alive() for lane in self._lanes)
+        if not (alive or self._janitor.is_alive()):
             # The pruner may have stopped while the writer still held a step back.
             self._retain(self.tier0, protect=set(), floor=None)
 
@@ -191,8 +220,13 @@ class Checkpointer:
         """Tier-0 steps retention must leave: the one the writer will take next (older pending
         ones are superseded) and the one it is reading now."""
         with self._cv:
-            return {*(() if not self._pending else (max(self._pending),)),
-                    *(() if self._writing is None else (self._writing,))}
+            held: set[int] = set()
+            for lane in self._lanes:
+                if lane.pending:
+                    held.add(max(lane.pending))
+                if lane.writing is not None:
+                    held.add(lane.writing)
+            return held
 
     def _prune_tier0(self) -> None:
         while True:
@@ -204,40 +238,41 @@ class Checkpointer:
                 self._prune_due = False
             self._retain(self.tier0, protect=self._held_for_writer(), floor=None)
 
-    def _loaded(self) -> None:
+    def _loaded(self, lane: _Lane) -> None:
         """The writer has its step in memory (or gave up on it): tier 0 may let it go."""
         with self._cv:
-            if self._writing is not None:
-                self._writing = None
+            if lane.writing is not None:
+                lane.writing = None
                 self._prune_due = True
                 self._cv.notify_all()
 
     # ---- the writer -------------------------------------------------------------------------
-    def _writeback(self) -> None:
+    def _writeback(self, lane: _Lane) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._closed:
+                while not lane.pending and not self._closed:
                     self._cv.wait()
-                if not self._pending:
+                if not lane.pending:
                     return
-                step = max(self._pending)
-                superseded = [s for s in self._pending if s < step]
+                step = max(lane.pending)
+                superseded = [s for s in lane.pending if s < step]
                 if superseded:
-                    log.info("write-back is behind: steps %s superseded by %d", superseded, step)
-                self._pending = []
-                self._writing = step
+                    log.info("write-back to %s is behind: steps %s superseded by %d",
+                             lane.names, superseded, step)
+                lane.pending = []
+                lane.writing = step
             try:
-                self._write_everywhere(step)
+                self._write_everywhere(lane, step)
             finally:
-                self._loaded()
+                self._loaded(lane)
 
-    def _write_everywhere(self, step: int) -> None:
+    def _write_everywhere(self, lane: _Lane, step: int) -> None:
         try:
-            self._write_step(step)
+            self._write_step(lane, step)
         except Exception:  # a bug must not end write-back for the rest of the job
             log.exception("write-back of step %d failed; going on with the next step", step)
 
-    def _write_step(self, step: int) -> None:
+    def _write_step(self, lane: _Lane, step: int) -> None:
         try:
             manifest, data = self.tier0.load(step)
         except CorruptStep as exc:
@@ -246,8 +281,8 @@ class Checkpointer:
         finally:
             # Retention held the step back while it was read: free it now (the writer has
             # its copy), not only after the next save.
-            self._loaded()
-        todo = [*self.replicas, *self.durable]
+            self._loaded(lane)
+        todo = list(lane.tiers)
         delay = 1.0
         while True:
             failed = []
@@ -262,8 +297,8 @@ class Checkpointer:
             if not failed:
                 return
             with self._cv:
-                newer = any(s > step for s in self._pending)
-                closing = self._closed and not self._pending
+                newer = any(s > step for s in lane.pending)
+                closing = self._closed and not lane.pending
             names = ", ".join(t.name for t in failed)
             if newer:
                 log.warning("step %d not written to %s: a newer step supersedes it", step, names)

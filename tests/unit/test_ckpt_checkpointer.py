@@ -253,3 +253,28 @@ def test_a_state_of_more_shards_than_the_fd_limit_allows_restores_from_node_memo
         ck.close(timeout=30)
     assert got is not None and got.tier == "shm" and not got.skipped
     assert int(got.state["p299"][0]) == 299
+
+
+def test_an_s3_upload_hanging_on_its_timeouts_never_holds_back_the_shared_tier(
+        tmp_path: Path) -> None:
+    """Seen in CI: S3 stopped, each upload attempt hung for its connect timeouts and retries,
+    and the shared filesystem got no step for a minute behind it. The second durable tier has
+    a writer of its own."""
+    shm = FsTier("shm", str(tmp_path / "shm"), "job-5")
+    fsx = FsTier("fsx", str(tmp_path / "fsx"), "job-5")
+    s3 = FsTier("s3", str(tmp_path / "s3"), "job-5")
+    uploading, go = _slow_upload(s3, of=1)
+    ck = Checkpointer("job-5", shm, [fsx, s3], keep=2, sleep=lambda s: None)
+    try:
+        ck.save(1, state(1))
+        assert uploading.wait(30)  # S3's upload of step 1 hangs
+        for step in (2, 3, 4):
+            ck.save(step, state(step))
+        # Every step reaches the shared filesystem while S3 hangs.
+        assert _until(lambda: 4 in fsx.steps()), fsx.steps()
+        assert 4 not in s3.steps()
+    finally:
+        go.set()
+    assert ck.wait_durable(4, timeout=30)  # S3 catches up with the newest step
+    ck.close(timeout=30)
+    assert s3.steps()[-1] == 4 and fsx.steps()[-1] == 4
