@@ -114,18 +114,18 @@ def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
     job's restore records measured of its cost."""
     out: dict[int, list[ettr.Failure]] = defaultdict(list)
     for f, gpus in runs:
+        hours = max(f.seconds, 1) / 3600
         m = measured.measured.get(f.key)
         if m is None:
-            out[gpu_class(gpus)].append(ettr.Failure(max(f.seconds, 1) / 3600))
+            failure = ettr.Failure(hours)
         elif m.lost_s is None:  # an older record: its restart whole, its lost work modelled
-            out[gpu_class(gpus)].append(ettr.Failure(max(f.seconds, 1) / 3600, None,
-                                                     m.restart_s / 3600))
+            failure = ettr.Failure(hours, None, m.restart_s / 3600, None, m.restart_s / 3600)
         else:
             # The restore inside the next run is time in H that trained nothing: lost, like
             # the work since the save; only the wait between the runs adds wall time.
-            out[gpu_class(gpus)].append(ettr.Failure(
-                max(f.seconds, 1) / 3600, (m.lost_s + m.restart_s - m.gap_s) / 3600,
-                m.gap_s / 3600, m.lost_s / 3600, m.restart_s / 3600))
+            failure = ettr.Failure(hours, (m.lost_s + m.restart_s - m.gap_s) / 3600,
+                                   m.gap_s / 3600, m.lost_s / 3600, m.restart_s / 3600)
+        out[gpu_class(gpus)].append(failure)
     return out
 
 

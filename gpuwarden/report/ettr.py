@@ -96,7 +96,8 @@ class Failure:
     hours: float
     lost_h: float | None = None  # productive time lost (work since the save, the restore)
     restart_h: float | None = None  # wall time added
-    # As the page shows them: the work since the save, and failure to restored.
+    # As the page shows them: the work since the save, and failure to restored (set with
+    # restart_h).
     shown_lost_h: float | None = None
     shown_restart_h: float | None = None
 
@@ -168,10 +169,13 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
     ``gpu_hours``: per GPU class, GPUs x hours (each size's weight)."""
     cost_h = a.ckpt_cost_s / 3600
     rows = []
+    got: list[Failure] = []  # the measured failures, every size's
     sums = {"now": [0.0, 0.0], "daly": [0.0, 0.0], "spares": [0.0, 0.0]}
     for c in rep.classes:
         n = max(1, c.gpus // a.gpus_per_node)
         ts = _failures(lengths.get(c.gpus, ()))
+        measured = [f for f in ts[:c.failures] if f.restart_h is not None]
+        got.extend(measured)
         now = parts(c.hours, c.failures, a.interval_h, cost_h, a.restart_h, ts, True, True)
         tau = daly(cost_h, c.mttf_h) if c.mttf_h else None
         best = parts(c.hours, c.failures, tau, cost_h, a.restart_h, ts, False, True) \
@@ -193,16 +197,13 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
                             r(pay.idle_gpu_h) if pay else None,
                             r(pay.requeue_lost_gpu_h) if pay else None,
                             pay.pays if pay else None,
-                            sum(1 for f in ts[:c.failures] if f.restart_h is not None)))
-    got = [f for c in rep.classes for f in _failures(lengths.get(c.gpus, ()))[:c.failures]
-           if f.restart_h is not None]
+                            len(measured)))
     losses = [f.shown_lost_h * 3600 for f in got if f.shown_lost_h is not None]
+    waits = [f.shown_restart_h * 3600 for f in got if f.shown_restart_h is not None]
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
                        ratio((sums["daly"][0], sums["daly"][1])),
                        ratio((sums["spares"][0], sums["spares"][1])), a,
                        measured_failures=len(got),
                        measured_lost_median_s=r(statistics.median(losses)) if losses else None,
-                       measured_restart_median_s=r(statistics.median(
-                           (f.shown_restart_h if f.shown_restart_h is not None
-                            else f.restart_h or 0.0) * 3600 for f in got))
-                       if got else None)
+                       measured_restart_median_s=r(statistics.median(waits)) if waits
+                       else None)

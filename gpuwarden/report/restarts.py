@@ -47,7 +47,6 @@ class FailedRun:
 @dataclass(frozen=True)
 class Restarts:
     measured: dict[int, Measured] = field(default_factory=dict)  # run_key -> its restart
-    after_restart: int = 0  # job restores in a run after the first (SLURM_RESTART_COUNT > 0)
     not_owner: int = 0  # the job directory's owner is not the user accounting names
     # Not after a blamed run of the job (a preemption, a hand requeue), not inside a run of
     # it in accounting, or from a step saved after that failure.
@@ -66,11 +65,10 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
     that run's length, lost work by the failed run's length."""
     by_key = {f.key: f for f in failed}
     measured: dict[int, Measured] = {}
-    after = not_owner = unexplained = 0
+    not_owner = unexplained = 0
     uids: dict[str, int | None] = {}
     for rec in sorted((r for r in job_restores(records) if r.restarts > 0),
                       key=lambda r: (r.at, r.job, r.run)):
-        after += 1
         spans = sorted(set(runs.get(rec.job_id, ())))
         # Accounting keeps whole seconds, and the node's clock is not slurmctld's.
         here = [i for i, (s, e) in enumerate(spans) if s - SKEW_S <= rec.at <= e + SKEW_S]
@@ -92,4 +90,4 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
         if rec.saved_at is not None:
             lost = min(float(f.seconds), max(0.0, f.end - rec.saved_at))
         measured[f.key] = Measured(lost, rec.at - f.end, max(0.0, float(start - f.end)))
-    return Restarts(measured, after, not_owner, unexplained)
+    return Restarts(measured, not_owner, unexplained)
