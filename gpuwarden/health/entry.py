@@ -304,10 +304,28 @@ def prolog_gate(env: Env) -> int:
     if acted is None:
         return 0
     applied, node = acted
-    if applied.action == "drained" or (node.drained and node.reason_is_ours):
+    if applied.action == "drained" or (node.drained and node.reason_is_ours) or \
+            (applied.action == "none" and _out_by_another_run(env)):
         log.error("prolog job %s: failing the job so Slurm requeues it: %s", job, verdict.reason())
         return 1
     return 0
+
+
+def _out_by_another_run(env: Env) -> bool:
+    """After the prolog's own drain found the node already out: is it out with gpuwarden's
+    reason once the run that drained it (the periodic check seeing the same fault, a lemon
+    scan) has ranked that drain against the cap? Then failing the job only requeues it, and
+    the node keeps that reason; a job that started anyway would run on the fault. A drain
+    undone at the cap leaves the node in service: failing the job then would have Slurm drain
+    it ("Prolog error") past the cap."""
+    env.bounded_sleep(max(env.config.health.blast_radius.settle_s, gate.TIE_S) + gate.CALLS_S)
+    try:
+        node = env.client.node(env.node)
+    except SlurmError as exc:
+        env.fail("slurm", f"prolog {env.node}: cannot re-read the node after its drain was "
+                          f"refused: {exc}")
+        return False
+    return (node.drained or node.down) and node.reason_is_ours
 
 
 def _job_failed(environ: Mapping[str, str]) -> bool:

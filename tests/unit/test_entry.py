@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from gpuwarden.health.model import Status
 from gpuwarden.health.probe import FakeGpuProbe, healthy_fake
 from gpuwarden.launch.decide import Lost
 from gpuwarden.launch.report import comment
-from gpuwarden.slurm.models import Job
+from gpuwarden.slurm.client import gpuwarden_reason
+from gpuwarden.slurm.models import Job, Node, NodeView
 from tests.unit.test_gate import NOW, FakeSlurm, fleet
 
 
@@ -81,6 +83,49 @@ def test_prolog_past_the_cap_lets_the_job_run_and_says_would_drain(node_env) -> 
     break_gpu(tmp)
     assert entry.prolog(env) == 0
     assert slurm.log == [] and slurm.table["c3"].comment.startswith("gpuwarden: would drain")
+
+
+class RacedSlurm(FakeSlurm):
+    """Another gpuwarden run on the node (its periodic check) drains it with the same evidence
+    between the prolog's read of the node and the prolog's own drain."""
+
+    def __init__(self, table: dict[str, Node]) -> None:
+        super().__init__(table)
+        self.raced = False
+
+    def out_of_service(self, also: Sequence[str] = ()) -> NodeView:
+        if not self.raced:
+            self.raced = True
+            reason = "periodic: 1 uncorrectable ECC errors on GPU 5 [health]"
+            self.table["c3"] = replace(self.table["c3"], state=("IDLE", "DRAIN"),
+                                       reason=gpuwarden_reason(reason),
+                                       reason_changed_at=int(self.now))
+        return super().out_of_service(also)
+
+
+def test_prolog_fails_the_job_when_the_periodic_check_drained_the_node_first(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    raced = RacedSlurm(slurm.table)
+    break_gpu(tmp)
+    # The node is out with gpuwarden's reason: Slurm keeps it and requeues the job elsewhere,
+    # instead of the job starting on a broken GPU.
+    assert entry.prolog(replace(env, client=raced)) == 1
+    assert raced.table["c3"].reason.startswith("gpuwarden: periodic: ")
+    assert raced.log == []
+
+
+def test_prolog_lets_the_job_run_when_the_other_drain_was_undone_at_the_cap(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    raced = RacedSlurm(slurm.table)
+
+    def other_run_ranks_its_drain(_s: float) -> None:  # past the cap: it undoes its drain
+        if raced.raced:
+            raced.table["c3"] = replace(raced.table["c3"], state=("IDLE",), reason="")
+
+    break_gpu(tmp)
+    # Failing the job now would have Slurm drain the node ("Prolog error") past the cap.
+    assert entry.prolog(replace(env, client=raced, sleep=other_run_ranks_its_drain)) == 0
+    assert not raced.table["c3"].drained
 
 
 def test_periodic_resumes_its_drain_after_two_passes(node_env) -> None:  # type: ignore[no-untyped-def]
