@@ -31,6 +31,10 @@ PREFIX = "restore-"
 MAX_RECORD = 4096
 MAX_ENTRIES = 100_000  # per job's coordination directory: a bigger one is skipped, named
 MAX_RECORDS = 1_000_000  # in all: past it the rest are skipped, and the report says so
+# Per owner of job directories: one user filing records in directories of their own making
+# fills at most this much of MAX_RECORDS, never the whole of it (which would leave every
+# other user's restores off the page).
+MAX_PER_OWNER = 200_000
 _FILE = re.compile(r"restore-r[0-9]{1,9}-s[0-9]{1,9}\.rank-[0-9]{1,9}")
 _JOB = re.compile(r"job-[1-9][0-9]{0,11}")  # as Slurm numbers jobs: no leading zeros
 TIERS = ("memory", "peer", "shared", "s3")
@@ -125,33 +129,59 @@ class Skipped:
     why: str
 
 
-def read_records(shared_root: str) -> tuple[list[RestoreRecord], list[Skipped]]:
+def read_records(shared_root: str, per_owner: int = MAX_PER_OWNER, in_all: int = MAX_RECORDS
+                 ) -> tuple[list[RestoreRecord], list[Skipped]]:
     """Every job's restore records under ``shared_root`` (the `[ckpt] shared_root` spool),
-    and each record or directory left out with why. A missing root is an error (the caller
-    names the option); an unfit one (a link, another user's) is Refused."""
+    and each record or directory left out with why (an owner past ``per_owner`` records:
+    one line for all of that owner's directories left). A missing root is an error (the
+    caller names the option); an unfit one (a link, another user's) is Refused."""
     records: list[RestoreRecord] = []
     skipped: list[Skipped] = []
+    held: dict[int, int] = {}  # records kept, by the job directories' owner
+    left_out: dict[int, int] = {}  # directories not read, by owner past their share
     spool = safeio.open_spool(shared_root)
     with closing(spool):
         for job in sorted(n for n in os.listdir(spool) if _JOB.fullmatch(n)):
             where = os.path.join(shared_root, job, "coord")
-            if len(records) >= MAX_RECORDS:
-                skipped.append(Skipped(where, f"past {MAX_RECORDS} records in all: not read"))
+            if len(records) >= in_all:
+                skipped.append(Skipped(where, f"past {in_all} records in all: not read"))
                 continue
             try:
-                recs = list(_job_records(spool, job, where, skipped))
+                recs = list(_job_records(spool, job, where, skipped, held, per_owner))
+            except _OwnerFull as full:
+                left_out[full.uid] = left_out.get(full.uid, 0) + 1
+                continue
             except (OSError, Refused) as exc:
                 if not isinstance(exc, FileNotFoundError):
                     skipped.append(Skipped(where, str(exc)))
                 continue
-            records.extend(recs[:MAX_RECORDS - len(records)])
+            if recs:
+                uid = recs[0].owner or 0
+                room = min(in_all - len(records), per_owner - held.get(uid, 0))
+                records.extend(recs[:room])
+                held[uid] = held.get(uid, 0) + min(room, len(recs))
+                if len(recs) > room:
+                    skipped.append(Skipped(where, f"{len(recs) - room} records past uid "
+                                                  f"{uid}'s {per_owner}: not counted"))
+    for uid, dirs in sorted(left_out.items()):
+        skipped.append(Skipped(os.path.join(shared_root, "job-*"),
+                               f"{dirs} job directories of uid {uid} not read: past its "
+                               f"{per_owner} records"))
     return records, skipped
 
 
-def _job_records(spool: int, job: str, where: str,
-                 skipped: list[Skipped]) -> Iterator[RestoreRecord]:
+class _OwnerFull(Exception):
+    def __init__(self, uid: int) -> None:
+        super().__init__(uid)
+        self.uid = uid
+
+
+def _job_records(spool: int, job: str, where: str, skipped: list[Skipped],
+                 held: dict[int, int], per_owner: int) -> Iterator[RestoreRecord]:
     job_fd, st = safeio.open_dir(spool, job, None, os.path.dirname(where))
     with closing(job_fd):
+        if held.get(st.st_uid, 0) >= per_owner:
+            raise _OwnerFull(st.st_uid)
         coord, _ = safeio.open_dir(job_fd, "coord", st.st_uid, where)
     with closing(coord):
         names = []

@@ -162,3 +162,26 @@ def test_report_reads_the_records_under_ckpt_root_and_refuses_a_missing_one(
              if t["key"] == "filesystem_vs_object_store")
     fig = {f["label"]: f["value"] for f in t["figures"]}
     assert fig["restore time from the parallel filesystem (median)"] == 90.0
+
+
+def test_one_user_filling_the_record_cap_leaves_the_other_users_restores_on_the_page(
+        tmp_path: Path) -> None:
+    # A hostile user files records in job directories of their own making, sorted ahead of
+    # everyone else's: past their own share they are left out, never the others' records.
+    root = tmp_path / "shared"
+    for j in range(1, 5):
+        coord = _coord(root, f"job-{j}")
+        for rank in range(3):
+            _plant(coord, _rec(job=f"job-{j}", rank=rank))
+        os.chown(root / f"job-{j}", 6666, 6666)
+        os.chown(coord, 6666, 6666)
+        for f in coord.iterdir():
+            os.chown(f, 6666, 6666)
+    honest = _coord(root, "job-9")
+    _plant(honest, _rec(job="job-9", rank=0))
+    records, skipped = read_records(str(root), per_owner=5, in_all=7)
+    assert [r.job for r in records if r.owner != 6666] == ["job-9"]
+    assert sum(r.owner == 6666 for r in records) == 5
+    whys = [s.why for s in skipped]
+    assert "1 records past uid 6666's 5: not counted" in whys
+    assert "2 job directories of uid 6666 not read: past its 5 records" in whys
