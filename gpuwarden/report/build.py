@@ -116,7 +116,12 @@ def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
     for f, gpus in runs:
         hours = max(f.seconds, 1) / 3600
         m = measured.measured.get(f.key)
-        if m is None:
+        wait = measured.requeue_wait.get(f.key)
+        if m is None and wait is not None:
+            # Accounting alone: the wait for the next run is wall time on top of H; the
+            # work lost stays modelled.
+            failure = ettr.Failure(hours, None, wait / 3600, requeue_h=wait / 3600)
+        elif m is None:
             failure = ettr.Failure(hours)
         elif m.lost_s is None:  # an older record: its restart whole, its lost work modelled
             failure = ettr.Failure(hours, None, m.restart_s / 3600, None, m.restart_s / 3600)
@@ -148,7 +153,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     out = outcomes.outcomes(tally, att)
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
-                              tally.watched, uid_of)
+                              tally.watched, uid_of, tally.requeued)
     e = replace(ettr.section(rep, opts.assumptions(), failures_by_class(runs, measured),
                              {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
                 restores_not_owner=measured.not_owner,

@@ -10,6 +10,8 @@ the same pass over the records (`history.from_files(..., collector=RunTally.fact
   (`outcomes`), and their lengths bound the work each failure lost (`ettr`). With the node
   events (`Blamable`), only runs some event could get blamed are kept, so memory grows with the
   failures the attribution keeps, not with the records.
+- The starts of runs after a requeue (restart count 1 or more), by job: a blamed run's
+  requeue wait is its job's next start less its end.
 - With a topology: gang runs (more than one node) within one leaf switch or across leaves, and
   their queue wait (start - submit), by GPU class.
 """
@@ -119,6 +121,9 @@ class RunTally:
         # restore is placed in the run that made it (`report.restarts`).
         self.watch = watch
         self.watched: dict[int, list[tuple[int, int]]] = {}
+        # Runs after a requeue (restart count 1 or more): their starts by job, so a blamed run's
+        # requeue wait (its job's next start less its end) is measured from accounting.
+        self.requeued: dict[int, list[int]] = {}
         self.cells: Counter[Cell] = Counter()
         self.never_ran = 0  # records of jobs that never ran (cancelled while pending)
         self.cpu_runs = 0  # runs without GPUs: not in the MTTF section, nor here
@@ -162,6 +167,8 @@ class RunTally:
                                                 end - start, users.setdefault(user, user))
             if watch and r.job_id in watch:
                 self.watched.setdefault(r.job_id, []).append((start, end))
+            if r.restart_count:
+                self.requeued.setdefault(r.job_id, []).append(start)
             if leaf_of is not None:
                 nodes = r.nodes
                 if "[" in nodes or "," in nodes:
@@ -189,6 +196,8 @@ class RunTally:
         self.blamable.update(other.blamable)
         for job, runs in other.watched.items():
             self.watched.setdefault(job, []).extend(runs)
+        for job, starts in other.requeued.items():
+            self.requeued.setdefault(job, []).extend(starts)
         self.gang_runs.update(other.gang_runs)
         self.gang_wait_s.update(other.gang_wait_s)
         self.gang_waited.update(other.gang_waited)

@@ -9,7 +9,9 @@ each term an assumption stated on the page:
 - work since the last durable checkpoint: on average half the checkpoint interval tau, and
   never more than the failed run had run: l_i = min(tau/2, t_i);
 - the checkpoint stall: C per checkpoint, H / tau checkpoints;
-- restart: u_i = u0 per failure (requeue wait + restore), wall time on top of H.
+- restart: u_i = u0 per failure (requeue wait + restore), wall time on top of H; where
+  accounting shows the job requeued (and no restore record measured more), u_i is the wait
+  until its next run started.
 
     ETTR = (H - sum_i l_i - H * C/tau) / (H + sum_i u_i)
 
@@ -86,6 +88,7 @@ class EttrRow:
     requeue_lost_gpu_h: float | None = None
     spares_pay: bool | None = None
     measured: int = 0  # failures whose lost work and restart came from restore records
+    requeue_measured: int = 0  # failures whose requeue wait alone came from accounting
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,9 @@ class Failure:
     # restart_h).
     shown_lost_h: float | None = None
     shown_restart_h: float | None = None
+    # Accounting alone measured it (no restore record): the wait until the job's next run,
+    # which is then restart_h too; its lost work stays modelled.
+    requeue_h: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,10 @@ class EttrSection:
     measured_failures: int = 0  # with lost work and restart from restore records
     measured_lost_median_s: float | None = None
     measured_restart_median_s: float | None = None
+    # Failures whose job accounting shows requeued, no restore record: their wait for the
+    # next run, measured, stands for u0.
+    requeue_measured: int = 0
+    requeue_wait_median_s: float | None = None
     # Job restores after a restart left out: the job directory's owner is not the job's user
     # in accounting; no blamed run of the job came before them (a preemption, a hand requeue).
     restores_not_owner: int = 0
@@ -123,9 +133,12 @@ class EttrSection:
     modelled: str = ("measured: H, F and each failed run's length tᵢ (accounting); for a "
                      "failure after which the job restored a gpuwarden checkpoint, its lost "
                      "work (the failure less the restored step's save) and its restart "
-                     "(failure to restored) from the job's restore records. Modelled for the "
-                     "rest: lost work τ/2 per failure (at most what the failed run had run) "
-                     "and restart u0; checkpoint stalls C per τ always")
+                     "(failure to restored) from the job's restore records; for a failure "
+                     "after which accounting shows the job requeued, its restart as the wait "
+                     "until that next run started (the restore inside it is not in "
+                     "accounting). Modelled for the rest: lost work τ/2 per failure (at most "
+                     "what the failed run had run) and restart u0; checkpoint stalls C per τ "
+                     "always")
 
 
 Runs = Sequence[Failure | float]
@@ -169,13 +182,16 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
     ``gpu_hours``: per GPU class, GPUs x hours (each size's weight)."""
     cost_h = a.ckpt_cost_s / 3600
     rows = []
-    got: list[Failure] = []  # the measured failures, every size's
+    got: list[Failure] = []  # the failures measured from restore records, every size's
+    waited: list[Failure] = []  # those measured from accounting's requeues alone
     sums = {"now": [0.0, 0.0], "daly": [0.0, 0.0], "spares": [0.0, 0.0]}
     for c in rep.classes:
         n = max(1, c.gpus // a.gpus_per_node)
         ts = _failures(lengths.get(c.gpus, ()))
-        measured = [f for f in ts[:c.failures] if f.restart_h is not None]
+        measured = [f for f in ts[:c.failures] if f.shown_restart_h is not None]
+        requeued = [f for f in ts[:c.failures] if f.requeue_h is not None]
         got.extend(measured)
+        waited.extend(requeued)
         now = parts(c.hours, c.failures, a.interval_h, cost_h, a.restart_h, ts, True, True)
         tau = daly(cost_h, c.mttf_h) if c.mttf_h else None
         best = parts(c.hours, c.failures, tau, cost_h, a.restart_h, ts, False, True) \
@@ -190,14 +206,17 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
         for key, p in (("now", now), ("daly", best), ("spares", spare)):
             sums[key][0] += p[0] * mean_gpus
             sums[key][1] += p[1] * mean_gpus
-        pay = payoff(n, c.hours, c.failures, mean_gpus, a.spares, a.gpus_per_node,
-                     a.restart_h, a.swap_h)
+        # What a requeue costs here: the measured restarts where there are, u0 for the rest.
+        u = restart(c.failures, a.restart_h, ts, True) / c.failures if c.failures \
+            else a.restart_h
+        pay = payoff(n, c.hours, c.failures, mean_gpus, a.spares, a.gpus_per_node, u,
+                     a.swap_h)
         rows.append(EttrRow(c.gpus, n, r(c.hours) or 0.0, r(gh) or 0.0, c.failures, ratio(now),
                             r(tau), ratio(best) if tau else None, ratio(spare),
                             r(pay.idle_gpu_h) if pay else None,
                             r(pay.requeue_lost_gpu_h) if pay else None,
                             pay.pays if pay else None,
-                            len(measured)))
+                            len(measured), len(requeued)))
     losses = [f.shown_lost_h * 3600 for f in got if f.shown_lost_h is not None]
     waits = [f.shown_restart_h * 3600 for f in got if f.shown_restart_h is not None]
     return EttrSection(rows, ratio((sums["now"][0], sums["now"][1])),
@@ -206,4 +225,8 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
                        measured_failures=len(got),
                        measured_lost_median_s=r(statistics.median(losses)) if losses else None,
                        measured_restart_median_s=r(statistics.median(waits)) if waits
-                       else None)
+                       else None,
+                       requeue_measured=len(waited),
+                       requeue_wait_median_s=r(statistics.median(
+                           f.requeue_h * 3600 for f in waited if f.requeue_h is not None))
+                       if waited else None)

@@ -10,6 +10,11 @@ the same job, SLURM_RESTART_COUNT at least 1). That restore says:
   run: wall time on top of H), then the prolog's stage-in and the verified read inside the
   next run (time in H that trained nothing), until training could go on (ETTR's u0).
 
+A blamed run of a job that checkpoints some other way (or not at all) whose job was requeued
+still shows its requeue wait in accounting: the next run's start (a run with a restart count of
+1 or more) less the failed run's end, wall time on top of H. The restore inside that run is
+not in accounting: for such a failure only the wait is measured.
+
 A job restore counts for job N only when the user accounting names for N owns the job
 directory its records were read from: a user can file records under any `job-N` directory of
 their own making, but not speak for another user's job.
@@ -51,18 +56,25 @@ class Restarts:
     # Not after a blamed run of the job (a preemption, a hand requeue), not inside a run of
     # it in accounting, or from a step saved after that failure.
     unexplained: int = 0
+    # run_key -> seconds from the failure to its job's next run, for blamed runs no restore
+    # record measured
+    requeue_wait: dict[int, float] = field(default_factory=dict)
 
 
 def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
           runs: Mapping[int, Sequence[tuple[int, int]]],
-          uid_of: Callable[[str], int | None]) -> Restarts:
+          uid_of: Callable[[str], int | None],
+          requeued: Mapping[int, Sequence[int]] | None = None) -> Restarts:
     """``runs``: each watched job's runs in accounting, (start, end); ``uid_of``: a user
-    name's uid, None where it cannot be resolved (nothing matches).
+    name's uid, None where it cannot be resolved (nothing matches); ``requeued``: the starts
+    of each job's runs after a requeue (`RunTally.requeued`), for the requeue waits of the
+    blamed runs no restore record measured.
 
     A job restore is placed in the run of its job that was going on when it ended; the run
     before that one must be a blamed failure, and the restored step saved before it ended.
     So a record's times are bounded by accounting's: a restart by the next run's start and
     that run's length, lost work by the failed run's length."""
+    failed = list(failed)
     by_key = {f.key: f for f in failed}
     measured: dict[int, Measured] = {}
     not_owner = unexplained = 0
@@ -90,4 +102,20 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
         if rec.saved_at is not None:
             lost = min(float(f.seconds), max(0.0, f.end - rec.saved_at))
         measured[f.key] = Measured(lost, rec.at - f.end, max(0.0, float(start - f.end)))
-    return Restarts(measured, not_owner, unexplained)
+    return Restarts(measured, not_owner, unexplained,
+                    requeue_waits(failed, requeued or {}, set(measured)))
+
+
+def requeue_waits(failed: Iterable[FailedRun], requeued: Mapping[int, Sequence[int]],
+                  done: set[int]) -> dict[int, float]:
+    """Each blamed run's wait until its job's next run started (the first requeued run of the
+    job that started at or after its end: both times are slurmctld's), unless in ``done``."""
+    out: dict[int, float] = {}
+    for f in failed:
+        starts = requeued.get(f.job_id)
+        if f.key in done or not starts:
+            continue
+        after = [s for s in starts if s >= f.end]
+        if after:
+            out[f.key] = float(min(after) - f.end)
+    return out

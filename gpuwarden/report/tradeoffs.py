@@ -45,12 +45,19 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
                 "failures"),
          Figure("work lost per measured failure (median)", e.measured_lost_median_s, "s"),
          Figure("restart per measured failure, failure to restored (median)",
-                e.measured_restart_median_s, "s")],
+                e.measured_restart_median_s, "s"),
+         Figure("failures whose requeue wait accounting measured (no restore record)",
+                e.requeue_measured, "failures"),
+         Figure("requeue wait per such failure, failure to the next run's start (median)",
+                e.requeue_wait_median_s, "s")],
         [f"today's checkpoint interval τ = {a.interval_s} s (--ckpt-interval), for the "
          "failures not measured",
          f"checkpoint stall C = {a.ckpt_cost_s} s (--ckpt-cost)",
          f"restart u0 = {a.restart_s} s per failure not measured: requeue wait + restore "
          "(--restart-cost)",
+         "a failure whose job accounting shows requeued (a later run with a restart count) "
+         "restarts in the wait until that run started; the restore inside it is not in "
+         "accounting and not counted",
          "a measured failure's lost work is its end less the save time of the step its job "
          "restored next, and its restart the time from its end to that restore's end (the "
          "job's own records, counted only where the job's user owns them)",
@@ -60,8 +67,8 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
          "job sizes with no failure keep today's interval",
          "each size weighs by its GPU-hours"],
         ["checkpoint stalls per job are not recorded (C is the site's figure)",
-         "jobs that do not checkpoint with gpuwarden, or restored from another tool's "
-         "checkpoint, are modelled"]
+         "the lost work of jobs that do not checkpoint with gpuwarden, or restored from "
+         "another tool's checkpoint, is modelled"]
         + ([f"{e.restores_not_owner} job restores left out: their records are in a job "
             "directory its job's user does not own"] if e.restores_not_owner else []))
 

@@ -142,6 +142,10 @@ if msgspec is not None:
             return self.user_ or ""
 
         @property
+        def restart_count(self) -> int | None:
+            return _num(self.restart_cnt)
+
+        @property
         def failed_node(self) -> str:
             return self.failed_node_ or ""
 

@@ -185,3 +185,16 @@ def test_without_msgspec_the_standard_library_reads_the_same_and_the_log_says_so
     assert "decoding with the standard library" in caplog.text
     assert slow.records == fast.records == 401
     assert summary(slow.attribution) == summary(fast.attribution)
+
+
+@pytest.mark.parametrize("doc", range(3))
+def test_the_lazy_runs_read_every_field_a_scan_reads_as_the_records_do(doc: int) -> None:
+    # The report's tally reads the restart count of each run (a requeue's wait) off the lazy
+    # records: it must be what the full record says.
+    text = documents()[doc]
+    full = [r for r in decoded(text, fast=True) if isinstance(r, AcctJob)]
+    runs = lazily(text)
+    fields = ("job_id", "user", "state", "nodes", "gpus", "exit_code", "start_time",
+              "end_time", "failed_node", "submit_line", "restart_count")
+    assert [tuple(getattr(r, f) for f in fields) for r in runs] == \
+        [tuple(getattr(r, f) for f in fields) for r in full]

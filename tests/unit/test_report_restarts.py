@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,38 @@ def test_a_record_from_before_saved_at_still_reads() -> None:
         assert "saved_at" in str(exc)
     else:
         raise AssertionError("a saved_at that is not a time was taken")
+
+
+def _requeued_history() -> History:
+    # As Slurm 24.11+ accounts a requeue: the next run carries its restart count.
+    runs = JOBS + [replace(j, restart_count=1) for j in RERUNS]
+    tally = RunTally(LEAVES, watch=frozenset({2, 6, 7}))
+    tally.add(runs)
+    att = attribute(runs, health_drains(EVENTS), failures=node_failures(EVENTS))
+    return History(att, len(runs), tuple(EVENTS), tally)
+
+
+def test_a_requeued_failure_without_restore_records_restarts_in_its_measured_wait() -> None:
+    e = build(_requeued_history(), OPTS, ScoreConfig(), uid_of=UIDS.get).ettr
+    sixteen = e.rows[1]
+    # Both 16-GPU failures were requeued (600 s and 30 s until their next runs): those waits
+    # replace u0 = 0.5 h each; the lost work stays modelled (min(0.5, t) each).
+    # (10 - 2 * 0.5 - 0.1) / (10 + 630 / 3600) = 8.9 / 10.175 = 0.8747.
+    assert sixteen.ettr_now == 0.8747 and sixteen.requeue_measured == 2
+    assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (0, 2, 315)
+    # The spares' payoff weighs a requeue at what these cost (315 s, not u0's 1,800 s) less
+    # the swap s = 180 s.
+    assert sixteen.requeue_lost_gpu_h == pytest.approx(2 * (315 - 180) / 3600 * 16, abs=0.01)
+
+
+def test_a_restore_record_still_measures_more_than_the_requeue_wait() -> None:
+    rep = build(_requeued_history(), OPTS, ScoreConfig(),
+                restores=RestoreTimes("/fsx", per_tier(RECORDS), 0, RECORDS), uid_of=UIDS.get)
+    e = rep.ettr
+    # Failure 2 from its records (1,500 s lost, 600 s between the runs), failure 6 (mallory's
+    # records do not count for it) from its 30 s requeue wait:
+    # (10 - 1500/3600 - 0.5 - 0.1) / (10 + 600/3600 + 30/3600) = 8.98333 / 10.175 = 0.8829.
+    assert e.rows[1].ettr_now == 0.8829
+    assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (1, 1, 30)
+    card = _card(e, rep)
+    assert card["failures whose requeue wait accounting measured (no restore record)"] == 1
