@@ -64,6 +64,8 @@ def test_xid79_drains_requeues_elsewhere_and_returns_after_passing_checks(clean:
     # HealthCheckInterval, 300 s) seeing the Xid in the second before the victim's prolog.
     assert (runs[0].state, runs[0].nodes) == ("REQUEUED", "c3"), (runs, sinfo_reasons(h))
     assert runs[-1].state == "COMPLETED" and runs[-1].nodes not in ("c3", "c4")
+    # Each run's own restart count, as the report's requeue waits read them.
+    assert [r.restart_count for r in runs] == list(range(len(runs)))
     reason = sinfo_reasons(h)["c3"]
     assert reason.startswith("gpuwarden: prolog: xid 79 on GPU 5 at ")
 
