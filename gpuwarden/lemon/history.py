@@ -34,7 +34,7 @@ from gpuwarden.lemon.attribution import (
     spread_exposure,
 )
 from gpuwarden.lemon.rangetally import RangeTally
-from gpuwarden.slurm import acctstream, dataparser, parse
+from gpuwarden.slurm import acctstream, dataparser, exportwindows, parse
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, NodeEvent
@@ -149,9 +149,10 @@ def gc_paused() -> Iterator[None]:
 Part = tuple[Attribution, int, "Collector | None"]
 
 
-def _read_one(path: str, known: _Known, collector: CollectorFactory | None = None) -> Part:
+def _read_one(path: str, known: _Known, collector: CollectorFactory | None = None,
+              window: Window = (None, None)) -> Part:
     with gc_paused():
-        return _read_one_unpaused(path, known, collector)
+        return _read_one_unpaused(path, known, collector, window)
 
 
 Window = tuple[float | None, float | None]
@@ -178,11 +179,14 @@ def _stream_file(path: str, known: _Known, window: Window,
         return att, n, window, parse.acct_window(stream.top)
 
 
-def _read_one_unpaused(path: str, known: _Known, collector: CollectorFactory | None) -> Part:
+def _read_one_unpaused(path: str, known: _Known, collector: CollectorFactory | None,
+                       window: Window) -> Part:
+    """``window``: the export's as `plan_windows` found it, (None, None) when its tail named
+    none (the export's own "meta" then decides)."""
     try:
         collect = collector() if collector is not None else None
-        att, n, used, named = _stream_file(path, known, (None, None), collect)
-        if named not in (used, (None, None)):
+        att, n, used, named = _stream_file(path, known, window, collect)
+        if window == (None, None) and named not in (used, (None, None)):
             # "meta" was not in the tail looked at first: read again, now holding its window.
             log.info("%s: its window was found only at its end: reading it again", path)
             collect = collector() if collector is not None else None
@@ -208,6 +212,27 @@ def _refuse_repeats(paths: Sequence[str]) -> None:
         seen[key] = p
 
 
+def plan_windows(paths: Sequence[str]) -> list[Window]:
+    """Each export's window from its own "meta", checked together (`slurm.exportwindows`): a
+    lost end is the next export's start, and exports whose windows overlap are refused."""
+    windows: list[Window] = []
+    for p in paths:
+        try:
+            with acctstream.open_regular(p) as fh:
+                windows.append(acctstream.file_window(fh))
+        except OSError as exc:
+            raise HistoryError(f"{p}: cannot read ({exc.strerror})") from None
+        except SlurmError as exc:
+            raise HistoryError(f"{p}: {exc}") from None
+    try:
+        planned = exportwindows.plan(paths, windows)
+    except exportwindows.OverlapError as exc:
+        raise HistoryError(str(exc)) from None
+    for note in planned.notes:
+        log.warning("%s", note)
+    return planned.windows
+
+
 def _workers(n_files: int) -> int:
     return max(1, min(n_files, len(os.sched_getaffinity(0))))
 
@@ -218,6 +243,7 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                collector: CollectorFactory | None = None) -> History:
     """``collector``: more tallies to fill in the same pass (`History.collected`)."""
     _refuse_repeats(paths)
+    windows = plan_windows(paths)
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)
@@ -227,7 +253,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
     if workers > 1 and len(paths) > 1:
         # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-            futures = [pool.submit(_read_one, p, known, collector) for p in paths]
+            futures = [pool.submit(_read_one, p, known, collector, w)
+                       for p, w in zip(paths, windows, strict=True)]
             try:
                 for i, fut in enumerate(futures, 1):
                     part, n, more = fut.result()
@@ -245,8 +272,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                 pool.shutdown(cancel_futures=True)
                 raise
     else:
-        for i, p in enumerate(paths, 1):
-            part, n, more = _read_one(p, known, collector)
+        for i, (p, w) in enumerate(zip(paths, windows, strict=True), 1):
+            part, n, more = _read_one(p, known, collector, w)
             att.merge(part)
             if collected is not None:
                 collected.merge(more)

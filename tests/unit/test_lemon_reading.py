@@ -173,3 +173,50 @@ def test_mttf_on_little_history_says_the_data_is_insufficient() -> None:
     assert rep.projections[0].from_history_h is None  # not "0.0 min"
     assert "insufficient data" in rep.insufficient and "about" in rep.insufficient
     assert "days" in rep.insufficient
+
+
+def _day_file(tmp: Path, name: str, jobs: list[AcctJob], command: list[str]) -> str:
+    doc = json.loads(sacct_export(jobs))
+    doc["jobs"] = doc["jobs"][:-1]
+    doc["meta"] = {"command": command}
+    path = tmp / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _iso(t: int) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def test_day_files_whose_command_lost_its_end_count_a_run_that_crossed_midnight_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # `sacct --json ... --starttime=$s --endtime=$e`: before 26.05.2 meta.command loses its
+    # last argument, so each day names its start only. A run that failed across midnight is
+    # in both days' exports.
+    day = 86_400
+    crossing = job(1, "NODE_FAIL", "c1", start=T0 + day - 3600)  # ends an hour into day 2
+    first = job(2, "COMPLETED", "c2", start=T0 + 60)
+    second = job(3, "COMPLETED", "c3", start=T0 + day + 7200)
+    paths = [_day_file(tmp_path, f"d{i}.json", jobs,
+                       ["sacct", "--json", "--allusers", f"--starttime={_iso(T0 + i * day)}"])
+             for i, jobs in enumerate([[first, crossing], [crossing, second]])]
+    with caplog.at_level(logging.WARNING):
+        h = history.from_files(paths, [])
+    assert h.attribution.exposure["c1"].jobs == 1
+    assert [b.node for b in h.attribution.blames] == ["c1"]
+    assert "names no end" in caplog.text and "put --json last" in caplog.text
+
+
+@pytest.mark.parametrize("second", [(1, 3), (0, 2)])  # overlapping days; a copy of the first
+def test_exports_whose_windows_overlap_are_refused_naming_both(tmp_path: Path,
+                                                              second: tuple[int, int]) -> None:
+    day = 86_400
+    jobs = [job(1, "NODE_FAIL", "c1", start=T0 + day + 60)]
+    paths = [_day_file(tmp_path, f"w{i}.json", jobs,
+                       ["sacct", "--json", f"--starttime={_iso(T0 + a * day)}",
+                        f"--endtime={_iso(T0 + b * day)}", "--allusers"])
+             for i, (a, b) in enumerate([(0, 2), second])]
+    with pytest.raises(history.HistoryError, match=r"w0.json .* and .*w1.json .* overlap: "
+                                                   r"the runs that ended in both would count "
+                                                   r"twice"):
+        history.from_files(paths, [])

@@ -1,0 +1,73 @@
+"""The windows of several `sacct --json` exports read together, checked so that no run counts
+twice. Pure.
+
+sacct lists a run in every window it overlaps, so a reader counts each run only in the window
+it ended in (`lemon.history`). That holds only when the windows do not overlap, and when each
+has its end:
+- before 26.05.2 Slurm drops argv's last element from ``meta.command``; an export made with
+  ``--endtime`` last names its start and no end. Its end is then the next export's start (the
+  runs that ended after it are that export's): taken, and said;
+- two exports whose windows overlap (weekly and daily exports of the same days, a copy of a
+  file under another name) would count every run in the overlap twice: refused, naming both
+  files and the overlap.
+An export without a window (no ``meta``, or a command without --starttime) cannot be checked;
+it counts every run it lists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+Window = tuple[float | None, float | None]
+
+
+class OverlapError(ValueError):
+    """Two exports' windows overlap."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    windows: list[Window]  # one per export, in the order given
+    notes: list[str]  # what was inferred, for the log
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _shown(w: Window) -> str:
+    lo, hi = w
+    return (f"{_iso(lo) if lo is not None else 'the beginning'} to "
+            f"{_iso(hi) if hi is not None else 'its export'}")
+
+
+def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
+    """Each export's window with a lost end filled in; OverlapError when two overlap."""
+    starts = sorted(lo for lo, _ in windows if lo is not None)
+    out: list[Window] = []
+    notes: list[str] = []
+    for path, (lo, hi) in zip(paths, windows, strict=True):
+        end = hi
+        if lo is not None and hi is None:
+            later = [s for s in starts if s > lo]
+            if later:
+                end = min(later)
+                notes.append(f"{path}: its window names no end (Slurm before 26.05.2 drops "
+                             f"the command's last argument: put --json last); taken as the "
+                             f"next export's start, {_iso(end)}")
+        out.append((lo, end))
+    spans = sorted((-math.inf if lo is None else lo, math.inf if hi is None else hi, i)
+                   for i, (lo, hi) in enumerate(out) if (lo, hi) != (None, None))
+    reach, a = -math.inf, -1  # the latest end so far, and whose
+    for lo, hi, b in spans:
+        if lo < reach:
+            raise OverlapError(
+                f"{paths[a]} ({_shown(out[a])}) and {paths[b]} ({_shown(out[b])}) overlap: "
+                f"the runs that ended in both would count twice; give exports whose windows "
+                f"(sacct --starttime/--endtime) do not overlap")
+        if hi > reach:
+            reach, a = hi, b
+    return Planned(out, notes)
