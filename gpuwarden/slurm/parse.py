@@ -407,11 +407,19 @@ EVENT_FIELDS = ("Cluster", "NodeName", "TimeStart", "TimeEnd", "State", "Reason"
 
 
 def parse_events(text: str) -> list[NodeEvent]:
-    """`sacctmgr -P -n show events format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User`."""
+    """`sacctmgr -P -n show events format=Cluster,NodeName,TimeStart,TimeEnd,State,Reason,User`.
+
+    Also as `-p` prints it (every line ends with one more "|": read with -P's rule, the user
+    would stay in the reason, and a health drain's "[health]" tag would be lost) and with the
+    header line that `-n` leaves out."""
+    lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if lines and all(ln.endswith("|") for _, ln in lines):
+        lines = [(n, ln[:-1]) for n, ln in lines]
+    if lines and [f.strip().lower() for f in lines[0][1].split("|")] == \
+            [f.lower() for f in EVENT_FIELDS]:
+        lines = lines[1:]
     events: list[NodeEvent] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, line in lines:
         # Reason is the only free-text field and may itself contain '|': split around it.
         head = line.split("|", 5)
         if len(head) < 6:

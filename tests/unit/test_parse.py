@@ -83,6 +83,21 @@ def test_events(fixture_text: Read) -> None:
     assert {e.user for e in events if e.node} == {"root"}
 
 
+def test_events_printed_with_p_or_with_the_header_read_the_same(fixture_text: Read) -> None:
+    # `sacctmgr -p` ends every line with "|": read as -P, the user stayed in the reason and a
+    # health drain's "[health]" tag was lost (its drains counted as an operator's).
+    text = fixture_text("sacctmgr_show_events.txt")
+    want = parse.parse_events(text)
+    dash_p = "".join(f"{ln}|\n" for ln in text.splitlines())
+    header = "Cluster|NodeName|TimeStart|TimeEnd|State|Reason|User\n"
+    assert parse.parse_events(dash_p) == want
+    assert parse.parse_events(header + text) == want
+    assert parse.parse_events(header.replace("\n", "|\n") + dash_p) == want
+    line = "c|n1|2026-11-29T09:00:00|Unknown|DRAIN|gpuwarden: periodic: xid 79 [health]|root(0)|"
+    (e,) = parse.parse_events(line)
+    assert (e.reason, e.user) == ("gpuwarden: periodic: xid 79 [health]", "root")
+
+
 def test_event_reason_may_contain_the_separator() -> None:
     line = "gpuwarden|c1|2026-11-29T09:00:00|Unknown|DRAIN|gpuwarden: a|b|root\n"
     (e,) = parse.parse_events(line)
