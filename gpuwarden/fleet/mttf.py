@@ -140,7 +140,11 @@ def paper_projection_h(gpus: int, fig: PaperFigures) -> float | None:
 
 def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
            ckpt_cost_s: float, project_to: Sequence[int],
-           paper: PaperFigures | None = None) -> MttfReport:
+           paper: PaperFigures | None = None,
+           window: tuple[float, float] | None = None) -> MttfReport:
+    """``window``: the accounting window read (`History.window`), where known: the span the
+    node failures are counted in and node-days measured over. Without it, the runs' first
+    start to last end (a long run that started before the export stretches it)."""
     cost_h = ckpt_cost_s / 3600
     fig = paper or PaperFigures()
     classes = []
@@ -154,11 +158,12 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     big = [c for c in classes if c.gpus >= BIG_GPUS]
     gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)
-    span_days = max(0.0, att.last_end - att.first_start) / 86_400
+    lo, hi = window if window is not None else (att.first_start, att.last_end)
+    span_days = max(0.0, hi - lo) / 86_400
     enough = failures >= MIN_FAILURES
     per_gpu = gpu_hours / failures if failures else None
     node_days = span_days * len(att.exposure)
-    nf = node_failures(events, att.first_start, att.last_end)
+    nf = node_failures(events, lo, hi)
     rate = nf / node_days if node_days and nf >= MIN_FAILURES else None
     projections = tuple(
         Projection(n, per_gpu / n if per_gpu and enough else None,

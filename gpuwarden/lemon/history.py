@@ -66,6 +66,9 @@ class History:
     records: int
     events: tuple[NodeEvent, ...]
     collected: Collector | None = None  # what ``collector`` gathered, when one was given
+    # The accounting window read (epoch seconds), when every export named its bounds: the
+    # span failures were looked for in (runs that started before it still count their hours).
+    window: tuple[float, float] | None = None
 
 
 def read_events(path: str | None) -> list[NodeEvent]:
@@ -280,7 +283,14 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
             total += n
             if progress:
                 progress(i, len(paths))
-    return History(known.finish(att), total, tuple(events), collected)
+    return History(known.finish(att), total, tuple(events), collected, _union(windows))
+
+
+def _union(windows: Sequence[Window]) -> tuple[float, float] | None:
+    if not windows or any(lo is None or hi is None for lo, hi in windows):
+        return None
+    return (min(lo for lo, _ in windows if lo is not None),
+            max(hi for _, hi in windows if hi is not None))
 
 
 def _ended_in(records: Iterable[AcctRecord | SlurmError], lo: float,
@@ -321,6 +331,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
     ``floor``. A window's records count only once it has been read whole."""
     end = (now or datetime.now(UTC)).replace(microsecond=0)
     start = end - since
+    span = (start.timestamp(), end.timestamp())
     events = client.events(_slurm_time(start), _slurm_time(end))
     known = _Known.of(events, grace_s)
     source = reader or _ClientReader(client)
@@ -358,4 +369,4 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         done = days if not windows else min(days, int(covered // 86_400))
         if progress and done:
             progress(done, days)
-    return History(known.finish(att), total, tuple(events), collected)
+    return History(known.finish(att), total, tuple(events), collected, span)

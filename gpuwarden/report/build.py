@@ -149,7 +149,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     if not isinstance(tally, RunTally):
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
-                      mttfview.PROJECT_TO)
+                      mttfview.PROJECT_TO, window=hist.window)
     out = outcomes.outcomes(tally, att)
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
@@ -158,8 +158,10 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
                              {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
                 restores_not_owner=measured.not_owner,
                 restores_unexplained=measured.unexplained)
-    ran = att.last_end > att.first_start
-    lo, hi = (att.first_start, att.last_end) if ran else (0.0, 0.0)
+    # The accounting window when the exports named it (a run that started a week before a
+    # one-day export does not make it eight days), else the runs' own span.
+    ran = hist.window is not None or att.last_end > att.first_start
+    lo, hi = hist.window or ((att.first_start, att.last_end) if ran else (0.0, 0.0))
     return Report(
         (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"), opts.source, hist.records,
         _iso(lo) if ran else None, _iso(hi) if ran else None, round((hi - lo) / 86_400, 1),

@@ -220,3 +220,20 @@ def test_exports_whose_windows_overlap_are_refused_naming_both(tmp_path: Path,
                                                    r"the runs that ended in both would count "
                                                    r"twice"):
         history.from_files(paths, [])
+
+
+def test_node_days_are_the_exports_window_not_stretched_by_a_run_that_started_before_it(
+        tmp_path: Path) -> None:
+    # One day of accounting; one run started six days before it. The failures were looked for
+    # in that day only: node-days are one day's, and the page's span is the day.
+    day = 86_400
+    old = replace(job(1, "COMPLETED", "c1", start=T0 - 6 * day), end_time=T0 + 3600)
+    jobs = [old] + [job(i, "COMPLETED", f"c{i}", start=T0 + 600) for i in range(2, 5)]
+    jobs = [replace(j, gpus=8) for j in jobs]
+    path = _day_file(tmp_path, "d.json", jobs,
+                     ["sacct", f"--starttime={_iso(T0)}", f"--endtime={_iso(T0 + day)}",
+                      "--json"])
+    h = history.from_files([path], [])
+    assert h.window == (T0, T0 + day)
+    rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), window=h.window)
+    assert rep.span_days == 1.0 and rep.node_days == 4.0
