@@ -91,6 +91,8 @@ class Report:
     lemons: list[lemons.LemonRow]
     drains: drains.Drains
     gating: Gating
+    # What the reader must know before trusting the page (data that cannot say what it should).
+    warnings: list[str] = field(default_factory=list)
 
 
 def _iso(t: float) -> str:
@@ -172,7 +174,17 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
          tradeoffs.filesystem_vs_object_store(tally, att, restores),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
-        lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating)
+        lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
+        _warnings(out))
+
+
+NO_GPU_TRES = ("no run in this accounting has GPUs in tres.allocated: Slurm records them only "
+               "with AccountingStorageTRES=gres/gpu in slurm.conf (add it and restart "
+               "slurmctld; runs from before stay without), so every GPU figure here is empty")
+
+
+def _warnings(out: outcomes.Outcomes) -> list[str]:
+    return [NO_GPU_TRES] if out.cpu_runs and not out.runs else []
 
 
 def as_dict(r: Report) -> dict[str, Any]:

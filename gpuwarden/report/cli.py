@@ -212,5 +212,7 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
         write_all(files)
     except OutputError as exc:
         raise click.ClickException(str(exc)) from None
+    for w in rep.warnings:
+        log.warning("%s", w)
     click.echo(f"wrote {output}" + (f" and {json_out}" if json_out else "")
                + f" ({hist.records} job records)")

@@ -23,6 +23,7 @@ from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Report, build
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
+from gpuwarden.report.render import render
 from gpuwarden.report.tradeoffs import RestoreTimes
 from tests.unit.test_report_numbers import EVENTS, JOBS, LEAVES, OPTS, T0, H, job
 
@@ -207,3 +208,16 @@ def test_a_restore_record_still_measures_more_than_the_requeue_wait() -> None:
     assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (1, 1, 30)
     card = _card(e, rep)
     assert card["failures whose requeue wait accounting measured (no restore record)"] == 1
+
+
+def test_accounting_without_gpu_tres_says_how_to_record_gpus() -> None:
+    # Slurm's default AccountingStorageTRES has no gres/gpu: every run shows no GPUs, and the
+    # page was all empty GPU figures with no word why.
+    runs = [replace(j, gpus=0) for j in JOBS]
+    tally = RunTally(LEAVES)
+    tally.add(runs)
+    att = attribute(runs, health_drains(EVENTS), failures=node_failures(EVENTS))
+    rep = build(History(att, len(runs), tuple(EVENTS), tally), OPTS, ScoreConfig())
+    assert any("AccountingStorageTRES=gres/gpu" in w for w in rep.warnings)
+    assert "AccountingStorageTRES=gres/gpu" in render(rep)
+    assert build(history(), OPTS, ScoreConfig()).warnings == []
