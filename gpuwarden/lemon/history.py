@@ -215,25 +215,54 @@ def _refuse_repeats(paths: Sequence[str]) -> None:
         seen[key] = p
 
 
-def plan_windows(paths: Sequence[str]) -> list[Window]:
+def plan_windows(paths: Sequence[str]) -> tuple[list[Window], set[str]]:
     """Each export's window from its own "meta", checked together (`slurm.exportwindows`): a
-    lost end is the next export's start, and exports whose windows overlap are refused."""
+    lost end is the next export's start, and exports whose windows overlap are refused. And
+    the clusters the exports' "meta" name (slurm.cluster)."""
     windows: list[Window] = []
+    clusters: set[str] = set()
     for p in paths:
         try:
             with acctstream.open_regular(p) as fh:
-                windows.append(acctstream.file_window(fh))
+                meta = acctstream.file_meta(fh)
         except OSError as exc:
             raise HistoryError(f"{p}: cannot read ({exc.strerror})") from None
         except SlurmError as exc:
             raise HistoryError(f"{p}: {exc}") from None
+        windows.append((None, None) if meta is None else parse.acct_window({"meta": meta}))
+        slurm = meta.get("slurm") if meta is not None else None
+        name = slurm.get("cluster") if isinstance(slurm, Mapping) else None
+        if isinstance(name, str) and name:
+            clusters.add(name)
     try:
         planned = exportwindows.plan(paths, windows)
     except exportwindows.OverlapError as exc:
         raise HistoryError(str(exc)) from None
     for note in planned.notes:
         log.warning("%s", note)
-    return planned.windows
+    return planned.windows, clusters
+
+
+def same_cluster(events: Sequence[NodeEvent], clusters: set[str]) -> list[NodeEvent]:
+    """The node events of the cluster the accounting is from. Events are matched to runs by
+    node name alone, so another cluster's (a `sacctmgr show events` of every cluster in the
+    database) would blame runs on nodes that only share a name. One cluster in the accounting:
+    its events are kept (the others' dropped, said); several clusters in the events and none
+    known in the accounting, or several there too: an error."""
+    named = {e.cluster for e in events if e.cluster}
+    if len(named) <= 1 or (len(clusters) == 1 and named <= clusters):
+        return list(events)
+    if len(clusters) == 1:
+        (mine,) = clusters
+        kept = [e for e in events if e.cluster in ("", mine)]
+        log.warning("node events of other clusters (%s) left out: %d of %d; the accounting is "
+                    "cluster %s's", ", ".join(sorted(named - clusters)), len(events) - len(kept),
+                    len(events), mine)
+        return kept
+    raise HistoryError(
+        f"the node events are of several clusters ({', '.join(sorted(named))}) and the "
+        f"accounting names {'several: ' + ', '.join(sorted(clusters)) if clusters else 'none'}: "
+        "export one cluster's events (sacctmgr show events cluster=NAME) and its accounting")
 
 
 def _workers(n_files: int) -> int:
@@ -246,7 +275,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                collector: CollectorFactory | None = None) -> History:
     """``collector``: more tallies to fill in the same pass (`History.collected`)."""
     _refuse_repeats(paths)
-    windows = plan_windows(paths)
+    windows, clusters = plan_windows(paths)
+    events = same_cluster(events, clusters)
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)

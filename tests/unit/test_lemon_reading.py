@@ -22,7 +22,7 @@ from gpuwarden.lemon.attribution import attribute
 from gpuwarden.lemon.cli import progress
 from gpuwarden.placement.snapshot import suspects
 from gpuwarden.slurm import acctstream, parse
-from gpuwarden.slurm.models import AcctJob
+from gpuwarden.slurm.models import AcctJob, NodeEvent
 from gpuwarden.slurm.runner import CommandTimeoutError
 from tests.fakes import FakeSlurm
 from tests.unit.test_lemon_core import T0, fleet_history, job, sacct_export
@@ -237,3 +237,24 @@ def test_node_days_are_the_exports_window_not_stretched_by_a_run_that_started_be
     assert h.window == (T0, T0 + day)
     rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), window=h.window)
     assert rep.span_days == 1.0 and rep.node_days == 4.0
+
+
+def test_another_clusters_node_events_never_blame_this_clusters_runs(tmp_path: Path) -> None:
+    # `sacctmgr show events` of every cluster in the database: cluster "b" has a node c1 too,
+    # and its health drain at the time this cluster's c1 run failed must not blame it.
+    run = replace(job(1, "FAILED", "c1", start=T0 + 60), gpus=8)
+    at = datetime.fromtimestamp(run.end_time or 0, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    drain = NodeEvent("b", "c1", at, "Unknown", "DRAIN", "gpuwarden: xid 79 [health]", "root")
+    ours = NodeEvent("a", "c9", at, "Unknown", "DRAIN", "maintenance", "root")
+    doc = json.loads(sacct_export([run]))
+    doc["jobs"] = doc["jobs"][:-1]
+    doc["meta"] = {"command": ["sacct"], "slurm": {"cluster": "a"}}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    h = history.from_files([str(path)], [drain, ours])
+    assert h.attribution.blames == [] and h.events == (ours,)
+    # Without the accounting's cluster, events of several clusters are refused.
+    del doc["meta"]["slurm"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(history.HistoryError, match=r"several clusters \(a, b\).*cluster=NAME"):
+        history.from_files([str(path)], [drain, ours])
