@@ -321,8 +321,9 @@ def open_regular(path: str) -> IO[bytes]:
 
 
 def text_reader(fh: IO[bytes]) -> Callable[[int], str]:
-    """Bytes to text incrementally (a character split across chunks stays whole)."""
-    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    """Bytes to text incrementally (a character split across chunks stays whole); a UTF-8
+    byte-order mark at the start (an export saved by an editor or PowerShell) is dropped."""
+    dec = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
 
     def read(n: int) -> str:
         while True:

@@ -258,3 +258,12 @@ def test_another_clusters_node_events_never_blame_this_clusters_runs(tmp_path: P
     path.write_text(json.dumps(doc))
     with pytest.raises(history.HistoryError, match=r"several clusters \(a, b\).*cluster=NAME"):
         history.from_files([str(path)], [drain, ours])
+
+
+def test_an_export_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path) -> None:
+    text = sacct_export([job(1, "NODE_FAIL", "c1", start=T0 + 60)])
+    plain, marked = tmp_path / "plain.json", tmp_path / "bom.json"
+    plain.write_text(text)
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    got = [history.from_files([str(p)], []).attribution.blames for p in (plain, marked)]
+    assert got[0] == got[1] and len(got[0]) == 1
