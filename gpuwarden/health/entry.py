@@ -303,29 +303,56 @@ def prolog_gate(env: Env) -> int:
     report_self(env, always=False)
     if acted is None:
         return 0
-    applied, node = acted
-    if applied.action == "drained" or (node.drained and node.reason_is_ours) or \
-            (applied.action == "none" and _out_by_another_run(env)):
+    applied, _ = acted
+    if _fail_the_job(env, applied):
         log.error("prolog job %s: failing the job so Slurm requeues it: %s", job, verdict.reason())
         return 1
     return 0
 
 
-def _out_by_another_run(env: Env) -> bool:
-    """After the prolog's own drain found the node already out: is it out with gpuwarden's
-    reason once the run that drained it (the periodic check seeing the same fault, a lemon
-    scan) has ranked that drain against the cap? Then failing the job only requeues it, and
-    the node keeps that reason; a job that started anyway would run on the fault. A drain
-    undone at the cap leaves the node in service: failing the job then would have Slurm drain
-    it ("Prolog error") past the cap."""
-    env.bounded_sleep(max(env.config.health.blast_radius.settle_s, gate.TIE_S) + gate.CALLS_S)
+def _fail_the_job(env: Env, applied: gate.Applied) -> bool:
+    """Exit 1 only with the node drained by gpuwarden within the cap: Slurm then requeues the
+    job and keeps that reason. With the node in service, Slurm would drain it itself ("Prolog
+    error"), past the cap."""
+    if applied.action in ("drained", "kept"):  # ranked within the cap just now
+        return True
+    if applied.action != "none":  # held at the cap, or drain = false
+        return False
+    # Nothing done: the node was out already, or another gpuwarden run (the periodic check
+    # seeing the same fault, a lemon scan) drained it between the read and the drain.
+    return _out_within_cap(env)
+
+
+def _out_within_cap(env: Env) -> bool:
+    """Is the node out with a gpuwarden reason that ranks within the blast-radius cap? The
+    ranking is the controller's order of the drains (gpuwarden.health.cap), so this run reaches
+    the verdict the run that drained the node reaches, or reached, without waiting for it."""
+    cap = env.config.health.blast_radius
     try:
         node = env.client.node(env.node)
+        if not ((node.drained or node.down) and node.reason_is_ours):
+            return False  # in service, or someone else's drain: never failed on
+        if env.left() - gate.CALLS_S < gate.TIE_S:
+            log.warning("prolog %s: too little time left to rank the drain found: the job runs",
+                        env.node)
+            return False
+        # Every drain stamped no later than that one is visible once the controller's clock
+        # has left its second.
+        env.sleep(gate.TIE_S)
+        view = env.client.out_of_service(also=(env.node,))
+        now = view.get(env.node)
+        if now is None or not (now.drained or now.down) or not same_drain(now.reason,
+                                                                           node.reason):
+            return False
+        recent = gate.our_recent_drains(view.nodes, gate.controller_now(view), cap.window_s)
+        if env.node not in {n.name for n in recent}:
+            return True  # older than the cap's window: it stands
+        ok, _ = gate.cap_allows(env.node, now.partitions, view.nodes,
+                                env.client.partition_sizes(), cap, gate.controller_now(view))
+        return ok
     except SlurmError as exc:
-        env.fail("slurm", f"prolog {env.node}: cannot re-read the node after its drain was "
-                          f"refused: {exc}")
+        env.fail("slurm", f"prolog {env.node}: cannot rank the drain the node is under: {exc}")
         return False
-    return (node.drained or node.down) and node.reason_is_ours
 
 
 def _job_failed(environ: Mapping[str, str]) -> bool:

@@ -128,6 +128,50 @@ def test_prolog_lets_the_job_run_when_the_other_drain_was_undone_at_the_cap(node
     assert not raced.table["c3"].drained
 
 
+def _unranked_periodic_drain(slurm: FakeSlurm) -> None:
+    # The periodic check drained c3 and was stopped before it ranked the drain (its counters
+    # do not record it as kept): the prolog starting there ranks it again.
+    slurm.table["c3"] = replace(
+        slurm.table["c3"], state=("MIXED", "DRAIN"), reason_changed_at=int(NOW),
+        reason=gpuwarden_reason("periodic: 1 uncorrectable ECC errors on GPU 5 [health]"))
+
+
+def test_prolog_never_fails_the_job_on_a_drain_it_undid_at_the_cap(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    for name in ("c1", "c2"):  # earlier drains fill the cap of 2 of 8
+        slurm.table[name] = replace(slurm.table[name], state=("IDLE", "DRAIN"),
+                                    reason="gpuwarden: earlier", reason_changed_at=int(NOW - 60))
+    _unranked_periodic_drain(slurm)
+    break_gpu(tmp)
+    # The drain is undone, the node is in service: exit 1 would have Slurm drain it past the
+    # cap ("Prolog error"). The old prolog decided from the node as read before acting.
+    assert entry.prolog(env) == 0 and not slurm.table["c3"].drained
+
+
+def test_prolog_never_fails_the_job_when_the_other_run_undid_its_drain(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    _unranked_periodic_drain(slurm)
+    read = slurm.out_of_service
+
+    def undone_meanwhile(also: Sequence[str] = ()) -> NodeView:
+        slurm.table["c3"] = replace(slurm.table["c3"], state=("MIXED",), reason="")
+        return read(also)
+
+    slurm.out_of_service = undone_meanwhile  # type: ignore[method-assign]
+    break_gpu(tmp)
+    assert entry.prolog(env) == 0 and not slurm.table["c3"].drained
+
+
+def test_prolog_on_an_operators_drain_lets_it_be_and_waits_for_nothing(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    slurm.table["c3"] = replace(slurm.table["c3"], state=("MIXED", "DRAIN"), reason="maint",
+                                reason_set_by="root")
+    slept: list[float] = []
+    break_gpu(tmp)
+    assert entry.prolog(replace(env, sleep=slept.append)) == 0
+    assert slept == [] and slurm.table["c3"].reason == "maint"
+
+
 def test_periodic_resumes_its_drain_after_two_passes(node_env) -> None:  # type: ignore[no-untyped-def]
     env, slurm, tmp = node_env
     break_gpu(tmp)
