@@ -106,7 +106,7 @@ def failed_runs(tally: RunTally, att: Any) -> list[tuple[restarts.FailedRun, int
         if hit is not None and b.job_id is not None:
             end = int(b.at)
             out.append((restarts.FailedRun(run_key(b.job_id, end), b.job_id, end, hit[2],
-                                           hit[3]), hit[1]))
+                                           hit[3], hit[4]), hit[1]))
     return out
 
 
@@ -159,7 +159,8 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     e = replace(ettr.section(rep, opts.assumptions(), failures_by_class(runs, measured),
                              {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
                 restores_not_owner=measured.not_owner,
-                restores_unexplained=measured.unexplained)
+                restores_unexplained=measured.unexplained,
+                requeue_too_long=measured.requeue_too_long)
     # The accounting window when the exports named it (a run that started a week before a
     # one-day export does not make it eight days), else the runs' own span.
     ran = hist.window is not None or att.last_end > att.first_start

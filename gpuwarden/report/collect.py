@@ -121,15 +121,17 @@ class RunTally:
         # restore is placed in the run that made it (`report.restarts`).
         self.watch = watch
         self.watched: dict[int, list[tuple[int, int]]] = {}
-        # Runs after a requeue (restart count 1 or more): their starts by job, so a blamed run's
-        # requeue wait (its job's next start less its end) is measured from accounting.
-        self.requeued: dict[int, list[int]] = {}
+        # Runs after a requeue (restart count 1 or more) by job: (start, restart count, user),
+        # so a blamed run's requeue wait (its job's next run's start less its end) is measured
+        # from accounting.
+        self.requeued: dict[int, list[tuple[int, int, str]]] = {}
         self.cells: Counter[Cell] = Counter()
         self.never_ran = 0  # records of jobs that never ran (cancelled while pending)
         self.cpu_runs = 0  # runs without GPUs: not in the MTTF section, nor here
         self.gpu_seconds: Counter[int] = Counter()  # GPU class -> GPUs x seconds, exact
-        # run_key -> (cell, GPUs, secs, user): the user matches a job's checkpoint records
-        self.blamable: dict[int, tuple[Cell, int, int, str]] = {}
+        # run_key -> (cell, GPUs, secs, user, restart count): the user matches a job's
+        # checkpoint records and its next run, the restart count its next run's
+        self.blamable: dict[int, tuple[Cell, int, int, str, int | None]] = {}
         self.gang_runs: Counter[GangKey] = Counter()
         self.gang_wait_s: Counter[GangKey] = Counter()
         self.gang_waited: Counter[GangKey] = Counter()  # runs with a submit time
@@ -164,11 +166,15 @@ class RunTally:
                 # One tuple per distinct cell: a million failed runs share a few hundred.
                 user = r.user
                 keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
-                                                end - start, users.setdefault(user, user))
+                                                end - start, users.setdefault(user, user),
+                                                r.restart_count)
             if watch and r.job_id in watch:
                 self.watched.setdefault(r.job_id, []).append((start, end))
-            if r.restart_count:
-                self.requeued.setdefault(r.job_id, []).append(start)
+            restarts = r.restart_count
+            if restarts:
+                user = r.user
+                self.requeued.setdefault(r.job_id, []).append(
+                    (start, restarts, users.setdefault(user, user)))
             if leaf_of is not None:
                 nodes = r.nodes
                 if "[" in nodes or "," in nodes:

@@ -126,6 +126,7 @@ class EttrSection:
     # next run, measured, stands for u0.
     requeue_measured: int = 0
     requeue_wait_median_s: float | None = None
+    requeue_too_long: int = 0  # next runs that waited past a day (a hold): left modelled
     # Job restores after a restart left out: the job directory's owner is not the job's user
     # in accounting; no blamed run of the job came before them (a preemption, a hand requeue).
     restores_not_owner: int = 0
@@ -162,6 +163,16 @@ def restart(f: int, u0: float, lengths: Runs, measured: bool = False) -> float:
     runs = _failures(lengths)[:f]
     return sum(r.restart_h if measured and r.restart_h is not None else u0
                for r in runs) + max(0, f - len(runs)) * u0
+
+
+def requeue_cost(f: int, u0: float, lengths: Runs) -> float:
+    """Mean hours a requeue cost the ``f`` failures, as measured where it was."""
+    if not f:
+        return u0
+    runs = _failures(lengths)[:f]
+    total = sum(r.shown_restart_h if r.shown_restart_h is not None
+                else r.restart_h if r.restart_h is not None else u0 for r in runs)
+    return (total + max(0, f - len(runs)) * u0) / f
 
 
 def parts(h: float, f: int, tau: float, cost_h: float, u0: float,
@@ -206,9 +217,10 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
         for key, p in (("now", now), ("daly", best), ("spares", spare)):
             sums[key][0] += p[0] * mean_gpus
             sums[key][1] += p[1] * mean_gpus
-        # What a requeue costs here: the measured restarts where there are, u0 for the rest.
-        u = restart(c.failures, a.restart_h, ts, True) / c.failures if c.failures \
-            else a.restart_h
+        # What a requeue costs that a spare would not: failure to restored where the job's
+        # records measured it (the restore too: a spare needs none), the measured wait where
+        # only accounting did, u0 for the rest.
+        u = requeue_cost(c.failures, a.restart_h, ts)
         pay = payoff(n, c.hours, c.failures, mean_gpus, a.spares, a.gpus_per_node, u,
                      a.swap_h)
         rows.append(EttrRow(c.gpus, n, r(c.hours) or 0.0, r(gh) or 0.0, c.failures, ratio(now),

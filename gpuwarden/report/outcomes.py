@@ -59,7 +59,7 @@ class Outcomes:
     mapping: str = MAPPING
 
 
-Hit = tuple[Cell, int, int, str]  # (cell, GPUs, run seconds, user)
+Hit = tuple[Cell, int, int, str, int | None]  # (cell, GPUs, run seconds, user, restart count)
 
 
 def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit | None]]:
@@ -96,7 +96,7 @@ def classify(tally: RunTally, att: Attribution) -> Counter[tuple[int, str, str]]
         if hit is None:
             out[(-1, "", "unmatched")] += 1
             continue
-        (day, part, state), _, _, _ = hit
+        (day, part, state) = hit[0]
         if state == "FAILED" and not b.pinned:
             out[(-1, "", "gang failed, no event")] += 1
         was = STATE_CLASS[state]

@@ -29,6 +29,12 @@ from gpuwarden.ckpt.restorelog import RestoreRecord, job_restores
 from gpuwarden.report.collect import run_key
 
 SKEW_S = 60.0  # clocks of the node that saved and of slurmctld may differ this much
+# A longer wait for the next run is a hold or a requeue by hand, not the failure's restart:
+# such a failure stays modelled (u0), and is counted apart.
+MAX_REQUEUE_WAIT_S = 86_400.0
+
+
+RunAfter = tuple[int, int, str]  # a run after a requeue: start, restart count, user
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class FailedRun:
     end: int
     seconds: int  # how long it had run
     user: str
+    restarts: int | None = None  # its restart count (None: accounting does not say)
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,13 @@ class Restarts:
     # run_key -> seconds from the failure to its job's next run, for blamed runs no restore
     # record measured
     requeue_wait: dict[int, float] = field(default_factory=dict)
+    requeue_too_long: int = 0  # next runs that waited past MAX_REQUEUE_WAIT_S: not measured
 
 
 def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
           runs: Mapping[int, Sequence[tuple[int, int]]],
           uid_of: Callable[[str], int | None],
-          requeued: Mapping[int, Sequence[int]] | None = None) -> Restarts:
+          requeued: Mapping[int, Sequence[RunAfter]] | None = None) -> Restarts:
     """``runs``: each watched job's runs in accounting, (start, end); ``uid_of``: a user
     name's uid, None where it cannot be resolved (nothing matches); ``requeued``: the starts
     of each job's runs after a requeue (`RunTally.requeued`), for the requeue waits of the
@@ -102,20 +110,30 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
         if rec.saved_at is not None:
             lost = min(float(f.seconds), max(0.0, f.end - rec.saved_at))
         measured[f.key] = Measured(lost, rec.at - f.end, max(0.0, float(start - f.end)))
-    return Restarts(measured, not_owner, unexplained,
-                    requeue_waits(failed, requeued or {}, set(measured)))
+    waits, too_long = requeue_waits(failed, requeued or {}, set(measured))
+    return Restarts(measured, not_owner, unexplained, waits, too_long)
 
 
-def requeue_waits(failed: Iterable[FailedRun], requeued: Mapping[int, Sequence[int]],
-                  done: set[int]) -> dict[int, float]:
-    """Each blamed run's wait until its job's next run started (the first requeued run of the
-    job that started at or after its end: both times are slurmctld's), unless in ``done``."""
+def requeue_waits(failed: Iterable[FailedRun], requeued: Mapping[int, Sequence[RunAfter]],
+                  done: set[int]) -> tuple[dict[int, float], int]:
+    """Each blamed run's wait until its job's next run started, unless in ``done``; and how
+    many waited past MAX_REQUEUE_WAIT_S (held or requeued by hand: not measured). The next
+    run is the one with the failed run's restart count plus one, of the same user (a job id
+    Slurm gave out again after a reset is another user's job, or no requeue of this one),
+    starting at or after the failure's end (both times slurmctld's)."""
     out: dict[int, float] = {}
+    too_long = 0
     for f in failed:
-        starts = requeued.get(f.job_id)
-        if f.key in done or not starts:
+        runs = requeued.get(f.job_id)
+        if f.key in done or not runs or f.restarts is None:
             continue
-        after = [s for s in starts if s >= f.end]
-        if after:
-            out[f.key] = float(min(after) - f.end)
-    return out
+        after = [s for s, n, user in runs
+                 if n == f.restarts + 1 and user == f.user and s >= f.end]
+        if not after:
+            continue
+        wait = float(min(after) - f.end)
+        if wait > MAX_REQUEUE_WAIT_S:
+            too_long += 1
+            continue
+        out[f.key] = wait
+    return out, too_long

@@ -70,7 +70,10 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
          "the lost work of jobs that do not checkpoint with gpuwarden, or restored from "
          "another tool's checkpoint, is modelled"]
         + ([f"{e.restores_not_owner} job restores left out: their records are in a job "
-            "directory its job's user does not own"] if e.restores_not_owner else []))
+            "directory its job's user does not own"] if e.restores_not_owner else [])
+        + ([f"{e.requeue_too_long} failures whose job's next run started more than a day "
+            "later (a hold or a requeue by hand) are modelled, not measured"]
+           if e.requeue_too_long else []))
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ from gpuwarden.ckpt.restorelog import RestoreRecord, parse, per_tier, read_recor
 from gpuwarden.lemon.attribution import attribute, health_drains, node_failures
 from gpuwarden.lemon.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
-from gpuwarden.report.build import Report, build
+from gpuwarden.report import restarts
+from gpuwarden.report.build import Report, build, failed_runs
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.render import render
 from gpuwarden.report.tradeoffs import RestoreTimes
+from gpuwarden.slurm.models import AcctJob
 from tests.unit.test_report_numbers import EVENTS, JOBS, LEAVES, OPTS, T0, H, job
 
 UIDS = {"alice": 1000, "mallory": 2000}
@@ -221,3 +223,59 @@ def test_accounting_without_gpu_tres_says_how_to_record_gpus() -> None:
     assert any("AccountingStorageTRES=gres/gpu" in w for w in rep.warnings)
     assert "AccountingStorageTRES=gres/gpu" in render(rep)
     assert build(history(), OPTS, ScoreConfig()).warnings == []
+
+
+DAY = 86_400
+
+
+def _with(runs: list[AcctJob]) -> History:
+    tally = RunTally(LEAVES, watch=frozenset({2, 6, 7}))
+    tally.add(runs)
+    att = attribute(runs, health_drains(EVENTS), failures=node_failures(EVENTS))
+    return History(att, len(runs), tuple(EVENTS), tally)
+
+
+def test_a_next_run_days_later_is_a_hold_not_a_restart() -> None:
+    # Job 2 was not requeued by Slurm; its user requeued it by hand (or released a hold) 30
+    # days later: that is not what the failure cost, and one user must not sink the figure.
+    later = [replace(job(2, "COMPLETED", "a", "n[6-7]", 16, END2 + 30 * DAY, 1),
+                     restart_count=1)]
+    rep = build(_with(JOBS + later), OPTS, ScoreConfig(), uid_of=UIDS.get)
+    e = rep.ettr
+    assert e.requeue_measured == 0 and e.requeue_too_long == 1
+    assert e.rows[1].ettr_now > 0.7
+    t = next(t for t in rep.tradeoffs if t.key == "checkpoint_vs_redundancy")
+    assert any("more than a day later" in m for m in t.missing)
+
+
+def test_a_job_id_given_out_again_to_another_user_is_not_the_requeue() -> None:
+    bob = [replace(job(2, "COMPLETED", "a", "n[6-7]", 16, END2 + 3600, 1), user="bob",
+                   restart_count=1)]
+    assert build(_with(JOBS + bob), OPTS, ScoreConfig()).ettr.requeue_measured == 0
+
+
+def test_a_requeue_that_failed_in_its_first_second_waits_for_the_run_after_it() -> None:
+    # Job 9: NODE_FAIL, requeued; the requeue (restart 1) BOOT_FAILs in the second it starts
+    # (start == end in accounting); requeued again (restart 2) 900 s later.
+    x = T0 + 2 * DAY
+    runs = [
+        *JOBS,
+        job(9, "NODE_FAIL", "a", "n[6-7]", 16, x - 2 * H, 2),
+        replace(job(9, "BOOT_FAIL", "a", "n[6-7]", 16, x + 600, 0), restart_count=1),
+        replace(job(9, "COMPLETED", "a", "n[6-7]", 16, x + 1500, 1), restart_count=2),
+    ]
+    h = _with(runs)
+    assert isinstance(h.collected, RunTally)
+    fr = [f for f, _ in failed_runs(h.collected, h.attribution)]
+    m = restarts.match((), fr, h.collected.watched, UIDS.get, h.collected.requeued)
+    assert {f.end: m.requeue_wait.get(f.key) for f in fr if f.job_id == 9} == \
+        {x: 600.0, x + 600: 900.0}
+
+
+def test_the_spares_payoff_counts_the_measured_restore_a_spare_would_not_need() -> None:
+    runs = JOBS + [replace(j, restart_count=1) for j in RERUNS]
+    rep = build(_with(runs), OPTS, ScoreConfig(), uid_of=UIDS.get,
+                restores=RestoreTimes("/fsx", per_tier(RECORDS), 0, RECORDS))
+    # Job 2: failure to restored 1,200 s (600 s between the runs); job 6: a 30 s wait; s = 180.
+    assert rep.ettr.rows[1].requeue_lost_gpu_h == \
+        pytest.approx(((1200 + 30) / 2 - 180) / 3600 * 2 * 16, abs=0.01)
