@@ -29,6 +29,7 @@ class Options:
     ckpt_cost_s: float = 30.0
     interval_h: float = 1.0
     restart_h: float = 0.25
+    restore_s: float = 300.0  # r0
     spares: int = 1
     swap_h: float = 2 / 60
     grace_s: float = 3600.0
@@ -43,7 +44,8 @@ class Options:
             return s if s is not None else h * 3600
         return ettr.Assumptions(sec(self.interval_s, self.interval_h), self.ckpt_cost_s,
                                 sec(self.restart_s, self.restart_h), self.spares,
-                                sec(self.swap_s, self.swap_h), self.gpus_per_node)
+                                sec(self.swap_s, self.swap_h), self.gpus_per_node,
+                                self.restore_s)
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ def failed_runs(tally: RunTally, att: Any) -> list[tuple[restarts.FailedRun, int
 
 
 def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
-                      measured: restarts.Restarts) -> dict[int, list[ettr.Failure]]:
+                      measured: restarts.Restarts,
+                      restore_h: float = 0.0) -> dict[int, list[ettr.Failure]]:
     """Per GPU class, each blamed run's length (hours, at least sacct's second) and what its
     job's restore records measured of its cost."""
     out: dict[int, list[ettr.Failure]] = defaultdict(list)
@@ -122,7 +125,8 @@ def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
         if m is None and wait is not None:
             # Accounting alone: the wait for the next run is wall time on top of H; the
             # work lost stays modelled.
-            failure = ettr.Failure(hours, None, wait / 3600, requeue_h=wait / 3600)
+            failure = ettr.Failure(hours, None, wait / 3600, restore_h=restore_h,
+                                   requeue_h=wait / 3600)
         elif m is None:
             failure = ettr.Failure(hours)
         elif m.lost_s is None:  # an older record: its restart whole, its lost work modelled
@@ -130,8 +134,9 @@ def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
         else:
             # The restore inside the next run is time in H that trained nothing: lost, like
             # the work since the save; only the wait between the runs adds wall time.
-            failure = ettr.Failure(hours, (m.lost_s + m.restart_s - m.gap_s) / 3600,
-                                   m.gap_s / 3600, m.lost_s / 3600, m.restart_s / 3600)
+            failure = ettr.Failure(hours, m.lost_s / 3600, m.gap_s / 3600, m.lost_s / 3600,
+                                   m.restart_s / 3600,
+                                   restore_h=max(0.0, m.restart_s - m.gap_s) / 3600)
         out[gpu_class(gpus)].append(failure)
     return out
 
@@ -156,7 +161,8 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
                               tally.watched, uid_of, tally.requeued)
-    e = replace(ettr.section(rep, opts.assumptions(), failures_by_class(runs, measured),
+    a = opts.assumptions()
+    e = replace(ettr.section(rep, a, failures_by_class(runs, measured, a.restore_h),
                              {g: s / 3600 for g, s in tally.gpu_seconds.items()}),
                 restores_not_owner=measured.not_owner,
                 restores_unexplained=measured.unexplained,

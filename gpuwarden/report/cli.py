@@ -159,6 +159,9 @@ def _restores(read: Read | None, att: Any) -> RestoreTimes | None:
               help="the site's checkpoint interval today (tau), for ETTR")
 @click.option("--restart-cost", default="15m", show_default=True,
               help="requeue wait + restore per failure (u0), for ETTR")
+@click.option("--restore-cost", default="5m", show_default=True,
+              help="the restore inside the next run (r0), for failures whose requeue wait "
+                   "accounting measured and no restore record did")
 @click.option("--spares", default=1, show_default=True, type=click.IntRange(0, 64),
               help="hot-spare nodes per job in the redundancy tradeoff (k)")
 @click.option("--spare-swap", default="2m", show_default=True,
@@ -172,13 +175,14 @@ def _restores(read: Read | None, att: Any) -> RestoreTimes | None:
 @click.pass_obj
 def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
            output: str, json_out: str | None, ckpt_cost: str, ckpt_interval: str,
-           restart_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
+           restart_cost: str, restore_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
            topology: str | None, ckpt_root: str | None) -> None:
     """Where the site's GPU time went, and what four design choices would change: one
     self-contained HTML page from the site's own accounting."""
     interval = _seconds(ckpt_interval, "--ckpt-interval", positive=True)
     cost = _seconds(ckpt_cost, "--ckpt-cost")
     restart = _seconds(restart_cost, "--restart-cost")
+    restore = _seconds(restore_cost, "--restore-cost")
     swap = _seconds(spare_swap, "--spare-swap")
     outputs = [output, *([json_out] if json_out else [])]
     try:
@@ -197,7 +201,7 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
         source=("files: " + ", ".join(from_files)) if from_files
         else f"the cluster's accounting, {since or DEFAULT_SINCE} back",
         gpus_per_node=gpus_per_node, ckpt_cost_s=cost, interval_s=interval,
-        restart_s=restart, spares=spares, swap_s=swap, grace_s=lc.grace_s,
+        restart_s=restart, restore_s=restore, spares=spares, swap_s=swap, grace_s=lc.grace_s,
         have_topology=leaves is not None)
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),

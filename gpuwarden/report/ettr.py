@@ -11,7 +11,7 @@ each term an assumption stated on the page:
 - the checkpoint stall: C per checkpoint, H / tau checkpoints;
 - restart: u_i = u0 per failure (requeue wait + restore), wall time on top of H; where
   accounting shows the job requeued (and no restore record measured more), u_i is the wait
-  until its next run started.
+  until its next run started, and the restore inside that run, r0, is lost work.
 
     ETTR = (H - sum_i l_i - H * C/tau) / (H + sum_i u_i)
 
@@ -36,7 +36,8 @@ from gpuwarden.fleet.spares import payoff
 from gpuwarden.report.mttfview import r
 
 FORMULA = ("ETTR = (H - Σ lᵢ - H·C/τ) / (H + Σ uᵢ); lᵢ, uᵢ measured from restore records, "
-           "else lᵢ = min(τ/2, tᵢ), uᵢ = u0")
+           "else lᵢ = min(τ/2, tᵢ), uᵢ = u0 (or uᵢ = the requeue wait accounting measured, "
+           "and r0 more in lᵢ)")
 SPARES_FORMULA = "ETTR with k spares = ETTR(τ = Daly, u0 = s) · n / (n + k), for n > 1"
 
 
@@ -54,19 +55,22 @@ class Assumptions:
     spares: int  # k, spare nodes per job
     swap_s: float  # s
     gpus_per_node: int
+    # The restore inside the next run, where accounting measured only the wait for it (r0).
+    restore_s: float = 300.0
     interval_h: float = 0.0  # the same in hours (set from the seconds)
     restart_h: float = 0.0
     swap_h: float = 0.0
+    restore_h: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("interval_s", "ckpt_cost_s", "restart_s", "swap_s"):
+        for name in ("interval_s", "ckpt_cost_s", "restart_s", "swap_s", "restore_s"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0 or (name == "interval_s" and v <= 0):
                 least = "more than" if name == "interval_s" else "at least"
                 raise ValueError(f"{name} must be {least} 0, not {v}")
             object.__setattr__(self, name, _exact(v))
         for h, sec in (("interval_h", self.interval_s), ("restart_h", self.restart_s),
-                       ("swap_h", self.swap_s)):
+                       ("swap_h", self.swap_s), ("restore_h", self.restore_s)):
             object.__setattr__(self, h, sec / 3600)
 
 
@@ -97,7 +101,7 @@ class Failure:
     records measured of its cost (None: modelled)."""
 
     hours: float
-    lost_h: float | None = None  # productive time lost (work since the save, the restore)
+    lost_h: float | None = None  # the work since the save (measured)
     restart_h: float | None = None  # wall time added
     # As the page shows them: the work since the save, and failure to restored (set with
     # restart_h).
@@ -106,6 +110,10 @@ class Failure:
     # Accounting alone measured it (no restore record): the wait until the job's next run,
     # which is then restart_h too; its lost work stays modelled.
     requeue_h: float | None = None
+    # The restore inside the next run: time in H that trained nothing, lost at any interval
+    # (measured from the records, r0 where accounting measured only the wait, else 0: u0
+    # holds it)
+    restore_h: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -149,13 +157,16 @@ def _failures(runs: Runs) -> list[Failure]:
     return [f if isinstance(f, Failure) else Failure(f) for f in runs]
 
 
-def lost(f: int, tau: float, lengths: Runs, measured: bool = False) -> float:
+def lost(f: int, tau: float, lengths: Runs, measured: bool = False,
+         restores: bool = True) -> float:
     """Work lost to ``f`` failures: each failed run's measured loss (with ``measured``), else
-    min(tau/2, t) for each of known length t, tau/2 for the rest."""
+    min(tau/2, t) for each of known length t, tau/2 for the rest; with ``restores``, plus the
+    restore inside each next run (a hot spare's swap has none)."""
     half = tau / 2
     runs = _failures(lengths)[:f]
-    return sum(r.lost_h if measured and r.lost_h is not None else min(half, r.hours)
-               for r in runs) + max(0, f - len(runs)) * half
+    return sum((r.lost_h if measured and r.lost_h is not None else min(half, r.hours))
+               + (r.restore_h if restores else 0.0) for r in runs) + \
+        max(0, f - len(runs)) * half
 
 
 def restart(f: int, u0: float, lengths: Runs, measured: bool = False) -> float:
@@ -177,9 +188,9 @@ def requeue_cost(f: int, u0: float, lengths: Runs) -> float:
 
 def parts(h: float, f: int, tau: float, cost_h: float, u0: float,
           lengths: Runs = (), lost_measured: bool = False,
-          restart_measured: bool = False) -> tuple[float, float]:
+          restart_measured: bool = False, restores: bool = True) -> tuple[float, float]:
     """(productive hours, wall hours)."""
-    return (max(0.0, h - lost(f, tau, lengths, lost_measured) - h * cost_h / tau),
+    return (max(0.0, h - lost(f, tau, lengths, lost_measured, restores) - h * cost_h / tau),
             h + restart(f, u0, lengths, restart_measured))
 
 
@@ -208,7 +219,8 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
         best = parts(c.hours, c.failures, tau, cost_h, a.restart_h, ts, False, True) \
             if tau else now
         if n > 1:
-            swap = parts(c.hours, c.failures, tau or a.interval_h, cost_h, a.swap_h, ts)
+            swap = parts(c.hours, c.failures, tau or a.interval_h, cost_h, a.swap_h, ts,
+                         restores=False)
             spare = (swap[0] * n / (n + a.spares), swap[1])
         else:
             spare = best

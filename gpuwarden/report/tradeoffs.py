@@ -55,9 +55,10 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
          f"checkpoint stall C = {a.ckpt_cost_s} s (--ckpt-cost)",
          f"restart u0 = {a.restart_s} s per failure not measured: requeue wait + restore "
          "(--restart-cost)",
-         "a failure whose job accounting shows requeued (a later run with a restart count) "
-         "restarts in the wait until that run started; the restore inside it is not in "
-         "accounting and not counted",
+         "a failure whose job accounting shows requeued (its next run, same user, restart "
+         "count one more, within a day) restarts in the wait until that run started, and "
+         f"loses r0 = {a.restore_s} s restoring inside it (--restore-cost), which "
+         "accounting does not show",
          "a measured failure's lost work is its end less the save time of the step its job "
          "restored next, and its restart the time from its end to that restore's end (the "
          "job's own records, counted only where the job's user owns them)",

@@ -83,10 +83,11 @@ def test_a_failure_its_job_restored_after_is_measured_not_modelled() -> None:
     # modelled: min(0.5, 3) lost, 0.5 h restart.
     # (10 - 1500/3600 - 0.5 - 0.1) / (10 + 600/3600 + 0.5) = 8.98333 / 10.66667 = 0.8422.
     assert sixteen.ettr_now == 0.8422 and sixteen.measured == 1
-    # At Daly (M = 5 h) the lost work is modelled again (another tau), the restarts kept.
+    # At Daly (M = 5 h) the work since the save is modelled again (another tau); the restarts
+    # and the 600 s restoring inside the next run are kept.
     x = 0.01 / (2 * 5)
     tau = math.sqrt(2 * 0.01 * 5) * (1 + math.sqrt(x) / 3 + x / 9) - 0.01
-    want = (10 - tau - 10 * 0.01 / tau) / (10 + 600 / 3600 + 0.5)
+    want = (10 - tau - 600 / 3600 - 10 * 0.01 / tau) / (10 + 600 / 3600 + 0.5)
     assert sixteen.ettr_daly == pytest.approx(want, abs=5e-5)
     card = _card(e, rep)
     assert card["failures measured from the jobs' restore records"] == 1
@@ -190,9 +191,10 @@ def test_a_requeued_failure_without_restore_records_restarts_in_its_measured_wai
     e = build(_requeued_history(), OPTS, ScoreConfig(), uid_of=UIDS.get).ettr
     sixteen = e.rows[1]
     # Both 16-GPU failures were requeued (600 s and 30 s until their next runs): those waits
-    # replace u0 = 0.5 h each; the lost work stays modelled (min(0.5, t) each).
-    # (10 - 2 * 0.5 - 0.1) / (10 + 630 / 3600) = 8.9 / 10.175 = 0.8747.
-    assert sixteen.ettr_now == 0.8747 and sixteen.requeue_measured == 2
+    # replace u0 = 0.5 h each; the lost work stays modelled (min(0.5, t) each), and each
+    # next run loses r0 = 300 s restoring, which accounting does not show.
+    # (10 - 2 * 0.5 - 600 / 3600 - 0.1) / (10 + 630 / 3600) = 8.7333 / 10.175 = 0.8583.
+    assert sixteen.ettr_now == 0.8583 and sixteen.requeue_measured == 2
     assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (0, 2, 315)
     # The spares' payoff weighs a requeue at what these cost (315 s, not u0's 1,800 s) less
     # the swap s = 180 s.
@@ -204,9 +206,9 @@ def test_a_restore_record_still_measures_more_than_the_requeue_wait() -> None:
                 restores=RestoreTimes("/fsx", per_tier(RECORDS), 0, RECORDS), uid_of=UIDS.get)
     e = rep.ettr
     # Failure 2 from its records (1,500 s lost, 600 s between the runs), failure 6 (mallory's
-    # records do not count for it) from its 30 s requeue wait:
-    # (10 - 1500/3600 - 0.5 - 0.1) / (10 + 600/3600 + 30/3600) = 8.98333 / 10.175 = 0.8829.
-    assert e.rows[1].ettr_now == 0.8829
+    # records do not count for it) from its 30 s requeue wait, and r0 = 300 s restoring:
+    # (10 - 1500/3600 - 0.5 - 300/3600 - 0.1) / (10 + 630/3600) = 8.9 / 10.175 = 0.8747.
+    assert e.rows[1].ettr_now == 0.8747
     assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (1, 1, 30)
     card = _card(e, rep)
     assert card["failures whose requeue wait accounting measured (no restore record)"] == 1
