@@ -19,7 +19,7 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuwarden.ckpt import safeio
@@ -127,62 +127,95 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
 class Skipped:
     where: str
     why: str
+    records: int = 1  # the record files it stands for (0: directories, not counted in records)
+    capped: bool = False  # left out by a cap (MAX_PER_OWNER, MAX_RECORDS), not for what it is
+
+
+# What one owner's files may put in the log before the rest is only counted: a user filling
+# their directories with junk must not bury everyone else's lines.
+LINES_PER_OWNER = 20
+
+
+class _Reading:
+    """One read's caps: record files opened per owner of job directories (well-formed or not:
+    junk costs a user's share as much as records do), records kept in all, log lines per
+    owner."""
+
+    def __init__(self, per_owner: int, in_all: int) -> None:
+        self.per_owner, self.in_all = per_owner, in_all
+        self.opened: dict[int, int] = {}
+        self.lines: dict[int, int] = {}
+        self.quiet: dict[int, int] = {}  # left out, not listed: past LINES_PER_OWNER
+        self.dirs_past: dict[int, int] = {}  # directories not read: the owner's share is used
+        self.skipped: list[Skipped] = []
+
+    def room(self, uid: int) -> int:
+        return self.per_owner - self.opened.get(uid, 0)
+
+    def left_out(self, uid: int, item: Skipped) -> None:
+        if self.lines.get(uid, 0) < LINES_PER_OWNER:
+            self.lines[uid] = self.lines.get(uid, 0) + 1
+            self.skipped.append(item)
+        else:
+            self.quiet[uid] = self.quiet.get(uid, 0) + 1
+
+    def summary(self, root: str) -> None:
+        for uid, n in sorted(self.quiet.items()):
+            self.skipped.append(Skipped(root, f"{n} more records of uid {uid} left out as "
+                                              "unreadable or malformed (not listed)", n))
+        for uid, dirs in sorted(self.dirs_past.items()):
+            self.skipped.append(Skipped(os.path.join(root, "job-*"),
+                                        f"{dirs} job directories of uid {uid} not read: it "
+                                        f"has used its share of {self.per_owner} record "
+                                        "files", 0, True))
 
 
 def read_records(shared_root: str, per_owner: int = MAX_PER_OWNER, in_all: int = MAX_RECORDS
                  ) -> tuple[list[RestoreRecord], list[Skipped]]:
     """Every job's restore records under ``shared_root`` (the `[ckpt] shared_root` spool),
-    and each record or directory left out with why (an owner past ``per_owner`` records:
-    one line for all of that owner's directories left). A missing root is an error (the
-    caller names the option); an unfit one (a link, another user's) is Refused."""
+    and what was left out with why. Newest jobs first (the highest ids), so the caps leave
+    out the oldest: at most ``per_owner`` record files opened per owner of job directories
+    (one user cannot push everyone else's records off the page), ``in_all`` records kept. A
+    missing root is an error (the caller names the option); an unfit one (a link, another
+    user's) is Refused."""
     records: list[RestoreRecord] = []
-    skipped: list[Skipped] = []
-    held: dict[int, int] = {}  # records kept, by the job directories' owner
-    left_out: dict[int, int] = {}  # directories not read, by owner past their share
+    r = _Reading(per_owner, in_all)
     spool = safeio.open_spool(shared_root)
     with closing(spool):
-        for job in sorted(n for n in os.listdir(spool) if _JOB.fullmatch(n)):
+        jobs = sorted((n for n in os.listdir(spool) if _JOB.fullmatch(n)),
+                      key=lambda n: int(n[len("job-"):]), reverse=True)
+        for i, job in enumerate(jobs):
             where = os.path.join(shared_root, job, "coord")
             if len(records) >= in_all:
-                skipped.append(Skipped(where, f"past {in_all} records in all: not read"))
-                continue
+                r.skipped.append(Skipped(os.path.join(shared_root, "job-*"),
+                                         f"{len(jobs) - i} older job directories not read: "
+                                         f"{in_all} records kept in all", 0, True))
+                break
             try:
-                recs = list(_job_records(spool, job, where, skipped, held, per_owner))
-            except _OwnerFull as full:
-                left_out[full.uid] = left_out.get(full.uid, 0) + 1
-                continue
+                recs = _job_records(spool, job, where, r)
             except (OSError, Refused) as exc:
                 if not isinstance(exc, FileNotFoundError):
-                    skipped.append(Skipped(where, str(exc)))
+                    r.skipped.append(Skipped(where, str(exc), 0))
                 continue
-            if recs:
-                uid = recs[0].owner or 0
-                room = min(in_all - len(records), per_owner - held.get(uid, 0))
-                records.extend(recs[:room])
-                held[uid] = held.get(uid, 0) + min(room, len(recs))
-                if len(recs) > room:
-                    skipped.append(Skipped(where, f"{len(recs) - room} records past uid "
-                                                  f"{uid}'s {per_owner}: not counted"))
-    for uid, dirs in sorted(left_out.items()):
-        skipped.append(Skipped(os.path.join(shared_root, "job-*"),
-                               f"{dirs} job directories of uid {uid} not read: past its "
-                               f"{per_owner} records"))
-    return records, skipped
+            room = in_all - len(records)
+            records.extend(recs[:room])
+            if len(recs) > room:
+                r.skipped.append(Skipped(where, f"{len(recs) - room} records not counted: "
+                                                f"{in_all} records kept in all",
+                                         len(recs) - room, True))
+    r.summary(shared_root)
+    return records, r.skipped
 
 
-class _OwnerFull(Exception):
-    def __init__(self, uid: int) -> None:
-        super().__init__(uid)
-        self.uid = uid
-
-
-def _job_records(spool: int, job: str, where: str, skipped: list[Skipped],
-                 held: dict[int, int], per_owner: int) -> Iterator[RestoreRecord]:
+def _job_records(spool: int, job: str, where: str, r: _Reading) -> list[RestoreRecord]:
     job_fd, st = safeio.open_dir(spool, job, None, os.path.dirname(where))
+    uid = st.st_uid
     with closing(job_fd):
-        if held.get(st.st_uid, 0) >= per_owner:
-            raise _OwnerFull(st.st_uid)
-        coord, _ = safeio.open_dir(job_fd, "coord", st.st_uid, where)
+        if r.room(uid) <= 0:
+            r.dirs_past[uid] = r.dirs_past.get(uid, 0) + 1
+            return []
+        coord, _ = safeio.open_dir(job_fd, "coord", uid, where)
+    out: list[RestoreRecord] = []
     with closing(coord):
         names = []
         with os.scandir(coord) as it:  # stops at the cap: a huge directory is not listed whole
@@ -190,15 +223,23 @@ def _job_records(spool: int, job: str, where: str, skipped: list[Skipped],
                 names.append(entry.name)
                 if len(names) > MAX_ENTRIES:
                     raise Refused(f"more than {MAX_ENTRIES} entries: not read")
-        for name in sorted(n for n in names if n.startswith(PREFIX) and _FILE.fullmatch(n)):
+        wanted = sorted(n for n in names if n.startswith(PREFIX) and _FILE.fullmatch(n))
+        for i, name in enumerate(wanted):
+            if r.room(uid) <= 0:
+                r.skipped.append(Skipped(where, f"{len(wanted) - i} record files not read: uid "
+                                                f"{uid} has used its share of {r.per_owner}",
+                                         len(wanted) - i, True))
+                break
+            r.opened[uid] = r.opened.get(uid, 0) + 1
             path = os.path.join(where, name)
             try:
-                raw = safeio.read_file(coord, name, st.st_uid, MAX_RECORD, path)
-                yield dataclasses.replace(parse(bytes(raw), job, name), owner=st.st_uid)
+                raw = safeio.read_file(coord, name, uid, MAX_RECORD, path)
+                out.append(dataclasses.replace(parse(bytes(raw), job, name), owner=uid))
             except (OSError, Refused, BadRecord) as exc:
-                skipped.append(Skipped(path, str(exc)))
+                r.left_out(uid, Skipped(path, str(exc)))
             except Exception as exc:  # one user's file must never stop the report
-                skipped.append(Skipped(path, f"{type(exc).__name__}: {str(exc)[:80]}"))
+                r.left_out(uid, Skipped(path, f"{type(exc).__name__}: {str(exc)[:80]}"))
+    return out
 
 
 @dataclass(frozen=True)

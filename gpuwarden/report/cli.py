@@ -100,7 +100,8 @@ def _uid(user: str) -> int | None:
         return None
 
 
-Read = tuple[str, list[restorelog.RestoreRecord], int]  # root, records, how many skipped
+# root, records, how many records were unreadable or malformed, whether a cap left some out
+Read = tuple[str, list[restorelog.RestoreRecord], int, bool]
 
 
 def _read_restores(given: str | None, configured: str) -> Read | None:
@@ -125,17 +126,19 @@ def _read_restores(given: str | None, configured: str) -> Read | None:
         return None
     for s in skipped:
         log.warning("restore record %s left out: %s", s.where, s.why)
-    return root, records, len(skipped)
+    return (root, records, sum(s.records for s in skipped if not s.capped),
+            any(s.capped for s in skipped))
 
 
-def _restores(read: Read | None, att: Any) -> RestoreTimes | None:
-    """The records in the history's span."""
+def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
+    """The records in the history's span (its window, where the accounting named it)."""
     if read is None:
         return None
-    root, records, skipped = read
-    lo, hi = att.first_start, att.last_end
+    root, records, skipped, capped = read
+    att = hist.attribution
+    lo, hi = hist.window or (att.first_start, att.last_end)
     inside = [r for r in records if lo <= r.at <= hi] if hi > lo else []
-    return RestoreTimes(root, restorelog.per_tier(inside), skipped, inside)
+    return RestoreTimes(root, restorelog.per_tier(inside), skipped, inside, capped)
 
 
 @click.command("report")
@@ -206,7 +209,7 @@ def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
                 gating=GATING if from_files else _gating(obj),
-                restores=_restores(read, hist.attribution),
+                restores=_restores(read, hist),
                 uid_of=_uid)
     # Both rendered before either is written; the JSON lands first.
     files = [(output, render(rep))]

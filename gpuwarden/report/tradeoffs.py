@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.ckpt.restorelog import RestoreRecord, TierRestores
+from gpuwarden.ckpt.restorelog import MAX_PER_OWNER, MAX_RECORDS, RestoreRecord, TierRestores
 from gpuwarden.fleet.mttf import gating_drain_events
 from gpuwarden.health.reasons import drain_origin
 from gpuwarden.lemon.attribution import LEAD_S, Attribution
@@ -86,6 +86,7 @@ class RestoreTimes:
     skipped: int  # records left out as unreadable or malformed (named in the log)
     # The records inside the span, each rank's (for lost work and restarts: `restarts.match`).
     records: list[RestoreRecord] = field(default_factory=list)
+    capped: bool = False  # a cap (per owner, in all) left records out: the oldest, named in the log
 
 
 def _seconds(t: TierRestores | None) -> float | None:
@@ -133,7 +134,11 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
                            "that restored need not be the ones that failed, nor the same size")
         if restores.skipped:
             missing.append(f"{restores.skipped} restore records could not be read or were "
-                           "malformed: left out (each is named in the log)")
+                           "malformed: left out (named in the log)")
+        if restores.capped:
+            missing.append("the oldest restore records of some users were left out, past "
+                           f"their share of {MAX_PER_OWNER:,} record files or "
+                           f"{MAX_RECORDS:,} in all (the log names them)")
         if fs is None or s3 is None:
             missing.append("a tier with no recorded restore in this span: "
                            + ", ".join(n for n, t in (("parallel filesystem", fs),

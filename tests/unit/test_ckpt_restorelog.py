@@ -164,24 +164,58 @@ def test_report_reads_the_records_under_ckpt_root_and_refuses_a_missing_one(
     assert fig["restore time from the parallel filesystem (median)"] == 90.0
 
 
+def _hostile(root: Path, job: int, files: int, junk: bool = False) -> None:
+    coord = _coord(root, f"job-{job}")
+    for rank in range(files):
+        rec = _rec(job=f"job-{job}", rank=rank)
+        if junk:
+            (coord / rec.name).write_text("{")
+        else:
+            _plant(coord, rec)
+    for p in (root / f"job-{job}", coord, *coord.iterdir()):
+        os.chown(p, 6666, 6666)
+
+
 def test_one_user_filling_the_record_cap_leaves_the_other_users_restores_on_the_page(
         tmp_path: Path) -> None:
-    # A hostile user files records in job directories of their own making, sorted ahead of
-    # everyone else's: past their own share they are left out, never the others' records.
+    # A hostile user files records in job directories of their own making: past their own
+    # share they are left out, never the others' records.
     root = tmp_path / "shared"
-    for j in range(1, 5):
-        coord = _coord(root, f"job-{j}")
-        for rank in range(3):
-            _plant(coord, _rec(job=f"job-{j}", rank=rank))
-        os.chown(root / f"job-{j}", 6666, 6666)
-        os.chown(coord, 6666, 6666)
-        for f in coord.iterdir():
-            os.chown(f, 6666, 6666)
-    honest = _coord(root, "job-9")
-    _plant(honest, _rec(job="job-9", rank=0))
+    for j in range(10, 14):
+        _hostile(root, j, 3)
+    _plant(_coord(root, "job-2"), _rec(job="job-2", rank=0))  # older than all of them
     records, skipped = read_records(str(root), per_owner=5, in_all=7)
-    assert [r.job for r in records if r.owner != 6666] == ["job-9"]
+    assert [r.job for r in records if r.owner != 6666] == ["job-2"]
     assert sum(r.owner == 6666 for r in records) == 5
+    assert {r.job for r in records if r.owner == 6666} == {"job-13", "job-12"}  # newest first
+    whys = {s.why: (s.records, s.capped) for s in skipped}
+    assert whys["1 record files not read: uid 6666 has used its share of 5"] == (1, True)
+    assert whys["2 job directories of uid 6666 not read: it has used its share of 5 record "
+                "files"] == (0, True)
+
+
+def test_junk_files_use_up_their_owners_share_and_a_few_log_lines(tmp_path: Path) -> None:
+    # Malformed files cost the share as records do, and past 20 lines the rest is one sum:
+    # one user's junk never buries other users' lines nor grows without bound.
+    root = tmp_path / "shared"
+    for j in range(10, 60):
+        _hostile(root, j, 20, junk=True)
+    _plant(_coord(root, "job-2"), _rec(job="job-2", rank=0))
+    records, skipped = read_records(str(root), per_owner=100)
+    assert [r.job for r in records] == ["job-2"]
+    listed = [s for s in skipped if "not JSON" in s.why]
+    assert len(listed) == restorelog.LINES_PER_OWNER
+    assert any(s.why.startswith("80 more records of uid 6666 left out") for s in skipped)
+    assert any("45 job directories of uid 6666 not read" in s.why for s in skipped)
+    assert len(skipped) < 30
+
+
+def test_the_cap_in_all_says_it_is_the_cap_in_all(tmp_path: Path) -> None:
+    root = tmp_path / "shared"
+    _hostile(root, 10, 3)
+    _hostile(root, 5, 1)
+    records, skipped = read_records(str(root), per_owner=100, in_all=2)
+    assert len(records) == 2
     whys = [s.why for s in skipped]
-    assert "1 records past uid 6666's 5: not counted" in whys
-    assert "2 job directories of uid 6666 not read: past its 5 records" in whys
+    assert "1 records not counted: 2 records kept in all" in whys
+    assert "1 older job directories not read: 2 records kept in all" in whys
