@@ -324,35 +324,60 @@ def _fail_the_job(env: Env, applied: gate.Applied) -> bool:
 
 
 def _out_within_cap(env: Env) -> bool:
-    """Is the node out with a gpuwarden reason that ranks within the blast-radius cap? The
-    ranking is the controller's order of the drains (gpuwarden.health.cap), so this run reaches
-    the verdict the run that drained the node reaches, or reached, without waiting for it."""
-    cap = env.config.health.blast_radius
+    """Is the node out with a gpuwarden reason that ranks within the blast-radius cap (the
+    controller's order of the drains, gpuwarden.health.cap), and still out once the run that
+    drained it has made its own decision?"""
     try:
         node = env.client.node(env.node)
         if not ((node.drained or node.down) and node.reason_is_ours):
             return False  # in service, or someone else's drain: never failed on
-        if env.left() - gate.CALLS_S < gate.TIE_S:
-            log.warning("prolog %s: too little time left to rank the drain found: the job runs",
-                        env.node)
-            return False
-        # Every drain stamped no later than that one is visible once the controller's clock
-        # has left its second.
-        env.sleep(gate.TIE_S)
-        view = env.client.out_of_service(also=(env.node,))
-        now = view.get(env.node)
-        if now is None or not (now.drained or now.down) or not same_drain(now.reason,
-                                                                           node.reason):
-            return False
-        recent = gate.our_recent_drains(view.nodes, gate.controller_now(view), cap.window_s)
-        if env.node not in {n.name for n in recent}:
-            return True  # older than the cap's window: it stands
-        ok, _ = gate.cap_allows(env.node, now.partitions, view.nodes,
-                                env.client.partition_sizes(), cap, gate.controller_now(view))
-        return ok
+        ranked = _ranked_within_cap(env, node)
+        return ranked is not None and _still_out(env, node, ranked)
     except SlurmError as exc:
         env.fail("slurm", f"prolog {env.node}: cannot rank the drain the node is under: {exc}")
         return False
+
+
+def _ranked_within_cap(env: Env, node: Node) -> tuple[Node, float] | None:
+    """The node as ranked, with the controller's clock then, when its drain (``node``'s)
+    ranks within the cap; None otherwise, or when the time left is too short to know."""
+    cap = env.config.health.blast_radius
+    if env.left() - gate.CALLS_S < gate.TIE_S:
+        log.warning("prolog %s: too little time left to rank the drain found: the job runs",
+                    env.node)
+        return None
+    # Every drain stamped no later than that one is visible once the controller's clock has
+    # left its second.
+    env.sleep(gate.TIE_S)
+    view = env.client.out_of_service(also=(env.node,))
+    now = view.get(env.node)
+    if now is None or not (now.drained or now.down) or not same_drain(now.reason, node.reason):
+        return None
+    clock = gate.controller_now(view)
+    if env.node not in {n.name for n in gate.our_recent_drains(view.nodes, clock,
+                                                               cap.window_s)}:
+        return now, clock  # older than the cap's window: it stands
+    ok, _ = gate.cap_allows(env.node, now.partitions, view.nodes,
+                            env.client.partition_sizes(), cap, clock)
+    return (now, clock) if ok else None
+
+
+def _still_out(env: Env, node: Node, ranked: tuple[Node, float]) -> bool:
+    """The run that drained the node ranks it too once its settle wait is over, and the view
+    may change by then (a restamp, an earlier drain resumed): the drain must still be there
+    after that run's own decision."""
+    now, clock = ranked
+    cap = env.config.health.blast_radius
+    decided = (now.reason_changed_at or 0) + max(cap.settle_s, gate.TIE_S) + gate.CALLS_S
+    wait = decided - clock
+    if wait > 0:
+        if env.left() - gate.CALLS_S < wait:
+            log.warning("prolog %s: too little time left to see the drain found kept: the job "
+                        "runs", env.node)
+            return False
+        env.sleep(wait)
+    last = env.client.node(env.node)
+    return (last.drained or last.down) and same_drain(last.reason, node.reason)
 
 
 def _job_failed(environ: Mapping[str, str]) -> bool:

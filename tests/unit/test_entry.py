@@ -172,6 +172,23 @@ def test_prolog_on_an_operators_drain_lets_it_be_and_waits_for_nothing(node_env)
     assert slept == [] and slurm.table["c3"].reason == "maint"
 
 
+def test_prolog_fails_the_job_only_on_the_drain_still_there_after_its_makers_decision(node_env) -> None:  # type: ignore[no-untyped-def]
+    # The periodic check's drain ranks within the cap as the prolog sees it, but that run
+    # decides later on a view that changed (a restamp) and undoes it: the job then runs.
+    env, slurm, tmp = node_env
+    raced = RacedSlurm(slurm.table)
+    naps: list[float] = []
+
+    def sleep(s: float) -> None:
+        naps.append(s)
+        if len(naps) == 2:  # the prolog waits out the other run's decision
+            raced.table["c3"] = replace(raced.table["c3"], state=("IDLE",), reason="")
+
+    break_gpu(tmp)
+    assert entry.prolog(replace(env, client=raced, sleep=sleep)) == 0
+    assert len(naps) == 2 and not raced.table["c3"].drained
+
+
 def test_periodic_resumes_its_drain_after_two_passes(node_env) -> None:  # type: ignore[no-untyped-def]
     env, slurm, tmp = node_env
     break_gpu(tmp)
