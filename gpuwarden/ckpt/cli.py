@@ -193,7 +193,7 @@ def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
     except click.ClickException as exc:
         # Not "no failures": a history that could not be read says nothing about failures.
         return None, f"the accounting history cannot be read ({exc.format_message()})"
-    rep = report(hist.attribution, hist.events, 8, 30.0, (gpus,), window=hist.window)
+    rep = report(hist.attribution, hist.events, 8, 30.0, (gpus,), windows=hist.windows)
     for c in rep.classes:
         if c.gpus == gpu_class(gpus) and c.mttf_h:
             return c.mttf_h, f"measured: {c.failures} failures in {c.hours:.0f} job-hours"

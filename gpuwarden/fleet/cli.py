@@ -78,7 +78,7 @@ def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
     restart, swap = parse_cost(restart_cost), parse_cost(spare_swap)
     grace = obj.config_or_exit().lemon.grace_s
     hist = load_history(obj, since, from_files, events_file, grace)
-    rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, window=hist.window)
+    rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, windows=hist.windows)
     pays = spare_rows(rep, spares, gpus_per_node, restart, swap)
     if as_json:
         click.echo(json.dumps({"records": hist.records, **asdict(rep),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures
 from gpuwarden.health.reasons import is_health_drain
 from gpuwarden.lemon.attribution import Attribution, event_time
+from gpuwarden.slurm.exportwindows import merged
 from gpuwarden.slurm.models import NodeEvent
 
 
@@ -141,10 +142,11 @@ def paper_projection_h(gpus: int, fig: PaperFigures) -> float | None:
 def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
            ckpt_cost_s: float, project_to: Sequence[int],
            paper: PaperFigures | None = None,
-           window: tuple[float, float] | None = None) -> MttfReport:
-    """``window``: the accounting window read (`History.window`), where known: the span the
-    node failures are counted in and node-days measured over. Without it, the runs' first
-    start to last end (a long run that started before the export stretches it)."""
+           windows: Sequence[tuple[float, float]] = ()) -> MttfReport:
+    """``windows``: the accounting read (`History.windows`), where known: the spans the node
+    failures are counted in and node-days measured over (a day missing between exports is
+    in neither). Without them, the runs' first start to last end (a long run that started
+    before the export stretches it)."""
     cost_h = ckpt_cost_s / 3600
     fig = paper or PaperFigures()
     classes = []
@@ -158,12 +160,12 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     big = [c for c in classes if c.gpus >= BIG_GPUS]
     gpu_hours = att.gpu_hours_total
     failures = sum(c.failures for c in classes)
-    lo, hi = window if window is not None else (att.first_start, att.last_end)
-    span_days = max(0.0, hi - lo) / 86_400
+    spans = merged(windows) if windows else ((att.first_start, att.last_end),)
+    span_days = max(0.0, sum(hi - lo for lo, hi in spans)) / 86_400
     enough = failures >= MIN_FAILURES
     per_gpu = gpu_hours / failures if failures else None
     node_days = span_days * len(att.exposure)
-    nf = node_failures(events, lo, hi)
+    nf = sum(node_failures(events, lo, hi) for lo, hi in spans)
     rate = nf / node_days if node_days and nf >= MIN_FAILURES else None
     projections = tuple(
         Projection(n, per_gpu / n if per_gpu and enough else None,

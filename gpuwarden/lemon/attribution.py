@@ -59,6 +59,7 @@ from gpuwarden.lemon.incidence import IncidenceBuilder
 from gpuwarden.lemon.rangetally import RangeTally, shape
 from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
 from gpuwarden.slurm.acctstream import AcctRecord
+from gpuwarden.slurm.exportwindows import inside
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
@@ -479,8 +480,10 @@ def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
 
 def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                     grace_s: float = GRACE_S,
-                    clears: Mapping[str, float] | None = None) -> Attribution:
-    """Rules 8 (`settle`) and 5, once every batch has been merged."""
+                    clears: Mapping[str, float] | None = None,
+                    windows: Sequence[tuple[float, float]] = ()) -> Attribution:
+    """Rules 8 (`settle`) and 5, once every batch has been merged. ``windows``: the
+    accounting read (`History.windows`); without them, the runs' own span."""
     settle(att, grace_s)
     clears = clears or {}
     blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -491,7 +494,7 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
         for d in ds:
             if d.at <= clears.get(node, 0.0):
                 continue
-            if not att.first_start - grace_s <= d.at <= att.last_end + grace_s:
+            if not inside(d.at, windows or ((att.first_start, att.last_end),), grace_s):
                 continue  # outside the history read (sacctmgr lists events that overlap it)
             if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
                 continue  # the drain explains a run already blamed: count it once

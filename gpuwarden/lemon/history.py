@@ -66,9 +66,15 @@ class History:
     records: int
     events: tuple[NodeEvent, ...]
     collected: Collector | None = None  # what ``collector`` gathered, when one was given
-    # The accounting window read (epoch seconds), when every export named its bounds: the
-    # span failures were looked for in (runs that started before it still count their hours).
-    window: tuple[float, float] | None = None
+    # The accounting windows read (epoch seconds, merged), when every export named at least
+    # its start: the spans failures were looked for in (runs that started before them still
+    # count their hours). () when not known: the runs' own span stands in.
+    windows: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """From the first window's start to the last one's end."""
+        return exportwindows.hull(self.windows)
 
 
 def read_events(path: str | None) -> list[NodeEvent]:
@@ -96,8 +102,9 @@ class _Known:
         return cls(by_node(health_drains(events)), by_node(node_failures(events)),
                    lemon_clears(events), grace_s)
 
-    def finish(self, att: Attribution) -> Attribution:
-        return add_lone_drains(att, self.drains, self.grace_s, self.clears)
+    def finish(self, att: Attribution,
+               windows: Sequence[tuple[float, float]] = ()) -> Attribution:
+        return add_lone_drains(att, self.drains, self.grace_s, self.clears, windows)
 
 
 BATCH = 50_000  # records per attribute_runs call: bounds the list of records held
@@ -250,6 +257,11 @@ def same_cluster(events: Sequence[NodeEvent], clusters: set[str]) -> list[NodeEv
     its events are kept (the others' dropped, said); several clusters in the events and none
     known in the accounting, or several there too: an error."""
     named = {e.cluster for e in events if e.cluster}
+    if len(clusters) == 1 and named and not named & clusters:
+        raise HistoryError(
+            f"the node events are of cluster {', '.join(sorted(named))} and the accounting of "
+            f"{next(iter(clusters))}: export the events of the accounting's cluster "
+            "(sacctmgr show events cluster=NAME)")
     if len(named) <= 1 or (len(clusters) == 1 and named <= clusters):
         return list(events)
     if len(clusters) == 1:
@@ -313,14 +325,18 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
             total += n
             if progress:
                 progress(i, len(paths))
-    return History(known.finish(att), total, tuple(events), collected, _union(windows))
+    read = _read_spans(windows, att.last_end)
+    return History(known.finish(att, read), total, tuple(events), collected, read)
 
 
-def _union(windows: Sequence[Window]) -> tuple[float, float] | None:
-    if not windows or any(lo is None or hi is None for lo, hi in windows):
-        return None
-    return (min(lo for lo, _ in windows if lo is not None),
-            max(hi for _, hi in windows if hi is not None))
+def _read_spans(windows: Sequence[Window], last_end: float) -> tuple[tuple[float, float], ...]:
+    """The spans the exports cover, merged; () when one names no start (then unknown). An
+    end still open after planning (the newest export's, lost or never given: up to when it
+    was exported) is the last run end read."""
+    if not windows or any(lo is None for lo, _ in windows):
+        return ()
+    return exportwindows.merged([(lo, hi if hi is not None else max(lo, last_end))
+                                 for lo, hi in windows if lo is not None])
 
 
 def _ended_in(records: Iterable[AcctRecord | SlurmError], lo: float,
@@ -399,4 +415,4 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         done = days if not windows else min(days, int(covered // 86_400))
         if progress and done:
             progress(done, days)
-    return History(known.finish(att), total, tuple(events), collected, span)
+    return History(known.finish(att, (span,)), total, tuple(events), collected, (span,))

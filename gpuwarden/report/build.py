@@ -156,7 +156,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     if not isinstance(tally, RunTally):
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
-                      mttfview.PROJECT_TO, window=hist.window)
+                      mttfview.PROJECT_TO, windows=hist.windows)
     out = outcomes.outcomes(tally, att)
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
@@ -179,7 +179,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
          tradeoffs.filesystem_vs_object_store(tally, att, restores),
-         tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s),
+         tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
         _warnings(out))

@@ -181,8 +181,10 @@ def requeue_cost(f: int, u0: float, lengths: Runs) -> float:
     if not f:
         return u0
     runs = _failures(lengths)[:f]
+    # Where accounting measured the wait only, the restore r0 after it is avoided too.
     total = sum(r.shown_restart_h if r.shown_restart_h is not None
-                else r.restart_h if r.restart_h is not None else u0 for r in runs)
+                else r.restart_h + r.restore_h if r.restart_h is not None else u0
+                for r in runs)
     return (total + max(0, f - len(runs)) * u0) / f
 
 

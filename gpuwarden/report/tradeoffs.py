@@ -15,6 +15,7 @@ from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.mttfview import r
 from gpuwarden.report.outcomes import gpu_blamed_runs
+from gpuwarden.slurm.exportwindows import merged
 from gpuwarden.slurm.models import NodeEvent
 
 
@@ -148,7 +149,9 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
 
 
 def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
-                          grace_s: float) -> Tradeoff:
+                          grace_s: float,
+                          windows: Sequence[tuple[float, float]] = ()) -> Tradeoff:
+    """``windows``: the accounting read (the MTTF section's spans), else the runs' span."""
     runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for b in att.blames:
         if b.job_id is not None:
@@ -156,7 +159,9 @@ def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
     total = came = 0
     origins: Counter[str] = Counter()
     epilog_came = 0
-    for e, at in gating_drain_events(events, att.first_start, att.last_end):
+    spans = merged(windows) if windows else ((att.first_start, att.last_end),)
+    drains = [d for lo, hi in spans for d in gating_drain_events(events, lo, hi)]
+    for e, at in drains:
         total += 1
         # The attribution's test (rule 5): the drain explains a run blamed on its node.
         hit = any(s - LEAD_S <= at <= end + grace_s for s, end in runs.get(e.node, ()))

@@ -55,9 +55,10 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
             later = [s for s in starts if s > lo]
             if later:
                 end = min(later)
-                notes.append(f"{path}: its window names no end (Slurm before 26.05.2 drops "
-                             f"the command's last argument: put --json last); taken as the "
-                             f"next export's start, {_iso(end)}")
+                notes.append(f"{path}: its window names no end that can be read (an end "
+                             f"such as 'now', or one Slurm before 26.05.2 dropped as the "
+                             f"command's last argument: put --json last); taken as the next "
+                             f"export's start, {_iso(end)}")
         out.append((lo, end))
     spans = sorted((-math.inf if lo is None else lo, math.inf if hi is None else hi, i)
                    for i, (lo, hi) in enumerate(out) if (lo, hi) != (None, None))
@@ -71,3 +72,30 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
         if hi > reach:
             reach, a = hi, b
     return Planned(out, notes)
+
+
+Span = tuple[float, float]
+
+
+def merged(spans: Sequence[Span]) -> tuple[Span, ...]:
+    """The spans sorted, overlapping and touching ones joined: what was read, once each."""
+    out: list[Span] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def covered_s(spans: Sequence[Span]) -> float:
+    """Seconds the merged spans cover (a day missing between two exports is not covered)."""
+    return sum(hi - lo for lo, hi in merged(spans))
+
+
+def inside(at: float, spans: Sequence[Span], slack: float = 0.0) -> bool:
+    return any(lo - slack <= at <= hi + slack for lo, hi in spans)
+
+
+def hull(spans: Sequence[Span]) -> Span | None:
+    return (min(lo for lo, _ in spans), max(hi for _, hi in spans)) if spans else None

@@ -235,7 +235,7 @@ def test_node_days_are_the_exports_window_not_stretched_by_a_run_that_started_be
                       "--json"])
     h = history.from_files([path], [])
     assert h.window == (T0, T0 + day)
-    rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), window=h.window)
+    rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), windows=h.windows)
     assert rep.span_days == 1.0 and rep.node_days == 4.0
 
 
@@ -267,3 +267,40 @@ def test_an_export_saved_with_a_byte_order_mark_reads_as_without(tmp_path: Path)
     marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
     got = [history.from_files([str(p)], []).attribution.blames for p in (plain, marked)]
     assert got[0] == got[1] and len(got[0]) == 1
+
+
+def test_node_days_cover_only_the_days_read(tmp_path: Path) -> None:
+    # Days 0 and 2 exported, day 1 missing: node-days are two days' (not three), and a health
+    # drain on day 1, never read, is no failure and no lone blame.
+    day = 86_400
+    runs = {d: [replace(job(10 * d + i, "COMPLETED", f"c{i}", start=T0 + d * day + 600),
+                        gpus=8) for i in (1, 2)] for d in (0, 2)}
+    paths = [_day_file(tmp_path, f"d{d}.json", runs[d],
+                       ["sacct", f"--starttime={_iso(T0 + d * day)}",
+                        f"--endtime={_iso(T0 + (d + 1) * day)}", "--json"]) for d in (0, 2)]
+    drain = NodeEvent("g", "c9", _iso(T0 + day + 6 * 3600), "Unknown", "DRAIN",
+                      "gpuwarden: periodic: xid 79 [health]", "root")
+    h = history.from_files(paths, [drain])
+    assert h.windows == ((T0, T0 + day), (T0 + 2 * day, T0 + 3 * day))
+    rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), windows=h.windows)
+    assert (rep.span_days, rep.node_failures) == (2.0, 0)
+    assert not [b for b in h.attribution.blames if b.node == "c9"]
+
+
+def test_the_newest_exports_lost_end_is_its_last_run(tmp_path: Path) -> None:
+    run = replace(job(1, "COMPLETED", "c1", start=T0 + 600), gpus=8)
+    path = _day_file(tmp_path, "d.json", [run], ["sacct", f"--starttime={_iso(T0)}", "--json"])
+    assert history.from_files([path], []).windows == ((T0, run.end_time),)
+
+
+def test_node_events_all_of_another_cluster_are_refused(tmp_path: Path) -> None:
+    run = replace(job(1, "FAILED", "c1", start=T0 + 60), gpus=8)
+    doc = json.loads(sacct_export([run]))
+    doc["jobs"] = doc["jobs"][:-1]
+    doc["meta"] = {"command": ["sacct"], "slurm": {"cluster": "a"}}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(doc))
+    theirs = NodeEvent("b", "c1", _iso(T0 + 60), "Unknown", "DRAIN", "gpuwarden: x [health]",
+                       "root")
+    with pytest.raises(history.HistoryError, match="cluster b and the accounting of a"):
+        history.from_files([str(path)], [theirs])

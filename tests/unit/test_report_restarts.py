@@ -196,9 +196,9 @@ def test_a_requeued_failure_without_restore_records_restarts_in_its_measured_wai
     # (10 - 2 * 0.5 - 600 / 3600 - 0.1) / (10 + 630 / 3600) = 8.7333 / 10.175 = 0.8583.
     assert sixteen.ettr_now == 0.8583 and sixteen.requeue_measured == 2
     assert (e.measured_failures, e.requeue_measured, e.requeue_wait_median_s) == (0, 2, 315)
-    # The spares' payoff weighs a requeue at what these cost (315 s, not u0's 1,800 s) less
-    # the swap s = 180 s.
-    assert sixteen.requeue_lost_gpu_h == pytest.approx(2 * (315 - 180) / 3600 * 16, abs=0.01)
+    # The spares' payoff weighs a requeue at what these cost (315 s waiting and r0 = 300 s
+    # restoring, not u0's 1,800 s) less the swap s = 180 s.
+    assert sixteen.requeue_lost_gpu_h == pytest.approx(2 * (615 - 180) / 3600 * 16, abs=0.01)
 
 
 def test_a_restore_record_still_measures_more_than_the_requeue_wait() -> None:
@@ -278,6 +278,7 @@ def test_the_spares_payoff_counts_the_measured_restore_a_spare_would_not_need() 
     runs = JOBS + [replace(j, restart_count=1) for j in RERUNS]
     rep = build(_with(runs), OPTS, ScoreConfig(), uid_of=UIDS.get,
                 restores=RestoreTimes("/fsx", per_tier(RECORDS), 0, RECORDS))
-    # Job 2: failure to restored 1,200 s (600 s between the runs); job 6: a 30 s wait; s = 180.
+    # Job 2: failure to restored 1,200 s (600 s between the runs); job 6: a 30 s wait and
+    # r0 = 300 s restoring; s = 180.
     assert rep.ettr.rows[1].requeue_lost_gpu_h == \
-        pytest.approx(((1200 + 30) / 2 - 180) / 3600 * 2 * 16, abs=0.01)
+        pytest.approx(((1200 + 330) / 2 - 180) / 3600 * 2 * 16, abs=0.01)
