@@ -413,7 +413,10 @@ def parse_events(text: str) -> list[NodeEvent]:
     would stay in the reason, and a health drain's "[health]" tag would be lost) and with the
     header line that `-n` leaves out."""
     lines = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
-    if lines and all(ln.endswith("|") for _, ln in lines):
+    # -p: every line ends with "|" after its 7 fields. A -P line with an empty user (Slurm's
+    # own events, "Cluster Registered TRES") ends with "|" too, but has only 6.
+    if lines and all(ln.endswith("|") and ln.count("|") >= len(EVENT_FIELDS)
+                     for _, ln in lines):
         lines = [(n, ln[:-1]) for n, ln in lines]
     if lines and [f.strip().lower() for f in lines[0][1].split("|")] == \
             [f.lower() for f in EVENT_FIELDS]:

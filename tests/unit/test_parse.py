@@ -96,6 +96,11 @@ def test_events_printed_with_p_or_with_the_header_read_the_same(fixture_text: Re
     line = "c|n1|2026-11-29T09:00:00|Unknown|DRAIN|gpuwarden: periodic: xid 79 [health]|root(0)|"
     (e,) = parse.parse_events(line)
     assert (e.reason, e.user) == ("gpuwarden: periodic: xid 79 [health]", "root")
+    # -P lines that all have an empty user (Slurm's own events) end with "|" too: not -p.
+    slurm_only = "c||2026-11-29T09:37:19|Unknown||Cluster Registered TRES|\n" \
+                 "c|n2|2026-11-29T09:38:00|Unknown|DOWN*|Not responding|\n"
+    assert [(e.node, e.reason, e.user) for e in parse.parse_events(slurm_only)] == \
+        [("", "Cluster Registered TRES", ""), ("n2", "Not responding", "")]
 
 
 def test_event_reason_may_contain_the_separator() -> None:
