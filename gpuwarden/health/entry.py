@@ -353,13 +353,8 @@ def _ranked_within_cap(env: Env, node: Node) -> tuple[Node, float] | None:
     now = view.get(env.node)
     if now is None or not (now.drained or now.down) or not same_drain(now.reason, node.reason):
         return None
-    clock = gate.controller_now(view)
-    if env.node not in {n.name for n in gate.our_recent_drains(view.nodes, clock,
-                                                               cap.window_s)}:
-        return now, clock  # older than the cap's window: it stands
-    ok, _ = gate.cap_allows(env.node, now.partitions, view.nodes,
-                            env.client.partition_sizes(), cap, clock)
-    return (now, clock) if ok else None
+    ok, _ = gate.ranks_within(now, view, env.client.partition_sizes(), cap)
+    return (now, gate.controller_now(view)) if ok else None
 
 
 def _still_out(env: Env, node: Node, ranked: tuple[Node, float]) -> bool:

@@ -284,6 +284,16 @@ def _keep_or_undo(reason: str, full: str, me: str, client: SlurmClient, cap: Bla
     return Applied("drained", reason)
 
 
+def ranks_within(node: Node, view: NodeView, sizes: Mapping[str, int],
+                 cap: BlastRadius) -> tuple[bool, str]:
+    """Does ``node``'s drain, as ``view`` shows it, rank within the cap? (True, "older than the
+    cap's window") for a drain the window no longer counts; else `cap_allows`'s answer."""
+    clock = controller_now(view)
+    if node.name not in {n.name for n in our_recent_drains(view.nodes, clock, cap.window_s)}:
+        return True, "older than the cap's window"
+    return cap_allows(node.name, node.partitions, view.nodes, sizes, cap, clock)
+
+
 def rerank(why: str, node: Node, client: SlurmClient, cap: BlastRadius) -> Applied:
     """Step 4 again for a health drain made earlier and never seen within the cap (the run
     that made it failed or was killed before it could rank it): keep it or undo it."""
@@ -292,13 +302,9 @@ def rerank(why: str, node: Node, client: SlurmClient, cap: BlastRadius) -> Appli
     now = _find(view, me)
     if not same_drain(now.reason, full) or not (now.drained or now.down):
         return Applied("none", f"{now.state_text} with reason {now.reason!r}: left as it is")
-    if me not in {n.name for n in our_recent_drains(view.nodes, controller_now(view),
-                                                    cap.window_s)}:
-        return Applied("kept", f"{full} (older than the cap's window)")
-    ok, over = cap_allows(me, now.partitions, view.nodes, client.partition_sizes(), cap,
-                          controller_now(view))
+    ok, over = ranks_within(now, view, client.partition_sizes(), cap)
     if ok:
-        return Applied("kept", f"{full} (within the blast-radius cap)")
+        return Applied("kept", f"{full} ({over or 'within the blast-radius cap'})")
     reason = full[len(REASON_PREFIX):].lstrip()
     log.warning("%s: health drain %r is past the blast-radius cap: undoing it (%s)", me, full,
                 over)
