@@ -155,7 +155,7 @@ class RunTally:
                 continue
             start, end = r.start_time, r.end_time
             assert start is not None and end is not None  # kind() said so
-            state, gpus = r.state, r.gpus
+            state, gpus, restarts = r.state, r.gpus, r.restart_count
             cell = (end // DAY, partition(r), state)
             if gpus > 0:
                 cells[cell] += 1
@@ -167,10 +167,9 @@ class RunTally:
                 user = r.user
                 keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
                                                 end - start, users.setdefault(user, user),
-                                                r.restart_count)
+                                                restarts)
             if watch and r.job_id in watch:
                 self.watched.setdefault(r.job_id, []).append((start, end))
-            restarts = r.restart_count
             if restarts:
                 user = r.user
                 self.requeued.setdefault(r.job_id, []).append(
