@@ -56,11 +56,13 @@ from functools import lru_cache
 
 from gpuwarden.health.reasons import is_health_drain
 from gpuwarden.lemon.incidence import IncidenceBuilder
-from gpuwarden.lemon.rangetally import RangeTally, shape
+from gpuwarden.lemon.rangetally import RangeTally
 from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
+from gpuwarden.slurm.acctcols import Columns
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.exportwindows import inside
 from gpuwarden.slurm.hostlist import HostlistError, expand
+from gpuwarden.slurm.hostranges import shape
 from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 NODE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
@@ -292,76 +294,149 @@ def _failed_nodes(nodes: tuple[str, ...], end: int, failures: Mapping[str, list[
     return hit
 
 
-def attribute_runs(jobs: Iterable[AcctRecord], drains: Mapping[str, list[HealthDrain]],
+def attribute_runs(jobs: Iterable[AcctRecord] | Columns,
+                   drains: Mapping[str, list[HealthDrain]],
                    grace_s: float = GRACE_S,
                    clears: Mapping[str, float] | None = None,
                    failures: Mapping[str, list[HealthDrain]] | None = None,
                    into: Attribution | None = None,
-                   tally: RangeTally | None = None) -> Attribution:
+                   tally: RangeTally | None = None, *, grouped: bool = True) -> Attribution:
     """Rules 1-4, 6 and 7 over one batch of records; mergeable with other batches.
 
     ``drains``: health-gating drains by node; ``failures``: every node failure event by node
     (DOWN and health drains), to pin a run's failure on the nodes that failed. ``into``: add
     to this Attribution rather than a new one. ``tally``: leave the exposure of runs in it, for
     the caller to `spread_exposure` once after many batches (by default, spread at the end).
+    ``grouped``: False judges every record on its own (`_attribute_one`), the reference the
+    grouped path is tested against (tests/unit/test_attribution_grouped.py).
     """
     result = into if into is not None else Attribution()
     clears = clears or {}
     failures = drains if failures is None else failures
-    exposure = result.exposure
+    cols = jobs if isinstance(jobs, Columns) else Columns(list(jobs))
     # Exposure goes to a tally of node ranges, spread over the nodes once at the end: at
     # millions of records, naming and touching every node of every run dominated the scan.
     ranged = RangeTally() if tally is None else tally
-    gpu_runs, gpu_hours, runs_by_size, class_gpu_hours = (
-        result.gpu_runs, result.gpu_hours, result.runs_by_size, result.class_gpu_hours)
-    add_hours = result.incidence.add_hours
-    first, last = result.first_start, result.last_end
-    for job in jobs:
-        text, state = job.nodes, job.state
-        known = None if clears or not text else shape(text)
-        all_nodes: tuple[str, ...] = ()
-        if known is None or state in _BLAMABLE:
-            all_nodes = _named(job, state, result)
-            if not all_nodes:
-                continue
-        start, end = job.start_time, job.end_time
-        if start is None or end is None or end < start:
-            result.skipped["no start or end time"] += 1
-            continue
-        count = known[1] if known is not None else len(all_nodes)
-        cleared = bool(clears) and any(n in clears for n in all_nodes)
-        nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if cleared else all_nodes
-        secs = run_seconds(start, end)
-        hours = secs / 3600
-        size = size_bucket(count)
-        gpus = job.gpus
-        gclass = gpu_class(gpus)
-        gpu_runs[gclass] += 1
-        gpu_hours[gclass] += hours
-        class_gpu_hours[gclass] += hours * max(0, gpus)
-        first, last = min(first, start), max(last, end)
-        runs_by_size[size] += len(nodes) if cleared else count
-        add_hours(size, hours)
-        if cleared:
-            _expose_each(exposure, nodes, size, hours)
-        elif known is not None:
-            ranged.add_list(text, size, secs)
-        else:
-            ranged.add_names(all_nodes, size, secs)
-        if state in _BLAMABLE:  # else rule 6
-            drained, claims = _claims(state, all_nodes, start, end, drains, failures, grace_s)
-            if claims:  # rule 8: judged once every run that may claim them is in
-                result.pending.append(Pending(
-                    Held(job.job_id, job.user, state, job.exit_code, job.failed_node,
-                         job.submit_line), all_nodes, tuple(nodes), start, end, size, gclass,
-                    claims, drained))
-            else:
-                _judge(result, job, all_nodes, nodes, start, end, size, gclass, {}, {},
-                       grace_s)
-    result.first_start, result.last_end = first, last
+    records = cols.records
+    if not grouped:
+        for i in range(len(records)):
+            _attribute_one(result, records[i], cols, i, drains, failures, clears, grace_s, ranged)
+    else:
+        for i in _add_plain(result, cols, clears, ranged):
+            _attribute_one(result, records[i], cols, i, drains, failures, clears, grace_s, ranged)
     if tally is None:
-        spread_exposure(exposure, ranged)
+        spread_exposure(result.exposure, ranged)
     return result
+
+
+def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
+               ranged: RangeTally) -> list[int]:
+    """The runs rules 1-4 never blame (most of them), tallied by node list and by GPU count:
+    what `_attribute_one` adds for each, added once per list and per count. Returns the other
+    records' places, in order: a state that may be blamed, a missing time, a node list
+    `shape` does not read or with a node whose lemon drain was cleared (rule 7)."""
+    by_list: dict[str, list[int]] = {}
+    by_gpus: dict[int, list[int]] = {}
+    others: list[int] = []
+    first, last = result.first_start, result.last_end
+    blamable, other = _BLAMABLE, _OTHER
+    for i, (text, shaped, state, start, end, gpus) in enumerate(zip(
+            cols.nodes, cols.shaped, cols.states, cols.starts, cols.ends, cols.gpus,
+            strict=True)):
+        if not shaped or state in blamable or not (start and end) or end < start:
+            others.append(i)
+            continue
+        acc = by_list.get(text)
+        if acc is None:
+            acc = by_list[text] = other if clears and any(
+                n in clears for n in _expand(text)) else [0, 0]
+        if acc is other:
+            others.append(i)
+            continue
+        # Comparisons, not min/max: a call per record costs more than the rest of the step.
+        secs = end - start
+        if secs < MIN_RUN_S:  # noqa: PLR1730
+            secs = MIN_RUN_S
+        if start < first:  # noqa: PLR1730
+            first = start
+        if end > last:  # noqa: PLR1730
+            last = end
+        acc[0] += 1
+        acc[1] += secs
+        g = by_gpus.get(gpus)
+        if g is None:
+            by_gpus[gpus] = [1, secs]
+        else:
+            g[0] += 1
+            g[1] += secs
+    result.first_start, result.last_end = first, last
+    for text, acc in by_list.items():
+        if acc is other:
+            continue
+        runs, secs = acc
+        known = shape(text)
+        assert known is not None  # cols.shaped said so
+        size = size_bucket(known[1])
+        result.runs_by_size[size] += known[1] * runs
+        result.incidence.add_hours(size, secs / 3600)
+        ranged.add_list(text, size, secs, runs)
+    for gpus, (runs, secs) in by_gpus.items():
+        gclass, hours = gpu_class(gpus), secs / 3600
+        result.gpu_runs[gclass] += runs
+        result.gpu_hours[gclass] += hours
+        result.class_gpu_hours[gclass] += hours * max(0, gpus)
+    return others
+
+
+_OTHER: list[int] = []  # a node list with a cleared node: each of its runs on its own
+
+
+def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
+                   drains: Mapping[str, list[HealthDrain]],
+                   failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
+                   grace_s: float, ranged: RangeTally) -> None:
+    """One record: its exposure, and rules 1-4, 6 and 7."""
+    text, state = cols.nodes[i], cols.states[i]
+    known = None if clears or not text else shape(text)
+    all_nodes: tuple[str, ...] = ()
+    if known is None or state in _BLAMABLE:
+        all_nodes = _named(job, state, result)
+        if not all_nodes:
+            return
+    start, end = job.start_time, job.end_time
+    if start is None or end is None or end < start:
+        result.skipped["no start or end time"] += 1
+        return
+    count = known[1] if known is not None else len(all_nodes)
+    cleared = bool(clears) and any(n in clears for n in all_nodes)
+    nodes = [n for n in all_nodes if end > clears.get(n, 0.0)] if cleared else all_nodes
+    secs = run_seconds(start, end)
+    hours = secs / 3600
+    size = size_bucket(count)
+    gpus = job.gpus
+    gclass = gpu_class(gpus)
+    result.gpu_runs[gclass] += 1
+    result.gpu_hours[gclass] += hours
+    result.class_gpu_hours[gclass] += hours * max(0, gpus)
+    result.first_start = min(result.first_start, start)
+    result.last_end = max(result.last_end, end)
+    result.runs_by_size[size] += len(nodes) if cleared else count
+    result.incidence.add_hours(size, hours)
+    if cleared:
+        _expose_each(result.exposure, nodes, size, hours)
+    elif known is not None:
+        ranged.add_list(text, size, secs)
+    else:
+        ranged.add_names(all_nodes, size, secs)
+    if state in _BLAMABLE:  # else rule 6
+        drained, claims = _claims(state, all_nodes, start, end, drains, failures, grace_s)
+        if claims:  # rule 8: judged once every run that may claim them is in
+            result.pending.append(Pending(
+                Held(job.job_id, job.user, state, job.exit_code, job.failed_node,
+                     job.submit_line), all_nodes, tuple(nodes), start, end, size, gclass,
+                claims, drained))
+        else:
+            _judge(result, job, all_nodes, nodes, start, end, size, gclass, {}, {}, grace_s)
 
 
 _BLAMABLE = NODE_STATES | {"REQUEUED", "FAILED"}  # the states _rule can blame

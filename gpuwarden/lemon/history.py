@@ -35,6 +35,7 @@ from gpuwarden.lemon.attribution import (
 )
 from gpuwarden.lemon.rangetally import RangeTally
 from gpuwarden.slurm import acctstream, dataparser, exportwindows, parse
+from gpuwarden.slurm.acctcols import Columns
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, NodeEvent
@@ -53,11 +54,12 @@ class Collector(Protocol):
     """More tallies of the same records, filled in the same pass as the attribution (the fleet
     report's: `gpuwarden.report.collect`). Picklable: worker processes fill one each."""
 
-    def add(self, records: Sequence[AcctRecord]) -> None: ...
+    def add(self, records: Columns) -> None: ...
     def merge(self, other: Any) -> None: ...
 
 
 CollectorFactory = Callable[[], Collector]
+Window = tuple[float | None, float | None]
 
 
 @dataclass(frozen=True)
@@ -110,37 +112,60 @@ class _Known:
 BATCH = 50_000  # records per attribute_runs call: bounds the list of records held
 
 
-def _count(att: Attribution, records: Iterable[AcctRecord | SlurmError], label: str,
-           known: _Known, collect: Collector | None = None) -> tuple[Attribution, int]:
-    """Fold a stream of records into ``att`` (and ``collect``); only per-node tallies and
-    failed runs stay."""
+def _count(att: Attribution, batches: Iterable[Sequence[AcctRecord | SlurmError]], label: str,
+           known: _Known, collect: Collector | None = None,
+           window: Window = (None, None)) -> tuple[Attribution, int]:
+    """Fold a stream of record batches into ``att`` (and ``collect``); only per-node tallies
+    and failed runs stay. ``window``: the export's (or the sacct call's); sacct lists a run in
+    every window it overlaps, so only runs that ended in it count (runs still going are not
+    finished, so not counted yet) and day files never count a run that crossed midnight
+    twice. Returns the records counted (malformed ones included)."""
     n, bad, first_bad = 0, 0, ""
     good: list[AcctRecord] = []
     tally = RangeTally()  # exposure of every batch, spread over the nodes once at the end
-    for r in records:
-        n += 1
-        if not isinstance(r, SlurmError):
-            good.append(r)
-            if len(good) >= BATCH:
-                if collect is not None:
-                    collect.add(good)
-                attribute_runs(good, known.drains, known.grace_s, known.clears,
-                               known.failures, into=att, tally=tally)
-                good = []
-        else:
-            bad += 1
-            first_bad = first_bad or str(r)
+    lo, hi = window
+    bounded = lo is not None or hi is not None
+
+    def fold(records: list[AcctRecord]) -> int:
+        cols = Columns(records)
+        if bounded:
+            cols = cols.ended_in(lo or 0.0, hi if hi is not None else float("inf"))
+        if collect is not None:
+            collect.add(cols)
+        attribute_runs(cols, known.drains, known.grace_s, known.clears, known.failures,
+                       into=att, tally=tally)
+        return len(cols)
+
+    for batch in batches:
+        ok = [r for r in batch if not isinstance(r, SlurmError)]
+        if len(ok) < len(batch):
+            errors = [r for r in batch if isinstance(r, SlurmError)]
+            bad += len(errors)
+            first_bad = first_bad or str(errors[0])
+        good.extend(ok)
+        if len(good) >= BATCH:
+            n += fold(good)
+            good = []
     if bad:
         # One line per file, with the first record's problem (field and data_parser version).
         log.warning("%s%d malformed record(s), the first: %s", label, bad, first_bad)
         att.skipped[f"{label}malformed record"] += bad
     if good:
-        if collect is not None:
-            collect.add(good)
-        attribute_runs(good, known.drains, known.grace_s, known.clears, known.failures,
-                       into=att, tally=tally)
+        n += fold(good)
     spread_exposure(att.exposure, tally)
-    return att, n
+    return att, n + bad
+
+
+def _chunks(items: Iterable[AcctJob | SlurmError],
+            size: int = 1000) -> Iterator[list[AcctJob | SlurmError]]:
+    chunk: list[AcctJob | SlurmError] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 @contextmanager
@@ -165,7 +190,6 @@ def _read_one(path: str, known: _Known, collector: CollectorFactory | None = Non
         return _read_one_unpaused(path, known, collector, window)
 
 
-Window = tuple[float | None, float | None]
 
 
 def _stream_file(path: str, known: _Known, window: Window,
@@ -179,13 +203,8 @@ def _stream_file(path: str, known: _Known, window: Window,
         # reported naming the field and the version.
         stream = acctstream.AcctStream(acctstream.text_reader(fh), "sacct --json",
                                        version=None if meta is None else dataparser.version(meta))
-        records: Iterable[AcctRecord | SlurmError] = stream.runs()
-        lo, hi = window
-        if lo is not None or hi is not None:
-            # Exported with a window: count only runs that ended in it, so that day files
-            # never count a run that crossed midnight twice.
-            records = _ended_in(records, lo or 0.0, hi or float("inf"))
-        att, n = _count(Attribution(), records, f"{path}: ", known, collect)
+        att, n = _count(Attribution(), stream.run_batches(), f"{path}: ", known, collect,
+                        window)
         return att, n, window, parse.acct_window(stream.top)
 
 
@@ -339,15 +358,6 @@ def _read_spans(windows: Sequence[Window], last_end: float) -> tuple[tuple[float
                                  for lo, hi in windows if lo is not None])
 
 
-def _ended_in(records: Iterable[AcctRecord | SlurmError], lo: float,
-              hi: float) -> Iterator[AcctRecord | SlurmError]:
-    """sacct lists a run in every window it overlaps: count it only in the one it ended in
-    (runs still going are not finished, so not counted yet)."""
-    for r in records:
-        if isinstance(r, SlurmError) or (r.end_time is not None and lo <= r.end_time < hi):
-            yield r
-
-
 def _slurm_time(at: datetime) -> str:
     # The client runs Slurm's commands with TZ=UTC (gpuwarden.slurm.runner.SLURM_ENV).
     return at.astimezone(UTC).strftime(SLURM_TIME)
@@ -394,9 +404,9 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         try:
             more = collector() if collector is not None else None
             with gc_paused():
-                part, n = _count(Attribution(), _ended_in(
-                    source.window(_slurm_time(lo), _slurm_time(hi)), lo.timestamp(),
-                    hi.timestamp()), "", known, more)
+                part, n = _count(Attribution(), _chunks(
+                    source.window(_slurm_time(lo), _slurm_time(hi))), "", known, more,
+                    (lo.timestamp(), hi.timestamp()))
         except CommandTimeoutError as exc:
             if hi - lo <= floor:
                 raise HistoryError(f"{exc}, even for {hi - lo} of accounting: slurmdbd is "

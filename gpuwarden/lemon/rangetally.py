@@ -4,55 +4,17 @@ At fleet scale (10 million runs, ~8 nodes each) expanding every run's node list 
 and touching each node's counters was most of the scan. Here ``n[0100-0163]`` costs one
 difference-array update per size bucket, whatever its length; names are made once per node
 when the totals are read (`spread`). Node lists of another shape (several brackets, a comma
-outside brackets) return None from `ranges` and the caller expands them the usual way.
+outside brackets) return None from `hostranges.ranges` and the caller expands them the usual way.
 Seconds are summed as integers, so the totals do not depend on the order runs came in.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
 from itertools import pairwise
 
-from gpuwarden.slurm.hostlist import _MAX_EXPAND
-
-# One name, or one bracket of ranges with a plain head and tail: what Slurm prints for runs.
-_ONE = re.compile(r"[A-Za-z0-9._\-]+")
-_BRACKETED = re.compile(r"([A-Za-z0-9._\-]*)\[([0-9,\-]+)\]([A-Za-z0-9._\-]*)")
-
-Key = tuple[str, int, str]  # head, zero-padded width (0: none), tail
-Range = tuple[Key, int, int]  # key, first, last
-
-
-def ranges(text: str) -> tuple[Range, ...] | None:
-    """``text``'s names as ranges, exactly as `hostlist.expand` would name them; None when
-    this shape is not handled here (or is an error, which `expand` reports)."""
-    if _ONE.fullmatch(text):
-        return (((text, -1, ""), 0, 0),)  # width -1: the name itself, no number
-    m = _BRACKETED.fullmatch(text)
-    if not m:
-        return None
-    head, body, tail = m.groups()
-    out: list[Range] = []
-    for item in body.split(","):
-        lo_s, dash, hi_s = item.partition("-")
-        if not lo_s.isdigit() or (dash and not hi_s.isdigit()):
-            return None
-        lo, hi = int(lo_s), int(hi_s or lo_s)
-        if hi < lo or hi - lo >= _MAX_EXPAND:
-            return None
-        out.append(((head, len(lo_s) if lo_s.startswith("0") else 0, tail), lo, hi))
-    return tuple(out)
-
-
-@lru_cache(maxsize=1 << 17)  # a day of a 12,500-node fleet has ~100k distinct node lists
-def shape(text: str) -> tuple[tuple[Range, ...], int] | None:
-    """`ranges` and how many names they hold."""
-    rs = ranges(text)
-    return None if rs is None else (rs, sum(hi - lo + 1 for _, lo, hi in rs))
-
+from gpuwarden.slurm.hostranges import Key, Range, shape
 
 FOLD_AT = 100_000  # distinct node lists held before they are folded into ranges
 
@@ -66,15 +28,16 @@ class RangeTally:
         self._lists: dict[str, list[int]] = {}
         self._diff: dict[tuple[Key, int], dict[int, list[int]]] = defaultdict(dict)
 
-    def add_list(self, text: str, size: int, seconds: int) -> None:
-        """A run on ``text``, which `shape` reads, of ``size`` (its size bucket)."""
+    def add_list(self, text: str, size: int, seconds: int, runs: int = 1) -> None:
+        """``runs`` runs on ``text``, which `shape` reads, of ``size`` (its size bucket) and
+        ``seconds`` in all."""
         t = self._lists.get(text)
         if t is None:
-            self._lists[text] = [1, seconds, size]
+            self._lists[text] = [runs, seconds, size]
             if len(self._lists) >= FOLD_AT:
                 self._fold()
         else:
-            t[0] += 1
+            t[0] += runs
             t[1] += seconds
 
     def _fold(self) -> None:

@@ -33,10 +33,11 @@ from gpuwarden.lemon.attribution import (
     health_drains,
     node_failures,
 )
-from gpuwarden.lemon.rangetally import shape
 from gpuwarden.report.fields import partition, submitted
+from gpuwarden.slurm.acctcols import Columns, columns
 from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.hostlist import HostlistError, expand
+from gpuwarden.slurm.hostranges import shape
 from gpuwarden.slurm.models import NodeEvent
 
 DAY = 86_400
@@ -144,40 +145,86 @@ class RunTally:
                 watch: frozenset[int] = frozenset()) -> partial[RunTally]:
         return partial(cls, leaf_of, blamable, watch)
 
-    def add(self, records: Sequence[AcctRecord]) -> None:
-        cells, keep, shared, leaf_of = self.cells, self.blamable, self._shared, self.leaf_of
-        users, watch = self._users, self.watch
-        may = self.filter.may_blame if self.filter is not None else None
-        for r in records:
-            what = kind(r)
-            if what != "run":
-                self.never_ran += what == "never ran"
+    def add(self, records: Sequence[AcctRecord] | Columns, *, grouped: bool = True) -> None:
+        """``grouped``: False tallies every record on its own (`_add_one`), the reference the
+        grouped path is tested against."""
+        cols = columns(records)
+        recs = cols.records
+        for i in (self._add_plain(cols) if grouped else range(len(recs))):
+            self._add_one(recs[i])
+
+    def _add_plain(self, cols: Columns) -> list[int]:
+        """The runs in a state the attribution never blames (most of them), counted by cell
+        and GPUs: what `_add_one` adds for each. Returns the other records' places."""
+        groups: dict[tuple[int, str, str, int], list[int]] = {}
+        others: list[int] = []
+        recs, restarts = cols.records, cols.restarts
+        watch, leaf_of, ids = self.watch, self.leaf_of, cols.job_ids if self.watch else ()
+        for i, (text, shaped, state, start, end, gpus, part) in enumerate(zip(
+                cols.nodes, cols.shaped, cols.states, cols.starts, cols.ends, cols.gpus,
+                cols.partitions, strict=True)):
+            if not shaped or state in BLAMABLE or not (start and end) or end < start:
+                others.append(i)
                 continue
-            start, end = r.start_time, r.end_time
-            assert start is not None and end is not None  # kind() said so
-            state, gpus, restarts = r.state, r.gpus, r.restart_count
-            cell = (end // DAY, partition(r), state)
-            if gpus > 0:
-                cells[cell] += 1
-                self.gpu_seconds[gpu_class(gpus)] += gpus * max(end - start, 1)
+            key = (end // DAY, part, state, gpus)
+            acc = groups.get(key)
+            secs = end - start if end > start else 1
+            if acc is None:
+                groups[key] = [1, secs]
             else:
-                self.cpu_runs += 1
-            if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
-                # One tuple per distinct cell: a million failed runs share a few hundred.
-                user = r.user
-                keep[run_key(r.job_id, end)] = (shared.setdefault(cell, cell), gpus,
-                                                end - start, users.setdefault(user, user),
-                                                restarts)
-            if watch and r.job_id in watch:
-                self.watched.setdefault(r.job_id, []).append((start, end))
-            if restarts:
-                user = r.user
-                self.requeued.setdefault(r.job_id, []).append(
-                    (start, restarts, users.setdefault(user, user)))
-            if leaf_of is not None:
-                nodes = r.nodes
-                if "[" in nodes or "," in nodes:
-                    self._gang(r, nodes, start)
+                acc[0] += 1
+                acc[1] += secs
+            if watch and ids[i] in watch:
+                self.watched.setdefault(ids[i], []).append((start, end))
+            if restarts[i]:
+                self._requeued(recs[i], start, restarts[i])
+            if leaf_of is not None and ("[" in text or "," in text):
+                self._gang(recs[i], text, start)
+        for (day, part, state, gpus), (runs, secs) in groups.items():
+            if gpus > 0:
+                self.cells[self._cell((day, part, state))] += runs
+                self.gpu_seconds[gpu_class(gpus)] += gpus * secs
+            else:
+                self.cpu_runs += runs
+        return others
+
+    def _cell(self, cell: Cell) -> Cell:
+        # One tuple per distinct cell: a million failed runs share a few hundred.
+        return self._shared.setdefault(cell, cell)
+
+    def _requeued(self, r: AcctRecord, start: int, restarts: int) -> None:
+        user = r.user
+        self.requeued.setdefault(r.job_id, []).append(
+            (start, restarts, self._users.setdefault(user, user)))
+
+    def _add_one(self, r: AcctRecord) -> None:
+        what = kind(r)
+        if what != "run":
+            self.never_ran += what == "never ran"
+            return
+        start, end = r.start_time, r.end_time
+        assert start is not None and end is not None  # kind() said so
+        state, gpus, restarts = r.state, r.gpus, r.restart_count
+        cell = (end // DAY, partition(r), state)
+        if gpus > 0:
+            self.cells[cell] += 1
+            self.gpu_seconds[gpu_class(gpus)] += gpus * max(end - start, 1)
+        else:
+            self.cpu_runs += 1
+        may = self.filter.may_blame if self.filter is not None else None
+        if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
+            user = r.user
+            self.blamable[run_key(r.job_id, end)] = (
+                self._cell(cell), gpus, end - start, self._users.setdefault(user, user),
+                restarts)
+        if self.watch and r.job_id in self.watch:
+            self.watched.setdefault(r.job_id, []).append((start, end))
+        if restarts:
+            self._requeued(r, start, restarts)
+        if self.leaf_of is not None:
+            nodes = r.nodes
+            if "[" in nodes or "," in nodes:
+                self._gang(r, nodes, start)
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
         names = _names(nodes) or ()

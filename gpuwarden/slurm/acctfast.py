@@ -203,6 +203,20 @@ if msgspec is not None:
     class _RunV42(_RunV40, kw_only=True, gc=False):
         restart_cnt: Number  # new in v0.0.42
 
+    _RUNS = frozenset({Run, _RunV40, _RunV42})
+
+    def _gpus(r: Run) -> int:
+        # Run.gpus, with the common cases (a name that is not "gpu"; a plain count) inline.
+        tres = r.tres
+        if tres is None or not tres.allocated:
+            return 0
+        total = 0
+        for t in tres.allocated:
+            if t.name == "gpu" and t.type == "gres":
+                c = t.count
+                total += c if type(c) is int and c < PLACEHOLDER else (_num(c) or 0)
+        return total
+
     _TYPED = msgspec.json.Decoder(list[Run])
     _STRICT = {40: msgspec.json.Decoder(list[_RunV40]), 42: msgspec.json.Decoder(list[_RunV42])}
     _UNTYPED = msgspec.json.Decoder()
@@ -224,9 +238,15 @@ def _decode(text: str, record: Callable[[Any], Any], lazy: bool,
     except msgspec.DecodeError:
         return None
     else:
-        # A record without a job_id is the only one acct_job_from_json refuses.
-        if all((r.id_ < PLACEHOLDER) if isinstance(r.id_, int) else _num(r.id_) is not None
-               for r in items):
+        # A record without a job_id is the only one acct_job_from_json refuses. Most exports
+        # print plain ints: one max() over them (None or a wrapper cannot be compared).
+        ids: list[Any] = [r.id_ for r in items]
+        try:
+            plain = not ids or max(ids) < PLACEHOLDER
+        except TypeError:
+            plain = False
+        if plain or all((r.id_ < PLACEHOLDER) if isinstance(r.id_, int)
+                        else _num(r.id_) is not None for r in items):
             return items if lazy else [r.job() for r in items]
     try:
         raw = _UNTYPED.decode(text)
@@ -236,6 +256,60 @@ def _decode(text: str, record: Callable[[Any], Any], lazy: bool,
 
 
 DECODER: Decoder | None = _decode if msgspec is not None else None
+
+
+# Columns of a batch (`gpuwarden.slurm.acctcols`): each value exactly as the record's property
+# gives it (0 for None), read from a Run without a property call where the value is plain.
+def nodes_of(records: list[Any]) -> list[str]:
+    if msgspec is None:
+        return [r.nodes for r in records]
+    return [(r.nodes_ or "") if type(r) in _RUNS else r.nodes for r in records]
+
+
+def partitions_of(records: list[Any]) -> list[str]:
+    if msgspec is None:
+        return [_partition(r) for r in records]
+    return [(r.partition_ or "") if type(r) in _RUNS else _partition(r) for r in records]
+
+
+def _partition(r: Any) -> str:
+    value = getattr(r, "partition", "")
+    return value if isinstance(value, str) else ""
+
+
+def states_of(records: list[Any]) -> list[str]:
+    if msgspec is None:
+        return [r.state for r in records]
+    # A one-element list is the common case: Run.state gives its element.
+    return [c[0] if type(r) in _RUNS and (s := r.state_) is not None
+            and type(c := s.current) is list and len(c) == 1 else r.state for r in records]
+
+
+def starts_of(records: list[Any]) -> list[int]:
+    if msgspec is None:
+        return [r.start_time or 0 for r in records]
+    return [v if type(r) in _RUNS and (t := r.time) is not None and type(v := t.start) is int
+            and 0 < v < PLACEHOLDER else (r.start_time or 0) for r in records]
+
+
+def ends_of(records: list[Any]) -> list[int]:
+    if msgspec is None:
+        return [r.end_time or 0 for r in records]
+    return [v if type(r) in _RUNS and (t := r.time) is not None and type(v := t.end) is int
+            and 0 < v < PLACEHOLDER else (r.end_time or 0) for r in records]
+
+
+def gpus_of(records: list[Any]) -> list[int]:
+    if msgspec is None:
+        return [r.gpus for r in records]
+    return [_gpus(r) if type(r) in _RUNS else r.gpus for r in records]
+
+
+def restarts_of(records: list[Any]) -> list[int]:
+    if msgspec is None:
+        return [r.restart_count or 0 for r in records]
+    return [v if type(r) in _RUNS and type(v := r.restart_cnt) is int and 0 < v < PLACEHOLDER
+            else (r.restart_count or 0) for r in records]
 
 
 def decoder_for(version: str | None) -> Decoder | None:

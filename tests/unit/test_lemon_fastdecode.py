@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from gpuwarden.lemon import history, rangetally
 from gpuwarden.lemon.attribution import Attribution, attribute, attribute_runs, spread_exposure
-from gpuwarden.lemon.rangetally import RangeTally, ranges
+from gpuwarden.lemon.rangetally import RangeTally
 from gpuwarden.slurm import acctfast, acctstream
 from gpuwarden.slurm.hostlist import expand
+from gpuwarden.slurm.hostranges import ranges
 from gpuwarden.slurm.models import AcctJob
 from tests.unit.test_lemon_core import fleet_history, job, sacct_export
 

@@ -1,0 +1,46 @@
+"""A node list's names as ranges of numbers, where it has the shape Slurm prints for runs (one
+name, or one bracket of ranges with a plain head and tail): what lets a tally add
+``n[0100-0163]`` at once instead of name by name (`gpuwarden.lemon.rangetally`). Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from gpuwarden.slurm.hostlist import _MAX_EXPAND
+
+# One name, or one bracket of ranges with a plain head and tail: what Slurm prints for runs.
+_ONE = re.compile(r"[A-Za-z0-9._\-]+")
+_BRACKETED = re.compile(r"([A-Za-z0-9._\-]*)\[([0-9,\-]+)\]([A-Za-z0-9._\-]*)")
+
+Key = tuple[str, int, str]  # head, zero-padded width (0: none), tail
+Range = tuple[Key, int, int]  # key, first, last
+
+
+def ranges(text: str) -> tuple[Range, ...] | None:
+    """``text``'s names as ranges, exactly as `hostlist.expand` would name them; None when
+    this shape is not handled here (or is an error, which `expand` reports)."""
+    if _ONE.fullmatch(text):
+        return (((text, -1, ""), 0, 0),)  # width -1: the name itself, no number
+    m = _BRACKETED.fullmatch(text)
+    if not m:
+        return None
+    head, body, tail = m.groups()
+    out: list[Range] = []
+    for item in body.split(","):
+        lo_s, dash, hi_s = item.partition("-")
+        if not lo_s.isdigit() or (dash and not hi_s.isdigit()):
+            return None
+        lo, hi = int(lo_s), int(hi_s or lo_s)
+        if hi < lo or hi - lo >= _MAX_EXPAND:
+            return None
+        out.append(((head, len(lo_s) if lo_s.startswith("0") else 0, tail), lo, hi))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1 << 17)  # a day of a 12,500-node fleet has ~100k distinct node lists
+def shape(text: str) -> tuple[tuple[Range, ...], int] | None:
+    """`ranges` and how many names they hold."""
+    rs = ranges(text)
+    return None if rs is None else (rs, sum(hi - lo + 1 for _, lo, hi in rs))
