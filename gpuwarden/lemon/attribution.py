@@ -117,6 +117,7 @@ class Attribution:
     # Per GPU-count class, GPUs x hours, exact (the classes round GPU counts up).
     class_gpu_hours: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     first_start: float = float("inf")
+    first_end: float = float("inf")  # the earliest end of a run counted
     last_end: float = 0.0
     # The failed runs x nodes, for the joint inference (`gpuwarden.lemon.inference`).
     incidence: IncidenceBuilder = field(default_factory=IncidenceBuilder)
@@ -147,6 +148,7 @@ class Attribution:
         for g, h in other.class_gpu_hours.items():
             self.class_gpu_hours[g] += h
         self.first_start = min(self.first_start, other.first_start)
+        self.first_end = min(self.first_end, other.first_end)
         self.last_end = max(self.last_end, other.last_end)
         self.incidence.merge(other.incidence)
         self.pending.extend(other.pending)
@@ -338,7 +340,7 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
     by_list: dict[str, list[int]] = {}
     by_gpus: dict[int, list[int]] = {}
     others: list[int] = []
-    first, last = result.first_start, result.last_end
+    first, first_end, last = result.first_start, result.first_end, result.last_end
     blamable, other = _BLAMABLE, _OTHER
     for i, (text, shaped, state, start, end, gpus) in enumerate(zip(
             cols.nodes, cols.shaped, cols.states, cols.starts, cols.ends, cols.gpus,
@@ -361,6 +363,8 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
             first = start
         if end > last:  # noqa: PLR1730
             last = end
+        if end < first_end:  # noqa: PLR1730
+            first_end = end
         acc[0] += 1
         acc[1] += secs
         g = by_gpus.get(gpus)
@@ -369,7 +373,7 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
         else:
             g[0] += 1
             g[1] += secs
-    result.first_start, result.last_end = first, last
+    result.first_start, result.first_end, result.last_end = first, first_end, last
     for text, acc in by_list.items():
         if acc is other:
             continue
@@ -419,6 +423,7 @@ def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
     result.gpu_hours[gclass] += hours
     result.class_gpu_hours[gclass] += hours * max(0, gpus)
     result.first_start = min(result.first_start, start)
+    result.first_end = min(result.first_end, end)
     result.last_end = max(result.last_end, end)
     result.runs_by_size[size] += len(nodes) if cleared else count
     result.incidence.add_hours(size, hours)

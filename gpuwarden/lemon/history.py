@@ -314,6 +314,7 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
     att, total = Attribution(), 0
     collected = collector() if collector is not None else None
     workers = workers or _workers(len(paths))
+    ends: list[exportwindows.Span | None] = []  # each export's runs' first and last end
     if workers > 1 and len(paths) > 1:
         # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
@@ -322,6 +323,7 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
             try:
                 for i, fut in enumerate(futures, 1):
                     part, n, more = fut.result()
+                    ends.append(_ends(part))
                     att.merge(part)
                     if collected is not None:
                         collected.merge(more)
@@ -338,14 +340,21 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
     else:
         for i, (p, w) in enumerate(zip(paths, windows, strict=True), 1):
             part, n, more = _read_one(p, known, collector, w)
+            ends.append(_ends(part))
             att.merge(part)
             if collected is not None:
                 collected.merge(more)
             total += n
             if progress:
                 progress(i, len(paths))
+    for note in exportwindows.check_ends(paths, windows, ends):
+        log.warning("%s", note)
     read = _read_spans(windows, att.last_end)
     return History(known.finish(att, read), total, tuple(events), collected, read)
+
+
+def _ends(att: Attribution) -> exportwindows.Span | None:
+    return (att.first_end, att.last_end) if att.first_end <= att.last_end else None
 
 
 def _read_spans(windows: Sequence[Window], last_end: float) -> tuple[tuple[float, float], ...]:

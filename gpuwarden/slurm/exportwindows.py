@@ -10,8 +10,11 @@ has its end:
 - two exports whose windows overlap (weekly and daily exports of the same days, a copy of a
   file under another name) would count every run in the overlap twice: refused, naming both
   files and the overlap.
-An export without a window (no ``meta``, or a command without --starttime) cannot be checked;
-it counts every run it lists.
+An export without a window (no ``meta``, or a command without an absolute --starttime) counts
+every run it lists, said. Beside other exports it is checked once read (`check_ends`): where
+the span its runs ended in meets another export's window or runs, a run listed in both counts
+twice, which the log says (exports split by partition or user meet that way too, and are
+right).
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
                              f"command's last argument: put --json last); taken as the next "
                              f"export's start, {_iso(end)}")
         out.append((lo, end))
+    if len(paths) > 1:
+        notes.extend(f"{path}: names no window (no \"meta\", or no absolute --starttime): "
+                     f"every run it lists counts, checked against the other exports once read"
+                     for path, w in zip(paths, out, strict=True) if w == (None, None))
+    elif out and out[0] == (None, None):
+        notes.append(f"{paths[0]}: names no window (no \"meta\", or no absolute "
+                     f"--starttime): every run it lists counts, and the span is its runs'")
     spans = sorted((-math.inf if lo is None else lo, math.inf if hi is None else hi, i)
                    for i, (lo, hi) in enumerate(out) if (lo, hi) != (None, None))
     reach, a = -math.inf, -1  # the latest end so far, and whose
@@ -75,6 +85,38 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
 
 
 Span = tuple[float, float]
+
+
+def check_ends(paths: Sequence[str], windows: Sequence[Window],
+               ends: Sequence[Span | None]) -> list[str]:
+    """Warnings, one per export without a window (``windows[i]`` is (None, None)) whose runs
+    ended (``ends[i]``: first and last end, None for no runs) inside another export's window,
+    or in a span that meets another such export's: a run sacct listed in both counts twice."""
+    out: list[str] = []
+    for i, (w, span) in enumerate(zip(windows, ends, strict=True)):
+        if w != (None, None) or span is None:
+            continue
+        a, b = span
+        for j, (other, theirs) in enumerate(zip(windows, ends, strict=True)):
+            if j == i:
+                continue
+            if other != (None, None):
+                lo, hi = (-math.inf if other[0] is None else other[0],
+                          math.inf if other[1] is None else other[1])
+                meets, what = a < hi and b >= lo, _shown(other)
+            elif theirs is not None and j > i:
+                meets = a <= theirs[1] and theirs[0] <= b
+                what = f"runs that ended {_iso(theirs[0])} to {_iso(theirs[1])}"
+            else:
+                continue
+            if meets:
+                out.append(
+                    f"{paths[i]} names no window and lists runs that ended {_iso(a)} to "
+                    f"{_iso(b)}, which meets {paths[j]} ({what}): a run listed in both counts "
+                    f"twice (right only if they list other jobs: other partitions or users); "
+                    f"export each with absolute --starttime/--endtime that do not overlap")
+                break
+    return out
 
 
 def merged(spans: Sequence[Span]) -> tuple[Span, ...]:

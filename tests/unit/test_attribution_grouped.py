@@ -88,7 +88,7 @@ def summary(att: Attribution) -> tuple[Any, ...]:
             dict(att.spread_by_size), dict(att.gpu_runs), dict(att.gpu_failures),
             {g: round(h, 6) for g, h in att.gpu_hours.items()},
             {g: round(h, 6) for g, h in att.class_gpu_hours.items()},
-            att.first_start, att.last_end, att.pending,
+            att.first_start, att.first_end, att.last_end, att.pending,
             {s: round(h, 6) for s, h in inc.bucket_hours.items()}, list(inc.node),
             list(inc.flags), list(inc.hours))
 

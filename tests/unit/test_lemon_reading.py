@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -304,3 +305,39 @@ def test_node_events_all_of_another_cluster_are_refused(tmp_path: Path) -> None:
                        "root")
     with pytest.raises(history.HistoryError, match="cluster b and the accounting of a"):
         history.from_files([str(path)], [theirs])
+
+
+@pytest.mark.parametrize("windowed", [True, False])
+def test_an_export_without_a_window_whose_runs_meet_another_export_is_warned_of(
+        tmp_path: Path, windowed: bool, caplog: pytest.LogCaptureFixture) -> None:
+    # A plain `sacct --json -S now-2days` beside the day files of the same days: every run
+    # that ended in a day file's window is in both, and counts twice. Before, unsaid. (Not
+    # refused: exports split by partition or user meet the same way and are right.)
+    day = 86_400
+    failed = job(1, "NODE_FAIL", "c1", start=T0 + 60)
+    later = job(2, "COMPLETED", "c2", start=T0 + 3 * day)
+    other = ["sacct", "--json", f"--starttime={_iso(T0)}", f"--endtime={_iso(T0 + day)}",
+             "--allusers"] if windowed else ["sacct", "--json", "-S", "now-9days"]
+    paths = [_day_file(tmp_path, "day.json", [failed], other),
+             _day_file(tmp_path, "recent.json", [failed, later],
+                       ["sacct", "--json", "-S", "now-2days"])]
+    with caplog.at_level(logging.WARNING):
+        history.from_files(paths, [])
+    assert "recent.json: names no window" in caplog.text
+    assert re.search(r"json names no window and lists runs that ended .* which meets .*json "
+                     r".*counts twice", caplog.text)
+    # Its runs after the other's: nothing meets.
+    paths[1] = _day_file(tmp_path, "recent.json", [later],
+                         ["sacct", "--json", "-S", "now-2days"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        h = history.from_files(paths, [])
+    assert h.records == 2 and "meets" not in caplog.text
+
+
+def test_a_lone_export_without_a_window_is_read_whole_and_said(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _day_file(tmp_path, "all.json", [job(1, "COMPLETED", "c1")], ["sacct", "--json"])
+    with caplog.at_level(logging.WARNING):
+        h = history.from_files([path], [])
+    assert h.records == 1 and "all.json: names no window" in caplog.text
