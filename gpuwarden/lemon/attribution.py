@@ -331,6 +331,15 @@ def attribute_runs(jobs: Iterable[AcctRecord] | Columns,
     return result
 
 
+def _meets(text: str, clears: Mapping[str, float]) -> bool:
+    """Whether a node list names a node whose lemon drain was cleared; True for a list too
+    long to expand, so the record goes the one-by-one way (skipped as unreadable)."""
+    try:
+        return any(n in clears for n in _expand(text))
+    except HostlistError:
+        return True
+
+
 def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
                ranged: RangeTally) -> list[int]:
     """The runs rules 1-4 never blame (most of them), tallied by node list and by GPU count:
@@ -350,8 +359,7 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
             continue
         acc = by_list.get(text)
         if acc is None:
-            acc = by_list[text] = other if clears and any(
-                n in clears for n in _expand(text)) else [0, 0]
+            acc = by_list[text] = other if clears and _meets(text, clears) else [0, 0]
         if acc is other:
             others.append(i)
             continue

@@ -181,15 +181,13 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-Part = tuple[Attribution, int, "Collector | None"]
+Part = tuple[Attribution, int, "Collector | None", Window]
 
 
 def _read_one(path: str, known: _Known, collector: CollectorFactory | None = None,
               window: Window = (None, None)) -> Part:
     with gc_paused():
         return _read_one_unpaused(path, known, collector, window)
-
-
 
 
 def _stream_file(path: str, known: _Known, window: Window,
@@ -211,7 +209,7 @@ def _stream_file(path: str, known: _Known, window: Window,
 def _read_one_unpaused(path: str, known: _Known, collector: CollectorFactory | None,
                        window: Window) -> Part:
     """``window``: the export's as `plan_windows` found it, (None, None) when its tail named
-    none (the export's own "meta" then decides)."""
+    none (the export's own "meta" then decides). Returns the window used too."""
     try:
         collect = collector() if collector is not None else None
         att, n, used, named = _stream_file(path, known, window, collect)
@@ -220,7 +218,8 @@ def _read_one_unpaused(path: str, known: _Known, collector: CollectorFactory | N
             log.info("%s: its window was found only at its end: reading it again", path)
             collect = collector() if collector is not None else None
             att, n, _, _ = _stream_file(path, known, named, collect)
-        return att, n, collect
+            used = named
+        return att, n, collect, used
     except OSError as exc:
         raise HistoryError(f"{path}: cannot read ({exc.strerror})") from None
     except SlurmError as exc:
@@ -311,10 +310,56 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)
-    att, total = Attribution(), 0
-    collected = collector() if collector is not None else None
+    read = _read_all(paths, windows, known, collector, workers, progress)
+    if read.windows != windows:
+        # An export's "meta" was found only past the tail plan_windows looks at: its window
+        # is checked with the others' now, and where that changes a window (an end it lost
+        # is the next export's start) every export is read again with the windows planned.
+        try:
+            again = exportwindows.plan(paths, read.windows)
+        except exportwindows.OverlapError as exc:
+            raise HistoryError(str(exc)) from None
+        if again.windows != read.windows:
+            for note in again.notes:
+                log.warning("%s", note)
+            log.info("reading the exports again with the windows their \"meta\" name")
+            read = _read_all(paths, again.windows, known, collector, workers, progress)
+    for note in exportwindows.windowless(paths, read.windows):
+        # Alone, nothing can count twice: said, not warned.
+        log.log(logging.WARNING if len(paths) > 1 else logging.INFO, "%s", note)
+    for note in exportwindows.check_ends(paths, read.windows, read.ends):
+        log.warning("%s", note)
+    spans = _read_spans(read.windows, read.att.last_end)
+    return History(known.finish(read.att, spans), read.total, tuple(events), read.collected,
+                   spans)
+
+
+@dataclass
+class _Read:
+    att: Attribution
+    total: int
+    collected: Collector | None
+    windows: list[Window]  # each export's, as read
+    ends: list[exportwindows.Span | None]  # each export's runs' first and last end
+
+
+def _read_all(paths: Sequence[str], windows: Sequence[Window], known: _Known,
+              collector: CollectorFactory | None, workers: int | None,
+              progress: Callable[[int, int], None] | None) -> _Read:
+    out = _Read(Attribution(), 0, collector() if collector is not None else None, [], [])
+
+    def take(i: int, got: Part) -> None:
+        part, n, more, used = got
+        out.ends.append(_ends(part))
+        out.windows.append(used)
+        out.att.merge(part)
+        if out.collected is not None:
+            out.collected.merge(more)
+        out.total += n
+        if progress:
+            progress(i, len(paths))
+
     workers = workers or _workers(len(paths))
-    ends: list[exportwindows.Span | None] = []  # each export's runs' first and last end
     if workers > 1 and len(paths) > 1:
         # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
@@ -322,14 +367,7 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                        for p, w in zip(paths, windows, strict=True)]
             try:
                 for i, fut in enumerate(futures, 1):
-                    part, n, more = fut.result()
-                    ends.append(_ends(part))
-                    att.merge(part)
-                    if collected is not None:
-                        collected.merge(more)
-                    total += n
-                    if progress:
-                        progress(i, len(paths))
+                    take(i, fut.result())
             except BrokenProcessPool:
                 pool.shutdown(cancel_futures=True)
                 raise HistoryError("a worker reading the history died (out of memory?): "
@@ -339,18 +377,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                 raise
     else:
         for i, (p, w) in enumerate(zip(paths, windows, strict=True), 1):
-            part, n, more = _read_one(p, known, collector, w)
-            ends.append(_ends(part))
-            att.merge(part)
-            if collected is not None:
-                collected.merge(more)
-            total += n
-            if progress:
-                progress(i, len(paths))
-    for note in exportwindows.check_ends(paths, windows, ends):
-        log.warning("%s", note)
-    read = _read_spans(windows, att.last_end)
-    return History(known.finish(att, read), total, tuple(events), collected, read)
+            take(i, _read_one(p, known, collector, w))
+    return out
 
 
 def _ends(att: Attribution) -> exportwindows.Span | None:

@@ -38,7 +38,11 @@ class Planned:
 
 
 def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    except (ValueError, OverflowError, OSError):
+        # A time no calendar holds (a malformed export): said as the number it is.
+        return f"epoch second {t:.0f}"
 
 
 def _shown(w: Window) -> str:
@@ -63,13 +67,6 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
                              f"command's last argument: put --json last); taken as the next "
                              f"export's start, {_iso(end)}")
         out.append((lo, end))
-    if len(paths) > 1:
-        notes.extend(f"{path}: names no window (no \"meta\", or no absolute --starttime): "
-                     f"every run it lists counts, checked against the other exports once read"
-                     for path, w in zip(paths, out, strict=True) if w == (None, None))
-    elif out and out[0] == (None, None):
-        notes.append(f"{paths[0]}: names no window (no \"meta\", or no absolute "
-                     f"--starttime): every run it lists counts, and the span is its runs'")
     spans = sorted((-math.inf if lo is None else lo, math.inf if hi is None else hi, i)
                    for i, (lo, hi) in enumerate(out) if (lo, hi) != (None, None))
     reach, a = -math.inf, -1  # the latest end so far, and whose
@@ -87,28 +84,37 @@ def plan(paths: Sequence[str], windows: Sequence[Window]) -> Planned:
 Span = tuple[float, float]
 
 
+def windowless(paths: Sequence[str], windows: Sequence[Window]) -> list[str]:
+    """Notes, one per export that named no window once read (its "meta" may be found only
+    at its end, so this is said after reading, not before)."""
+    if len(paths) == 1:
+        return [f"{paths[0]}: names no window (no \"meta\", or no absolute --starttime): "
+                f"every run it lists counts, and the span is its runs'"
+                ] if windows[0] == (None, None) else []
+    return [f"{path}: names no window (no \"meta\", or no absolute --starttime): every run "
+            f"it lists counts, checked against the other exports' runs"
+            for path, w in zip(paths, windows, strict=True) if w == (None, None)]
+
+
 def check_ends(paths: Sequence[str], windows: Sequence[Window],
                ends: Sequence[Span | None]) -> list[str]:
     """Warnings, one per export without a window (``windows[i]`` is (None, None)) whose runs
-    ended (``ends[i]``: first and last end, None for no runs) inside another export's window,
-    or in a span that meets another such export's: a run sacct listed in both counts twice."""
+    ended (``ends[i]``: first and last end of the runs counted, None for none) in a span that
+    meets another export's counted runs': a run sacct listed in both ends in both spans, and
+    counts twice. (A windowed export's counted runs ended inside its window.)"""
     out: list[str] = []
     for i, (w, span) in enumerate(zip(windows, ends, strict=True)):
         if w != (None, None) or span is None:
             continue
         a, b = span
         for j, (other, theirs) in enumerate(zip(windows, ends, strict=True)):
-            if j == i:
+            # Two window-less exports: said once, on the first.
+            if j == i or theirs is None or (other == (None, None) and j < i):
                 continue
+            meets = a <= theirs[1] and theirs[0] <= b
+            what = f"runs that ended {_iso(theirs[0])} to {_iso(theirs[1])}"
             if other != (None, None):
-                lo, hi = (-math.inf if other[0] is None else other[0],
-                          math.inf if other[1] is None else other[1])
-                meets, what = a < hi and b >= lo, _shown(other)
-            elif theirs is not None and j > i:
-                meets = a <= theirs[1] and theirs[0] <= b
-                what = f"runs that ended {_iso(theirs[0])} to {_iso(theirs[1])}"
-            else:
-                continue
+                what = f"{_shown(other)}, its {what}"
             if meets:
                 out.append(
                     f"{paths[i]} names no window and lists runs that ended {_iso(a)} to "

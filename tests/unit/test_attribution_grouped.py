@@ -170,3 +170,53 @@ def test_each_column_reads_a_record_exactly_as_its_property() -> None:
     assert [r.job_id for r in later.records] == [
         r.job_id for r in recs if r.end_time is not None and T0 <= r.end_time < T0 + 61]
     assert later.ends == [r.end_time for r in later.records]
+
+
+def test_a_node_list_too_long_to_expand_beside_a_repaired_lemon_is_skipped_not_a_crash() -> None:
+    # Each range under the expansion cap, the list over it: the grouped path looked for the
+    # repaired node in it unguarded, and the read died with a traceback.
+    evs = [NodeEvent("", "x1", _iso(T0), _iso(T0 + 60), "DRAIN", "gpuwarden: lemon: 9.1",
+                     "root")]
+    jobs = [AcctJob(1, "j", "a", "COMPLETED", "", "gpu", "n[0-500000,0-500000]", 1, 8, 0, None,
+                    None, T0, T0 + 60, 0)]
+    for grouped in (True, False):
+        att = attribute_runs(jobs, {}, 3600.0, lemon_clears(evs), {}, grouped=grouped)
+        assert att.skipped == {"unreadable node list": 1}
+
+
+def _as_sacct(r: AcctJob) -> dict[str, Any]:
+    gpus = [{"type": "gres", "name": "gpu", "count": r.gpus}] if r.gpus > 0 else []
+    return {"job_id": r.job_id, "name": r.name, "user": r.user, "nodes": r.nodes,
+            "partition": r.partition, "allocation_nodes": r.num_nodes,
+            "state": {"current": [r.state] if r.state else [], "reason": "None"},
+            "time": {"submission": r.submit_time or 0, "start": r.start_time or 0,
+                     "end": r.end_time or 0},
+            "restart_cnt": r.restart_count,
+            "tres": {"allocated": [*gpus, {"type": "cpu", "count": 4}]},
+            "failed_node": r.failed_node, "submit_line": r.submit_line,
+            "exit_code": {"status": ["SUCCESS"],
+                          "return_code": {"set": True, "infinite": False, "number": 0}}}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(records(), max_size=60), events(), st.integers(1, 25))
+def test_a_file_read_in_batches_attributes_as_judging_each_decoded_record(
+        jobs: list[AcctJob], evs: list[NodeEvent], batch: int) -> None:
+    """What the reader does to a file (the fast decoder's records, batches, the exposure
+    spread once per file) against one-by-one judging of the same decoded records."""
+    from gpuwarden.lemon import history
+
+    text = json.dumps({"jobs": [_as_sacct(r) for r in jobs]})
+    stream = acctstream.AcctStream(acctstream.text_reader(io.BytesIO(text.encode())), "t")
+    recs = [r for b in stream.run_batches() for r in b]
+    assert len(recs) == len(jobs)
+    known = history._Known.of(evs, 3600.0)
+    one = attribute_runs(recs, known.drains, 3600.0, known.clears, known.failures,
+                         grouped=False)
+    old, history.BATCH = history.BATCH, batch
+    try:
+        att, n = history._count(Attribution(), [recs[i:i + 7] for i in range(0, len(recs), 7)],
+                                "", known)
+    finally:
+        history.BATCH = old
+    assert n == len(recs) and summary(att) == summary(one)

@@ -338,6 +338,82 @@ def test_an_export_without_a_window_whose_runs_meet_another_export_is_warned_of(
 def test_a_lone_export_without_a_window_is_read_whole_and_said(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = _day_file(tmp_path, "all.json", [job(1, "COMPLETED", "c1")], ["sacct", "--json"])
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         h = history.from_files([path], [])
     assert h.records == 1 and "all.json: names no window" in caplog.text
+
+
+def _meta_early(tmp: Path, name: str, jobs: list[AcctJob], command: list[str]) -> str:
+    """An export whose "meta" is not in the tail the planner reads (warnings after it)."""
+    doc = json.loads(sacct_export(jobs))
+    path = tmp / name
+    path.write_text(json.dumps({"meta": {"command": command}, "jobs": doc["jobs"][:-1],
+                                "warnings": ["x" * 300]}))
+    return str(path)
+
+
+def test_an_export_whose_meta_is_found_only_when_read_is_planned_with_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Its window was used for its own runs but was not said, checked nor planned: it was
+    # called window-less (a false warning), an end it lost was not the next export's start
+    # (a run across midnight counted twice), and an overlap was not refused.
+    monkeypatch.setattr(acctstream, "TAIL", 64)
+    day = 86_400
+    crossing = job(1, "NODE_FAIL", "c1", start=T0 + day - 3600)
+    first = _meta_early(tmp_path, "d0.json", [crossing],
+                        ["sacct", "--json", f"--starttime={_iso(T0)}"])  # its end lost
+    second = _day_file(tmp_path, "d1.json", [crossing],
+                       ["sacct", "--json", f"--starttime={_iso(T0 + day)}",
+                        f"--endtime={_iso(T0 + 2 * day)}"])
+    with caplog.at_level(logging.WARNING):
+        h = history.from_files([first, second], [], workers=1)
+    assert "names no window" not in caplog.text
+    assert h.attribution.exposure["c1"].jobs == 1
+    assert [b.node for b in h.attribution.blames] == ["c1"]
+    again = _meta_early(tmp_path, "again.json", [crossing],
+                        ["sacct", "--json", f"--starttime={_iso(T0 + day)}",
+                         f"--endtime={_iso(T0 + 2 * day)}"])
+    with pytest.raises(history.HistoryError, match="overlap"):
+        history.from_files([again, second], [], workers=1)
+
+
+def test_a_windowed_export_none_of_whose_runs_could_be_listed_twice_is_not_warned_of(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A run in both exports ends in both exports' run-end spans; the day file's window alone
+    # is wider than what it listed.
+    day = ["sacct", "--json", f"--starttime={_iso(T0)}", f"--endtime={_iso(T0 + 86_400)}"]
+    recent = ["sacct", "--json", "-S", "now-2days"]
+    late = job(2, "COMPLETED", "c2", start=T0 + 20 * 3600)
+    for listed in ([job(1, "COMPLETED", "c1", start=T0)], []):
+        paths = [_day_file(tmp_path, "day.json", listed, day),
+                 _day_file(tmp_path, "recent.json", [late], recent)]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            history.from_files(paths, [], workers=1)
+        assert "counts twice" not in caplog.text
+
+
+def test_times_no_calendar_holds_are_said_as_numbers_not_a_crash(tmp_path: Path) -> None:
+    bad = [job(i, "COMPLETED", f"c{i}", start=-10**15) for i in (1, 2)]
+    paths = [_day_file(tmp_path, f"{i}.json", [j], ["sacct", "--json"])
+             for i, j in enumerate(bad)]
+    assert history.from_files(paths, [], workers=1).records == 2
+
+
+@pytest.mark.parametrize(("theirs", "warned"), [
+    ((T0 + 100.0, T0 + 200.0), True),   # the same second ends both: a run may be in both
+    ((T0 + 101.0, T0 + 200.0), False),  # a second apart
+    (None, False),                       # it listed no run
+])
+def test_window_less_spans_warn_only_where_a_run_could_be_in_both(
+        theirs: tuple[float, float] | None, warned: bool) -> None:
+    from gpuwarden.slurm.exportwindows import check_ends
+
+    mine = (T0 + 0.0, T0 + 100.0)
+    for other in ((None, None), (T0 - 86_400.0, T0 + 86_400.0)):
+        got = check_ends(["a", "b"], [(None, None), other], [mine, theirs])
+        assert bool(got) is warned, (other, got)
+        if other == (None, None):  # two window-less exports: said once, in either order
+            assert len(got) == len(check_ends(["b", "a"], [other, other], [theirs, mine])) \
+                == int(warned)
