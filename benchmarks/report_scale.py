@@ -1,6 +1,9 @@
 """`gpuwarden report` at fleet scale: N job records (default 10 million) from the calibrated
 simulator, the report timed end to end against reading the same records the lemon scan's way.
 
+- floor (physical): the files read and parsed as JSON and nothing kept (msgspec, the fastest
+  maintained parser, validating every byte into no object), with as many worker processes as
+  the reader uses: no reader of these exports can be faster;
 - baseline: `history.from_files` as `lemon scan` reads (streamed decoding, attribution, its
   worker processes), nothing else: the cost of reading the records at all;
 - report: the same read with the report's collector filled in the same pass, then every
@@ -24,9 +27,11 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import msgspec
+
 from gpuwarden.fleet.calibrate import solve
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.history import from_files, read_events
+from gpuwarden.lemon.history import _workers, from_files, read_events
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally
@@ -34,6 +39,23 @@ from gpuwarden.report.render import render
 
 CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
 GOAL_S, GOAL_MB = 60.0, 20.0
+
+
+class _Nothing(msgspec.Struct):
+    """Every field skipped: the parse, no objects."""
+
+
+def _parse(path: str) -> int:
+    data = Path(path).read_bytes()
+    msgspec.json.decode(data, type=_Nothing)
+    return len(data)
+
+
+def floor(files: list[str]) -> dict[str, float]:
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(_workers(len(files)), mp_context=get_context("fork")) as pool:
+        list(pool.map(_parse, files))
+    return {"read": time.perf_counter() - t0, "workers": _workers(len(files))}
 
 
 def baseline(files: list[str], events: str) -> dict[str, float]:
@@ -84,6 +106,9 @@ def main() -> int:
     size = sum(Path(f).stat().st_size for f in files) / 1e9
     print(f"history: {args.records:,} records, {args.nodes} nodes, {len(files)} files, "
           f"{size:.1f} GB")
+    low = in_child(floor, files)
+    print(f"floor (the JSON parsed, nothing kept, {low['workers']:.0f} workers): "
+          f"{low['read']:6.1f} s", flush=True)
     base = in_child(baseline, files, events)
     print(f"baseline (lemon scan's read): {base['read']:6.1f} s, "
           f"{base['records'] / base['read']:,.0f} records/s", flush=True)
@@ -97,6 +122,8 @@ def main() -> int:
     print(f"report / baseline = {rep['total'] / base['read']:.2f} (read alone: "
           f"{rep['read'] / base['read']:.2f}); < {GOAL_S:g} s and < {GOAL_MB:g} MB: "
           f"{'PASS' if ok else 'FAIL'}")
+    print(f"report / floor = {rep['total'] / low['read']:.2f}; CPU-bound and one file per "
+          f"worker: on W cores the read takes about {rep['read'] * low['workers']:.0f} s / W")
     return 0 if ok else 1
 
 
