@@ -240,10 +240,11 @@ def _refuse_repeats(paths: Sequence[str]) -> None:
         seen[key] = p
 
 
-def plan_windows(paths: Sequence[str]) -> tuple[list[Window], set[str]]:
+def plan_windows(paths: Sequence[str]) -> tuple[list[Window], list[Window], set[str]]:
     """Each export's window from its own "meta", checked together (`slurm.exportwindows`): a
-    lost end is the next export's start, and exports whose windows overlap are refused. And
-    the clusters the exports' "meta" name (slurm.cluster)."""
+    lost end is the next export's start, and exports whose windows overlap are refused. The
+    planned windows, the windows as the exports name them, and the clusters the exports'
+    "meta" name (slurm.cluster). The plan's notes are the caller's to log."""
     windows: list[Window] = []
     clusters: set[str] = set()
     for p in paths:
@@ -259,13 +260,14 @@ def plan_windows(paths: Sequence[str]) -> tuple[list[Window], set[str]]:
         name = slurm.get("cluster") if isinstance(slurm, Mapping) else None
         if isinstance(name, str) and name:
             clusters.add(name)
+    return _plan(paths, windows).windows, windows, clusters
+
+
+def _plan(paths: Sequence[str], named: Sequence[Window]) -> exportwindows.Planned:
     try:
-        planned = exportwindows.plan(paths, windows)
+        return exportwindows.plan(paths, named)
     except exportwindows.OverlapError as exc:
         raise HistoryError(str(exc)) from None
-    for note in planned.notes:
-        log.warning("%s", note)
-    return planned.windows, clusters
 
 
 def same_cluster(events: Sequence[NodeEvent], clusters: set[str]) -> list[NodeEvent]:
@@ -305,25 +307,27 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                collector: CollectorFactory | None = None) -> History:
     """``collector``: more tallies to fill in the same pass (`History.collected`)."""
     _refuse_repeats(paths)
-    windows, clusters = plan_windows(paths)
+    windows, named, clusters = plan_windows(paths)
     events = same_cluster(events, clusters)
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)
     read = _read_all(paths, windows, known, collector, workers, progress)
+    planned = _plan(paths, named)
     if read.windows != windows:
-        # An export's "meta" was found only past the tail plan_windows looks at: its window
-        # is checked with the others' now, and where that changes a window (an end it lost
-        # is the next export's start) every export is read again with the windows planned.
-        try:
-            again = exportwindows.plan(paths, read.windows)
-        except exportwindows.OverlapError as exc:
-            raise HistoryError(str(exc)) from None
-        if again.windows != read.windows:
-            for note in again.notes:
-                log.warning("%s", note)
-            log.info("reading the exports again with the windows their \"meta\" name")
-            read = _read_all(paths, again.windows, known, collector, workers, progress)
+        # An export's "meta" was found only past the tail plan_windows looks at: the windows
+        # the exports name, that one's included, are planned together now, and where that
+        # changes a window (an end lost is the next export's start) every export is read
+        # again with the windows planned.
+        named = [u if u != w else n for u, w, n in zip(read.windows, windows, named,
+                                                         strict=True)]
+        planned = _plan(paths, named)
+        if planned.windows != read.windows:
+            log.warning("an export's \"meta\" was found only when read, and changes the "
+                        "windows planned: reading every export again")
+            read = _read_all(paths, planned.windows, known, collector, workers, progress)
+    for note in planned.notes:
+        log.warning("%s", note)
     for note in exportwindows.windowless(paths, read.windows):
         # Alone, nothing can count twice: said, not warned.
         log.log(logging.WARNING if len(paths) > 1 else logging.INFO, "%s", note)

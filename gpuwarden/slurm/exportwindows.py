@@ -98,17 +98,17 @@ def windowless(paths: Sequence[str], windows: Sequence[Window]) -> list[str]:
 
 def check_ends(paths: Sequence[str], windows: Sequence[Window],
                ends: Sequence[Span | None]) -> list[str]:
-    """Warnings, one per export without a window (``windows[i]`` is (None, None)) whose runs
-    ended (``ends[i]``: first and last end of the runs counted, None for none) in a span that
-    meets another export's counted runs': a run sacct listed in both ends in both spans, and
-    counts twice. (A windowed export's counted runs ended inside its window.)"""
+    """Warnings, one per pair of an export without a window (``windows[i]`` is (None, None))
+    whose runs ended (``ends[i]``: first and last end of the runs counted, None for none) in a
+    span that meets another export's counted runs': a run sacct listed in both ends in both
+    spans, and counts twice. (A windowed export's counted runs ended inside its window.)"""
     out: list[str] = []
     for i, (w, span) in enumerate(zip(windows, ends, strict=True)):
         if w != (None, None) or span is None:
             continue
         a, b = span
         for j, (other, theirs) in enumerate(zip(windows, ends, strict=True)):
-            # Two window-less exports: said once, on the first.
+            # Two window-less exports: said once, on the first (every pair it meets).
             if j == i or theirs is None or (other == (None, None) and j < i):
                 continue
             meets = a <= theirs[1] and theirs[0] <= b
@@ -121,7 +121,6 @@ def check_ends(paths: Sequence[str], windows: Sequence[Window],
                     f"{_iso(b)}, which meets {paths[j]} ({what}): a run listed in both counts "
                     f"twice (right only if they list other jobs: other partitions or users); "
                     f"export each with absolute --starttime/--endtime that do not overlap")
-                break
     return out
 
 

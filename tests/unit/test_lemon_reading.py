@@ -417,3 +417,38 @@ def test_window_less_spans_warn_only_where_a_run_could_be_in_both(
         if other == (None, None):  # two window-less exports: said once, in either order
             assert len(got) == len(check_ends(["b", "a"], [other, other], [theirs, mine])) \
                 == int(warned)
+
+
+def test_a_late_meta_between_day_files_that_lost_their_ends_reads_each_run_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Planned first without the middle file's start, the first file's lost end was the third
+    # file's start; planning again from those filled-in windows refused a valid history.
+    monkeypatch.setattr(acctstream, "TAIL", 200)  # the day files' meta in it, not d1's
+    day = 86_400
+    crossing = job(1, "NODE_FAIL", "c1", start=T0 + day - 3600)  # ends an hour into day 2
+    late = job(2, "NODE_FAIL", "c2", start=T0 + 2 * day - 3600)  # ends an hour into day 3
+    lists = [[crossing], [crossing, late], [late]]
+    paths = [(_meta_early if i == 1 else _day_file)(
+        tmp_path, f"d{i}.json", jobs, ["sacct", "--json", f"--starttime={_iso(T0 + i * day)}"])
+        for i, jobs in enumerate(lists)]
+    for workers in (1, 2):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            h = history.from_files(paths, [], workers=workers)
+        assert {n: e.jobs for n, e in h.attribution.exposure.items() if e.jobs} == \
+            {"c1": 1, "c2": 1}
+        assert sorted(b.node for b in h.attribution.blames) == ["c1", "c2"]
+        # Each lost end said once, as the end the final plan used.
+        assert caplog.text.count("d0.json: its window names no end") == 1
+        assert re.search(r"d0\.json: its window names no end.* next export's start, "
+                         + _iso(T0 + day), caplog.text)
+
+
+def test_every_pair_of_window_less_exports_that_meet_is_warned_of() -> None:
+    from gpuwarden.slurm.exportwindows import check_ends
+
+    t, day = float(T0), 86_400.0
+    got = check_ends(["w", "x", "v"], [(None, None), (t - day, t + day), (None, None)],
+                     [(t, t + 7200), (t + 3600, t + 3600), (t + 5000, t + 6000)])
+    assert len(got) == 2 and "meets x" in got[0] and "meets v" in got[1]
