@@ -240,11 +240,12 @@ def _refuse_repeats(paths: Sequence[str]) -> None:
         seen[key] = p
 
 
-def plan_windows(paths: Sequence[str]) -> tuple[list[Window], list[Window], set[str]]:
+def plan_windows(paths: Sequence[str]
+                 ) -> tuple[exportwindows.Planned, list[Window], set[str]]:
     """Each export's window from its own "meta", checked together (`slurm.exportwindows`): a
     lost end is the next export's start, and exports whose windows overlap are refused. The
-    planned windows, the windows as the exports name them, and the clusters the exports'
-    "meta" name (slurm.cluster). The plan's notes are the caller's to log."""
+    plan (its notes are the caller's to log), the windows as the exports name them, and the
+    clusters the exports' "meta" name (slurm.cluster)."""
     windows: list[Window] = []
     clusters: set[str] = set()
     for p in paths:
@@ -260,7 +261,7 @@ def plan_windows(paths: Sequence[str]) -> tuple[list[Window], list[Window], set[
         name = slurm.get("cluster") if isinstance(slurm, Mapping) else None
         if isinstance(name, str) and name:
             clusters.add(name)
-    return _plan(paths, windows).windows, windows, clusters
+    return _plan(paths, windows), windows, clusters
 
 
 def _plan(paths: Sequence[str], named: Sequence[Window]) -> exportwindows.Planned:
@@ -307,13 +308,13 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
                collector: CollectorFactory | None = None) -> History:
     """``collector``: more tallies to fill in the same pass (`History.collected`)."""
     _refuse_repeats(paths)
-    windows, named, clusters = plan_windows(paths)
+    planned, named, clusters = plan_windows(paths)
+    windows = planned.windows
     events = same_cluster(events, clusters)
     log.info("reading %d accounting file(s), decoding with %s", len(paths),
              acctstream.decoder_name())
     known = _Known.of(events, grace_s)
     read = _read_all(paths, windows, known, collector, workers, progress)
-    planned = _plan(paths, named)
     if read.windows != windows:
         # An export's "meta" was found only past the tail plan_windows looks at: the windows
         # the exports name, that one's included, are planned together now, and where that

@@ -87,12 +87,10 @@ Span = tuple[float, float]
 def windowless(paths: Sequence[str], windows: Sequence[Window]) -> list[str]:
     """Notes, one per export that named no window once read (its "meta" may be found only
     at its end, so this is said after reading, not before)."""
-    if len(paths) == 1:
-        return [f"{paths[0]}: names no window (no \"meta\", or no absolute --starttime): "
-                f"every run it lists counts, and the span is its runs'"
-                ] if windows[0] == (None, None) else []
+    then = ("and the span is its runs'" if len(paths) == 1
+            else "checked against the other exports' runs")
     return [f"{path}: names no window (no \"meta\", or no absolute --starttime): every run "
-            f"it lists counts, checked against the other exports' runs"
+            f"it lists counts, {then}"
             for path, w in zip(paths, windows, strict=True) if w == (None, None)]
 
 
@@ -111,11 +109,10 @@ def check_ends(paths: Sequence[str], windows: Sequence[Window],
             # Two window-less exports: said once, on the first (every pair it meets).
             if j == i or theirs is None or (other == (None, None) and j < i):
                 continue
-            meets = a <= theirs[1] and theirs[0] <= b
-            what = f"runs that ended {_iso(theirs[0])} to {_iso(theirs[1])}"
-            if other != (None, None):
-                what = f"{_shown(other)}, its {what}"
-            if meets:
+            if a <= theirs[1] and theirs[0] <= b:
+                what = f"runs that ended {_iso(theirs[0])} to {_iso(theirs[1])}"
+                if other != (None, None):
+                    what = f"{_shown(other)}, its {what}"
                 out.append(
                     f"{paths[i]} names no window and lists runs that ended {_iso(a)} to "
                     f"{_iso(b)}, which meets {paths[j]} ({what}): a run listed in both counts "
