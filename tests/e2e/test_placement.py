@@ -64,6 +64,13 @@ def placement(cluster: Harness) -> Iterator[Harness]:
              "the queue to drain")
 
 
+def backfilled_since(h: Harness) -> float:
+    """When slurmctld's backfill scheduler last began a cycle (epoch seconds): its queue is
+    built after that, so a job submitted a second before is in it."""
+    stats = json.loads(h.exec("slurmctld", ["sdiag", "--json"]).check("sdiag").out)["statistics"]
+    return float(stats["bf_when_last_cycle"]["number"])
+
+
 def leaves_of(h: Harness, nodelist: str) -> set[str]:
     names = h.exec("slurmctld", ["scontrol", "show", "hostnames", nodelist]).out.split()
     return {"leaf1" if int(n[1:]) <= 4 else "leaf2" for n in names}
@@ -100,6 +107,7 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
     h.exec("slurmctld", ["scancel", split["JobId"]])
 
     set_shadow(h, False)
+    busy(h, "c6", "c7", "c8")  # leaf2 full: leaf1's c2-c4 are the only free nodes
     job = h.sbatch("-N4", "--gpus-per-node=8", name="gang", wrap="srun hostname")
     time.sleep(5)
     pending = h.job_fields(job)
@@ -107,6 +115,15 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
     assert "switches=1 wait=60s" in pending["AdminComment"]
     # What the user can see of it (`squeue -o %k`): why the job waits, and how not to.
     assert pending["Comment"].startswith("gpuwarden: this job may wait up to 60 s"), pending
+    # A one-node job queued behind it could start at once on c2-c4 and break up the leaf the
+    # gang job waits for. Slurm keeps them for it: the main scheduler holds later jobs
+    # (`Priority`) and backfill, which plans the gang job onto leaf1 when c1 frees, starts
+    # nothing there that would delay it. So the filter needs no leaf-keeping of its own.
+    queued_at = time.time()
+    small = h.sbatch("-N1", "--exclusive", "--time=2", name="small", wrap="sleep 5")
+    wait_for(lambda: backfilled_since(h) > queued_at + 1, 90,
+             "a backfill cycle that saw the one-node job")
+    assert h.job_fields(small)["JobState"] == "PENDING", h.job_fields(small)
     h.exec("slurmctld", ["scancel", str(short)])  # c1 frees up: leaf1 has 4 free nodes
     wait_for(lambda: h.job_fields(job).get("JobState") in ("RUNNING", "COMPLETED"), 60,
              "the gang job to start")
