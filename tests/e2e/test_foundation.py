@@ -9,11 +9,10 @@ import pytest
 from gpuwarden.devcluster.cluster import VENV_PYTHON
 from gpuwarden.devcluster.harness import JOBS_DIR, Harness
 
-pytestmark = pytest.mark.timeout(300)
 # Every test here but the fault one runs on every Slurm release (`versions`): killing, pausing
 # and cutting off containers is Docker's, and a killed node's NODE_FAIL and return are
 # covered on each release by test_ckpt_requeue's killed-node test.
-every_slurm = pytest.mark.versions
+pytestmark = pytest.mark.timeout(300)
 
 
 def sinfo_reasons(h: Harness) -> dict[str, str]:
@@ -34,7 +33,7 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 1.0) -> Non
     raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
 
 
-@every_slurm
+@pytest.mark.versions
 def test_two_node_gpu_job_runs_and_is_completed_in_accounting(cluster: Harness) -> None:
     job = cluster.sbatch("-N2", "--gpus-per-node=8", name="two-node",
                          wrap="srun bash -c 'echo $(hostname) $SLURM_GPUS_ON_NODE'")
@@ -47,7 +46,7 @@ def test_two_node_gpu_job_runs_and_is_completed_in_accounting(cluster: Harness) 
     assert len(hosts) == 2 and all(line.split()[1] == "8" for line in lines if line)
 
 
-@every_slurm
+@pytest.mark.versions
 def test_drain_through_the_client_shows_in_sinfo_and_resumes(cluster: Harness) -> None:
     res = cluster.gpuwarden("slurmctld", "drain", "c3", "--reason", "e2e xid 79 on GPU 5")
     assert res.rc == 0, res.err
@@ -62,7 +61,7 @@ def test_drain_through_the_client_shows_in_sinfo_and_resumes(cluster: Harness) -
     wait_for(lambda: node_state(cluster, "c3") == "idle", 30, "c3 is idle")
 
 
-@every_slurm
+@pytest.mark.versions
 def test_an_operators_drain_is_refused_by_resume_and_drain(cluster: Harness) -> None:
     cluster.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=drain",
                                "reason=maintenance"]).check("scontrol drain")
@@ -78,7 +77,7 @@ def test_an_operators_drain_is_refused_by_resume_and_drain(cluster: Harness) -> 
         cluster.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=resume"])
 
 
-@every_slurm
+@pytest.mark.versions
 def test_cluster_is_rendered_from_one_description(cluster: Harness) -> None:
     topo = cluster.exec("slurmctld", ["scontrol", "show", "topology"]).check("topology").out
     assert "SwitchName=leaf1" in topo and "Nodes=c[1-4]" in topo
@@ -88,19 +87,19 @@ def test_cluster_is_rendered_from_one_description(cluster: Harness) -> None:
     assert "SwitchName=leaf2 Nodes=c[5-8]" in mine
 
 
-@every_slurm
+@pytest.mark.versions
 def test_shared_filesystem_is_the_same_on_every_node(cluster: Harness) -> None:
     token = f"fsx-{time.time_ns()}"
     cluster.exec("c1", ["sh", "-c", f"echo {token} > {JOBS_DIR}/{token}"]).check("write")
     assert cluster.exec("c8", ["cat", f"{JOBS_DIR}/{token}"]).check("read").out.strip() == token
 
 
-@every_slurm
+@pytest.mark.versions
 def test_s3_server_round_trips_an_object(cluster: Harness) -> None:
     cluster.exec("c5", [VENV_PYTHON, "-m", "gpuwarden.devcluster.s3probe"], timeout=30).check("s3")
 
 
-@every_slurm
+@pytest.mark.versions
 def test_bad_config_is_refused_with_exit_2_inside_the_cluster(cluster: Harness) -> None:
     res = cluster.sh("slurmctld", "printf '[slurm]\\nretries = \"x\"\\n' > /tmp/bad.toml && "
                      "GPUWARDEN_CONFIG=/tmp/bad.toml gpuwarden drain c2 --reason x")
@@ -135,7 +134,7 @@ def test_faults_kill_pause_and_cut_take_nodes_down_and_heal_brings_them_back(
              "c6, c7 and c8 are idle again", interval=3)
 
 
-@every_slurm
+@pytest.mark.versions
 def test_the_clusters_slurm_conf_passes_gpuwardens_check(cluster: Harness) -> None:
     """What the admin guide tells a site to run, on this cluster's own slurm.conf (with Slurm
     as SlurmUser=slurm and the hooks installed from the wheel): nothing missing for any feature."""
