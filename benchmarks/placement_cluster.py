@@ -5,8 +5,10 @@ Each workload is a Poisson stream of jobs over `--span` seconds, sizes from `--m
 (default; 60% one-node jobs, gang jobs of 2 to 4 nodes, at most a leaf: where Slurm alone
 splits gang jobs) or "wide" (the independent check's 1 to 8 nodes). Gang jobs ask
 `--gpus-per-node=8`; each job `sleep`s 20 to 90 s with a time limit of its run plus a quarter
-in whole minutes. The number of jobs follows from the load (node-seconds asked / node-seconds
-the cluster has in the span). Each load runs once per arm, same jobs, same submit times:
+in whole minutes (`--limits set`), or none (`--limits none`: the partition's MaxTime, as for
+users who never set one; compare with `--by fixed`, as `limits` then never waits). The
+number of jobs follows from the load (node-seconds asked / node-seconds the cluster has in
+the span). Each load runs once per arm, same jobs, same submit times:
 - slurm: the placement policy's mode set to "off" (the filter passes every job unchanged, as
   with JobSubmitPlugins commented out): Slurm's own topology/tree;
 - fixed N: the filter (mode "preferred") with `wait_s = N`, `wait_by = "fixed"`;
@@ -26,7 +28,7 @@ leaf: 4). Each arm of each load takes about span + 3 minutes.
 
     GPUWARDEN_NODES=16 .venv/bin/python benchmarks/placement_cluster.py \\
         [--loads 0.4,1.2] [--waits 300] [--by fixed,limits] [--mix frag] [--span 300] \\
-        [--seed 1]
+        [--limits set] [--seed 1]
 """
 
 from __future__ import annotations
@@ -114,14 +116,15 @@ def set_policy(h: Harness, mode: str, wait_s: int, wait_by: str) -> None:
 
 
 def run_arm(h: Harness, jobs: list[Planned], leaf_of: dict[str, str], per_leaf: int,
-            label: str) -> list[Ran]:
+            label: str, limits: bool) -> list[Ran]:
     wait_until(lambda: h.exec("slurmctld", ["squeue", "-h"]).out.strip() == "", 600, "an empty queue")
     t0 = time.monotonic()
     ids: list[tuple[int, Planned]] = []
     for j in jobs:
         time.sleep(max(0.0, t0 + j.at - time.monotonic()))
         gpus = ["--gpus-per-node=8"] if j.nodes > 1 else []
-        ids.append((h.sbatch(f"-N{j.nodes}", *gpus, f"--time={j.limit_min}", name="bench",
+        limit = [f"--time={j.limit_min}"] if limits else []
+        ids.append((h.sbatch(f"-N{j.nodes}", *gpus, *limit, name="bench",
                              wrap=f"sleep {j.sleep_s}"), j))
     print(f"  {label}: {len(ids)} jobs submitted in {time.monotonic() - t0:.0f} s; waiting",
           flush=True)
@@ -162,6 +165,9 @@ def main() -> int:
                          "running jobs' time limits, at most wait_s)")
     ap.add_argument("--mix", choices=sorted(MIXES), default="frag", help="the job sizes")
     ap.add_argument("--span", type=float, default=300.0, help="seconds of arrivals per arm")
+    ap.add_argument("--limits", choices=("set", "none"), default="set",
+                    help="set: each job asks its run plus a quarter (--time); none: no --time, "
+                         "as users who never set one (the partition's MaxTime, INFINITE here)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     waits = [int(x) for x in a.waits.split(",")]
@@ -195,10 +201,12 @@ def main() -> int:
             for arm, mode, w, by in arms:
                 set_policy(h, mode, w, by)
                 rows.append((load, arm, summary(run_arm(h, jobs, leaf_of, per_leaf,
-                                                        f"load {load:g} {arm}"))))
+                                                        f"load {load:g} {arm}",
+                                                        a.limits == "set"))))
     finally:
         set_policy(h, *before, "limits")
-    print(f"\n{len(topo.leaves)} leaves x {per_leaf} nodes, mix {a.mix}, seed {a.seed}; slurm: "
+    print(f"\n{len(topo.leaves)} leaves x {per_leaf} nodes, mix {a.mix}, seed {a.seed}, time "
+          f"limits {a.limits}; slurm: "
           "the filter off; fixed N: the filter waiting wait_s = N; limits N: waiting as the "
           "running jobs' time limits say, at most N")
     print(f"{'load':>5} {'arm':>10} {'fewest switches':>16} {'mean wait':>10} {'p90 wait':>9} "
