@@ -43,7 +43,7 @@ class JsonError(ValueError):
 
 class _Bad:
     """What the parser's hooks leave in place of a value refused (a number out of range, an
-    object with a key twice): `_check` then names where it sits."""
+    object with a key twice): `_search` then names where it sits."""
 
     __slots__ = ("why",)
 
