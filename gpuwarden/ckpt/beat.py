@@ -21,6 +21,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
+from gpuwarden import safejson
+
 log = logging.getLogger(__name__)
 
 ENV_ADDR = "GPUWARDEN_LAUNCH_BEAT"  # host:port of the launcher's receiver
@@ -69,9 +71,9 @@ def decode(token: bytes, data: bytes) -> Beat:
     if not hmac.compare_digest(mac, hmac.new(token, _DOMAIN + payload, hashlib.sha256).digest()):
         raise BadBeat("wrong MAC: not sent with this launcher's token")
     try:
-        raw = json.loads(payload)
-    except ValueError:
-        raise BadBeat("payload is not JSON") from None
+        raw = safejson.loads(payload, max_bytes=MAX_DATAGRAM)
+    except safejson.JsonError as exc:
+        raise BadBeat(f"payload: {exc}") from None
     if not isinstance(raw, dict) or set(raw) != set(_FIELDS):
         raise BadBeat("payload does not have a beat's fields")
     for key, tp in _FIELDS.items():

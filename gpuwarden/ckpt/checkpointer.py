@@ -38,6 +38,22 @@ from gpuwarden.ckpt.retention import readable, to_delete
 log = logging.getLogger(__name__)
 
 
+def _metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """The manifest's metadata, refused at save when a restore could not read it back (the
+    manifest's reader takes strings of text only: `safejson`)."""
+    meta = dict(metadata or {})
+    for k, v in meta.items():
+        if not (isinstance(k, str) and isinstance(v, str)):
+            raise StateError(f"metadata {str(k)[:40]!r}: keys and values must be str, not "
+                             f"{type(k).__name__}: {type(v).__name__}")
+        try:
+            (k + v).encode("utf-8")
+        except UnicodeEncodeError:
+            raise StateError(f"metadata {k[:40]!r}: a lone surrogate is not text a manifest can "
+                             "hold (decode file names with errors='replace')") from None
+    return meta
+
+
 class PendingSave:
     """A save whose `nested.Later` values are still to come (`Checkpointer.begin`)."""
 
@@ -139,7 +155,7 @@ class Checkpointer:
         later = {k: v for k, v in state.items() if isinstance(v, nested.Later)}
         shards, data = encode({k: v for k, v in state.items() if k not in later}, hashed=False)
         header = Manifest(self.job, step, self.world_size, self.rank, tuple(shards), time.time(),
-                          dict(metadata or {}))
+                          _metadata(metadata))
         # The only part the caller waits for; the checksums are computed while writing.
         return PendingSave(self, self.tier0.stage(header, data, hash_while_writing=True), later)
 

@@ -97,7 +97,11 @@ def decode(shard: Shard, data: Buf) -> Any:
         raise StateError(f"shard {shard.name}: {memoryview(data).nbytes} bytes for shape "
                          f"{shard.shape} of {dt}")
     if count == 0 or dt.itemsize == 0:
-        return np.zeros(shard.shape, dtype=dt)
+        try:
+            return np.zeros(shard.shape, dtype=dt)
+        except (ValueError, OverflowError, MemoryError) as exc:  # (0, 2**62, 2**62): too big
+            raise StateError(f"shard {shard.name}: shape {shard.shape[:8]} of {dt}: "
+                             f"{str(exc)[:120]}") from None
     arr = np.frombuffer(data, dtype=dt, count=count).reshape(shard.shape)
     # A bytearray read, or a private mapping made, for this restore alone: the array can own
     # it, writable, no copy.

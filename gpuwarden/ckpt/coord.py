@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from gpuwarden import safejson
 from gpuwarden.ckpt.names import check_name
 from gpuwarden.errors import GpuwardenError
 
@@ -111,9 +112,9 @@ class FileCoordinator:
         if len(raw) > _MAX_FILE:
             raise CoordError(f"{path}: larger than {_MAX_FILE} bytes")
         try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise CoordError(f"{path}: not JSON ({exc})") from None
+            return safejson.loads(raw, max_bytes=_MAX_FILE)
+        except safejson.JsonError as exc:
+            raise CoordError(f"{path}: {exc}") from None
 
     def record(self, name: str, value: Any) -> None:
         """A file of this rank's that no round waits for, read later by others (the restore

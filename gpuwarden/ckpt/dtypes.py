@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuwarden import safejson
+
 MAX_TEXT = 64 << 10
 MAX_DEPTH = 16
 MAX_NDIM = 64
@@ -52,7 +54,9 @@ def parse(text: str) -> np.dtype[Any]:
         raise DtypeError("expected a dtype's text")
     if text.startswith("{"):
         try:
-            dt = _build(json.loads(text), 0)
+            # Each level of a dtype is at most 3 of JSON's ([name, title, offset, dtype]).
+            doc = safejson.loads(text, max_bytes=MAX_TEXT, max_depth=3 * MAX_DEPTH + 3)
+            dt = _build(doc, 0)
         except (ValueError, RecursionError) as exc:
             raise DtypeError(f"not a structured dtype ({str(exc)[:120]})") from None
     else:

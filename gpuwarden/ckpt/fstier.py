@@ -36,6 +36,7 @@ import xxhash
 from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.codec import Buf, checksum
 from gpuwarden.ckpt.manifest import (
+    MAX_BYTES,
     VERSION,
     Manifest,
     ManifestError,
@@ -50,7 +51,7 @@ from gpuwarden.errors import GpuwardenError
 log = logging.getLogger(__name__)
 
 MANIFEST = "MANIFEST.json"
-MAX_MANIFEST = 16 << 20
+MAX_MANIFEST = MAX_BYTES
 REFUSED_PREFIX = ".refused."  # a refused entry moved aside for a new commit: never removed here
 ANY_JOB_USER = -1  # root's commands: the job directory's owner is the job's user
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -498,12 +499,12 @@ class FsTier:
 
     def _manifest_at(self, sfd: int, owner: int, step: int, where: str) -> Manifest:
         try:
-            text = safeio.read_file(sfd, MANIFEST, owner, MAX_MANIFEST, where).decode("utf-8")
-        except (Refused, OSError, UnicodeDecodeError) as exc:
+            raw = bytes(safeio.read_file(sfd, MANIFEST, owner, MAX_MANIFEST, where))
+        except (Refused, OSError) as exc:
             raise CorruptStep(f"{self.name} step {step}: cannot read the manifest "
                               f"({_why(exc)})") from None
         try:
-            m = from_json(text, where)
+            m = from_json(raw, where)
             check_identity(m, self.job, self.rank, step, where)
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None

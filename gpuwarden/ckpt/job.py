@@ -73,14 +73,14 @@ def _int(environ: Mapping[str, str], key: str, default: str | None = None) -> in
     raw = environ.get(key, default)
     if raw is None:
         raise JobEnvError(f"{key} is not set: run this under srun inside a Slurm job")
-    if not raw.isdigit() or len(raw) > 9:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:  # isdigit alone takes "\u0661"
         raise JobEnvError(f"{key}={raw[:20]!r}: expected a non-negative integer")
     return int(raw)
 
 
 def job_env(environ: Mapping[str, str]) -> JobEnv:
     job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit() or len(job_id) > 12:
+    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 12:
         raise JobEnvError(f"SLURM_JOB_ID={job_id[:20]!r}: expected digits (run inside a Slurm job)")
     rank = _int(environ, "SLURM_PROCID")
     world = _int(environ, "SLURM_NTASKS", "1")
@@ -89,7 +89,7 @@ def job_env(environ: Mapping[str, str]) -> JobEnv:
     step = environ.get("SLURM_STEP_ID", "0")
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return JobEnv(job_id, rank, world, _int(environ, "SLURM_RESTART_COUNT", "0"),
-                  step if step.isdigit() else "0", node)
+                  step if step.isascii() and step.isdigit() else "0", node)
 
 
 def _leaves(path: str) -> dict[str, str]:

@@ -3,6 +3,9 @@ for each legacy manifest read.
 
 It decides how the shards' bytes are read back, so it is verified as strictly as they are:
 
+* it is decoded by `safejson` (at most `MAX_BYTES`, no integer beyond 64 bits, no NaN or
+  infinity, no key twice, no deep nesting, UTF-8 without lone surrogates): a user's file that
+  holds anything else is refused naming the field, never an exception of another kind;
 * every field is required (no defaults) and no other field is allowed;
 * a shard's dtype must parse (``dtypes.parse``: canonical, never Python objects) and its size
   must equal the product of its shape times the dtype's item size; a ``bytes`` shard has the
@@ -29,6 +32,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuwarden import safejson
 from gpuwarden.ckpt.dtypes import DtypeError, parse
 from gpuwarden.ckpt.names import BadName, check_name, check_step
 from gpuwarden.errors import GpuwardenError
@@ -43,6 +47,10 @@ _TOP = ("algo", "created_at", "job", "metadata", "rank", "shards", "step", "vers
         "world_size")
 _SHARD = ("checksum", "dtype", "kind", "name", "shape", "size")
 _MAX_NDIM = 64
+MAX_BYTES = 16 << 20  # a manifest larger than this is not read
+# A shard's size, and its shape's product times its items: what a file can hold (a size is
+# compared with the file's before anything is read or allocated).
+MAX_SIZE = safejson.MAX_INT
 
 
 class ManifestError(GpuwardenError):
@@ -122,7 +130,8 @@ def _shard(item: Any, source: str, i: int) -> Shard:
         raise ManifestError(f"{source}: {where}.name: {exc}") from None
     size, checksum, kind = item["size"], item["checksum"], item["kind"]
     dtype, shape = item["dtype"], item["shape"]
-    _need(_int(size) and size >= 0, source, f"{where}.size", "an integer >= 0")
+    _need(_int(size) and 0 <= size <= MAX_SIZE, source, f"{where}.size",
+          f"an integer from 0 to {MAX_SIZE}")
     _need(isinstance(checksum, str) and len(checksum) == 16
           and all(c in "0123456789abcdef" for c in checksum), source, f"{where}.checksum",
           "16 hex digits (xxh3_64)")
@@ -139,18 +148,21 @@ def _shard(item: Any, source: str, i: int) -> Shard:
     except DtypeError as exc:
         raise ManifestError(f"{source}: {where}.dtype: {exc}") from None
     want = math.prod(shape) * itemsize
+    _need(want <= MAX_SIZE, source, f"{where}.shape", f"a shape of at most {MAX_SIZE} bytes "
+          f"(its product times the dtype's {itemsize}-byte items)")
     _need(size == want, source, f"{where}.size", f"{want} (the shape's product times the "
           f"dtype's {itemsize}-byte items)")
     return Shard(name, size, checksum, kind, dtype, tuple(shape))
 
 
-def from_json(text: str, source: str) -> Manifest:
+def from_json(text: str | bytes, source: str) -> Manifest:
+    """The manifest ``text`` (UTF-8 bytes, or text) holds; ManifestError naming the file and
+    what is wrong with it, whatever it holds (`safejson`: no integer beyond 64 bits, no NaN,
+    no key twice, no deep nesting, nothing past `MAX_BYTES`)."""
     try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{source}: not JSON ({exc})") from None
-    except RecursionError:
-        raise ManifestError(f"{source}: not a manifest (nested too deeply)") from None
+        doc = safejson.loads(text, max_bytes=MAX_BYTES)
+    except safejson.JsonError as exc:
+        raise ManifestError(f"{source}: {exc}") from None
     _need(isinstance(doc, dict), source, "manifest", "a JSON object")
     version = doc.get("version")
     _need(_int(version) and version in (VERSION, LEGACY), source, "version",
@@ -160,10 +172,7 @@ def from_json(text: str, source: str) -> Manifest:
         # Nobody ever wrote a version-1 manifest with a digest: one is a forgery or damage.
         _need("digest" not in doc, source, "version", f"{VERSION} for a manifest with a digest")
     else:
-        try:
-            ok = doc.get("digest") == digest_of(body)
-        except (ValueError, TypeError):  # NaN or infinity: never written by to_json
-            ok = False
+        ok = doc.get("digest") == digest_of(body)
         _need(ok, source, "digest", "sha256 of the manifest's other fields: it was changed or "
               "damaged after it was written")
     _keys(body, _TOP, source, "")

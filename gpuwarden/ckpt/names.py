@@ -16,9 +16,15 @@ class BadName(GpuwardenError):
     """A name that could leave its directory, or a step that is not a step."""
 
 
+def _shown(value: object) -> str:
+    """A value from a user's file, as one short line (it may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
+
+
 def check_name(name: str, what: str = "name") -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise BadName(f"{what} {name!r}: use 1-128 letters, digits, '_', '-', '.', not starting "
+        raise BadName(f"{what} {_shown(name)}: use 1-128 letters, digits, '_', '-', '.', not starting "
                       "with '.' or '-' and without '..'")
     return name
 
@@ -31,7 +37,7 @@ def job_of(namespace: str) -> str:
 
 def check_step(step: int) -> int:
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP:
-        raise BadName(f"step {step!r}: expected an integer from 0 to {MAX_STEP - 1}")
+        raise BadName(f"step {_shown(step)}: expected an integer from 0 to {MAX_STEP - 1}")
     return step
 
 

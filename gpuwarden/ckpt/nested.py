@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuwarden import safejson
 from gpuwarden.ckpt.codec import StateError
 
 STRUCTURE = "_nested.json"
@@ -347,9 +348,12 @@ def unflatten(state: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(raw, bytes) or len(raw) > MAX_STRUCTURE:
         raise StateError(f"{STRUCTURE}: not a bytes shard of at most {MAX_STRUCTURE} bytes")
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise StateError(f"{STRUCTURE}: not JSON: {exc}") from None
+        # A level of the tree is at most 4 of JSON's (a dict item: [[kind, key], node]); a
+        # state's strings are Python's, surrogates and all, and come back as they went.
+        doc = safejson.loads(raw, max_bytes=MAX_STRUCTURE, max_depth=4 * MAX_DEPTH + 8,
+                             lone_surrogates=True)
+    except safejson.JsonError as exc:
+        raise StateError(f"{STRUCTURE}: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise StateError(f"{STRUCTURE}: format is not {FORMAT}")
     b = _Builder(state)

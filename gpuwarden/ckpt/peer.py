@@ -56,6 +56,7 @@ from gpuwarden.ckpt.peerwire import (
     NONCE,
     PeerBusy,
     PeerError,
+    decode_message,
     hmac_over,
     recv_exact,
     recv_frame,
@@ -218,8 +219,14 @@ class PeerServer:
             sock.settimeout(self.timeout)
             # Our proof of the key: the client sends no data before it has seen it.
             send_frame(sock, hmac_over(self.key, b"ready", nonce_s, nonce_c).digest())
-            req = json.loads(header)
-            resp, body = self._serve(req, sock, nonce_s, nonce_c)
+            body: list[Buf] = []
+            try:
+                req = decode_message(header, "request")
+            except PeerError as exc:  # answered: the rank that sent it learns why
+                log.warning("peer %s: %s", source, exc)
+                resp = {"ok": False, "error": str(exc)}
+            else:
+                resp, body = self._serve(req, sock, nonce_s, nonce_c)
             text = json.dumps(resp).encode()
             send_frame(sock, text)
             send_frame(sock, hmac_over(self.key, b"rhdr", nonce_s, nonce_c, text).digest())
@@ -348,9 +355,7 @@ def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any]
         if not hmac.compare_digest(recv_frame(sock, 64, deadline),
                                    hmac_over(key, b"rhdr", nonce_s, nonce_c, text).digest()):
             raise PeerError(f"peer {addr}: a response without this job's key: ignored")
-        resp = json.loads(text)
-        if not isinstance(resp, dict):
-            raise PeerError(f"peer {addr}: a response that is not an object")
+        resp = decode_message(text, "response")
         return resp, sock, hmac_over(key, b"resp", nonce_s, nonce_c, text)
     except (OSError, ValueError) as exc:
         sock.close()

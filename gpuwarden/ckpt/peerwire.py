@@ -1,4 +1,5 @@
-"""The peer protocol's framing: length-prefixed frames, HMAC-SHA256 helpers, and deadlines.
+"""The peer protocol's framing: length-prefixed frames, HMAC-SHA256 helpers, deadlines, and
+the JSON headers' decoding.
 
 A frame is a 4-byte big-endian length and that many bytes. Every blocking call can be held to
 one absolute ``deadline`` (monotonic seconds): a per-call socket timeout alone lets a peer
@@ -13,6 +14,7 @@ import struct
 import time
 from typing import Any
 
+from gpuwarden import safejson
 from gpuwarden.ckpt.fstier import TierError
 
 MAGIC = b"GPWPEER1"
@@ -69,3 +71,15 @@ def hmac_over(key: bytes, label: bytes, *parts: bytes | bytearray | memoryview) 
     for p in parts:
         m.update(p)
     return m
+
+
+def decode_message(data: bytes, what: str) -> dict[str, Any]:
+    """A request's or response's header: a JSON object, or PeerError naming what is wrong
+    (`safejson`). Authenticated is not well-formed: any of the job's ranks can send it."""
+    try:
+        doc = safejson.loads(data, max_bytes=MAX_HEADER)
+    except safejson.JsonError as exc:
+        raise PeerError(f"{what}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PeerError(f"{what}: not a JSON object")
+    return doc

@@ -13,7 +13,6 @@ in job directories of their own making, so the figures are the jobs' own word (d
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -22,6 +21,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuwarden import safejson
 from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.safeio import Refused, closing
 
@@ -102,9 +102,9 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
     the field when it is anything else (a record naming another job, rank or run than its
     place says is refused: a user cannot file a record under someone else's job)."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # 4 KiB of "[" is too deep for the parser
-        raise BadRecord(f"not JSON ({str(exc)[:80]})") from None
+        doc = safejson.loads(raw, max_bytes=MAX_RECORD)
+    except safejson.JsonError as exc:
+        raise BadRecord(str(exc)) from None
     if not isinstance(doc, dict) or sorted(doc) not in (sorted(_FIELDS), sorted(_FIELDS_V1)):
         raise BadRecord(f"expected exactly the fields {', '.join(sorted(_FIELDS))}")
     tier = doc["tier"]

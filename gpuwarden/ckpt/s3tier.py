@@ -35,7 +35,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard, check_writable
-from gpuwarden.ckpt.manifest import Manifest, ManifestError, check_identity, from_json
+from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
 
@@ -161,13 +161,13 @@ class S3Tier:
         if self.key is None:
             raise CorruptStep(f"{self.name} step {step}: {source}: no job key to authenticate "
                               "it with (S3 cannot tell who wrote it): refused")
-        raw = bytes(self._get(key, 16 << 20))
+        raw = bytes(self._get(key, MAX_BYTES))
         mac = bytes(self._get(self._key(step, MAC), 64))
         if not hmac.compare_digest(mac, manifest_mac(self.key, raw).encode()):
             raise CorruptStep(f"{self.name} step {step}: {source}: not authenticated with this "
                               "job's key (written by someone else, or damaged): refused")
         try:
-            m = from_json(raw.decode("utf-8", "replace"), source)
+            m = from_json(raw, source)
             check_identity(m, self.job, self.rank, step, source)
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None

@@ -63,9 +63,9 @@ def _manifest(fd: int, src: StageSource, world: int) -> tuple[Manifest, bytes]:
     except FileNotFoundError:
         raise CorruptStep(f"{shown}: missing") from None
     try:
-        m = from_json(raw.decode("utf-8"), shown)
+        m = from_json(raw, shown)
         check_identity(m, src.job, src.rank, src.step, shown)
-    except (ManifestError, UnicodeDecodeError) as exc:
+    except ManifestError as exc:
         raise CorruptStep(str(exc)) from None
     if m.world_size != world or m.algo != ALGO:
         raise CorruptStep(f"{shown}: a step of {m.world_size} ranks in {m.algo}, expected "

@@ -40,7 +40,7 @@ T = TypeVar("T")
 _DIGITS = re.compile(r"^[0-9]{1,20}$")
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}\$?$")
 _MAX_ID = 2**32 - 2  # (uid_t)-1 means "unchanged" to setuid
-_RANK_DIR = re.compile(r"^rank-(\d{5,})$")
+_RANK_DIR = re.compile(r"rank-([0-9]{5,9})")  # as fstier names them; fullmatch
 PROGRESS_AFTER_S = 2.0  # a progress line at most this often, none for a quicker copy
 _MIB = float(1 << 20)
 
@@ -313,7 +313,7 @@ def _discover(req: Request) -> tuple[int, list[int]] | None:
     except (safeio.Refused, OSError) as exc:
         log.warning("stage-in job %s: %s", req.job_id, exc)
         return None
-    ranks = sorted(int(m.group(1)) for m in map(_RANK_DIR.match, names) if m)
+    ranks = sorted(int(m.group(1)) for m in map(_RANK_DIR.fullmatch, names) if m)
     for r in ranks:
         tier = FsTier("shared", req.shared_root, req.job, r)
         for step in reversed(_held(req, r)):
