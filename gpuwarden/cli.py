@@ -132,6 +132,29 @@ def config_group() -> None:
     """Check or show the configuration."""
 
 
+def _site_problems(cfg: configmod.Config, target: object) -> tuple[str, str, str]:
+    """What `config check` refuses in ``cfg`` beyond the schema (an error), what it only warns
+    about, and where Slurm's commands were found: ("", "", where) when all is well."""
+    try:
+        place = bindir.locate(cfg.slurm.bin_dir, use_path=False)
+    except SlurmError as exc:
+        return f"{target}: slurm.bin_dir: {exc}", "", ""
+    from gpuwarden.placement import location  # noqa: PLC0415
+
+    misplaced = location.problem(cfg.placement.snapshot_file)
+    if misplaced:
+        return f"{target}: {misplaced}", "", ""
+    from gpuwarden.health.kernlogtrust import check_file  # noqa: PLC0415
+
+    # A kernel_log rendering a user can forge lines in is refused; one this user cannot read
+    # here (not root, not the node) is only a warning: the self-test on the node reads it.
+    readable, why = check_file(cfg.health.kernel_log, cfg.health.check_timeout_s)
+    if why and readable:
+        return f"{target}: health.kernel_log: {why}", "", ""
+    warning = f"{target}: warning: health.kernel_log not checked: {why}" if why else ""
+    return "", warning, f"{place.path}, {place.how}"
+
+
 @config_group.command("check")
 @click.argument("path", required=False)
 @click.pass_obj
@@ -143,25 +166,50 @@ def config_check(obj: Context, path: str | None) -> None:
         cfg = configmod.load(target, missing_ok=False)
     except ConfigError as exc:
         _die(str(exc), EXIT_CONFIG)
+    error, warning, place = _site_problems(cfg, target)
+    if error:
+        _die(error, EXIT_CONFIG)
+    if warning:
+        click.echo(warning, err=True)
+    click.echo(f"{target}: OK (Slurm commands: {place})")
+
+
+@config_group.command("set")
+@click.argument("assignments", nargs=-1, required=True, metavar="KEY=VALUE...")
+@click.pass_obj
+def config_set(obj: Context, assignments: tuple[str, ...]) -> None:
+    """Set keys of the configuration file in place, e.g. `gpuwarden config set
+    health.gpu_probe=fake cluster.nodes=16`: each key's line is changed (or added to its
+    table), every other line is kept. The file is written only when the result passes
+    `config check`; otherwise exit 2 and nothing changes. A string needs no quotes; a list or
+    table is TOML (`health.expected.ib_ports='["mlx5_0:1"]'`)."""
+    from gpuwarden import configset, configwrite  # noqa: PLC0415
+
+    target = configmod.config_path(obj.config_path)
+    unchanged = "nothing was written (`gpuwarden config show` lists every key)"
     try:
-        place = bindir.locate(cfg.slurm.bin_dir, use_path=False)
-    except SlurmError as exc:
-        _die(f"{target}: slurm.bin_dir: {exc}", EXIT_CONFIG)
-    from gpuwarden.placement import location  # noqa: PLC0415
-
-    misplaced = location.problem(cfg.placement.snapshot_file)
-    if misplaced:
-        _die(f"{target}: {misplaced}", EXIT_CONFIG)
-    from gpuwarden.health.kernlogtrust import check_file  # noqa: PLC0415
-
-    # A kernel_log rendering a user can forge lines in is refused; one this user cannot read
-    # here (not root, not the node) is only a warning: the self-test on the node reads it.
-    readable, why = check_file(cfg.health.kernel_log, cfg.health.check_timeout_s)
-    if why and readable:
-        _die(f"{target}: health.kernel_log: {why}", EXIT_CONFIG)
-    if why:
-        click.echo(f"{target}: warning: health.kernel_log not checked: {why}", err=True)
-    click.echo(f"{target}: OK (Slurm commands: {place.path}, {place.how})")
+        sets = [configset.assignment(a) for a in assignments]
+    except ValueError as exc:
+        _die(f"config set: {exc}; {unchanged}", EXIT_CONFIG)
+    try:
+        text = configwrite.read(target)
+        new, changes = configset.apply(text, str(target), sets)
+    except ConfigError as exc:
+        _die(f"{exc}; {unchanged}", EXIT_CONFIG)
+    error, warning, place = _site_problems(configmod.parse(new, str(target)), target)
+    if error:
+        _die(f"{error}; nothing was written", EXIT_CONFIG)
+    if warning:
+        click.echo(warning, err=True)
+    try:
+        if new != text:
+            configwrite.replace(target, new)
+    except ConfigError as exc:
+        _die(str(exc), EXIT_CONFIG)
+    for c in changes:
+        before = "not in the file" if c.before is None else configmod.toml_value(c.before)
+        click.echo(f"{target}: {c.key} = {configmod.toml_value(c.after)} (was {before})")
+    click.echo(f"{target}: OK (Slurm commands: {place})")
 
 
 @config_group.command("show")
@@ -209,19 +257,36 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
     width = max([4, *(len(n.name) for n in nodes)])
     click.echo(f"{'NODE':<{width}}  {'STATE':<16} {'SET BY':<10} REASON")
     flagged = 0
+    unmarked: list[str] = []
     for n in nodes:
         line = f"{n.name:<{width}}  {n.state_text:<16} {n.owner or '-':<10} {n.reason or '-'}"
         if n.comment.startswith("gpuwarden: would drain"):
             # Held back by the blast-radius cap: the evidence is in the node comment.
             line += f"  [{n.comment.removeprefix('gpuwarden: ')}]"
-        note = gatingstate.of_node(n.name, n.extra, now).note
-        if note:
+        gating = gatingstate.of_node(n.name, n.extra, now)
+        if gating.marker is None:
+            unmarked.append(n.name)
+        elif gating.note:
             flagged += 1
-            line += f"  [{note}]"
+        if gating.note:
+            line += f"  [{gating.note}]"
         click.echo(line)
+    if unmarked:
+        click.echo(_never_reported(unmarked), err=True)
     if flagged:
         click.echo(f"gpuwarden: health gating is off or stale on {flagged} node(s): see "
                    "`gpuwarden health selftest` and the node's syslog", err=True)
+
+
+def _never_reported(names: list[str]) -> str:
+    from gpuwarden.health.marker import HEALTHCHECK  # noqa: PLC0415
+    from gpuwarden.slurm import hostlist  # noqa: PLC0415
+
+    return (f"gpuwarden: {len(names)} node(s) never reported their health gating "
+            f"({hostlist.compress(names)}): run `{HEALTHCHECK}` once as root on each (docs/"
+            "admin-guide.md, step 8, runs it on every node over ssh), or wait one "
+            "HealthCheckInterval; a node still unmarked after that: `gpuwarden health "
+            "selftest` there and its syslog")
 
 
 @cli.command("drain")

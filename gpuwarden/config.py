@@ -143,18 +143,21 @@ def load(path: str | os.PathLike[str] | None = None, *, missing_ok: bool = True)
     return parse(text, str(p))
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """One value as TOML (`config show`, `config set`)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
         escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        # Control characters would end the line (or the file's validity): TOML's \uXXXX.
+        escaped = "".join(c if " " <= c != "\x7f" else f"\\u{ord(c):04x}" for c in escaped)
         return f'"{escaped}"'
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot render {value!r} as TOML")
 
 
@@ -163,6 +166,6 @@ def dumps(cfg: Config) -> str:
     lines: list[str] = []
     for section, table in to_dict(cfg).items():
         lines.append(f"[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
         lines.append("")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
-"""The admin guide as the end-to-end test runs it: its marked shell blocks, and the two edits
-the guide leaves to the admin (the config file, merging slurm.conf lines).
+"""The admin guide as the end-to-end test runs it: its marked shell blocks, and the edit the
+guide leaves to the admin (merging slurm.conf lines; the config file is set by its own
+`gpuwarden config set` commands).
 
 A block the test runs is marked in the Markdown by ``<!-- e2e: NAME -->`` on the line before
 its fence, so the test runs what the guide shows, and a guide edit that drops a step fails the
@@ -9,7 +10,6 @@ test instead of going unnoticed.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,44 +69,6 @@ def blocks(path: Path) -> dict[str, Block]:
             raise GuideError(f"{path}:{i + 1}: marker {name!r} appears twice")
         found[name] = Block(name, "\n".join(lines[i + 2:end]) + "\n", f"{path}:{i + 2}")
     return found
-
-
-def _toml_value(value: str | int | float | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def set_toml_keys(text: str, table: str, values: dict[str, str | int | float | bool]) -> str:
-    """The admin's edit of `gpuwarden config show`'s output: set ``key = value`` lines of
-    ``[table]``, each of which must be there already (the output lists every key)."""
-    lines = text.splitlines()
-    try:
-        start = lines.index(f"[{table}]")
-    except ValueError:
-        raise GuideError(f"no [{table}] table in the configuration") from None
-    end = next((j for j in range(start + 1, len(lines)) if lines[j].startswith("[")), len(lines))
-    todo = dict(values)
-    for j in range(start + 1, end):
-        key = lines[j].split("=", 1)[0].strip()
-        if "=" in lines[j] and key in todo:
-            lines[j] = f"{key} = {_toml_value(todo.pop(key))}"
-    if todo:
-        raise GuideError(f"[{table}] has no line for {', '.join(sorted(todo))}")
-    return "\n".join(lines) + "\n"
-
-
-def toml_settings(block: Block) -> dict[str, dict[str, str | int | float | bool]]:
-    """The ``key = value`` lines of a TOML block of the guide, by table (simple values only)."""
-    doc = tomllib.loads(block.text)
-    out: dict[str, dict[str, str | int | float | bool]] = {}
-    for table, body in doc.items():
-        if not isinstance(body, dict):
-            raise GuideError(f"{block.where}: {table} is not a table")
-        out[table] = {k: v for k, v in body.items() if isinstance(v, (str, int, float, bool))}
-    return out
 
 
 def _key(line: str) -> str:

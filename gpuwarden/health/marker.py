@@ -18,7 +18,13 @@ REFRESH_S = 1800.0
 # A marker older than this means the periodic check has not run (or could not post) since.
 STALE_S = 2 * REFRESH_S + 600.0
 _MAX_OFF = 40
-NO_MARKER = "no health marker: gating has never reported from this node"
+# What slurmd runs (slurmconfneeds.HOOKS, the admin guide's path); a test holds them equal.
+HEALTHCHECK = "/opt/gpuwarden/prolog/gpuwarden-healthcheck"
+NO_MARKER_HEAD = "no health marker: gating has never reported from this node"
+# Right after the slurm.conf step every node is here until its first HealthCheckInterval:
+# say how to report now instead of leaving the admin to wait or guess.
+NO_MARKER = (f"{NO_MARKER_HEAD}; to report now, run its HealthCheckProgram as root there "
+             f"({HEALTHCHECK}), else Slurm runs it within HealthCheckInterval")
 
 
 @dataclass(frozen=True)

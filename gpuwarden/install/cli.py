@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
+from gpuwarden import config as configmod
 from gpuwarden.install import plan, run
 
 EXIT_REFUSED = 3
@@ -89,5 +91,21 @@ def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
     if dry_run:
         click.echo("next: rerun without --dry-run")
         return
-    click.echo(f"next: as root on this node, `{req.target.gpuwarden} health selftest`; then "
-               "the remaining steps of docs/admin-guide.md (slurm.conf lines come last)")
+    for line in next_steps(req.target.gpuwarden, configmod.config_path()):
+        click.echo(line)
+
+
+def next_steps(gpuwarden: str, config: Path) -> list[str]:
+    """What comes after this step, in docs/admin-guide.md's order (a test holds the two
+    together): the self-test reads the configuration, so the configuration comes first."""
+    if config.exists():
+        conf = f"{config} is there; check it still describes this site: `{gpuwarden} config check`"
+    else:
+        conf = (f"`install -d -m 0755 {config.parent}`, `{gpuwarden} config show > {config}`, "
+                f"`{gpuwarden} config set KEY=VALUE ...` for this site ([cluster], and [health] "
+                f"on a node without GPUs), `{gpuwarden} config check`")
+    return ["next, in the order of docs/admin-guide.md:",
+            f"  step 4, the configuration (every host): {conf}",
+            f"  step 5, as root on each compute node: `{gpuwarden} health selftest`",
+            "  then steps 6 to 9 (the checkpoint spool, placement, the slurm.conf lines: only "
+            "after every file they name is in place, the lemon scan)"]

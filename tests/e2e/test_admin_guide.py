@@ -10,14 +10,15 @@ here), so a guide edit that breaks an install breaks this test.
 What the guide leaves to the admin, the test does the way the guide says, and nothing more:
 - step 1: the wheel is built on the host by `gpuwarden.devcluster.wheel` (pip wheel --no-deps,
   as the guide's block) and mounted at the guide's placeholder `/path/to/dist`;
-- step 4's edit: `[cluster]` set to the site's nodes; on compute nodes, the `[health]` lines of
-  testing-without-gpus.md's "A test node";
+- step 4's edit: `[cluster]` set to the site's nodes with `gpuwarden config set`, as the guide
+  does it; on compute nodes, the `gpuwarden config set` block of testing-without-gpus.md's
+  "A test node";
 - steps 7 and 8: topology.conf and the merged slurm.conf copied to every host; the merge
   follows step 8's rules (`gpuwarden.devcluster.guide.merge_slurm_conf`);
 - step 6 (checkpoint spool) and step 9 (lemon timer) are left out: no job here checkpoints.
-Two substitutions, as these containers have no systemd: `/etc/systemd/system` is created, and
-`systemctl enable --now` is replaced by starting the installed unit's `ExecStart=` in the
-background.
+These containers have no systemd: `/etc/systemd/system` is created for the unit's copy, and the
+daemon is started by the guide's own block for sites without systemd (which must be the
+installed unit's `ExecStart=`).
 """
 
 from __future__ import annotations
@@ -73,14 +74,12 @@ def split_systemctl(block: guide.Block) -> tuple[guide.Block, guide.Block]:
             guide.Block(block.name, "\n".join(lines[i + 1:]) + "\n", block.where))
 
 
-def start_unit(site: PlainSite, host: str) -> None:
-    """What `systemctl enable --now` does with the installed unit: run its ExecStart= as root."""
+def start_without_systemd(site: PlainSite, host: str, block: guide.Block) -> None:
+    """The guide's block for a site without systemd, which runs the installed unit's command."""
     unit = site.read(host, UNIT)
     starts = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert len(starts) == 1, unit
-    site.container(host).exec_run(
-        ["bash", "-c", f"exec {starts[0]} >> /var/log/gpuwarden-placement.log 2>&1"],
-        detach=True)
+    assert len(starts) == 1 and f"do {starts[0]};" in block.text, (unit, block.text)
+    run_block(site, host, block)
 
 
 def show_job(site: PlainSite, job_id: int) -> dict[str, Any]:
@@ -136,16 +135,16 @@ def installed(site: PlainSite) -> PlainSite:
     """Steps 2 to 8 of the guide, in its order, on every host the step names."""
     steps = guide.blocks(GUIDE)
     test_node = guide.blocks(TEST_NODES)
-    for name in ("venv", "install-files", "config"):
+    on_hosts(site.hosts, lambda host: run_block(site, host, steps["venv"]))
+    run_block(site, HEAD, steps["venv-admin"])  # the admin host's lemon extra, from Debian
+    for name in ("install-files", "config"):
         on_hosts(site.hosts, lambda host, name=name: run_block(site, host, steps[name]))
-    # Step 4's "then edit": describe the site, and make the nodes test nodes.
-    node_health = guide.toml_settings(test_node["test-node-config"])["health"]
+    # Step 4's "then set the keys": describe the site, and make the nodes test nodes.
+    cluster = [f"cluster.{key}={value}" for key, value in CLUSTER.items()]
     for host in site.hosts:
-        text = site.read(host, "/etc/gpuwarden/gpuwarden.toml")
-        text = guide.set_toml_keys(text, "cluster", CLUSTER)
-        if host != HEAD:
-            text = guide.set_toml_keys(text, "health", node_health)
-        site.write(host, "/etc/gpuwarden/gpuwarden.toml", text)
+        site.exec(host, ["gpuwarden", "config", "set", *cluster]).check(f"config set on {host}")
+    on_hosts(NODES, lambda host: run_block(site, host, test_node["test-node-config"]))
+    for host in site.hosts:
         site.exec(host, ["gpuwarden", "config", "check"]).check(f"config check on {host}")
     for host in NODES:
         run_block(site, host, test_node["test-node"])
@@ -155,7 +154,7 @@ def installed(site: PlainSite) -> PlainSite:
     before, after = split_systemctl(steps["placement"])
     site.exec(HEAD, ["mkdir", "-p", "/etc/systemd/system"]).check("mkdir")  # no systemd here
     run_block(site, HEAD, before)
-    start_unit(site, HEAD)
+    start_without_systemd(site, HEAD, steps["placement-without-systemd"])
     # "run it again" until the daemon's first snapshot is there, as the guide says.
     site.wait_for(lambda: "" if "(fresh)" in run_block(site, HEAD, after) else "not fresh yet",
                   "`placement explain` to see a fresh snapshot", 60)
@@ -177,6 +176,14 @@ def installed(site: PlainSite) -> PlainSite:
         return slurmd_started_after(site, since)
 
     site.wait_for(applied, "slurmctld and every slurmd restarted with the new lines", 180)
+    # Step 8's last step: each node's health check once by hand, so that `gpuwarden nodes` has
+    # every node's marker now rather than after HealthCheckInterval.
+    print(f"[site] gpuwarden nodes before the health check by hand:\n"
+          f"{site.exec(HEAD, ['gpuwarden', 'nodes']).out}", file=sys.stderr)
+    on_hosts(NODES, lambda host: run_block(site, host, steps["healthcheck-once"]))
+    shown = site.exec(HEAD, ["gpuwarden", "nodes"])
+    assert shown.rc == 0 and "no health marker" not in shown.out + shown.err, \
+        shown.out + shown.err
     return site
 
 
@@ -189,6 +196,9 @@ def test_the_guide_installs_a_wheel_that_runs_and_passes_its_own_checks(
         # The hooks' interpreter is the venv's, from /etc/default/gpuwarden (step 3).
         defaults = site.read(host, "/etc/default/gpuwarden")
         assert "GPUWARDEN_PYTHON=/opt/gpuwarden/venv/bin/python3" in defaults
+    # The admin host's lemon extra came from Debian's packages (step 2's table).
+    res = site.exec(HEAD, ["/opt/gpuwarden/venv/bin/python3", "-c", "import msgspec, numpy"])
+    assert res.rc == 0, res.err
     check = site.exec(HEAD, ["gpuwarden", "slurm-conf", "--check", "/etc/slurm/slurm.conf"])
     assert check.rc == 0, check.out + check.err
     conf = site.exec(HEAD, ["scontrol", "show", "config"]).out

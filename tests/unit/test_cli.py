@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +136,29 @@ def test_a_bad_config_stops_every_action_with_exit_2(fleet: FakeClient, tmp_path
     code, _, err = run(fleet, "drain", "c1", "--reason", "x", config=str(bad))
     assert code == 2 and "slurm.command_timeout_s" in err and str(bad) in err
     assert not fleet.table["c1"].drained
+
+
+def test_nodes_that_never_reported_say_which_command_reports_now(
+        config_file: Path) -> None:
+    """Right after the slurm.conf step no node has run its HealthCheckProgram yet: the notes
+    name the command that makes a node report now, and the summary lists those nodes."""
+    from gpuwarden.health import marker
+    from gpuwarden.slurmconfneeds import HOOKS
+
+    fresh = marker.encode_into("", marker.Marker(int(time.time()), "OK")) or ""
+    client = FakeClient({**{f"gn{i}": node(f"gn{i}") for i in (1, 2, 3, 7)},
+                         "gn4": node("gn4", extra=fresh)})
+    code, out, err = run(client, "nodes")
+    assert code == 0
+    command = HOOKS["HealthCheckProgram"]
+    lines = {ln.split()[0]: ln for ln in out.splitlines()}
+    for name in ("gn1", "gn2", "gn3", "gn7"):
+        assert "no health marker" in lines[name] and command in lines[name], lines[name]
+        assert "HealthCheckInterval" in lines[name]
+    assert "health" not in lines["gn4"]
+    assert "4 node(s) never reported" in err and "gn[1-3,7]" in err
+    assert f"`{command}` once as root on each" in err and "admin-guide.md, step 8" in err
+    assert "off or stale" not in err  # nothing else is wrong
 
 
 def test_config_check_and_show(tmp_path: Path, fleet: FakeClient) -> None:

@@ -31,6 +31,7 @@ ARGS: dict[tuple[str, ...], list[list[str]]] = {
     ("resume",): [[], ["c1"]],
     ("config", "check"): [[], ["{tmp}/absent.toml"]],
     ("config", "show"): [[]],
+    ("config", "set"): [[], ["cluster.nodes=4"], ["health.nope=1"], ["bogus"]],
     ("health", "check"): [["--gpus", "x"]],
     ("health", "show"): [[]],
     ("health", "selftest"): [[]],

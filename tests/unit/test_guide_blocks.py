@@ -1,5 +1,5 @@
-"""The admin guide's marked blocks, as tests/e2e/test_admin_guide.py runs them, and the two
-edits it leaves to the admin."""
+"""The admin guide's marked blocks, as tests/e2e/test_admin_guide.py runs them, and the
+slurm.conf merge it leaves to the admin."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_step_the_e2e_test_runs_is_marked_in_the_docs() -> None:
     steps = guide.blocks(ROOT / "docs" / "admin-guide.md")
-    assert set(steps) == {"venv", "install-files", "config", "selftest", "placement",
-                          "slurm-conf-lines", "apply"}
+    assert set(steps) == {"venv", "venv-admin", "install-files", "config", "selftest",
+                          "placement", "placement-without-systemd", "slurm-conf-lines", "apply",
+                          "healthcheck-once"}
     assert set(guide.blocks(ROOT / "docs" / "testing-without-gpus.md")) == {
         "test-node-config", "test-node"}
     # The install step really is the offline Debian route the test nodes can take.
@@ -42,17 +43,6 @@ def test_a_marker_without_its_block_is_an_error(tmp_path: Path) -> None:
 def test_commands_drop_comments_and_join_continuations() -> None:
     block = guide.Block("b", "# note\ninstall -m 0644 a \\\n    b /etc/\n\nls   # why\n", "x:1")
     assert block.commands() == ["install -m 0644 a      b /etc/", "ls   # why"]
-
-
-def test_the_config_edit_sets_only_the_named_keys_of_one_table() -> None:
-    shown = "[cluster]\nname = \"gpuwarden\"\nnodes = 8\n\n[health]\nname = \"x\"\ndrain = true\n"
-    out = guide.set_toml_keys(shown, "cluster", {"name": "site", "nodes": 4})
-    assert out == "[cluster]\nname = \"site\"\nnodes = 4\n\n[health]\nname = \"x\"\ndrain = true\n"
-    assert "drain = false" in guide.set_toml_keys(shown, "health", {"drain": False})
-    with pytest.raises(guide.GuideError, match="no line for nope"):
-        guide.set_toml_keys(shown, "cluster", {"nope": 1})
-    with pytest.raises(guide.GuideError, match=r"no \[lemon\]"):
-        guide.set_toml_keys(shown, "lemon", {"fdr": 0.1})
 
 
 def test_the_merge_combines_lists_keeps_the_sites_values_and_appends_the_rest(

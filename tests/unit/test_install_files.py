@@ -65,7 +65,8 @@ def test_every_site_file_lands_with_its_mode_and_this_installs_paths(site: Path)
     assert f"\nGW_KIT={prefix}/ckpt\n" in sbatch
     defaults = (site / "etc" / "gpuwarden").read_text()
     assert f"\nGPUWARDEN_PYTHON={sys.executable}\n" in defaults
-    assert "next:" in res.output and "health selftest" in res.output
+    assert "next, in the order of docs/admin-guide.md:" in res.output
+    assert "health selftest" in res.output
 
 
 def test_the_shipped_hooks_find_their_library_and_this_interpreter(site: Path) -> None:
