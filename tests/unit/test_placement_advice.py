@@ -191,3 +191,33 @@ def test_advice_never_repeats_what_is_already_set(state: tuple[Snapshot, JobRequ
     s, job = state
     d = decide(s, job, now=1_800_000_000)
     assert_no_repeat(s, job, d, advise(s, job, d))
+
+
+def test_the_lua_filter_tells_users_what_decide_does_over_generated_clusters(
+        tmp_path: Path) -> None:
+    # The message gating and the too-few line are in both: they must agree word for word on
+    # random small sites (one to three nodes per leaf, some drained, some suspect).
+    import random
+
+    rng = random.Random(39)
+    for round_ in range(12):
+        leaves = [[f"c{i}{j}" for j in range(rng.randint(1, 3))] for i in range(rng.randint(1, 4))]
+        text = "".join(f"SwitchName=leaf{i} Nodes={','.join(ns)}\n"
+                       for i, ns in enumerate(leaves))
+        names = [n for ns in leaves for n in ns]
+        nodes = [node(n, ("IDLE", "DRAIN"), "maintenance") if rng.random() < 0.25 else
+                 node(n, comment="gpuwarden: would drain: xid 79") if rng.random() < 0.15 else
+                 node(n) for n in names]
+        s = snapshot.build(PlacementConfig(), topology.parse(text), nodes,
+                           {"gpu": tuple(names)}, (), 7, time.time(), None)
+        jobs = [JobRequest(rng.randint(2, len(names) + 1), True,
+                           gpus_per_job=rng.choice([0, 0, 8 * (len(names) + 1)]),
+                           gpus_per_node=8) for _ in range(8)]
+        d = tmp_path / f"r{round_}"
+        d.mkdir()
+        results = run_filter(d, snapshot.render(s), jobs)
+        for job, got in zip(jobs, results, strict=True):
+            want = decide(s, job)
+            said = [str(x)[6:] for x in got["logs"] if str(x).startswith("user: ")]  # type: ignore[attr-defined]
+            assert said == ([want.user_message] if want.user_message else []), (text, job)
+            assert_no_repeat(s, job, want, advise(s, job, want))
