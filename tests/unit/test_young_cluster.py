@@ -255,3 +255,13 @@ def test_the_report_counts_the_days_read_as_fleet_mttf_does_not_a_gap(tmp_path: 
     assert mt["span_days"] == rep["span_days"] == 2.0
     assert rep["window_note"] == mt["window_note"]
     assert "(2.0 days read; 24.0 h missing between exports)" in mt["window_note"]
+
+
+def test_ckpt_interval_names_the_window_read_not_the_since_asked(tmp_path: Path) -> None:
+    # `ckpt interval` reads the same history: with no failure and no [ckpt] mttf_h it said
+    # "no failures of 8-GPU jobs in the accounting history since 30d".
+    ctx = Context(client_factory=lambda c: first_day())  # type: ignore[arg-type,return-value]
+    res = CliRunner().invoke(cli, ["ckpt", "interval", "--gpus", "8", "--cost", "30s"], obj=ctx)
+    assert res.exit_code == 1, res.output
+    assert "since 30d" not in res.output
+    assert "(4.0 h)" in res.output and "the cluster's registration" in res.output
