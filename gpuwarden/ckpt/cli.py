@@ -199,4 +199,6 @@ def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
             return c.mttf_h, f"measured: {c.failures} failures in {c.hours:.0f} job-hours"
     if rep.per_gpu_mttf_h:
         return rep.per_gpu_mttf_h / gpus, "projected 1/N from the fleet's per-GPU rate"
-    return None, f"no failures of {gpus}-GPU jobs in the accounting history since {since}"
+    # The window really read (a cluster younger than --since is read from its registration).
+    read = hist.window_note.removeprefix("history read: ")
+    return None, f"no failures of {gpus}-GPU jobs in the accounting read ({read})"

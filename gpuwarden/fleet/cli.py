@@ -78,14 +78,16 @@ def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: 
     restart, swap = parse_cost(restart_cost), parse_cost(spare_swap)
     grace = obj.config_or_exit().lemon.grace_s
     hist = load_history(obj, since, from_files, events_file, grace)
-    rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, windows=hist.windows)
+    rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, windows=hist.windows,
+                 grace_s=grace)
     pays = spare_rows(rep, spares, gpus_per_node, restart, swap)
     if as_json:
-        click.echo(json.dumps({"records": hist.records, **asdict(rep),
+        click.echo(json.dumps({"records": hist.records, "window_note": hist.window_note,
+                               **asdict(rep),
                                "spares": {"k": spares, "restart_s": restart, "swap_s": swap,
                                           "sizes": pays}}, indent=2, default=str))
         return
-    click.echo("\n".join([*mttf_lines(hist.records, rep, gpus_per_node),
+    click.echo("\n".join([hist.window_note, *mttf_lines(hist.records, rep, gpus_per_node),
                           *spare_lines(pays, spares, restart, swap)]))
 
 
@@ -136,6 +138,10 @@ def mttf_lines(records: int, rep: Any, gpus_per_node: int) -> list[str]:
                    f"{100 * c.failure_rate:>5.1f}% {human_hours(c.mttf_h):>9} "
                    f"{human_hours(c.young_h):>9} {human_hours(c.daly_h):>9} {paper:>13}"
                    .rstrip())
+    if rep.gpuless_runs:
+        out.append(f"left out: {rep.gpuless_runs} runs without GPUs in accounting "
+                   f"({rep.gpuless_failures} of them blamed on the infrastructure); if they "
+                   "had GPUs, Slurm records them only with AccountingStorageTRES=gres/gpu")
     if rep.big_runs:
         out.append(f"runs of >=512 GPUs (classes <=512 and up): {rep.big_failures} of "
                    f"{rep.big_runs} failed ({100 * rep.big_failures / rep.big_runs:.1f}%); "
@@ -152,6 +158,8 @@ def mttf_lines(records: int, rep: Any, gpus_per_node: int) -> list[str]:
                    f"{fig.projection_16k_h:g} h projection at 16,384 GPUs")
     else:
         out.append("node failure rate r_f: no health-gating drains in this history")
+    if rep.node_failures:
+        out.append(rep.drains_note)
     if rep.insufficient and rep.node_rate is None:
         return [*out, f"projected MTTF (1/N): {rep.insufficient}"]
     out.append(f"{'PROJECTED MTTF (1/N)':<20} {'FROM r_f':>9} {'FROM JOB FAILURES':>18} "

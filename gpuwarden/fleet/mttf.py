@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures
 from gpuwarden.health.reasons import is_health_drain
-from gpuwarden.lemon.attribution import Attribution, event_time
+from gpuwarden.lemon.attribution import GRACE_S, LEAD_S, Attribution, event_time
+from gpuwarden.lemon.readspan import human_span
 from gpuwarden.slurm.exportwindows import merged
 from gpuwarden.slurm.models import NodeEvent
 
@@ -70,21 +71,36 @@ class MttfReport:
     big_runs: int = 0
     big_failures: int = 0
     paper: PaperFigures = field(default_factory=PaperFigures)
+    # The node_failures (health-gating drains) by what they did to jobs (`drain_runs`): came
+    # with a failed run counted in the table (that run is the job failure, counted once), with
+    # one accounting has no GPUs for (not in the table), or with no failed run at all.
+    drains_with_failed_run: int = 0
+    drains_without_gpus: int = 0
+    drains_no_failed_run: int = 0
+    drains_note: str = ""  # the same, said
+    # Runs accounting has no GPUs for, and those of them blamed on the infrastructure: left
+    # out of the classes (AccountingStorageTRES without gres/gpu records none).
+    gpuless_runs: int = 0
+    gpuless_failures: int = 0
 
 
 MIN_FAILURES = 10  # below this a rate's error is over +-30%: no projection is made from it
 
 
 def history_needed(failures: int, span_days: float) -> str:
-    """What to say when too few failures were seen to project from."""
+    """What to say when too few failures were seen to project from. Job failures: the
+    health-gating drains that interrupted no run are node failures, said apart
+    (`drains_note`)."""
+    span = human_span(span_days * 86_400)
     if failures == 0:
-        more = f"more than {MIN_FAILURES / 3 * span_days:.0f} days" if span_days > 0 else \
-            "weeks to months"
-        return (f"insufficient data: no infrastructure failure in {span_days:.1f} days of "
-                f"history; a projection needs at least {MIN_FAILURES} ({more} at this rate)")
-    need = MIN_FAILURES / failures * span_days
-    return (f"insufficient data: {failures} infrastructure failure(s) in {span_days:.1f} days "
-            f"of history; a projection needs at least {MIN_FAILURES}, about {need:.0f} days "
+        more = f"more than {human_span(MIN_FAILURES / 3 * span_days * 86_400)}" \
+            if span_days > 0 else "weeks to months"
+        return (f"insufficient data: no job failure blamed on the infrastructure in {span} "
+                f"of history; a projection needs at least {MIN_FAILURES} ({more} at this "
+                "rate)")
+    need = human_span(MIN_FAILURES / failures * span_days * 86_400)
+    return (f"insufficient data: {failures} job failure(s) blamed on the infrastructure in "
+            f"{span} of history; a projection needs at least {MIN_FAILURES}, about {need} "
             "at this rate")
 
 
@@ -127,6 +143,46 @@ def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
     return sum(1 for _ in gating_drains(events, since, until))
 
 
+def drain_runs(att: Attribution, events: Iterable[NodeEvent],
+               spans: Sequence[tuple[float, float]],
+               grace_s: float = GRACE_S) -> Iterator[tuple[NodeEvent, float, int | None]]:
+    """(event, start, GPU class of the failed run it came with, None for none) of each
+    `gating_drain_events` drain in ``spans``. A drain came with a failed run when it began
+    from just before that run started to ``grace_s`` after it ended, on one of the nodes the
+    run was blamed on: the attribution's test (rules 4 and 5), so that run is the job failure
+    and the drain is not counted a second time."""
+    runs: dict[str, list[tuple[float, float, int]]] = {}
+    for b in att.blames:
+        if b.job_id is not None:
+            runs.setdefault(b.node, []).append(
+                (b.started if b.started is not None else b.at, b.at, b.gpus))
+    for lo, hi in spans:
+        for e, at in gating_drain_events(events, lo, hi):
+            hits = [g for s, end, g in runs.get(e.node, ()) if s - LEAD_S <= at <= end + grace_s]
+            yield e, at, (max(hits) if hits else None)
+
+
+def drains_note(with_run: int, without_gpus: int, no_run: int) -> str:
+    """How the health-gating drains count, in one sentence: all as node failures (r_f); as
+    job failures only through the failed run each came with."""
+    total = with_run + without_gpus + no_run
+    if not total:
+        return "no health-gating drains in this history"
+    out = (f"{total} health-gating drains: {total} counted as node failures (r_f); counted as "
+           f"job failures: {with_run}")
+    if with_run:
+        out += (" (the failed run it came with, counted once in the MTTF table)" if with_run == 1
+                else " (the failed runs they came with, each counted once in the MTTF table)")
+    if no_run:
+        out += (f"; not counted as job failures: {no_run}, no run failed with them (they "
+                "interrupted no job)")
+    if without_gpus:
+        out += (f"; not counted as job failures: {without_gpus}, the run that failed with them "
+                "has no GPUs in accounting (Slurm records them only with "
+                "AccountingStorageTRES=gres/gpu; runs without GPUs are left out of the table)")
+    return out
+
+
 # Meta's published figures (Kokolis et al., "Revisiting Reliability in Large-Scale ML Research
 # Clusters", 2024), carried in a report so that its readers see them beside the site's own.
 def paper_mttf_h(gpus: int, fig: PaperFigures) -> float | None:
@@ -142,7 +198,8 @@ def paper_projection_h(gpus: int, fig: PaperFigures) -> float | None:
 def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
            ckpt_cost_s: float, project_to: Sequence[int],
            paper: PaperFigures | None = None,
-           windows: Sequence[tuple[float, float]] = ()) -> MttfReport:
+           windows: Sequence[tuple[float, float]] = (),
+           grace_s: float = GRACE_S) -> MttfReport:
     """``windows``: the accounting read (`History.windows`), where known: the spans the node
     failures are counted in and node-days measured over (a day missing between exports is
     in neither). Without them, the runs' first start to last end (a long run that started
@@ -165,7 +222,10 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     enough = failures >= MIN_FAILURES
     per_gpu = gpu_hours / failures if failures else None
     node_days = span_days * len(att.exposure)
-    nf = sum(node_failures(events, lo, hi) for lo, hi in spans)
+    came = [g for _, _, g in drain_runs(att, events, spans, grace_s)]
+    nf = len(came)
+    split = (sum(g is not None and g > 0 for g in came), sum(g == 0 for g in came),
+             sum(g is None for g in came))
     rate = nf / node_days if node_days and nf >= MIN_FAILURES else None
     projections = tuple(
         Projection(n, per_gpu / n if per_gpu and enough else None,
@@ -175,7 +235,8 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     return MttfReport(tuple(classes), gpu_hours, failures, per_gpu, nf, node_days, rate,
                       projections, ckpt_cost_s, span_days,
                       "" if enough else history_needed(failures, span_days),
-                      sum(c.runs for c in big), sum(c.failures for c in big), fig)
+                      sum(c.runs for c in big), sum(c.failures for c in big), fig, *split,
+                      drains_note(*split), att.gpu_runs.get(0, 0), att.gpu_failures.get(0, 0))
 
 
 def human_hours(h: float | None) -> str:

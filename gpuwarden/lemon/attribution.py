@@ -92,6 +92,7 @@ class Blame:
     # rather than spreading a gang job's failure over all of its nodes.
     pinned: bool = True
     started: float | None = None  # when the blamed run started
+    gpus: int = 0  # the blamed run's GPU class (`gpu_class`); 0 without GPUs, or no run
 
 
 @dataclass
@@ -528,12 +529,13 @@ def _judge(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
         reason = None  # rule 2: a requeue no node failure explains
     if reason is not None:
         result.gpu_failures[gclass] += 1
-        _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s)
+        _blame(result, job, all_nodes, nodes, start, end, size, reason, failures, grace_s,
+               gclass)
 
 
 def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ...],
            in_scope: Sequence[str], start: int, end: int, size: int, reason: str,
-           failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
+           failures: Mapping[str, list[HealthDrain]], grace_s: float, gclass: int) -> None:
     job_id = job.job_id
     culprits = _failed_nodes(all_nodes, end, failures, grace_s) if failures else []
     if culprits:
@@ -554,7 +556,7 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
     (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
     for n in blamed:
         result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
-                                   float(start)))
+                                   float(start), gclass))
 
 
 def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:

@@ -34,6 +34,7 @@ from gpuwarden.lemon.attribution import (
     spread_exposure,
 )
 from gpuwarden.lemon.rangetally import RangeTally
+from gpuwarden.lemon.readspan import FirstSeen, bounded, first_seen, window_note
 from gpuwarden.slurm import acctstream, dataparser, exportwindows, parse
 from gpuwarden.slurm.acctcols import Columns
 from gpuwarden.slurm.acctstream import AcctRecord
@@ -71,12 +72,21 @@ class History:
     # The accounting windows read (epoch seconds, merged), when every export named at least
     # its start: the spans failures were looked for in (runs that started before them still
     # count their hours). () when not known: the runs' own span stands in.
+    # Bounded below by the first thing the cluster recorded (`readspan`): a cluster younger
+    # than --since is read from its registration.
     windows: tuple[tuple[float, float], ...] = ()
+    asked: tuple[float, float] | None = None  # the window asked, before that bound
+    seen: FirstSeen | None = None  # the first thing recorded
 
     @property
     def window(self) -> tuple[float, float] | None:
         """From the first window's start to the last one's end."""
         return exportwindows.hull(self.windows)
+
+    @property
+    def window_note(self) -> str:
+        """The window read, said as `fleet mttf` and `report` both show it."""
+        return window_note(self.asked, self.windows, self.seen)
 
 
 def read_events(path: str | None) -> list[NodeEvent]:
@@ -107,6 +117,16 @@ class _Known:
     def finish(self, att: Attribution,
                windows: Sequence[tuple[float, float]] = ()) -> Attribution:
         return add_lone_drains(att, self.drains, self.grace_s, self.clears, windows)
+
+
+def _history(known: _Known, att: Attribution, records: int, events: Sequence[NodeEvent],
+             collected: Collector | None, asked: Sequence[tuple[float, float]]) -> History:
+    """The History of what was read in the windows ``asked`` (() when not known), those
+    bounded below by the first thing seen."""
+    seen = first_seen(att.first_start, events)
+    spans = bounded(asked, seen) if asked else ()
+    return History(known.finish(att, spans), records, tuple(events), collected, spans,
+                   exportwindows.hull(asked), seen)
 
 
 BATCH = 50_000  # records per attribute_runs call: bounds the list of records held
@@ -334,9 +354,8 @@ def from_files(paths: Sequence[str], events: Sequence[NodeEvent], grace_s: float
         log.log(logging.WARNING if len(paths) > 1 else logging.INFO, "%s", note)
     for note in exportwindows.check_ends(paths, read.windows, read.ends):
         log.warning("%s", note)
-    spans = _read_spans(read.windows, read.att.last_end)
-    return History(known.finish(read.att, spans), read.total, tuple(events), read.collected,
-                   spans)
+    return _history(known, read.att, read.total, events, read.collected,
+                    _read_spans(read.windows, read.att.last_end))
 
 
 @dataclass
@@ -467,4 +486,4 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         done = days if not windows else min(days, int(covered // 86_400))
         if progress and done:
             progress(done, days)
-    return History(known.finish(att, (span,)), total, tuple(events), collected, (span,))
+    return _history(known, att, total, events, collected, (span,))

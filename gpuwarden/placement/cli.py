@@ -11,6 +11,7 @@ import click
 from gpuwarden import config as configmod
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.placement import daemon, reload, safefile
+from gpuwarden.placement.advice import advise
 from gpuwarden.placement.decide import JobRequest, decide
 
 
@@ -114,3 +115,5 @@ def explain(obj: Any, nodes: str, gpus_per_node: int, gpus_per_job: int, partiti
         click.echo(f"  --exclude={d.exc_nodes}")
     if d.user_message:
         click.echo(f"  tells the user: {d.user_message}")
+    for line in advise(snap, job, d):
+        click.echo(f"advice: {line}")

@@ -236,9 +236,15 @@ def too_few(view: PartitionView, job: JobRequest, nodes: int) -> str:
         return (f"gpuwarden: this job asks for {want} nodes and partition {part} has "
                 f"{view.in_service} in service now ({view.size - view.in_service} drained or "
                 "down): it waits until enough are back")
-    return (f"gpuwarden: this job asks for {nodes} nodes but partition {part} has "
-            f"{view.healthy} healthy now: it may start on nodes gpuwarden suspects; ask for at "
-            f"most {view.healthy} (-N) to keep off them")
+    line = (f"gpuwarden: this job asks for {nodes} nodes but partition {part} has "
+            f"{view.healthy} healthy now: it may start on nodes gpuwarden suspects")
+    # Advice names a change: never the -N the job already has, never "at most 0".
+    if view.healthy == 0:
+        return line
+    if view.healthy < want:
+        return f"{line}; ask for at most {view.healthy} (-N) to keep off them"
+    return (f"{line}; its --gpus, -n or -N maximum make it {nodes}: ask for at most "
+            f"{view.healthy} nodes' worth to keep off them")
 
 
 def waits(job: JobRequest, nodes: int, switches: int, wait: int) -> tuple[str, str | None]:
@@ -258,7 +264,7 @@ def waits(job: JobRequest, nodes: int, switches: int, wait: int) -> tuple[str, s
     return line, line
 
 
-def _left_alone(view: PartitionView, job: JobRequest) -> str:
+def left_alone(view: PartitionView, job: JobRequest) -> str:
     """Why the partition's policy leaves this job alone; "" when it does not."""
     p = view.policy
     if p.mode == "off":
@@ -284,7 +290,7 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0,
     if view is None:
         return Decision("pass", f"partition {part or '(default)'} is not in the snapshot")
     p = view.policy
-    alone = _left_alone(view, job)
+    alone = left_alone(view, job)
     if alone:
         return Decision("pass", alone)
     several = "," in job.partition  # Slurm may run it in another: tell the user nothing
@@ -327,6 +333,8 @@ def decide(s: Snapshot, job: JobRequest, reserved: int | None = 0,
     if switches is None and exc is None:
         action = "pass"
     comment = None
-    if action == "place" and switches is not None and wait:
+    # Nothing is promised where any placement meets the switches set (one healthy node per
+    # leaf): the job waits for none, and its advice would be the count already set.
+    if action == "place" and switches is not None and wait and switches < nodes:
         message, comment = waits(job, nodes, switches, wait)
     return Decision(action, "; ".join(notes), switches, wait, exc, message, comment)

@@ -95,6 +95,7 @@ class Report:
     gating: Gating
     # What the reader must know before trusting the page (data that cannot say what it should).
     warnings: list[str] = field(default_factory=list)
+    window_note: str = ""  # the window read, as `fleet mttf` says it (`History.window_note`)
 
 
 def _iso(t: float) -> str:
@@ -156,7 +157,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
     if not isinstance(tally, RunTally):
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
-                      mttfview.PROJECT_TO, windows=hist.windows)
+                      mttfview.PROJECT_TO, windows=hist.windows, grace_s=opts.grace_s)
     out = outcomes.outcomes(tally, att)
     runs = failed_runs(tally, att)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
@@ -167,13 +168,15 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
                 restores_not_owner=measured.not_owner,
                 restores_unexplained=measured.unexplained,
                 requeue_too_long=measured.requeue_too_long)
-    # The accounting window when the exports named it (a run that started a week before a
-    # one-day export does not make it eight days), else the runs' own span.
+    # The accounting window read (a run that started a week before a one-day export does not
+    # make it eight days; a cluster younger than --since is read from its registration), else
+    # the runs' own span. Its days are the MTTF section's: those read, not a gap between
+    # exports.
     ran = hist.window is not None or att.last_end > att.first_start
     lo, hi = hist.window or ((att.first_start, att.last_end) if ran else (0.0, 0.0))
     return Report(
         (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"), opts.source, hist.records,
-        _iso(lo) if ran else None, _iso(hi) if ran else None, round((hi - lo) / 86_400, 1),
+        _iso(lo) if ran else None, _iso(hi) if ran else None, round(rep.span_days, 1),
         dict(sorted(att.skipped.items())),
         mttfview.section(rep, opts.gpus_per_node, out.gang_failed_no_event),
         out, e,
@@ -182,7 +185,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
-        _warnings(out))
+        _warnings(out), hist.window_note)
 
 
 NO_GPU_TRES = ("no run in this accounting has GPUs in tres.allocated: Slurm records them only "

@@ -56,6 +56,11 @@ class MttfSection:
     paper_node_rate_per_1000_node_days: float
     ckpt_cost_s: float
     insufficient: str
+    # The node_failures by what they did to jobs, and that said (`fleet.mttf.drains_note`).
+    drains_with_failed_run: int = 0
+    drains_without_gpus: int = 0
+    drains_no_failed_run: int = 0
+    drains_note: str = ""
     interval_method: str = METHOD
     paper: str = ("Kokolis et al., \"Revisiting Reliability in Large-Scale ML Research "
                   "Clusters\" (2024): 11 months, >150M A100 GPU-hours")
@@ -86,4 +91,5 @@ def section(rep: MttfReport, gpus_per_node: int, gang_failed_no_event: int) -> M
         round(rep.gpu_hours, 1), rep.failures, gang_failed_no_event, rep.node_failures,
         round(rep.node_days, 1), r(1000 * rate) if rate is not None else None,
         round(1000 * rep.paper.node_rate, 3),
-        rep.ckpt_cost_s, rep.insufficient)
+        rep.ckpt_cost_s, rep.insufficient, rep.drains_with_failed_run, rep.drains_without_gpus,
+        rep.drains_no_failed_run, rep.drains_note)

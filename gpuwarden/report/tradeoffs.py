@@ -3,14 +3,14 @@ and what the history cannot tell. Pure."""
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.ckpt.restorelog import MAX_PER_OWNER, MAX_RECORDS, RestoreRecord, TierRestores
-from gpuwarden.fleet.mttf import gating_drain_events
+from gpuwarden.fleet.mttf import drain_runs
 from gpuwarden.health.reasons import drain_origin
-from gpuwarden.lemon.attribution import LEAD_S, Attribution
+from gpuwarden.lemon.attribution import Attribution
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.mttfview import r
@@ -152,19 +152,14 @@ def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
                           grace_s: float,
                           windows: Sequence[tuple[float, float]] = ()) -> Tradeoff:
     """``windows``: the accounting read (the MTTF section's spans), else the runs' span."""
-    runs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for b in att.blames:
-        if b.job_id is not None:
-            runs[b.node].append((b.started if b.started is not None else b.at, b.at))
     total = came = 0
     origins: Counter[str] = Counter()
     epilog_came = 0
     spans = merged(windows) if windows else ((att.first_start, att.last_end),)
-    drains = [d for lo, hi in spans for d in gating_drain_events(events, lo, hi)]
-    for e, at in drains:
+    # The MTTF section's own split (`drain_runs`): the same drains, the same runs.
+    for e, _, gpus in drain_runs(att, events, spans, grace_s):
         total += 1
-        # The attribution's test (rule 5): the drain explains a run blamed on its node.
-        hit = any(s - LEAD_S <= at <= end + grace_s for s, end in runs.get(e.node, ()))
+        hit = gpus is not None
         came += hit
         origin = drain_origin(e.reason)
         origins[origin] += 1

@@ -116,6 +116,10 @@ def test_the_clusters_report_counts_its_jobs_and_renders(cluster: Harness,
     assert f"wrote {OUT}/report.html" in res.out + res.err
     doc = json.loads(h.exec("slurmctld", ["cat", f"{OUT}/report.json"]).check("json").out)
     assert doc["records"] >= 2
+    # This session's cluster is younger than --since 1d: read from the first thing slurmdbd
+    # recorded (its registration), not as a day old, and the page says so (issue 39).
+    assert "but the first thing recorded is" in doc["window_note"], doc["window_note"]
+    assert doc["span_days"] < 1.0 and doc["mttf"]["node_days"] < 8.0, doc["window_note"]
     # The failed job is the user's (one node, no health drain), and it is on the page's
     # failures-by-class figures.
     user = sum(p["totals"]["user"] for p in doc["outcomes"]["partitions"])

@@ -173,7 +173,8 @@ def test_mttf_on_little_history_says_the_data_is_insufficient() -> None:
     rep = mttf.report(attribute(jobs), [], 8, 30.0, (16_384,))
     assert rep.projections[0].from_history_h is None  # not "0.0 min"
     assert "insufficient data" in rep.insufficient and "about" in rep.insufficient
-    assert "days" in rep.insufficient
+    # 1 failure in 2 h of history: 10 need about 20 h (said in hours, not "0.1 days").
+    assert "in 2.0 h of history" in rep.insufficient and "about 20.0 h" in rep.insufficient
 
 
 def _day_file(tmp: Path, name: str, jobs: list[AcctJob], command: list[str]) -> str:
@@ -281,7 +282,8 @@ def test_node_days_cover_only_the_days_read(tmp_path: Path) -> None:
                         f"--endtime={_iso(T0 + (d + 1) * day)}", "--json"]) for d in (0, 2)]
     drain = NodeEvent("g", "c9", _iso(T0 + day + 6 * 3600), "Unknown", "DRAIN",
                       "gpuwarden: periodic: xid 79 [health]", "root")
-    h = history.from_files(paths, [drain])
+    # The cluster registered before the first day (else its first run bounds the read).
+    h = history.from_files(paths, [_registered(T0 - day), drain])
     assert h.windows == ((T0, T0 + day), (T0 + 2 * day, T0 + 3 * day))
     rep = mttf.report(h.attribution, h.events, 8, 30.0, (16_384,), windows=h.windows)
     assert (rep.span_days, rep.node_failures) == (2.0, 0)
@@ -291,7 +293,14 @@ def test_node_days_cover_only_the_days_read(tmp_path: Path) -> None:
 def test_the_newest_exports_lost_end_is_its_last_run(tmp_path: Path) -> None:
     run = replace(job(1, "COMPLETED", "c1", start=T0 + 600), gpus=8)
     path = _day_file(tmp_path, "d.json", [run], ["sacct", f"--starttime={_iso(T0)}", "--json"])
-    assert history.from_files([path], []).windows == ((T0, run.end_time),)
+    assert history.from_files([path], [_registered(T0 - 60)]).windows == ((T0, run.end_time),)
+    # Without a node event, the first run is the first thing recorded: the read starts there.
+    assert history.from_files([path], []).windows == ((run.start_time, run.end_time),)
+
+
+def _registered(at: int) -> NodeEvent:
+    """slurmctld's own event when the cluster registers (no node): `sacctmgr show events`."""
+    return NodeEvent("g", "", _iso(at), "Unknown", "", "Cluster Registered TRES", "")
 
 
 def test_node_events_all_of_another_cluster_are_refused(tmp_path: Path) -> None:

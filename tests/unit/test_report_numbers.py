@@ -102,7 +102,8 @@ def test_mttf_by_size_with_its_interval(rep: Report) -> None:
     # Too few failures to project (fleet.mttf.MIN_FAILURES = 10); Meta's figures still shown.
     assert [(p.gpus, p.from_history_h, p.paper_h) for p in rep.mttf.projections] == [
         (16_384, None, 1.8), (131_072, None, 0.23)]
-    assert rep.mttf.insufficient.startswith("insufficient data: 2 infrastructure failure(s)")
+    assert rep.mttf.insufficient.startswith(
+        "insufficient data: 2 job failure(s) blamed on the infrastructure")
 
 
 def test_failures_by_class_and_partition_per_day(rep: Report) -> None:

@@ -726,9 +726,17 @@ local function too_few(view, job, want, nodes, per_node)
       .. "service now (%d drained or down): it waits until enough are back", want, view.name,
       view.in_service, view.size - view.in_service)
   end
-  return string.format("gpuwarden: this job asks for %d nodes but partition %s has %d healthy "
-    .. "now: it may start on nodes gpuwarden suspects; ask for at most %d (-N) to keep off "
-    .. "them", nodes, view.name, view.healthy, view.healthy)
+  local line = string.format("gpuwarden: this job asks for %d nodes but partition %s has %d "
+    .. "healthy now: it may start on nodes gpuwarden suspects", nodes, view.name, view.healthy)
+  -- Advice names a change: never the -N the job already has, never "at most 0".
+  if view.healthy == 0 then
+    return line
+  end
+  if view.healthy < want then
+    return line .. string.format("; ask for at most %d (-N) to keep off them", view.healthy)
+  end
+  return line .. string.format("; its --gpus, -n or -N maximum make it %d: ask for at most %d "
+    .. "nodes' worth to keep off them", nodes, view.healthy)
 end
 
 -- The same decision as gpuwarden/placement/decide.py (tests run both on the same cases).
@@ -812,7 +820,8 @@ local function decide(snap, job)
   else
     d.action = "place"
   end
-  if d.action == "place" and d.switches and d.wait > 0 then
+  -- Nothing is promised where any placement meets the switches set (decide.decide).
+  if d.action == "place" and d.switches and d.wait > 0 and d.switches < nodes then
     d.message, d.comment = waits(job, nodes, d.switches, d.wait)
   end
   return d
