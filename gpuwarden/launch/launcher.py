@@ -24,6 +24,10 @@ from gpuwarden.launch.steps import Step, StepError, Steps
 
 log = logging.getLogger(__name__)
 
+# The launcher could no longer watch its step (a bug of its own): ended, never requeued (it
+# would fail the same way again).
+EXIT_BLIND = 1
+
 
 class Clock(Protocol):
     def monotonic(self) -> float: ...
@@ -80,7 +84,11 @@ class Launcher:
             watch.begin(started)
             self.events("step_started", gen=self.gen, nodes=list(self.layout.ranks),
                         spares=list(self.layout.spares))
-            v = self._watch(step, started, watch, fresh)
+            try:
+                v = self._watch(step, started, watch, fresh)
+            except StepError as exc:
+                log.error("cannot watch the step any more (%s): ending it", exc)
+                v = Verdict("failed", code=EXIT_BLIND, why=f"cannot watch the step: {exc}")
             if v.kind == "exited":
                 assert v.code is not None
                 self.events("exited", gen=self.gen, code=v.code, why=v.why)
@@ -140,6 +148,9 @@ class Launcher:
         failed_at: float | None = None
         done_at: float | None = None
         while True:
+            broken = self.steps.broken(step)
+            if broken is not None:
+                raise StepError(broken)
             code = self.steps.poll(step)
             exits = self.steps.exits(step)
             now = self.clock.monotonic()

@@ -91,6 +91,9 @@ class LocalSteps:
     def failed_nodes(self, step: Step) -> list[str]:
         return []
 
+    def broken(self, step: Step) -> str | None:
+        return None
+
     def exits(self, step: Step) -> dict[int, int]:
         assert isinstance(step, LocalStep)
         out = {}

@@ -14,6 +14,37 @@ is marked DOWN (SlurmdTimeout, 300 s by default), and with it the step's claim o
 survivors' CPUs, memory and GPUs; a new step without --overlap waits for that. The launcher
 has already ended the old step's processes on the survivors (their beats stopped) before it
 starts the new one.
+
+Whose words. The launcher acts on srun's own reports: a node of the step failed, a task ended
+non-zero. By default srun writes the tasks' stderr to its own stderr too, so a rank that logs a
+line it read (a dataset's record, which anyone may have written) could say "srun: error: Node
+failure on n1" there, unanchored or after a newline of its own: a healthy node reported lost
+and a spare spent on it, a live job ended with a forged status, or (a 4-billion task range) a
+reader dead of MemoryError and the ranks blocked writing. So the step runs with
+``--error=/proc/self/fd/N``, N a pipe the launcher holds: srun opens a file name without
+%-patterns itself, on its own host, and writes every task's stderr there; the launcher passes
+those bytes on to the job's stderr as they come and never reads srun's reports in them. srun's
+own stderr then holds only what srun writes. Even there a report counts only as a whole line
+(``fullmatch``; a piece of an over-long or unfinished line never does), naming a node of the
+step, task ids below the step's task count and an exit code up to 255; nothing in a line can
+make the launcher hold more than the step's task count. A reader that fails for any reason
+drains its pipe to the end (srun and the ranks never block writing) and marks the step
+broken: the launcher ends it and exits 1, saying why. The tasks' stdout goes to srun's
+stdout, the launcher's (the job's output), untouched. Not ``--label``: it would change what
+users see, and in Slurm's source (write_labelled_message.c: read, not run) the label and the
+line are separate write()s, so a line of srun's own written between them would leave a task's
+line unlabelled.
+
+Seen with Slurm 24.11.5 in the test cluster (2 nodes, a batch job's srun):
+``--error=/proc/self/fd/N`` brought both nodes' tasks' stderr into the pipe, byte for byte
+(an unfinished line stays unfinished), and srun's stderr held only its own lines:
+``srun: error: c2: task 1: Exited with exit code 3``; by a signal ``srun: error: c1: task 0:
+Killed`` (``Segmentation fault``, ``Aborted``, ``Terminated``; strsignal's text), then
+``srun: Force Terminated StepId=1.2``; a node set down under a running step gave
+``srun: error: Node failure on c2`` followed by ``c2: task 1: Killed`` and the other tasks'
+``Killed``. With ``--label`` each line of a task's output starts ``0: `` (zero-padded to the
+highest task id's width: reported), an unfinished line is joined to the rest of it by
+slurmstepd before srun labels it, and srun's own lines carry no label.
 """
 
 from __future__ import annotations
@@ -27,7 +58,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
@@ -67,6 +98,10 @@ class Steps(Protocol):
         reported it (so the node is alive): rank -> exit code."""
         ...
 
+    def broken(self, step: Step) -> str | None:
+        """Why the launcher can no longer watch this step (then it ends it), else None."""
+        ...
+
     def cancel(self, step: Step, step_id: str | None) -> None:
         """Ask the step to end (every node), without waiting."""
         ...
@@ -76,15 +111,23 @@ class Steps(Protocol):
         ...
 
 
-# srun's line when slurmctld tells it a node of the step failed.
-_NODE_FAIL = re.compile(r"srun: error: Node failure on (\S+)")
-# srun's line when a task ends non-zero (src/srun/launch.c _task_finish): "task 1" or "tasks 0-2,5".
-_TASK_EXIT = re.compile(r"srun: error: \S+: tasks? ([0-9,-]+): Exited with exit code (\d+)")
-# ... and when a task dies of a signal: strsignal's text ("Killed", "Segmentation fault",
-# "Aborted", "Terminated"), " (core dumped)" after it where it dumped one. Its node's slurmstepd
+# srun's own reports, each a whole line on its own stderr (see "Whose words" above). A node
+# name as Slurm allows it; task ids "1" or "0-2,5" (src/srun/launch.c _task_finish).
+_NODE = r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})"
+_TASKS = r"tasks? ([0-9][0-9,-]{0,255})"
+# slurmctld told srun a node of the step failed.
+_NODE_FAIL = re.compile(r"srun: error: Node failure on " + _NODE)
+# A task ended non-zero ...
+_TASK_EXIT = re.compile(rf"srun: error: {_NODE}: {_TASKS}: Exited with exit code ([0-9]{{1,3}})")
+# ... or died of a signal: strsignal's text ("Killed", "Segmentation fault", "Aborted",
+# "Terminated"), " (core dumped)" after it where it dumped one. Its node's slurmstepd
 # reported it, so the node is alive: the program's own end (an OOM kill, a crash).
-_TASK_SIGNAL = re.compile(r"srun: error: \S+: tasks? ([0-9,-]+): ([A-Z][A-Za-z -]*?)"
-                          r"(?: \(core dumped\))?\s*$")
+_TASK_SIGNAL = re.compile(rf"srun: error: {_NODE}: {_TASKS}: ([A-Z][A-Za-z -]{{0,63}}?)"
+                          r"(?: \(core dumped\))?")
+# srun's own lines are short: a longer one is passed on but never matched, and no read holds
+# more than this.
+_MAX_LINE = 4096
+_CHUNK = 65536
 
 
 @functools.cache
@@ -97,25 +140,45 @@ def _signal_numbers() -> dict[str, int]:
     return out
 
 
-def task_exits(line: str) -> dict[int, int]:
-    """Ranks srun reports ended by themselves on this stderr line: rank -> status (a signal
-    as 128 + its number, as a shell gives it)."""
-    t = _TASK_EXIT.search(line)
-    if t:
-        return dict.fromkeys(_task_ids(t.group(1)), int(t.group(2)))
-    s = _TASK_SIGNAL.search(line)
-    number = _signal_numbers().get(s.group(2)) if s else None
-    return {} if s is None or number is None else dict.fromkeys(_task_ids(s.group(1)),
-                                                                128 + number)
+def _whole(line: str) -> str:
+    return line[:-1] if line.endswith("\n") else line
 
 
-def _task_ids(ranges: str) -> list[int]:
-    out: list[int] = []
+def node_failure(line: str, nodes: Collection[str]) -> str | None:
+    """The node of the step that this line of srun's own stderr reports failed, if any."""
+    m = _NODE_FAIL.fullmatch(_whole(line))
+    return m.group(1) if m is not None and m.group(1) in nodes else None
+
+
+def task_exits(line: str, ntasks: int) -> dict[int, int]:
+    """Ranks this line of srun's own stderr reports ended by themselves: rank -> status (a
+    signal as 128 + its number, as a shell gives it). Only the whole line as srun writes it,
+    every task id below ``ntasks`` and an exit code up to 255; anything else reports nothing."""
+    text = _whole(line)
+    t = _TASK_EXIT.fullmatch(text)
+    if t is not None:
+        code = int(t.group(3))
+        return dict.fromkeys(_task_ids(t.group(2), ntasks), code) if code <= 255 else {}
+    s = _TASK_SIGNAL.fullmatch(text)
+    number = _signal_numbers().get(s.group(3)) if s is not None else None
+    if s is None or number is None:
+        return {}
+    return dict.fromkeys(_task_ids(s.group(2), ntasks), 128 + number)
+
+
+def _task_ids(ranges: str, ntasks: int) -> list[int]:
+    """srun's "0-2,5" as ids; none at all when any part is malformed or outside the step (so
+    nothing here ever holds more than ``ntasks`` ids)."""
+    out: set[int] = set()
     for part in ranges.split(","):
-        lo, _, hi = part.partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            return []
+        first, last = int(lo), int(hi or lo)
+        if not first <= last < ntasks:
+            return []
+        out.update(range(first, last + 1))
+    return sorted(out)
 
 
 @dataclass
@@ -124,11 +187,13 @@ class SrunStep:
     proc: subprocess.Popen[bytes]
     failed: list[str] = field(default_factory=list)
     exits: dict[int, int] = field(default_factory=dict)
-    reader: threading.Thread | None = None
+    readers: list[threading.Thread] = field(default_factory=list)
+    broken: str | None = None  # why a reader stopped reading (then the step is ended)
 
 
 def srun_argv(srun: str, job_id: str, nodes: Sequence[str], argv: Sequence[str],
-              overlap: bool = True) -> list[str]:
+              overlap: bool = True, error: str | None = None) -> list[str]:
+    """``error``: where srun writes the tasks' stderr (a file name srun opens itself)."""
     n = str(len(nodes))
     # No --nodes (srun refuses it with --distribution=arbitrary): the list, one node per
     # task in rank order, says where each task goes (checked on Slurm 24.11).
@@ -140,12 +205,21 @@ def srun_argv(srun: str, job_id: str, nodes: Sequence[str], argv: Sequence[str],
     return [srun, f"--jobid={job_id}", "--ntasks", n,
             "--distribution=arbitrary", f"--nodelist={','.join(nodes)}",
             "--kill-on-bad-exit=0", "--export=ALL", *(["--overlap"] if overlap else []),
-            *argv]
+            *([f"--error={error}"] if error is not None else []), *argv]
+
+
+def _drain(fd: int) -> None:
+    """Read to the end, keeping nothing: whatever went wrong, srun must never block writing."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, _CHUNK):
+            pass
 
 
 class SrunSteps:
-    """The real thing: one ``srun`` per step from the batch script's host; its stdout goes
-    where the launcher's goes, its stderr too, read on the way for node failures."""
+    """The real thing: one ``srun`` per step from the batch script's host. Its stdout (the
+    tasks' stdout) goes where the launcher's goes; the tasks' stderr comes through a pipe of
+    its own and goes on to the launcher's stderr untouched; srun's own stderr goes there too,
+    read on the way for node failures and tasks' ends."""
 
     def __init__(self, job_id: str, runner: CommandRunner, srun: str = "srun",
                  scancel: str = "scancel", overlap: bool = True,
@@ -153,47 +227,102 @@ class SrunSteps:
         self.job_id, self.runner, self.overlap = job_id, runner, overlap
         self.srun, self.scancel = srun, scancel
         self.stderr = stderr if stderr is not None else sys.stderr
+        self._writing = threading.Lock()  # two readers, one stderr: whole writes
+        self._write_failed = False
 
     def start(self, nodes: Sequence[str], env: Mapping[str, str],
               argv: Sequence[str]) -> SrunStep:
         full = {k: v for k, v in os.environ.items() if k != "SLURM_HOSTFILE"}
         full.update(env)
-        cmd = srun_argv(self.srun, self.job_id, nodes, argv, self.overlap)
+        tasks_err, child_end = os.pipe()
+        cmd = srun_argv(self.srun, self.job_id, nodes, argv, self.overlap,
+                        error=f"/proc/self/fd/{child_end}")
         log.info("starting: %s", " ".join(cmd))
         try:
             proc = subprocess.Popen(cmd, env=full, stdin=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE)
+                                    stderr=subprocess.PIPE, pass_fds=(child_end,))
         except OSError as exc:
+            os.close(tasks_err)
             raise StepError(f"cannot run {self.srun}: {exc}") from None
+        finally:
+            os.close(child_end)  # srun holds it now: the pipe ends when srun does
         step = SrunStep(tuple(nodes), proc)
-        step.reader = threading.Thread(target=self._read, args=(step,), daemon=True,
-                                       name="gpuwarden-srun-stderr")
-        step.reader.start()
+        step.readers = [
+            threading.Thread(target=self._read_srun, args=(step,), daemon=True,
+                             name="gpuwarden-srun-stderr"),
+            threading.Thread(target=self._pass_on, args=(step, tasks_err), daemon=True,
+                             name="gpuwarden-tasks-stderr")]
+        for t in step.readers:
+            t.start()
         return step
 
-    def _read(self, step: SrunStep) -> None:
+    def _read_srun(self, step: SrunStep) -> None:
+        """srun's own lines: matched before they are written on (a slow stderr must not hide
+        a node failure). A piece of a line (over _MAX_LINE, or the last one without its
+        newline) and whatever follows it on the same line is passed on but never matched."""
         assert step.proc.stderr is not None
-        for raw in step.proc.stderr:
-            line = raw.decode(errors="replace")
-            # Matched before it is written on: a slow stderr must not hide a node failure.
-            m = _NODE_FAIL.search(line)
-            if m:
-                step.failed.append(m.group(1))
-            for rank, code in task_exits(line).items():
-                step.exits.setdefault(rank, code)
+        stream = step.proc.stderr
+        whole = True  # the next read starts a line
+        try:
+            while raw := stream.readline(_MAX_LINE):
+                ends = raw.endswith(b"\n")
+                if whole and ends:
+                    self._heard(step, raw.decode(errors="replace"))
+                whole = ends
+                self._write(raw)
+        except Exception as exc:  # never silently: the launcher ends the step on it
+            self._broke(step, "srun's stderr", exc)
+            _drain(stream.fileno())
+
+    def _heard(self, step: SrunStep, line: str) -> None:
+        node = node_failure(line, step.nodes)
+        if node is not None and node not in step.failed:
+            step.failed.append(node)
+        for rank, code in task_exits(line, len(step.nodes)).items():
+            step.exits.setdefault(rank, code)
+
+    def _pass_on(self, step: SrunStep, fd: int) -> None:
+        """The tasks' stderr, byte for byte as it comes: theirs, so never read for srun's."""
+        try:
+            while chunk := os.read(fd, _CHUNK):
+                self._write(chunk)
+        except Exception as exc:
+            self._broke(step, "the tasks' stderr", exc)
+            _drain(fd)
+        finally:
+            os.close(fd)
+
+    def _write(self, raw: bytes) -> None:
+        with self._writing:
             try:
-                self.stderr.write(line)
+                binary = getattr(self.stderr, "buffer", None)
+                if binary is not None:  # the bytes as the ranks wrote them
+                    self.stderr.flush()
+                    binary.write(raw)
+                    binary.flush()
+                else:
+                    self.stderr.write(raw.decode(errors="replace"))
             except (OSError, ValueError) as exc:  # a full disk must not stop the watching
-                log.debug("srun stderr: %s", exc)
+                if not self._write_failed:
+                    log.warning("cannot pass srun's output on to stderr: %s", exc)
+                self._write_failed = True
+
+    def _broke(self, step: SrunStep, what: str, exc: BaseException) -> None:
+        step.broken = step.broken or f"reading {what} failed: {exc!r}"
+        log.error("reading %s failed: the step is ended", what, exc_info=exc)
+
+    def broken(self, step: Step) -> str | None:
+        assert isinstance(step, SrunStep)
+        return step.broken
 
     def poll(self, step: Step) -> int | None:
         assert isinstance(step, SrunStep)
         code = step.proc.poll()
         if code is None:
             return None
-        if step.reader is not None:
+        for t in step.readers:
             # srun's last lines (a node failure, a task's exit) count before its status.
-            step.reader.join(10.0)
+            t.join(10.0)
         return 128 - code if code < 0 else code  # killed by a signal: as a shell reports it
 
     def failed_nodes(self, step: Step) -> list[str]:

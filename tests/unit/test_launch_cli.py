@@ -61,15 +61,14 @@ def test_the_step_is_srun_in_rank_order_and_node_failures_are_read_from_its_stde
     while steps.poll(step) is None:
         time.sleep(0.01)
     assert steps.poll(step) == 1
-    assert step.reader is not None
-    step.reader.join(5)
     assert steps.failed_nodes(step) == ["c3"]
     assert "Node failure on c3" in err.getvalue()  # passed through to the job's log
     got = json.loads(seen.read_text())
     assert got["argv"] == ["--jobid=9", "--ntasks", "3",
                            "--distribution=arbitrary", "--nodelist=c4,c3,c1",
-                           "--kill-on-bad-exit=0", "--export=ALL", "--overlap", "python",
-                           "t.py"]
+                           "--kill-on-bad-exit=0", "--export=ALL", "--overlap",
+                           f"--error={got['argv'][8][8:]}", "python", "t.py"]
+    assert got["argv"][8].startswith("--error=/proc/self/fd/")  # the tasks' stderr apart
     assert got["env"]["GPUWARDEN_LAUNCH_GEN"] == "2"
     assert "SLURM_HOSTFILE" not in got["env"]  # it would override the order asked for
 

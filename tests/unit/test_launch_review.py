@@ -191,7 +191,7 @@ def test_srun_names_a_ranks_own_exit_and_a_node_failure_even_on_a_slow_stderr(
             return super().write(s)
 
     steps = SrunSteps("1", runner=None, srun=str(fake), stderr=Slow())  # type: ignore[arg-type]
-    step = steps.start(["n0", "n1"], {}, [])
+    step = steps.start(["n0", "n1", "n2", "n3"], {}, [])
     while steps.poll(step) is None:
         time.sleep(0.001)
     assert steps.failed_nodes(step) == ["n1"]
@@ -375,7 +375,7 @@ def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
 ])
 def test_srun_s_signal_deaths_are_a_ranks_own_end(line: str, want: dict[int, int]) -> None:
     from gpuwarden.launch.steps import task_exits
-    assert task_exits(line) == want
+    assert task_exits(line, 5) == want
 
 
 def test_a_rank_killed_by_a_signal_on_a_live_node_is_the_programs_failure(
