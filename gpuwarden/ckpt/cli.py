@@ -98,6 +98,8 @@ def ls(obj: Any, job: str, rank: int | None, as_json: bool) -> None:
     from gpuwarden.ckpt import listing  # noqa: PLC0415
 
     rows = list(listing.rows(listing.with_peer(_tiers_or_exit(obj, job, rank or 0)), rank))
+    if rank is None:  # every rank listed: say which old steps other ranks still need
+        rows = listing.needed(rows, obj.config_or_exit().ckpt.keep)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
