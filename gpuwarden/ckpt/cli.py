@@ -153,6 +153,38 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
         click.echo(f"{t.name:<8} deleted {len(gone)}{left}, removed {extra} leftover(s)")
 
 
+@ckpt.command("tidy")
+@click.pass_obj
+def tidy(obj: Any) -> None:
+    """Remove the shared tier's empty job directories of jobs that are over (root, on a
+    timer): the epilog removes them as each job ends; this catches what no epilog saw (a job
+    cancelled while requeued, a node that died). Only a `job-N` the prolog made (a directory,
+    0700, never a link) and that is empty is removed, by rmdir; anything holding a file stays."""
+    from gpuwarden.ckpt import sharedspool  # noqa: PLC0415 - no numpy or xxhash needed
+
+    cfg = obj.config_or_exit()
+    root = cfg.ckpt.shared_root
+    if not root:
+        raise click.ClickException("no shared tier to tidy: set [ckpt] shared_root (the shared "
+                                   "filesystem's spool, docs/checkpointing.md)")
+    try:
+        got = sharedspool.tidy(root, lambda: obj.client_for(cfg).jobs())
+    except FileNotFoundError:
+        raise click.ClickException(f"{root} is not there: set [ckpt] shared_root to the shared "
+                                   "tier's spool, or make it (admin guide, step 6)") from None
+    except (GpuwardenError, OSError) as exc:
+        raise click.ClickException(f"{root}: {exc}; nothing removed") from None
+    full = [n for n, why in got.kept.items() if why == sharedspool.HOLDS_FILES]
+    click.echo(f"{root}: removed {len(got.removed)} empty job director"
+               f"{'y' if len(got.removed) == 1 else 'ies'}"
+               + (f" ({', '.join(got.removed[:20])}{', ...' if len(got.removed) > 20 else ''})"
+                  if got.removed else "")
+               + f"; {len(full)} kept holding files")
+    for name, why in got.kept.items():
+        if why != sharedspool.HOLDS_FILES:
+            click.echo(f"kept {name}: {why}")
+
+
 @ckpt.command("interval")
 @MTTF.required
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="the job's GPU count")

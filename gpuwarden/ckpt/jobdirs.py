@@ -10,7 +10,8 @@ user's) and fail. So the prolog, as root, before the job:
   are touched.
 
 The epilog, as root, after the job: when Slurm says the job is finished for good, it removes
-``job-N``, ``job-N.peer`` and that job's ``.squatted.*`` entries; when the job will run again
+``job-N``, ``job-N.peer`` and that job's ``.squatted.*`` entries, and the job's directory on
+the shared tier when the prolog made it and the job left it empty (`sharedspool`); when the job will run again
 (pending or requeued, ``scontrol show job`` state PENDING, REQUEUED, REQUEUE_HOLD,
 SPECIAL_EXIT...) or Slurm cannot say, it keeps the job's directories (a requeue onto this node
 restores from them; a single-node job may have no other tier) and logs why. Nothing is ever
@@ -229,14 +230,20 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     """The epilog's hook (root, after the job). ``client``: how to ask Slurm for the job's
     state (by default `scontrol show job`, with the [slurm] timeouts). Never raises."""
     try:
-        job_id, _, _ = _ids(environ)
+        job_id, uid, _ = _ids(environ)
         again = _will_run_again(config, int(job_id), client)
         keep = again is not False
-        gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+        try:
+            gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+        finally:
+            # Whatever became of tier 0. Never while the job will run again (a requeue needs
+            # its directory) or Slurm cannot say.
+            if config.ckpt.shared_root and again is False:
+                _shared_end_in_child(config.ckpt.shared_root, job_id, uid)
         if keep:
-            log.info("checkpoint tier 0: keeping job %s's directories (%s)", job_id,
-                     "it will run again" if again else "Slurm cannot say whether it will run "
-                     "again")
+            log.info("checkpoint tier 0 and shared tier: keeping job %s's directories (%s)",
+                     job_id, "it will run again" if again else "Slurm cannot say whether it "
+                     "will run again")
         if gone:
             log.info("checkpoint tier 0: removed %s", ", ".join(gone))
     except (GpuwardenError, OSError) as exc:
@@ -245,6 +252,22 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     except Exception:  # an epilog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 cleanup for job %s: unexpected error",
                       environ.get("SLURM_JOB_ID", "?")[:20])
+
+
+def _shared_end_in_child(shared_root: str, job_id: str, uid: int) -> None:
+    """A finished job's directory on the shared tier removed when the prolog made it and
+    the job left it empty (`sharedspool`), in a child killed at `SHARED_S` (a hung filesystem
+    must not hold the epilog). Logged, never raised."""
+    from gpuwarden.ckpt import childcall, sharedspool  # noqa: PLC0415 - epilog only
+
+    try:
+        done = childcall.call(lambda: sharedspool.remove_if_empty(shared_root, job_id, uid),
+                              SHARED_S)
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint shared tier: job %s's directory in %s left in place: %s", job_id,
+                  shared_root, exc)
+        return
+    log.info("checkpoint shared tier: %s/job-%s %s", shared_root, job_id, done)
 
 
 def _will_run_again(config: Config, job_id: int, client: JobSource | None) -> bool | None:

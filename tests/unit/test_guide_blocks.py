@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_step_the_e2e_test_runs_is_marked_in_the_docs() -> None:
     steps = guide.blocks(ROOT / "docs" / "admin-guide.md")
-    assert set(steps) == {"venv", "install-files", "config", "selftest", "placement",
-                          "slurm-conf-lines", "apply"}
+    assert set(steps) == {"venv", "install-files", "config", "selftest", "ckpt-spool",
+                          "ckpt-config", "placement", "slurm-conf-lines", "apply"}
     assert set(guide.blocks(ROOT / "docs" / "testing-without-gpus.md")) == {
         "test-node-config", "test-node"}
     # The install step really is the offline Debian route the test nodes can take.
