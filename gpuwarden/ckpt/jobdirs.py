@@ -104,6 +104,13 @@ def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
     st = safeio.lstat_at(spool, name)
     if st is not None and _fit(st, uid):
         return "kept"
+    if st is not None and _being_made(st):
+        # On the shared tier every node's prolog claims the same job-N at once: one made it
+        # and has not chowned it yet. Moving it aside would leave a root directory behind for
+        # good (and the other prolog would then take the job's for root-squashed): finish it.
+        done = _make_it_the_users(spool, name, uid, gid, where, made_here=False)
+        if done:
+            return done
     if st is not None:
         aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
         os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
@@ -111,26 +118,44 @@ def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
                     "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
                     uid, aside)
     os.mkdir(name, 0o700, dir_fd=spool)
+    return _make_it_the_users(spool, name, uid, gid, where, made_here=True)
+
+
+def _being_made(st: os.stat_result) -> bool:
+    """Root's private directory: only a prolog (root) makes one under a job's name."""
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and stat.S_IMODE(st.st_mode) == 0o700)
+
+
+def _make_it_the_users(spool: int, name: str, uid: int, gid: int, where: str,
+                       made_here: bool) -> str:
+    """Chown the directory ``name`` to the job's user; "created" or "kept" ("": not made
+    here and not a prolog's half-made one, so not ours to hand over)."""
     # The entry is root's until the chown, in a sticky spool: nobody else can swap it.
     fd, st = safeio.open_dir(spool, name, None, f"{where}/{name}")
     with closing(fd):
+        if _fit(st, uid):
+            return "kept"  # another node's prolog was first to chown it
         if st.st_uid != os.geteuid():
-            if stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(fd):
+            if made_here and stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(fd):
                 # An NFS server that squashes root made it "nobody's": take it back and say so.
                 with suppress(OSError):
                     os.rmdir(name, dir_fd=spool)
                 raise JobDirError(f"{where}/{name}: made by root but owned by uid {st.st_uid} "
                                   "(root squashed?): cannot make it the job user's")
             raise FileExistsError(errno.EEXIST, "not the directory just made")
+        if not made_here and os.listdir(fd):
+            return ""  # root's, but holding something: not a prolog's half-made directory
         try:
             os.fchown(fd, uid, gid)
         except PermissionError:
-            with suppress(OSError):
-                os.rmdir(name, dir_fd=spool)
+            if made_here:
+                with suppress(OSError):
+                    os.rmdir(name, dir_fd=spool)
             raise JobDirError(f"{where}/{name}: root may not chown here (root squashed?): "
                               "cannot make it the job user's") from None
         os.fchmod(fd, 0o700)
-    return "created"
+    return "created" if made_here else "kept"
 
 
 def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:

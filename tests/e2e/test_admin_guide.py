@@ -14,7 +14,9 @@ What the guide leaves to the admin, the test does the way the guide says, and no
   testing-without-gpus.md's "A test node";
 - steps 7 and 8: topology.conf and the merged slurm.conf copied to every host; the merge
   follows step 8's rules (`gpuwarden.devcluster.guide.merge_slurm_conf`);
-- step 6 (checkpoint spool) and step 9 (lemon timer) are left out: no job here checkpoints.
+- step 6: the spool is made once, on the site's shared filesystem (every host mounts one
+  directory at /fsx), and `shared_root` set on every host; its timer (like step 9's lemon
+  timer) is not installed: `ckpt tidy` is run by hand where the test needs it.
 Two substitutions, as these containers have no systemd: `/etc/systemd/system` is created, and
 `systemctl enable --now` is replaced by starting the installed unit's `ExecStart=` in the
 background.
@@ -43,6 +45,10 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "admin-guide.md"
 TEST_NODES = ROOT / "docs" / "testing-without-gpus.md"
 UNIT = "/etc/systemd/system/gpuwarden-placement.service"
+# The guide's step 6: the shared tier's spool.
+SHARED_ROOT = str(guide.toml_settings(guide.blocks(GUIDE)["ckpt-config"])["ckpt"]["shared_root"])
+# A job in any of these states is not over yet (or its epilog still runs).
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
 CLUSTER = {"name": "site", "node_prefix": "gn", "nodes": len(NODES),
            "nodes_per_leaf": NODES_PER_LEAF, "gpus_per_node": 8, "gpu_type": "h100",
            "gpu_device_dir": "/opt/fakegpu", "cpus_per_node": 16, "real_memory_mb": 64000,
@@ -138,15 +144,19 @@ def installed(site: PlainSite) -> PlainSite:
     test_node = guide.blocks(TEST_NODES)
     for name in ("venv", "install-files", "config"):
         on_hosts(site.hosts, lambda host, name=name: run_block(site, host, steps[name]))
-    # Step 4's "then edit": describe the site, and make the nodes test nodes.
+    # Step 4's "then edit": describe the site, and make the nodes test nodes; step 6's
+    # [ckpt] lines on every host, its spool once on the shared filesystem.
     node_health = guide.toml_settings(test_node["test-node-config"])["health"]
+    ckpt = guide.toml_settings(steps["ckpt-config"])["ckpt"]
     for host in site.hosts:
         text = site.read(host, "/etc/gpuwarden/gpuwarden.toml")
         text = guide.set_toml_keys(text, "cluster", CLUSTER)
+        text = guide.set_toml_keys(text, "ckpt", ckpt)
         if host != HEAD:
             text = guide.set_toml_keys(text, "health", node_health)
         site.write(host, "/etc/gpuwarden/gpuwarden.toml", text)
         site.exec(host, ["gpuwarden", "config", "check"]).check(f"config check on {host}")
+    run_block(site, HEAD, steps["ckpt-spool"])
     for host in NODES:
         run_block(site, host, test_node["test-node"])
         out = run_block(site, host, steps["selftest"])
@@ -214,6 +224,43 @@ def test_a_gang_job_is_placed_in_one_leaf_by_the_filter(installed: PlainSite) ->
         assert nodes == ["gn3", "gn4"] and len(leaves) == 1, job["nodes"]
     finally:
         site.exec(HEAD, ["scancel", str(busy), *([str(gang)] if gang else [])])
+
+
+def shared_dirs(site: PlainSite) -> list[str]:
+    """The job directories in the shared spool, as a node sees them."""
+    res = site.exec(NODES[0], ["ls", "-A", SHARED_ROOT]).check(f"ls {SHARED_ROOT}")
+    return sorted(res.out.split())
+
+
+def test_the_shared_spool_drops_a_finished_jobs_empty_dir_and_keeps_a_requeued_ones(
+        installed: PlainSite) -> None:
+    """The prolog makes job-N in the shared spool for every job. One that never checkpoints
+    leaves it empty: gone once the job is finished. A requeued job's stays through its
+    requeue (its epilog ran); cancelled while requeued, no epilog runs: `ckpt tidy` (the
+    guide's timer) removes it."""
+    site = installed
+    node = NODES[1]
+    plain = sbatch(site, "-w", node, f"--wrap=test -d {SHARED_ROOT}/job-$SLURM_JOB_ID")
+    job = wait_job(site, plain, lambda j: not ACTIVE & set(j["job_state"]), "finished")
+    assert job["job_state"] == ["COMPLETED"], f"the prolog made no job dir: {job['job_state']}"
+    site.wait_for(lambda: f"job-{plain} still there" if f"job-{plain}" in shared_dirs(site)
+                  else "", f"the epilog to remove job-{plain} from {SHARED_ROOT}", 60)
+    again = sbatch(site, "-w", node, "--requeue", "--wrap=sleep 600")
+    try:
+        wait_job(site, again, lambda j: j["job_state"] == ["RUNNING"], "running")
+        assert f"job-{again}" in shared_dirs(site)
+        site.exec(HEAD, ["scontrol", "requeuehold", str(again)]).check("requeuehold")
+        # Requeued and held, its epilog done (Slurm drops COMPLETING once every epilog ran).
+        wait_job(site, again, lambda j: j.get("restart_cnt", 0) >= 1
+                 and not {"RUNNING", "COMPLETING"} & set(j["job_state"]),
+                 "requeued, epilog done")
+        assert f"job-{again}" in shared_dirs(site)
+    finally:
+        site.exec(HEAD, ["scancel", str(again)])
+    wait_job(site, again, lambda j: "CANCELLED" in j["job_state"], "cancelled")
+    assert f"job-{again}" in shared_dirs(site)  # a pending job's cancel runs no epilog
+    out = site.exec(HEAD, ["gpuwarden", "ckpt", "tidy"]).check("ckpt tidy").out
+    assert f"job-{again}" in out and f"job-{again}" not in shared_dirs(site), out
 
 
 def test_an_injected_xid_drains_the_node_and_the_prolog_requeues_the_job(

@@ -198,3 +198,45 @@ def test_ckpt_tidy_says_what_it_removed_and_why_it_kept_the_rest(
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(shared)))
     res = CliRunner().invoke(cli, ["ckpt", "tidy"], obj=ctx)
     assert res.exit_code != 0 and "set [ckpt] shared_root" in res.output
+
+
+# ---- the prologs of a job's nodes, all at once ------------------------------------------------
+def test_another_nodes_half_made_directory_is_finished_not_moved_aside(
+        roots: tuple[Path, Path]) -> None:
+    """Node A's prolog made job-N (root's, 0700) and has not chowned it yet when node B's
+    looks: B hands it to the job's user instead of moving it aside as a squatter's, which
+    left a root directory on the shared tier for good."""
+    _, shared = roots
+    (shared / NAME).mkdir(mode=0o700)  # node A, between mkdir and chown
+    jobdirs.for_prolog(config(roots), ENV)
+    st = os.lstat(shared / NAME)
+    assert (st.st_uid, st.st_mode & 0o7777) == (ALICE, 0o700)
+    assert os.listdir(shared) == [NAME]
+
+
+def test_a_directory_another_node_chowned_first_is_kept_not_taken_for_root_squash(
+        roots: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node B chowns the directory node A just made before A opens it: A must keep it, not
+    take it for a root-squashed one and remove the job's directory."""
+    _, shared = roots
+    real_mkdir = os.mkdir
+
+    def mkdir_then_other_node(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        real_mkdir(path, mode, dir_fd=dir_fd)
+        if path == NAME:
+            os.chown(path, ALICE, ALICE, dir_fd=dir_fd)  # node B's prolog, in between
+    monkeypatch.setattr(jobdirs.os, "mkdir", mkdir_then_other_node)
+    with jobdirs.closing(os.open(shared, os.O_RDONLY | os.O_DIRECTORY)) as fd:
+        assert jobdirs.claim(fd, NAME, ALICE, ALICE, str(shared)) == "kept"
+    assert os.lstat(shared / NAME).st_uid == ALICE and os.listdir(shared) == [NAME]
+
+
+def test_roots_directory_holding_something_is_still_moved_aside(
+        roots: tuple[Path, Path]) -> None:
+    _, shared = roots
+    (shared / NAME).mkdir(mode=0o700)
+    (shared / NAME / "secret").write_text("root's")
+    jobdirs.for_prolog(config(roots), ENV)
+    assert os.lstat(shared / NAME).st_uid == ALICE and os.listdir(shared / NAME) == []
+    [aside] = [n for n in os.listdir(shared) if n.startswith(f".squatted.{NAME}.0.")]
+    assert (shared / aside / "secret").read_text() == "root's"
