@@ -228,6 +228,10 @@ class Checkpointer:
         per rank. It still keeps what another rank needs (its newest durable step, when that
         is older). Call it only with the writers stopped (`close`)."""
         for tier in self.durable:
+            with self._cv:
+                wrote = bool(self._done[tier.name])
+            if not wrote:
+                continue  # nothing committed there by this run (a tier away): leave it be
             try:
                 floor = self.coord.durable_floor(tier.name, fresh=True)
             except OSError as exc:

@@ -154,8 +154,9 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
 
 
 @ckpt.command("tidy")
+@click.option("-v", "--verbose", is_flag=True, help="name every directory kept, and why")
 @click.pass_obj
-def tidy(obj: Any) -> None:
+def tidy(obj: Any, verbose: bool) -> None:
     """Remove the shared tier's empty job directories of jobs that are over (root, on a
     timer): the epilog removes them as each job ends; this catches what no epilog saw (a job
     cancelled while requeued, a node that died). Only a `job-N` the prolog made (a directory,
@@ -174,15 +175,17 @@ def tidy(obj: Any) -> None:
                                    "tier's spool, or make it (admin guide, step 6)") from None
     except (GpuwardenError, OSError) as exc:
         raise click.ClickException(f"{root}: {exc}; nothing removed") from None
-    full = [n for n, why in got.kept.items() if why == sharedspool.HOLDS_FILES]
+    shown = ", ".join(got.removed[:20]) + (", ..." if len(got.removed) > 20 else "")
     click.echo(f"{root}: removed {len(got.removed)} empty job director"
-               f"{'y' if len(got.removed) == 1 else 'ies'}"
-               + (f" ({', '.join(got.removed[:20])}{', ...' if len(got.removed) > 20 else ''})"
-                  if got.removed else "")
-               + f"; {len(full)} kept holding files")
-    for name, why in got.kept.items():
-        if why != sharedspool.HOLDS_FILES:
-            click.echo(f"kept {name}: {why}")
+               f"{'y' if len(got.removed) == 1 else 'ies'}" + (f" ({shown})" if shown else ""))
+    why: dict[str, int] = {}
+    for name, reason in got.kept.items():
+        if verbose:
+            click.echo(f"kept {name}: {reason}")
+        kind = sharedspool.kind_of(reason)
+        why[kind] = why.get(kind, 0) + 1
+    for kind, n in sorted(why.items()):
+        click.echo(f"kept {n}: {kind}")
 
 
 @ckpt.command("interval")

@@ -92,6 +92,15 @@ class Tidied:
     kept: dict[str, str] = field(default_factory=dict)  # name: why (only what was looked at)
 
 
+_KINDS = ((HOLDS_FILES, "holding files"), ("Slurm does not know", "jobs Slurm does not know"),
+          ("job ", "jobs not over"), ("kept: not the directory", "not what the prolog made"))
+
+
+def kind_of(why: str) -> str:
+    """The kind of a reason `tidy` kept a directory for, to count them by. Pure."""
+    return next((kind for start, kind in _KINDS if why.startswith(start)), "other")
+
+
 def finished(job: Job) -> bool:
     from gpuwarden.ckpt.jobdirs import will_run_again  # noqa: PLC0415 - no import cycle
 

@@ -193,8 +193,11 @@ def test_ckpt_tidy_says_what_it_removed_and_why_it_kept_the_rest(
     ctx._config = config(roots)
     res = CliRunner().invoke(cli, ["ckpt", "tidy"], obj=ctx)
     assert res.exit_code == 0, res.output
-    assert f"{shared}: removed 1 empty job directory (job-7); 1 kept holding files" in res.output
-    assert "kept job-9: job 9 is RUNNING" in res.output
+    assert f"{shared}: removed 1 empty job directory (job-7)" in res.output
+    assert "kept 1: holding files" in res.output and "kept 1: jobs not over" in res.output
+    assert "kept job-9" not in res.output
+    res = CliRunner().invoke(cli, ["ckpt", "tidy", "-v"], obj=ctx)
+    assert "kept job-9: job 9 is RUNNING" in res.output, res.output
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(shared)))
     res = CliRunner().invoke(cli, ["ckpt", "tidy"], obj=ctx)
     assert res.exit_code != 0 and "set [ckpt] shared_root" in res.output
