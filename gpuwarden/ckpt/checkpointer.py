@@ -13,7 +13,10 @@ writer, the one it is writing back.
 Replicas (tier 1, peers) are written first but are not durable: `wait_durable` waits for the
 durable tiers only. Retention keeps `keep` steps per durable tier, never deletes a tier's newest
 step, and never deletes a step that some rank may still need to restore from: everything from
-the oldest of the ranks' newest durable steps on is kept (the coordinator knows it).
+the oldest of the ranks' newest durable steps on is kept (the coordinator knows it). It runs
+after each commit (a new step is written before an old one goes: keep+1 steps exist while a
+save is in flight) and once more at `close`, with the ranks' floor read afresh, so a finished
+job holds `keep` steps per rank unless another rank still needs an older one.
 """
 
 from __future__ import annotations
@@ -231,6 +234,26 @@ class Checkpointer:
         if not (alive or self._janitor.is_alive()):
             # The pruner may have stopped while the writer still held a step back.
             self._retain(self.tier0, protect=set(), floor=None)
+            self.prune_durable()
+
+    def prune_durable(self) -> None:
+        """Retention on every durable tier with the ranks' floor read afresh: the last pass,
+        once the writers are done. The writer's pass after each commit used the floor as it
+        was then (other ranks' commits of that step still to come, the floor cached for a
+        few seconds), so without this pass a finished job keeps a step more than ``keep``
+        per rank. It still keeps what another rank needs (its newest durable step, when that
+        is older). Call it only with the writers stopped (`close`)."""
+        for tier in self.durable:
+            with self._cv:
+                wrote = bool(self._done[tier.name])
+            if not wrote:
+                continue  # nothing committed there by this run (a tier away): leave it be
+            try:
+                floor = self.coord.durable_floor(tier.name, fresh=True)
+            except OSError as exc:
+                log.warning("cannot read the ranks' durable steps (%s): deleting nothing", exc)
+                continue
+            self._retain(tier, protect=set(), floor=floor)
 
     def _held_for_writer(self) -> set[int]:
         """Tier-0 steps retention must leave: the one the writer will take next (older pending

@@ -98,6 +98,8 @@ def ls(obj: Any, job: str, rank: int | None, as_json: bool) -> None:
     from gpuwarden.ckpt import listing  # noqa: PLC0415
 
     rows = list(listing.rows(listing.with_peer(_tiers_or_exit(obj, job, rank or 0)), rank))
+    if rank is None:  # every rank listed: say which old steps other ranks still need
+        rows = listing.needed(rows, obj.config_or_exit().ckpt.keep)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in rows], indent=2))
         return
@@ -149,6 +151,41 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
         left = f", left unreadable step(s) {', '.join(map(str, unreadable))} in place" \
             if unreadable else ""
         click.echo(f"{t.name:<8} deleted {len(gone)}{left}, removed {extra} leftover(s)")
+
+
+@ckpt.command("tidy")
+@click.option("-v", "--verbose", is_flag=True, help="name every directory kept, and why")
+@click.pass_obj
+def tidy(obj: Any, verbose: bool) -> None:
+    """Remove the shared tier's empty job directories of jobs that are over (root, on a
+    timer): the epilog removes them as each job ends; this catches what no epilog saw (a job
+    cancelled while requeued, a node that died). Only a `job-N` the prolog made (a directory,
+    0700, never a link) and that is empty is removed, by rmdir; anything holding a file stays."""
+    from gpuwarden.ckpt import sharedspool  # noqa: PLC0415 - no numpy or xxhash needed
+
+    cfg = obj.config_or_exit()
+    root = cfg.ckpt.shared_root
+    if not root:
+        raise click.ClickException("no shared tier to tidy: set [ckpt] shared_root (the shared "
+                                   "filesystem's spool, docs/checkpointing.md)")
+    try:
+        got = sharedspool.tidy(root, lambda: obj.client_for(cfg).jobs())
+    except FileNotFoundError:
+        raise click.ClickException(f"{root} is not there: set [ckpt] shared_root to the shared "
+                                   "tier's spool, or make it (admin guide, step 6)") from None
+    except (GpuwardenError, OSError) as exc:
+        raise click.ClickException(f"{root}: {exc}; nothing removed") from None
+    shown = ", ".join(got.removed[:20]) + (", ..." if len(got.removed) > 20 else "")
+    click.echo(f"{root}: removed {len(got.removed)} empty job director"
+               f"{'y' if len(got.removed) == 1 else 'ies'}" + (f" ({shown})" if shown else ""))
+    why: dict[str, int] = {}
+    for name, reason in got.kept.items():
+        if verbose:
+            click.echo(f"kept {name}: {reason}")
+        kind = sharedspool.kind_of(reason)
+        why[kind] = why.get(kind, 0) + 1
+    for kind, n in sorted(why.items()):
+        click.echo(f"kept {n}: {kind}")
 
 
 @ckpt.command("interval")

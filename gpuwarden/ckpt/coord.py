@@ -41,7 +41,7 @@ class Coordinator(Protocol):
     def exchange(self, round_name: str, value: Any, timeout: float) -> list[Any]: ...
     def propose(self, name: str, value: int) -> int: ...
     def publish_durable(self, tier: str, step: int) -> None: ...
-    def durable_floor(self, tier: str) -> int | None: ...
+    def durable_floor(self, tier: str, fresh: bool = False) -> int | None: ...
 
 
 def newest_common(held: Sequence[Sequence[int]]) -> int | None:
@@ -79,7 +79,7 @@ class SoloCoordinator:
     def publish_durable(self, tier: str, step: int) -> None:
         self._durable[tier] = step
 
-    def durable_floor(self, tier: str) -> int | None:
+    def durable_floor(self, tier: str, fresh: bool = False) -> int | None:
         return self._durable.get(tier)
 
 
@@ -160,16 +160,16 @@ class FileCoordinator:
     def publish_durable(self, tier: str, step: int) -> None:
         self._write(f"durable-{check_name(tier, 'tier')}.rank-{self.rank}", step)
 
-    def durable_floor(self, tier: str) -> int | None:
+    def durable_floor(self, tier: str, fresh: bool = False) -> int | None:
         """The oldest of the ranks' newest steps on ``tier``; None while some rank has none.
         Per tier: a step on the shared filesystem does not make S3's older copies spare.
 
-        Read at most every ``floor_ttl_s``: it is one file per rank on the parallel
-        filesystem, and within a run floors only rise, so a cached one deletes less, never
-        more."""
+        Read at most every ``floor_ttl_s`` (unless ``fresh``: the last pass, at close): it is
+        one file per rank on the parallel filesystem, and within a run floors only rise, so a
+        cached one deletes less, never more."""
         now = time.monotonic()
         cached = self._floors.get(tier)
-        if cached is not None and now - cached[0] < self.floor_ttl_s:
+        if not fresh and cached is not None and now - cached[0] < self.floor_ttl_s:
             return cached[1]
         floor = self._read_floor(tier)
         if floor is not None:

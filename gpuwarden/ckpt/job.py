@@ -354,13 +354,19 @@ class JobCheckpointer:
                 log.error("rank %d: step %d is not durable after %s s", self.env.rank, step,
                           timeout)
         self.ck.close(timeout=60)
-        if self.server is not None:
-            # Serve the partners' last pushes until every rank is done writing.
+        if self.env.world_size > 1:
+            # Every rank done writing: the peer server has served the partners' last pushes,
+            # and every rank's last durable step is published, so the last retention pass
+            # leaves exactly `keep` steps (a rank closing first kept what the others still
+            # needed then).
             env = self.env
             try:
                 self.coord.exchange(f"finish-{env.run}", env.rank,
                                     min(self.cfg.agree_timeout_s, 30.0))
             except CoordError as exc:
                 log.warning("rank %d: not every rank finished: %s", env.rank, exc)
-            self.server.stop()
+            else:
+                self.ck.prune_durable()
+            if self.server is not None:
+                self.server.stop()
         return ok

@@ -10,7 +10,8 @@ user's) and fail. So the prolog, as root, before the job:
   are touched.
 
 The epilog, as root, after the job: when Slurm says the job is finished for good, it removes
-``job-N``, ``job-N.peer`` and that job's ``.squatted.*`` entries; when the job will run again
+``job-N``, ``job-N.peer`` and that job's ``.squatted.*`` entries, and the job's directory on
+the shared tier when the prolog made it and the job left it empty (`sharedspool`); when the job will run again
 (pending or requeued, ``scontrol show job`` state PENDING, REQUEUED, REQUEUE_HOLD,
 SPECIAL_EXIT...) or Slurm cannot say, it keeps the job's directories (a requeue onto this node
 restores from them; a single-node job may have no other tier) and logs why. Nothing is ever
@@ -103,6 +104,13 @@ def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
     st = safeio.lstat_at(spool, name)
     if st is not None and _fit(st, uid):
         return "kept"
+    if st is not None and _being_made(st):
+        # On the shared tier every node's prolog claims the same job-N at once: one made it
+        # and has not chowned it yet. Moving it aside would leave a root directory behind for
+        # good (and the other prolog would then take the job's for root-squashed): finish it.
+        done = _make_it_the_users(spool, name, uid, gid, where, made_here=False)
+        if done:
+            return done
     if st is not None:
         aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
         os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
@@ -110,26 +118,44 @@ def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
                     "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
                     uid, aside)
     os.mkdir(name, 0o700, dir_fd=spool)
+    return _make_it_the_users(spool, name, uid, gid, where, made_here=True)
+
+
+def _being_made(st: os.stat_result) -> bool:
+    """Root's private directory: only a prolog (root) makes one under a job's name."""
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and stat.S_IMODE(st.st_mode) == 0o700)
+
+
+def _make_it_the_users(spool: int, name: str, uid: int, gid: int, where: str,
+                       made_here: bool) -> str:
+    """Chown the directory ``name`` to the job's user; "created" or "kept" ("": not made
+    here and not a prolog's half-made one, so not ours to hand over)."""
     # The entry is root's until the chown, in a sticky spool: nobody else can swap it.
     fd, st = safeio.open_dir(spool, name, None, f"{where}/{name}")
     with closing(fd):
+        if _fit(st, uid):
+            return "kept"  # another node's prolog was first to chown it
         if st.st_uid != os.geteuid():
-            if stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(fd):
+            if made_here and stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(fd):
                 # An NFS server that squashes root made it "nobody's": take it back and say so.
                 with suppress(OSError):
                     os.rmdir(name, dir_fd=spool)
                 raise JobDirError(f"{where}/{name}: made by root but owned by uid {st.st_uid} "
                                   "(root squashed?): cannot make it the job user's")
             raise FileExistsError(errno.EEXIST, "not the directory just made")
+        if not made_here and os.listdir(fd):
+            return ""  # root's, but holding something: not a prolog's half-made directory
         try:
             os.fchown(fd, uid, gid)
         except PermissionError:
-            with suppress(OSError):
-                os.rmdir(name, dir_fd=spool)
+            if made_here:
+                with suppress(OSError):
+                    os.rmdir(name, dir_fd=spool)
             raise JobDirError(f"{where}/{name}: root may not chown here (root squashed?): "
                               "cannot make it the job user's") from None
         os.fchmod(fd, 0o700)
-    return "created"
+    return "created" if made_here else "kept"
 
 
 def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:
@@ -229,14 +255,20 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     """The epilog's hook (root, after the job). ``client``: how to ask Slurm for the job's
     state (by default `scontrol show job`, with the [slurm] timeouts). Never raises."""
     try:
-        job_id, _, _ = _ids(environ)
+        job_id, uid, _ = _ids(environ)
         again = _will_run_again(config, int(job_id), client)
         keep = again is not False
-        gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+        try:
+            gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+        finally:
+            # Whatever became of tier 0. Never while the job will run again (a requeue needs
+            # its directory) or Slurm cannot say.
+            if config.ckpt.shared_root and again is False:
+                _shared_end_in_child(config.ckpt.shared_root, job_id, uid)
         if keep:
-            log.info("checkpoint tier 0: keeping job %s's directories (%s)", job_id,
-                     "it will run again" if again else "Slurm cannot say whether it will run "
-                     "again")
+            log.info("checkpoint tier 0 and shared tier: keeping job %s's directories (%s)",
+                     job_id, "it will run again" if again else "Slurm cannot say whether it "
+                     "will run again")
         if gone:
             log.info("checkpoint tier 0: removed %s", ", ".join(gone))
     except (GpuwardenError, OSError) as exc:
@@ -245,6 +277,22 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     except Exception:  # an epilog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 cleanup for job %s: unexpected error",
                       environ.get("SLURM_JOB_ID", "?")[:20])
+
+
+def _shared_end_in_child(shared_root: str, job_id: str, uid: int) -> None:
+    """A finished job's directory on the shared tier removed when the prolog made it and
+    the job left it empty (`sharedspool`), in a child killed at `SHARED_S` (a hung filesystem
+    must not hold the epilog). Logged, never raised."""
+    from gpuwarden.ckpt import childcall, sharedspool  # noqa: PLC0415 - epilog only
+
+    try:
+        done = childcall.call(lambda: sharedspool.remove_if_empty(shared_root, job_id, uid),
+                              SHARED_S)
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint shared tier: job %s's directory in %s left in place: %s", job_id,
+                  shared_root, exc)
+        return
+    log.info("checkpoint shared tier: %s/job-%s %s", shared_root, job_id, done)
 
 
 def _will_run_again(config: Config, job_id: int, client: JobSource | None) -> bool | None:

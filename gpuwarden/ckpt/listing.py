@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpuwarden.ckpt import safeio
@@ -28,9 +28,13 @@ class Row:
     rank: int | None  # None: no rank (nothing there, or the tier could not be listed)
     steps: tuple[int, ...] = ()
     error: str = ""
+    # Steps older than the newest `keep` that retention leaves because another rank still
+    # needs them (see `needed`), and why, as `ls` shows it.
+    needed: tuple[int, ...] = ()
+    why_needed: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "steps": list(self.steps)}
+        return {**asdict(self), "steps": list(self.steps), "needed": list(self.needed)}
 
 
 def this_host() -> str:
@@ -125,6 +129,41 @@ def rows(tiers: Iterable[Any], rank: int | None) -> Iterator[Row]:
                 yield Row(t.name, place, r, error=str(exc))
 
 
+DURABLE = ("shared", "s3")
+
+
+def needed(rs: list[Row], keep: int) -> list[Row]:
+    """The rows, each durable tier's marked with the steps retention keeps beyond ``keep``
+    because another rank needs them: every step from the oldest of the ranks' newest steps on
+    (the newest step every rank holds, the one a restart takes) is kept. Only with every
+    rank listed (a rank with no step there: nothing is marked, retention deletes nothing).
+    Pure."""
+    floors: dict[str, tuple[int, list[int]]] = {}
+    for tier in DURABLE:
+        mine = [r for r in rs if r.tier == tier]
+        if not mine or any(r.rank is None or r.error or not r.steps for r in mine):
+            continue
+        floor = min(r.steps[-1] for r in mine)
+        floors[tier] = (floor, [r.rank for r in mine if r.rank is not None
+                                and r.steps[-1] == floor])
+    out = []
+    for r in rs:
+        if r.tier not in floors:
+            out.append(r)
+            continue
+        floor, low = floors[r.tier]
+        extra = tuple(s for s in r.steps[:-keep] if s >= floor)
+        out.append(replace(r, needed=extra, why_needed=(
+            f"kept beyond keep={keep}: the newest step {_who(low)}, which a restart "
+            "restores") if extra else ""))
+    return out
+
+
+def _who(ranks_: list[int]) -> str:
+    shown = ",".join(map(str, ranks_[:8])) + (",..." if len(ranks_) > 8 else "")
+    return f"rank {shown} holds" if len(ranks_) == 1 else f"ranks {shown} hold"
+
+
 def _runs(rs: list[Row]) -> Iterator[tuple[str, Row]]:
     """Consecutive ranks of one tier with the same steps, as one line: "0-63"."""
     runs: list[tuple[int | None, int | None, Row]] = []
@@ -132,7 +171,8 @@ def _runs(rs: list[Row]) -> Iterator[tuple[str, Row]]:
         if runs:
             first, last, head = runs[-1]
             if (r.tier == head.tier and r.rank is not None and last is not None
-                    and r.rank == last + 1 and (r.steps, r.error) == (head.steps, head.error)):
+                    and r.rank == last + 1 and (r.steps, r.error, r.needed)
+                    == (head.steps, head.error, head.needed)):
                 runs[-1] = (first, r.rank, head)
                 continue
         runs.append((r.rank, r.rank, r))
@@ -146,6 +186,8 @@ def _steps(r: Row, job: str) -> str:
     if r.rank is None:
         return f"no steps of {job}"
     shown = ", ".join(map(str, r.steps[-10:])) or "none"
+    if r.needed:
+        shown += f"; {', '.join(map(str, r.needed))} ({r.why_needed})"
     return f"{len(r.steps)} step(s): {shown}"
 
 

@@ -3,7 +3,8 @@
 The cluster image's Debian Slurm, started by docker-cluster/site/site.sh from the site's own
 slurm.conf (docker-cluster/site/): one head (MariaDB, slurmdbd, slurmctld) and four GPU nodes
 on two leaf switches' worth of names. Nothing of the test cluster's templates, entrypoint or
-gpuwarden install is used; the built wheel is only put where the guide says (`/path/to/dist`).
+gpuwarden install is used; the built wheel is only put where the guide says (`/path/to/dist`),
+and every host mounts one shared directory at /fsx, the site's shared filesystem.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ NODES_PER_LEAF = 2
 GPUS = 8
 # Where the wheel is inside the containers: the guide's placeholder, literally.
 DIST = "/path/to/dist"
+FSX = "/fsx"  # the shared filesystem the guide's step 6 names
 
 Progress = Callable[[str], None]
 
@@ -75,6 +77,11 @@ class PlainSite:
         self.progress("building the gpuwarden wheel (the guide's step 1)")
         built = wheel.build(self.root, self.work / "dist")
         seed = self._seed()
+        # The site's shared filesystem (its /fsx): one host directory mounted on every host,
+        # as a parallel filesystem is; the guide's step 6 makes the spool in it.
+        fsx = self.work / "fsx"
+        fsx.mkdir(mode=0o755, exist_ok=True)
+        fsx.chmod(0o755)
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=SUBNET)])
         self.client.networks.create(NETWORK, driver="bridge", ipam=ipam, labels={LABEL: "1"})
         hosts = {h: self._address(h) for h in self.hosts}
@@ -86,6 +93,7 @@ class PlainSite:
                 volumes={
                     str(seed): {"bind": "/etc/site-seed", "mode": "ro"},
                     str(built.parent): {"bind": DIST, "mode": "ro"},
+                    str(fsx): {"bind": FSX, "mode": "rw"},
                 },
                 extra_hosts={h: a for h, a in hosts.items() if h != host},
                 network=NETWORK,

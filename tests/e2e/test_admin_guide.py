@@ -15,7 +15,10 @@ What the guide leaves to the admin, the test does the way the guide says, and no
   "A test node";
 - steps 7 and 8: topology.conf and the merged slurm.conf copied to every host; the merge
   follows step 8's rules (`gpuwarden.devcluster.guide.merge_slurm_conf`);
-- step 6 (checkpoint spool) and step 9 (lemon timer) are left out: no job here checkpoints.
+- step 6: the spool is made once, on the site's shared filesystem (every host mounts one
+  directory at /fsx), and `shared_root` set on every host with the guide's `config set` block;
+  its timer (like step 9's lemon timer) is not installed: `ckpt tidy` is run by hand where the
+  test needs it.
 These containers have no systemd: `/etc/systemd/system` is created for the unit's copy, and the
 daemon is started by the guide's own block for sites without systemd (which must be the
 installed unit's `ExecStart=`).
@@ -44,6 +47,13 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "admin-guide.md"
 TEST_NODES = ROOT / "docs" / "testing-without-gpus.md"
 UNIT = "/etc/systemd/system/gpuwarden-placement.service"
+# The guide's step 6: the shared tier's spool.
+_SHARED = re.search(r"^gpuwarden config set ckpt\.shared_root=(\S+)", guide.blocks(GUIDE)["ckpt-config"].text,
+                    re.MULTILINE)
+assert _SHARED, "the guide's ckpt-config block no longer sets ckpt.shared_root"
+SHARED_ROOT = _SHARED.group(1)
+# A job in any of these states is not over yet (or its epilog still runs).
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
 CLUSTER = {"name": "site", "node_prefix": "gn", "nodes": len(NODES),
            "nodes_per_leaf": NODES_PER_LEAF, "gpus_per_node": 8, "gpu_type": "h100",
            "gpu_device_dir": "/opt/fakegpu", "cpus_per_node": 16, "real_memory_mb": 64000,
@@ -139,11 +149,14 @@ def installed(site: PlainSite) -> PlainSite:
     run_block(site, HEAD, steps["venv-admin"])  # the admin host's lemon extra, from Debian
     for name in ("install-files", "config"):
         on_hosts(site.hosts, lambda host, name=name: run_block(site, host, steps[name]))
-    # Step 4's "then set the keys": describe the site, and make the nodes test nodes.
+    # Step 4's "then set the keys": describe the site, and make the nodes test nodes; step 6's
+    # spool once on the shared filesystem, its [ckpt] keys on every host.
     cluster = [f"cluster.{key}={value}" for key, value in CLUSTER.items()]
     for host in site.hosts:
         site.exec(host, ["gpuwarden", "config", "set", *cluster]).check(f"config set on {host}")
     on_hosts(NODES, lambda host: run_block(site, host, test_node["test-node-config"]))
+    run_block(site, HEAD, steps["ckpt-spool"])
+    on_hosts(site.hosts, lambda host: run_block(site, host, steps["ckpt-config"]))
     for host in site.hosts:
         site.exec(host, ["gpuwarden", "config", "check"]).check(f"config check on {host}")
     for host in NODES:
@@ -224,6 +237,43 @@ def test_a_gang_job_is_placed_in_one_leaf_by_the_filter(installed: PlainSite) ->
         assert nodes == ["gn3", "gn4"] and len(leaves) == 1, job["nodes"]
     finally:
         site.exec(HEAD, ["scancel", str(busy), *([str(gang)] if gang else [])])
+
+
+def shared_dirs(site: PlainSite) -> list[str]:
+    """The job directories in the shared spool, as a node sees them."""
+    res = site.exec(NODES[0], ["ls", "-A", SHARED_ROOT]).check(f"ls {SHARED_ROOT}")
+    return sorted(res.out.split())
+
+
+def test_the_shared_spool_drops_a_finished_jobs_empty_dir_and_keeps_a_requeued_ones(
+        installed: PlainSite) -> None:
+    """The prolog makes job-N in the shared spool for every job. One that never checkpoints
+    leaves it empty: gone once the job is finished. A requeued job's stays through its
+    requeue (its epilog ran); cancelled while requeued, no epilog runs: `ckpt tidy` (the
+    guide's timer) removes it."""
+    site = installed
+    node = NODES[1]
+    plain = sbatch(site, "-w", node, f"--wrap=test -d {SHARED_ROOT}/job-$SLURM_JOB_ID")
+    job = wait_job(site, plain, lambda j: not ACTIVE & set(j["job_state"]), "finished")
+    assert job["job_state"] == ["COMPLETED"], f"the prolog made no job dir: {job['job_state']}"
+    site.wait_for(lambda: f"job-{plain} still there" if f"job-{plain}" in shared_dirs(site)
+                  else "", f"the epilog to remove job-{plain} from {SHARED_ROOT}", 60)
+    again = sbatch(site, "-w", node, "--requeue", "--wrap=sleep 600")
+    try:
+        wait_job(site, again, lambda j: j["job_state"] == ["RUNNING"], "running")
+        assert f"job-{again}" in shared_dirs(site)
+        site.exec(HEAD, ["scontrol", "requeuehold", str(again)]).check("requeuehold")
+        # Requeued and held, its epilog done (Slurm drops COMPLETING once every epilog ran).
+        wait_job(site, again, lambda j: j.get("restart_cnt", 0) >= 1
+                 and not {"RUNNING", "COMPLETING"} & set(j["job_state"]),
+                 "requeued, epilog done")
+        assert f"job-{again}" in shared_dirs(site)
+    finally:
+        site.exec(HEAD, ["scancel", str(again)])
+    wait_job(site, again, lambda j: "CANCELLED" in j["job_state"], "cancelled")
+    assert f"job-{again}" in shared_dirs(site)  # a pending job's cancel runs no epilog
+    out = site.exec(HEAD, ["gpuwarden", "ckpt", "tidy"]).check("ckpt tidy").out
+    assert f"job-{again}" in out and f"job-{again}" not in shared_dirs(site), out
 
 
 def test_an_injected_xid_drains_the_node_and_the_prolog_requeues_the_job(

@@ -150,3 +150,21 @@ def test_s3_ranks_are_listed_from_the_buckets_prefixes() -> None:
     fake.fail = True
     [row] = rows([tier], None)
     assert row.rank is None and "cannot list s3://bkt/ck/job-64/" in row.error
+
+
+def test_a_step_kept_beyond_keep_for_another_rank_is_marked(tmp_path: Path) -> None:
+    """keep = 2 (the default) and ranks 0-2 hold three steps: rank 3's newest is 10, the step a
+    restart restores, so retention keeps it on every rank. `ls` says so instead of leaving
+    three steps to look like a retention bug."""
+    fsx = tmp_path / "fsx"
+    for rank in range(3):
+        save(fsx, rank, 10, 15, 20)
+    save(fsx, 3, 10)
+    code, out = cli(tmp_path)("ckpt", "ls", JOB)
+    assert code == 0, out
+    body = [" ".join(line.split()) for line in out.splitlines()[1:]]
+    assert f"shared 0-2 {fsx} 3 step(s): 10, 15, 20; 10 (kept beyond keep=2: the newest step " \
+           "rank 3 holds, which a restart restores)" in body, body
+    assert f"shared 3 {fsx} 1 step(s): 10" in body, body
+    code, out = cli(tmp_path)("ckpt", "ls", JOB, "--json")
+    assert [r["needed"] for r in json.loads(out) if r["tier"] == "shared"] == [[10]] * 3 + [[]]

@@ -47,6 +47,7 @@ ARGS: dict[tuple[str, ...], list[list[str]]] = {
     ("ckpt", "ls"): [[], ["../etc"], ["job-1", "--rank", "x"], ["job-1"]],
     ("ckpt", "verify"): [[], ["job-1"], ["job-1", "--rank", "-1"]],
     ("ckpt", "gc"): [["job-1", "--keep", "0"], ["job-1"]],
+    ("ckpt", "tidy"): [[]],
     ("ckpt", "interval"): [[], ["--gpus", "0"], ["--gpus", "8"],
                            ["--gpus", "8", "--mttf", "soon"]],
 }

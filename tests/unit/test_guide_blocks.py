@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_step_the_e2e_test_runs_is_marked_in_the_docs() -> None:
     steps = guide.blocks(ROOT / "docs" / "admin-guide.md")
     assert set(steps) == {"venv", "venv-admin", "install-files", "config", "selftest",
-                          "placement", "placement-without-systemd", "slurm-conf-lines", "apply",
-                          "healthcheck-once"}
+                          "ckpt-spool", "ckpt-config", "placement", "placement-without-systemd",
+                          "slurm-conf-lines", "apply", "healthcheck-once"}
     assert set(guide.blocks(ROOT / "docs" / "testing-without-gpus.md")) == {
         "test-node-config", "test-node"}
     # The install step really is the offline Debian route the test nodes can take.
