@@ -48,12 +48,16 @@ class State:
     jobs_nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     jobs_at: float = 0.0
     jobs_failed: bool = False
+    changed_at: float = -1e18  # when the node states last changed
     # Jobs whose switch wait this daemon relaxed or tried to (requeue.py), pruned to the jobs
     # Slurm still lists.
     relaxed: set[int] = field(default_factory=set)
 
 
 JOBS_MAX_AGE_S = 60.0
+# Read again for this long after node states changed: a prolog drains its node and only then
+# exits 1, so Slurm requeues the job a moment after the change that prompted the read.
+SETTLE_S = 15.0
 
 
 def running_jobs(client: SlurmClient, nodes: list[Node], state: State,
@@ -62,8 +66,11 @@ def running_jobs(client: SlurmClient, nodes: list[Node], state: State,
     ones too: on a large site that is not every 5 s's work), or None when they cannot be read:
     then no fit tables (logged as an error), and every job waits the policy's wait_s."""
     seen = tuple((n.name, n.state) for n in nodes)
+    if state.jobs_nodes and seen != state.jobs_nodes:
+        state.changed_at = now
     if state.jobs is not None and seen == state.jobs_nodes and \
-            0 <= now - state.jobs_at < JOBS_MAX_AGE_S:
+            0 <= now - state.jobs_at < JOBS_MAX_AGE_S and \
+            not 0 <= now - state.changed_at <= SETTLE_S:
         return state.jobs
     try:
         jobs = client.jobs()

@@ -164,3 +164,19 @@ def test_every_data_parser_version_gives_the_switches_and_wait(version: str) -> 
     with pytest.raises(SlurmError, match="maximum_switch_wait_time"):
         parse.parse_jobs(json.dumps(doc))
     assert replace(job, req_switch=0).req_switch == 0
+
+
+def test_a_job_requeued_just_after_its_node_drained_is_relaxed_the_next_round(
+        tmp_path: Path) -> None:
+    """The prolog drains its node and then exits 1: the read prompted by the drain may see
+    the job before Slurm requeued it. The daemon reads again for SETTLE_S after a change,
+    not only a minute later."""
+    cfg, slurm, lemons = setup(tmp_path)
+    slurm.job_table = {7: gang(7, state="RUNNING", restarts=0)}
+    state = daemon.State()
+    daemon.step(cfg, slurm, lemons, state, 1000.0)  # type: ignore[arg-type]
+    slurm.table["c4"] = node("c4", ("IDLE", "DRAIN"), "gpuwarden: prolog: xid 79")
+    daemon.step(cfg, slurm, lemons, state, 1005.0)  # type: ignore[arg-type]
+    slurm.job_table[7] = gang(7)  # Slurm requeues it a moment later
+    daemon.step(cfg, slurm, lemons, state, 1010.0)  # type: ignore[arg-type]
+    assert slurm.job_table[7].switch_wait_s == 0
