@@ -121,6 +121,9 @@ class FakeSlurm:
                                          comment=job.comment if comment is None else comment)
         self.log.append(f"switch wait {job_id} {wait_s}")
 
+    def requeue(self, job_id: int) -> None:
+        self.log.append(f"requeue {job_id}")
+
     def set_comment(self, name: str, text: str) -> None:
         current = self.table[name].comment
         if current and not current.startswith("gpuwarden:"):

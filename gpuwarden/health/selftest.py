@@ -87,6 +87,9 @@ class ReadOnlySlurm:
                         comment: str | None) -> None:
         self.writes.append(f"switch wait {job_id}: {wait_s}")
 
+    def requeue(self, job_id: int) -> None:
+        self.writes.append(f"requeue {job_id}")
+
 
 def _step(name: str, fn: Callable[[], str], fix: str) -> Finding:
     try:

@@ -66,6 +66,7 @@ class SlurmClient(Protocol):
     def set_extra(self, name: str, text: str) -> None: ...
     def set_switch_wait(self, job_id: int, wait_s: int, admin_comment: str,
                         comment: str | None) -> None: ...
+    def requeue(self, job_id: int) -> None: ...
 
 
 def gpuwarden_reason(text: str) -> str:
@@ -307,6 +308,12 @@ class CliSlurmClient:
         if comment is not None:
             fields.append(f"comment={_one_line(comment)}")
         self._call(self._argv("scontrol", "update", *fields))
+
+    def requeue(self, job_id: int) -> None:
+        """Requeue a batch job (`scontrol requeue`): Slurm refuses a job submitted with
+        --no-requeue (or under JobRequeue=0 without --requeue) and a job that is not a batch
+        job; both raise SlurmError."""
+        self._call(self._argv("scontrol", "requeue", str(int(job_id))))
 
 
 def _one_line(text: str) -> str:
