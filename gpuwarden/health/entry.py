@@ -318,9 +318,10 @@ def _requeue_first(env: Env, job: str) -> None:
     failure, but slurmctld only counts it done: job_mgr.c prolog_complete, 24.11 to 26.05), then
     the requeue. With PrologFlags=Alloc,DeferBatch, when this node's prolog is the last to end
     (a drain takes longer than a pass), the first lets slurmctld send the batch script to the
-    job's first node before the second arrives: seen end to end, the script ran there. Requeued
-    first, the job is completing when "prolog complete" comes, and nothing is launched. A job
-    Slurm will not requeue (--no-requeue, not a batch job) is left to Slurm, as before."""
+    job's first node before the second arrives (seen end to end, once in three runs: the script
+    ran there). Requeued first, the job is completing when "prolog complete" comes, and nothing
+    is launched. A job Slurm will not requeue (--no-requeue, not a batch job) is left to Slurm,
+    as before."""
     if not job.isdigit():
         return
     try:
