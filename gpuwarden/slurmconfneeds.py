@@ -234,6 +234,32 @@ def listed(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
     return Verdict(MISSING, f"{what}: {need.why}", item=True)
 
 
+# PrologFlags that turn on Alloc too (read_config.c, prolog_str2flags).
+_ALLOC = ("alloc", "contain", "runinjob", "x11", "forcerequeueonfail")
+
+
+def prolog_flags(need: Need, conf: SlurmConf, _site: Site) -> Verdict:
+    """Alloc: every node's prolog runs when the job is allocated (without it, a node's prolog
+    runs only when a step first starts there, so the batch script runs on the first node
+    before the others are gated). DeferBatch: slurmctld sends the batch script only once every
+    node's prolog passed; it acts only while slurmctld holds the job for its prologs, which
+    NoHold turns off (node_scheduler.c, agent.c)."""
+    s = conf.last(need.key)
+    have = [option_name(i) for i in items(s.value)] if s else []
+    if option_name(need.value) == "deferbatch" and "nohold" in have:
+        keep = [i for i in items(s.value if s else "") if option_name(i) != "nohold"]
+        fix = merged(need.key, ",".join(keep), ["Alloc", "DeferBatch"] if not
+                     set(have) & set(_ALLOC) else ["DeferBatch"])
+        return Verdict(CONFLICT, f"{_where(conf, need.key)}: NoHold lets the batch script start "
+                       "before every node's prolog has passed (DeferBatch does nothing with it)",
+                       f"set: {fix}")
+    accepted = _ALLOC if option_name(need.value) == "alloc" else (option_name(need.value),)
+    if set(have) & set(accepted):
+        return Verdict(OK, _where(conf, need.key))
+    what = f"{need.value} not in {_where(conf, need.key)}" if s else f"{need.key} not set"
+    return Verdict(MISSING, f"{what}: {need.why}", item=True)
+
+
 def switch_wait(need: Need, conf: SlurmConf, site: Site) -> Verdict | None:
     topo = conf.last("TopologyPlugin")
     if topo and topo.value.lower() == "topology/block":
@@ -355,6 +381,13 @@ NEEDS: tuple[Need, ...] = (
     Need("PrologEpilogTimeout", ("health", "ckpt"), str(HOOK_TIMEOUT_S),
          f"at least the hooks' own limit ({HOOK_LIMIT_S} s) + {HOOK_MARGIN_S} s: slurmd drains "
          f"a node whose prolog it has to kill (\"Prolog error\")", timeouts),
+    Need("PrologFlags", ("health", "ckpt"), "Alloc",
+         "every node's prolog runs when the job is allocated (by default a node's prolog runs "
+         "only when a step first starts there: the batch script runs on the first node before "
+         "the others' prologs have gated them)", prolog_flags, listed=True),
+    Need("PrologFlags", ("health", "ckpt"), "DeferBatch",
+         "the batch script starts only once every node's prolog has passed (with Alloc alone "
+         "it starts when the first node's has)", prolog_flags, listed=True),
     Need("SchedulerParameters", ("health",), "nohold_on_prolog_fail",
          "a job whose prolog fails on a bad node is requeued elsewhere instead of held",
          listed, listed=True),

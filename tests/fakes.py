@@ -114,6 +114,16 @@ class FakeSlurm:
     def set_extra(self, name: str, text: str) -> None:
         self.table[name] = replace(self.table[name], extra=text)
 
+    def set_switch_wait(self, job_id: int, wait_s: int, admin_comment: str,
+                        comment: str | None) -> None:
+        job = self.job_table[job_id]
+        self.job_table[job_id] = replace(job, switch_wait_s=wait_s, admin_comment=admin_comment,
+                                         comment=job.comment if comment is None else comment)
+        self.log.append(f"switch wait {job_id} {wait_s}")
+
+    def requeue(self, job_id: int) -> None:
+        self.log.append(f"requeue {job_id}")
+
     def set_comment(self, name: str, text: str) -> None:
         current = self.table[name].comment
         if current and not current.startswith("gpuwarden:"):

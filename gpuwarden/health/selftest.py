@@ -83,6 +83,13 @@ class ReadOnlySlurm:
     def set_extra(self, name: str, text: str) -> None:
         self.writes.append(f"extra {name}: {text}")
 
+    def set_switch_wait(self, job_id: int, wait_s: int, admin_comment: str,
+                        comment: str | None) -> None:
+        self.writes.append(f"switch wait {job_id}: {wait_s}")
+
+    def requeue(self, job_id: int) -> None:
+        self.writes.append(f"requeue {job_id}")
+
 
 def _step(name: str, fn: Callable[[], str], fix: str) -> Finding:
     try:

@@ -8,6 +8,9 @@ every write, which is how the filter knows the daemon is alive. Any failure keep
 good snapshot in place (it goes stale, and the filter then lets jobs through unchanged) and is
 logged with what to fix.
 
+After each snapshot, a pending gang job that Slurm requeued has the switch wait the filter
+gave it set to 0 (requeue.py says which and why), once, logged.
+
 Settings change without a restart: `reload` (reload.Reloader in production) is asked before
 each round after the first. A valid new config runs from the next snapshot; an invalid one is
 refused, logged as an error naming the key, and noted in the snapshot's second line, while
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.lemon import listfile
-from gpuwarden.placement import snapshot, topology
+from gpuwarden.placement import requeue, snapshot, topology
 from gpuwarden.placement.config import PlacementConfig
 from gpuwarden.placement.reload import Reloaded
 from gpuwarden.slurm.client import SlurmClient
@@ -45,9 +48,16 @@ class State:
     jobs_nodes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     jobs_at: float = 0.0
     jobs_failed: bool = False
+    changed_at: float = -1e18  # when the node states last changed
+    # Jobs whose switch wait this daemon relaxed or tried to (requeue.py), pruned to the jobs
+    # Slurm still lists.
+    relaxed: set[int] = field(default_factory=set)
 
 
 JOBS_MAX_AGE_S = 60.0
+# Read again for this long after node states changed: a prolog drains its node and only then
+# exits 1, so Slurm requeues the job a moment after the change that prompted the read.
+SETTLE_S = 15.0
 
 
 def running_jobs(client: SlurmClient, nodes: list[Node], state: State,
@@ -56,15 +66,19 @@ def running_jobs(client: SlurmClient, nodes: list[Node], state: State,
     ones too: on a large site that is not every 5 s's work), or None when they cannot be read:
     then no fit tables (logged as an error), and every job waits the policy's wait_s."""
     seen = tuple((n.name, n.state) for n in nodes)
+    if state.jobs_nodes and seen != state.jobs_nodes:
+        state.changed_at = now
     if state.jobs is not None and seen == state.jobs_nodes and \
-            0 <= now - state.jobs_at < JOBS_MAX_AGE_S:
+            0 <= now - state.jobs_at < JOBS_MAX_AGE_S and \
+            not 0 <= now - state.changed_at <= SETTLE_S:
         return state.jobs
     try:
         jobs = client.jobs()
     except GpuwardenError as exc:
         if not state.jobs_failed:
-            log.error("running jobs not read (%s): gang jobs wait the policy's wait_s until "
-                      "they can be (wait_by = \"limits\" needs their time limits)", exc)
+            log.error("running jobs not read (%s): gang jobs wait the policy's wait_s, and "
+                      "requeued ones keep their switch wait, until they can be (wait_by = "
+                      "\"limits\" needs their time limits)", exc)
         state.jobs, state.jobs_failed = None, True
         return None
     if state.jobs_failed:
@@ -94,12 +108,34 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
             log.warning("%s; keeping the last lemons read (%s)", exc,
                         ",".join(state.lemons) or "none")
     nodes = client.nodes()
-    # Running jobs' ends only where a policy waits by them.
-    by_limits = any(p.mode == "preferred" and p.wait_by == "limits"
-                    for p in (cfg.default, *cfg.partitions.values()))
-    jobs = running_jobs(client, nodes, state, now) if by_limits else []
+    policies = (cfg.default, *cfg.partitions.values())
+    # The jobs where a "preferred" policy waits: for their ends (wait_by = "limits") and for
+    # the requeued ones (requeue.py).
+    preferred = any(p.mode == "preferred" for p in policies)
+    by_limits = any(p.mode == "preferred" and p.wait_by == "limits" for p in policies)
+    jobs = running_jobs(client, nodes, state, now) if preferred else []
     return snapshot.build(cfg, topo, nodes, client.partitions(), state.lemons,
-                          state.generation, now, jobs)
+                          state.generation, now, jobs if by_limits else [])
+
+
+def relax_requeued(client: SlurmClient, state: State) -> None:
+    """Set the switch wait of requeued gang jobs to 0 (requeue.py), each job once; a failure
+    is logged and not retried (the job then waits what Slurm has left of its wait)."""
+    if state.jobs is None:
+        return
+    state.relaxed &= {j.job_id for j in state.jobs}
+    for r in requeue.to_relax(state.jobs, state.relaxed):
+        state.relaxed.add(r.job_id)
+        try:
+            client.set_switch_wait(r.job_id, 0, r.admin_comment, r.comment)
+        except GpuwardenError as exc:
+            log.error("job %d was requeued (restart %d) but its switch wait (%d s for %d "
+                      "leaf switch(es)) was not relaxed: %s; it waits what Slurm has left of "
+                      "it", r.job_id, r.restarts, r.was_s, r.switches, exc)
+            continue
+        log.info("job %d was requeued (restart %d): its switch wait (%d s for %d leaf "
+                 "switch(es), set by the filter) is now 0: it starts wherever it fits",
+                 r.job_id, r.restarts, r.was_s, r.switches)
 
 
 _NOTE_CHARS = 300
@@ -141,6 +177,7 @@ def step(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state: Stat
         log.error("placement snapshot not written: %s (the filter lets jobs through unchanged "
                   "once the last one goes stale)", exc)
         return None
+    relax_requeued(client, state)
     return snap
 
 

@@ -64,6 +64,9 @@ class SlurmClient(Protocol):
     def set_comment(self, name: str, text: str) -> None: ...
     def resume(self, name: str, *, expect_reason: str | None = None) -> bool: ...
     def set_extra(self, name: str, text: str) -> None: ...
+    def set_switch_wait(self, job_id: int, wait_s: int, admin_comment: str,
+                        comment: str | None) -> None: ...
+    def requeue(self, job_id: int) -> None: ...
 
 
 def gpuwarden_reason(text: str) -> str:
@@ -295,3 +298,23 @@ class CliSlurmClient:
     def set_extra(self, name: str, text: str) -> None:
         """Set the node's `Extra` field (health gating's marker; see gpuwarden.health.marker)."""
         self._update(check_node_name(name), f"extra={text}")
+
+    def set_switch_wait(self, job_id: int, wait_s: int, admin_comment: str,
+                        comment: str | None) -> None:
+        """A pending job's wait for its switch count (seconds), with its admin comment (and
+        its comment, unless None) in the same update."""
+        fields = [f"jobid={int(job_id)}", f"wait-for-switch={int(wait_s)}",
+                  f"admincomment={_one_line(admin_comment)}"]
+        if comment is not None:
+            fields.append(f"comment={_one_line(comment)}")
+        self._call(self._argv("scontrol", "update", *fields))
+
+    def requeue(self, job_id: int) -> None:
+        """Requeue a batch job (`scontrol requeue`): Slurm refuses a job submitted with
+        --no-requeue (or under JobRequeue=0 without --requeue) and a job that is not a batch
+        job; both raise SlurmError."""
+        self._call(self._argv("scontrol", "requeue", str(int(job_id))))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -183,6 +183,8 @@ _JOB: dict[str, Any] = {
     "partition": None, "nodes": None, "node_count": None, "restart_cnt": None,
     "exit_code": {"return_code": None}, "admin_comment": None, "comment": None,
     "end_time": None,
+    # The placement daemon relaxes a requeued gang job's switch wait (placement/requeue.py).
+    "required_switches": None, "maximum_switch_wait_time": None,
 }
 
 SACCT_V40 = spec(_SACCT)

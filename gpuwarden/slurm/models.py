@@ -111,6 +111,9 @@ class Job:
     # When the job ends at the latest: its start plus its time limit while it runs (Slurm's
     # own estimate while it is pending); None when unset or unlimited.
     end_time: int | None = None
+    # --switches as the controller holds it now (0: none) and its wait in seconds.
+    req_switch: int = 0
+    switch_wait_s: int = 0
 
 
 @dataclass(frozen=True)

@@ -293,6 +293,8 @@ def job_from_json(item: Mapping[str, Any], src: Source = _JOBS, at: At = _AT_JOB
         admin_comment=_str(item.get("admin_comment")),
         comment=_str(item.get("comment")),
         end_time=_number(item.get("end_time")) or None,
+        req_switch=_number(item.get("required_switches")) or 0,
+        switch_wait_s=_number(item.get("maximum_switch_wait_time")) or 0,
     )
 
 

@@ -276,29 +276,61 @@ def test_the_shared_spool_drops_a_finished_jobs_empty_dir_and_keeps_a_requeued_o
     assert f"job-{again}" in out and f"job-{again}" not in shared_dirs(site), out
 
 
-def test_an_injected_xid_drains_the_node_and_the_prolog_requeues_the_job(
+def test_a_bad_node_fails_its_prolog_before_any_job_code_and_the_job_restarts_at_once(
         installed: PlainSite) -> None:
+    """Issue 39, on the guide's own slurm.conf lines. A gang job lands on gn3 and gn4 (the one
+    leaf with two free nodes: gn1 is busy); gn4's GPU has an Xid 79, so gn4's prolog drains
+    it and fails. PrologFlags=Alloc,DeferBatch: every node's prolog runs at allocation and the
+    batch script is sent only once all passed, so the script never ran on gn3. Requeued, the
+    job has no leaf with two free nodes (gn2, gn3 are left), and the placement daemon has set
+    the switch wait the filter gave it (300 s) to 0: it starts at once across both leaves."""
     site = installed
-    node = NODES[-1]
+    bad = NODES[-1]
     site.wait_for(lambda: slurmd_started_after(site, 0), "every node idle again", 60)
-    res = site.exec(node, ["gpuwarden", "health", "inject", "xid", "79", "--gpu", "5"])
+    res = site.exec(bad, ["gpuwarden", "health", "inject", "xid", "79", "--gpu", "5"])
     assert res.rc == 0, res.out + res.err
-    job_id = sbatch(site, "-w", node, "--wrap=true")
+    busy = sbatch(site, "-w", NODES[0], "--exclusive", "--wrap=sleep 600")
+    job_id = 0
     reason = ""
 
     def drained() -> str:
         nonlocal reason
-        out = site.exec(HEAD, ["sinfo", "-h", "-n", node, "-o", "%t|%E"]).out.strip()
+        out = site.exec(HEAD, ["sinfo", "-h", "-n", bad, "-o", "%t|%E"]).out.strip()
         state, _, reason = out.partition("|")
-        return "" if state.startswith("drain") else f"{node} {out}"
+        return "" if state.startswith("drain") else f"{bad} {out}"
+
+    def ran_on() -> list[str]:
+        """The nodes where the job's batch script has run (it leaves a marker there)."""
+        return [n for n in NODES
+                if site.exec(n, ["test", "-e", f"/tmp/gw-ran-{job_id}"]).rc == 0]
 
     try:
-        # The job started on the node and its prolog drained it: Slurm requeued the job.
+        wait_job(site, busy, lambda j: j["job_state"] == ["RUNNING"], "running")
+        job_id = sbatch(site, "-N", "2", "--gpus-per-node=8",
+                        "--wrap=touch /tmp/gw-ran-$SLURM_JOB_ID; srun hostname")
+        # Its prolog on gn4 drained gn4 and failed: Slurm requeued the job.
         job = wait_job(site, job_id, lambda j: j.get("restart_cnt", 0) >= 1, "requeued")
-        assert "COMPLETED" not in job["job_state"], job["job_state"]
-        site.wait_for(drained, f"{node} drained by gpuwarden", 60)
+        assert "switches=1 wait=300s" in job["admin_comment"], job["admin_comment"]
+        site.wait_for(drained, f"{bad} drained by gpuwarden", 60)
         assert reason.startswith("gpuwarden: prolog: xid 79 on GPU 5"), reason
         shown = site.exec(HEAD, ["gpuwarden", "nodes"]).out
-        assert node in shown and "xid 79" in shown, shown
+        assert bad in shown and "xid 79" in shown, shown
+        assert ran_on() == [], "the batch script ran before every node's prolog had passed"
+        # The daemon relaxed the filter's switch wait while Slurm holds the requeued job.
+        job = wait_job(site, job_id, lambda j: "switch wait relaxed" in j["admin_comment"],
+                       "its switch wait relaxed", timeout=60)
+        assert job["maximum_switch_wait_time"] == 0 and job["required_switches"] == 1, job
+        assert job["job_state"] == ["PENDING"], job["job_state"]
+        # Slurm holds a requeued job for cred_expire + 1 s (121 s here) before it may start;
+        # the test lets it go now, as an admin may (the hold is not what is tested).
+        site.exec(HEAD, ["scontrol", "update", f"jobid={job_id}", "StartTime=now"]).check(
+            "release")
+        # Well within what was left of its 300 s switch wait: it did not wait for one leaf.
+        job = wait_job(site, job_id, lambda j: j["job_state"][0] in ("RUNNING", "COMPLETED"),
+                       "restarted", timeout=120)
+        nodes = hostlist.expand(job["nodes"])
+        assert nodes == ["gn2", "gn3"], job["nodes"]
+        assert ran_on() == ["gn2"]  # once every node's gate had passed: on the batch host
     finally:
-        site.exec(HEAD, ["scancel", str(job_id)])
+        site.exec(HEAD, ["scancel", str(busy), *([str(job_id)] if job_id else [])])
+        site.exec(bad, ["gpuwarden", "health", "inject", "clear"])

@@ -61,7 +61,9 @@ def test_prolog_on_a_bad_gpu_drains_and_fails_the_job(node_env) -> None:  # type
     env, slurm, tmp = node_env
     break_gpu(tmp)
     assert entry.prolog(env) == 1
-    assert slurm.log == ["drain c3"]
+    # Requeued by the prolog itself before it fails the job (issue 39): no node may start the
+    # batch script between Slurm's "prolog complete" and its own requeue.
+    assert slurm.log == ["drain c3", "requeue 7"]
     # The first word says the prolog refused a job here (the report counts those).
     assert slurm.table["c3"].reason == \
         "gpuwarden: prolog: 1 uncorrectable ECC errors on GPU 5 [health]"
@@ -111,7 +113,7 @@ def test_prolog_fails_the_job_when_the_periodic_check_drained_the_node_first(nod
     # instead of the job starting on a broken GPU.
     assert entry.prolog(replace(env, client=raced)) == 1
     assert raced.table["c3"].reason.startswith("gpuwarden: periodic: ")
-    assert raced.log == []
+    assert raced.log == ["requeue 7"]  # no drain of its own; the job requeued first
 
 
 def test_prolog_lets_the_job_run_when_the_other_drain_was_undone_at_the_cap(node_env) -> None:  # type: ignore[no-untyped-def]
@@ -310,3 +312,26 @@ def test_a_job_read_that_breaks_never_stops_the_epilogs_checks(node_env) -> None
     assert entry.epilog(failed) == 0
     assert slurm.log == ["drain c3"]
     assert "slurm" in failed.problems and "UnicodeDecodeError" in failed.problems["slurm"]
+
+
+def test_a_job_slurm_will_not_requeue_is_still_failed_and_left_to_slurm(node_env, caplog) -> None:  # type: ignore[no-untyped-def]
+    from gpuwarden.errors import SlurmError
+
+    env, slurm, tmp = node_env
+    break_gpu(tmp)
+
+    def refused(job_id: int) -> None:
+        raise SlurmError(f"`scontrol requeue {job_id}` failed (exit 1): Requeue of JobId is "
+                         "disabled")
+
+    slurm.requeue = refused
+    assert entry.prolog(env) == 1  # Slurm cancels it once the prolog exits, as before
+    assert slurm.log == ["drain c3"]
+    assert "not requeued by the prolog" in caplog.text
+
+
+def test_no_requeue_without_a_plain_job_id(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, slurm, tmp = node_env
+    break_gpu(tmp)
+    assert entry.prolog(replace(env, environ={**env.environ, "SLURM_JOB_ID": "7;rm"})) == 1
+    assert slurm.log == ["drain c3"]

@@ -222,7 +222,7 @@ def test_an_untrusted_state_dir_still_runs_every_prolog_check(node) -> None:  # 
     os.chmod(tmp / "state", 0o770)  # e.g. installed with umask 002
     break_gpu(tmp)
     assert entry.run(env, entry.prolog, "prolog", watchdog_s=30) == 1
-    assert slurm.log == ["drain c3"] and "state" in env.problems
+    assert slurm.log == ["drain c3", "requeue 7"] and "state" in env.problems
 
 
 # ---- 8: one consistent set of time limits ------------------------------------------------------

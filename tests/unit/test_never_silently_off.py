@@ -57,7 +57,7 @@ def test_a_full_disk_in_the_prolog_and_epilog_still_drains(node, monkeypatch) ->
     env, slurm, tmp = node
     break_gpu(tmp)
     monkeypatch.setattr(store, "atomic_write", enospc)
-    assert entry.prolog_gate(env) == 1 and slurm.log == ["drain c3"]
+    assert entry.prolog_gate(env) == 1 and slurm.log == ["drain c3", "requeue 7"]
     slurm.resume("c3")
     failed = replace(env, environ={**env.environ, "SLURM_JOB_EXIT_CODE": "256"}, problems={})
     assert entry.epilog(failed) == 0 and slurm.log[-1] == "drain c3"

@@ -35,7 +35,7 @@ ACCT = AcctJob(job_id=1234, name="train", user="alice", state="NODE_FAIL", state
                submit_line="sbatch -N2 --gpus-per-node=8 train.sbatch")
 JOB = Job(job_id=1235, name="train", user="alice", state=("RUNNING",), state_reason="None",
           partition="gpu", nodes="c[3-4]", num_nodes=2, restart_count=0, exit_code=0,
-          admin_comment="", comment="", end_time=1767229200)
+          admin_comment="", comment="", end_time=1767229200, req_switch=1, switch_wait_s=300)
 
 
 def doc(command: str, version: str) -> dict[str, Any]:

@@ -288,3 +288,38 @@ def test_an_unreadable_slurm_conf_is_exit_2_with_what_to_do(tmp_path: Path) -> N
     code, out = run(tmp_path / "nope.conf")
     assert code == 2
     assert out == [out[0]] and "give the path of slurm.conf" in out[0]
+
+
+# ---- PrologFlags: no job code before every node's gate (issue 39) ------------------------------
+def test_the_block_gates_every_node_before_the_batch_script() -> None:
+    assert "\nPrologFlags=Alloc,DeferBatch\n" in check.block(["health"])
+    assert "\nPrologFlags=Alloc,DeferBatch\n" in check.block(["ckpt"])
+    assert "PrologFlags" not in check.block(["placement", "lemon"])
+
+
+@pytest.mark.parametrize(("line", "want"), [
+    ("", "PrologFlags=Alloc,DeferBatch"),
+    ("PrologFlags=Alloc\n", "PrologFlags=Alloc,DeferBatch"),  # the admin's try in issue 39
+    ("PrologFlags=X11,Serial\n", "PrologFlags=X11,Serial,DeferBatch"),  # X11 turns Alloc on
+    ("PrologFlags=Contain\n", "PrologFlags=Contain,DeferBatch"),
+    ("PrologFlags=DeferBatch\n", "PrologFlags=DeferBatch,Alloc"),  # without Alloc: no effect
+])
+def test_prolog_flags_lacking_alloc_or_deferbatch_get_one_merged_line(
+        tmp_path: Path, line: str, want: str) -> None:
+    code, out = run(conf_dir(tmp_path, line), ["health"])
+    assert code == 1
+    hits = [f for f in out if "PrologFlags" in f and f.startswith("missing")]
+    assert hits and all(f.endswith(f"-> set: {want}") for f in hits), out
+
+
+@pytest.mark.parametrize("line", ["PrologFlags=Alloc,DeferBatch", "prologflags=contain,deferbatch",
+                                  "PrologFlags=RunInJob,DeferBatch,Serial"])
+def test_prolog_flags_that_gate_every_node_first_pass(tmp_path: Path, line: str) -> None:
+    _code, out = run(conf_dir(tmp_path, line + "\n"), ["health"])
+    assert not [f for f in out if "PrologFlags" in f and not f.startswith("ok")], out
+
+
+def test_nohold_is_a_conflict_with_the_line_without_it(tmp_path: Path) -> None:
+    _code, out = run(conf_dir(tmp_path, "PrologFlags=Alloc,NoHold,DeferBatch\n"), ["health"])
+    bad = finding(out, "NoHold lets the batch script start")
+    assert bad.startswith("conflict") and bad.endswith("-> set: PrologFlags=Alloc,DeferBatch")
