@@ -330,6 +330,9 @@ def test_a_bad_node_fails_its_prolog_before_any_job_code_and_the_job_restarts_at
                        "restarted", timeout=120)
         nodes = hostlist.expand(job["nodes"])
         assert nodes == ["gn2", "gn3"], job["nodes"]
+        # RUNNING comes before the script: the prologs run first (reason Prolog), so wait
+        # for its marker, then check it ran on the batch host alone.
+        site.wait_for(lambda: "" if ran_on() else "no marker yet", "the batch script to run", 60)
         assert ran_on() == ["gn2"]  # once every node's gate had passed: on the batch host
     finally:
         site.exec(HEAD, ["scancel", str(busy), *([str(job_id)] if job_id else [])])
