@@ -122,7 +122,7 @@ def main() -> None:
         }
         for _ in range(args.runs):  # interleaved: all see the same machine load
             for argv, xs in runs.values():
-                xs += times(argv, environ, 1)
+                xs.extend(times(argv, environ, 1))
     print(f"{args.runs} runs each, interpreter {sys.executable}")
     for name, (_, xs) in runs.items():
         print(_line(name, xs))
