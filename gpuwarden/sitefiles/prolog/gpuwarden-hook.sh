@@ -233,7 +233,7 @@ gw_hook() { # HOOK DEFAULTS LOGGER START: run gpuwarden's HOOK (prolog, epilog, 
     if [ -n "$_gw_why" ]; then
         gw_say "$3" "$1: refusing to run $_gw_py as root: $_gw_why; the interpreter and" \
             "every directory it imports from must be root's and writable by nobody else" \
-            "(docs/admin-guide.md, step 2); $_gw_off"
+            "(docs/admin-guide.md, step 3); $_gw_off"
         return 0
     fi
     # A hard wall-clock limit even where Python hangs before gpuwarden's own deadlines exist
@@ -296,7 +296,7 @@ gw_hook() { # HOOK DEFAULTS LOGGER START: run gpuwarden's HOOK (prolog, epilog, 
         "$GW_UNTRUSTED")
             gw_say "$3" "$1: refusing to run gpuwarden as root with $_gw_py ($_gw_last); the" \
                 "interpreter and every directory it imports from must be root's and writable" \
-                "by nobody else (docs/admin-guide.md, step 2); $_gw_off"
+                "by nobody else (docs/admin-guide.md, step 3); $_gw_off"
             ;;
         "$GW_CANNOT_IMPORT")
             gw_say "$3" "$1: $_gw_py cannot import gpuwarden ($_gw_last); set" \
