@@ -141,7 +141,8 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     if ! gw_tool readlink; then _gw_why="no readlink(1) in /usr/bin or /bin"; return; fi
     _gw_readlink=$_gw_tool
     if ! gw_walk "$1"; then _gw_why="cannot follow $1 to a file"; return; fi
-    # Where Python finds its standard library: <prefix>/lib/python3.N beside <prefix>/bin,
+    # Where Python finds its standard library: <prefix>/lib/python3.N (lib64 on Fedora) beside
+    # <prefix>/bin,
     # from the interpreter's real file, and in a venv from pyvenv.cfg's home (which it reads).
     _gw_bins=${_gw_real%/*}
     _gw_d=${1%/*}
@@ -167,7 +168,7 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     _gw_oldifs=$IFS
     IFS=$GW_NL
     for _gw_b in $_gw_bins; do
-        for _gw_os in "${_gw_b%/*}"/lib/python3.*/os.py; do
+        for _gw_os in "${_gw_b%/*}"/lib/python3.*/os.py "${_gw_b%/*}"/lib64/python3.*/os.py; do
             [ -f "$_gw_os" ] || continue
             gw_walk "${_gw_os%/os.py}" || continue
             case $GW_NL$_gw_stdlib in *"$GW_NL$_gw_real$GW_NL"*) continue ;; esac
@@ -185,7 +186,7 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     done
     if [ -z "$_gw_stdlib" ]; then
         IFS=$_gw_oldifs
-        _gw_why="found no standard library (lib/python3.N/os.py) beside the bin/ of $1"
+        _gw_why="found no standard library (lib/python3.N/os.py) beside the bin/ of $1 (or of its venv's home)"
         return
     fi
     _gw_bad=$(gw_others_can_change 0 $_gw_seen) || _gw_bad=$(gw_others_can_change 1 $_gw_top) ||
