@@ -249,8 +249,9 @@ def pth_lines(sitedir: str) -> Iterator[tuple[str, str]]:
         pth = os.path.join(sitedir, name)
         yield pth, ""
         try:
+            # Universal newlines, as site.py reads it (not str.splitlines: more separators).
             with open(pth, encoding="utf-8", errors="surrogateescape") as f:
-                lines = f.read().splitlines()
+                lines = f.read().split("\n")
         except OSError:
             continue
         for line in lines:
