@@ -3,7 +3,13 @@
 A temporary node: config, fake GPUs, kernel log, a fresh stored verdict and tier 0's spool,
 all under a temp directory; the prolog is the shipped shell hook library run as the shipped
 `prolog/gpuwarden-prolog` runs it, with this interpreter as GPUWARDEN_PYTHON. Baseline, in the
-same run: `python3 -I -c pass` with the same interpreter. Prints median and p95 of both.
+same run: `python3 -I -c pass` with the same interpreter. Prints median and p95 of each.
+
+The hooks' rule on what root imports (prolog/gpuwarden_pystart.py) is measured apart: the
+wrapper's check before Python starts (gw_check_python, a find and a readlink per link), and the
+prolog started as the hooks start it now (`-I -S gpuwarden_pystart.py`: the site directories,
+.pth files and every imported module checked) against the way it was started before the rule
+(`-I -c "from gpuwarden.health.hooks import main ..."`, site.py unchecked).
 
     .venv/bin/python benchmarks/prolog_local.py [--runs 50]
 """
@@ -80,6 +86,15 @@ def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
 
 
+OLD_BOOT = ("import sys\nfrom gpuwarden.health.hooks import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+
+
+def _line(name: str, xs: list[float]) -> str:
+    return (f"  {name:<44} median {statistics.median(xs) * 1e3:6.1f} ms  "
+            f"p95 {pct(xs, 0.95) * 1e3:6.1f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     ap.add_argument("--runs", type=int, default=50)
@@ -87,21 +102,38 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         environ = make_node(root)
-        hook = ["/bin/sh", "-c", f'. {REPO}/prolog/gpuwarden-hook.sh; '
-                f'gw_hook prolog {root / "default"} /bin/true']
+        lib = f"{REPO}/prolog/gpuwarden-hook.sh"
+        start = f"{REPO}/prolog/gpuwarden_pystart.py"
+        hook = ["/bin/sh", "-c", f'. {lib}; gw_hook prolog {root / "default"} /bin/true {start}']
+        check = ["/bin/sh", "-c", f'. {lib}; gw_check_python {sys.executable}; '
+                 '[ -z "$_gw_why" ] || { echo "$_gw_why" >&2; exit 1; }; printf %s "$_gw_stdlib"']
         times(hook, environ, 1)  # the first prolog takes the full path and leaves the settings
         if not (root / "run" / SETTINGS).exists():
             raise SystemExit("the full prolog left no fast-path settings")
-        base, gate = [], []
-        for _ in range(args.runs):  # interleaved: both see the same machine load
-            base += times([sys.executable, "-I", "-c", "pass"], environ, 1)
-            gate += times(hook, environ, 1)
+        stdlib = subprocess.run(check, env={}, capture_output=True, text=True, check=True).stdout
+        runs: dict[str, tuple[list[str], list[float]]] = {
+            "python3 -I -c pass": ([sys.executable, "-I", "-c", "pass"], []),
+            "wrapper's check (gw_check_python)": (check, []),
+            "prolog, Python as started before the rule": (
+                [sys.executable, "-I", "-c", OLD_BOOT, "prolog"], []),
+            "prolog, Python as started now (pystart)": (
+                [sys.executable, "-I", "-S", start, "prolog", stdlib], []),
+            "gpuwarden prolog (fast path), whole hook": (hook, []),
+        }
+        for _ in range(args.runs):  # interleaved: all see the same machine load
+            for argv, xs in runs.values():
+                xs.extend(times(argv, environ, 1))
     print(f"{args.runs} runs each, interpreter {sys.executable}")
-    for name, xs in (("python3 -I -c pass", base), ("gpuwarden prolog (fast path)", gate)):
-        print(f"  {name:<30} median {statistics.median(xs) * 1e3:6.1f} ms  "
-              f"p95 {pct(xs, 0.95) * 1e3:6.1f} ms")
+    for name, (_, xs) in runs.items():
+        print(_line(name, xs))
+    base, gate = runs["python3 -I -c pass"][1], runs["gpuwarden prolog (fast path), whole hook"][1]
     print(f"  added per job start: {(statistics.median(gate) - statistics.median(base)) * 1e3:.1f} "
           f"ms at the median, {(pct(gate, 0.95) - pct(base, 0.95)) * 1e3:.1f} ms at p95")
+    med = {name: statistics.median(xs) for name, (_, xs) in runs.items()}
+    rule = (med["wrapper's check (gw_check_python)"] + med["prolog, Python as started now (pystart)"]
+            - med["prolog, Python as started before the rule"])
+    print(f"  of which the rule on what root imports: {rule * 1e3:.1f} ms at the median (the "
+          "wrapper's check, plus pystart's start over the old one)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView
 _MODULES = ("gpuwarden.cli", "gpuwarden.health.entry", "gpuwarden.health.gather",
             "gpuwarden.health.gate", "gpuwarden.health.xid", "gpuwarden.ckpt.stagein")
 _SLURM_LIMIT_S = 15.0
+DEFAULTS_FILE = "/etc/default/gpuwarden"  # what the shipped hooks read (gpuwarden.install.plan)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,27 @@ def _step(name: str, fn: Callable[[], str], fix: str) -> Finding:
         return Finding(name, True, fn())
     except (GpuwardenError, OSError, ImportError, ValueError) as exc:
         return Finding(name, False, str(exc) or exc.__class__.__name__, fix)
+
+
+def hook_python_finding() -> Finding:
+    """The hooks' rule on the interpreter they would start (from DEFAULTS_FILE, read as they
+    read it), checked as they check it on every start (gpuwarden.install.hookrule)."""
+    from gpuwarden.install import hookrule  # noqa: PLC0415
+    from gpuwarden.install.run import source_dir  # noqa: PLC0415
+
+    sitefiles = source_dir()
+    python = hookrule.hooks_python(DEFAULTS_FILE, sitefiles)
+    found = hookrule.problems(python, sitefiles) if python else ["no interpreter named"]
+    if not found:
+        return Finding("hook interpreter", True,
+                       f"{python}: everything it imports is root's alone")
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return Finding("hook interpreter", False,
+                   f"the hooks would refuse to run {python}: {found[0]}{more}",
+                   "make every directory it imports from root's and writable by nobody else, "
+                   "or install gpuwarden into a venv made as root (python3 -m venv "
+                   f"/opt/gpuwarden/venv) and name it in {DEFAULTS_FILE} (gpuwarden "
+                   "install-files does both); docs/admin-guide.md step 2")
 
 
 def _imports(cfg: Config | None) -> str:
@@ -198,7 +220,12 @@ def _dry_run(cfg: Config, client: SlurmClient, environ: Mapping[str, str]) -> li
 
 
 def run_all(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
-    """Every step; later steps that need the config are skipped when it cannot be loaded."""
+    """Every step; later steps that need the config are skipped when it cannot be loaded. The
+    hooks' interpreter is judged whatever else fails (the dry runs use this process's)."""
+    return [*_steps(obj, environ), hook_python_finding()]
+
+
+def _steps(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
     found: list[Finding] = []
     holder: dict[str, Config] = {}
 

@@ -35,6 +35,7 @@ class SiteFile:
 # backup) is never installed, and a unit test keeps this list and the directory equal.
 MANIFEST: tuple[SiteFile, ...] = (
     SiteFile("prolog/gpuwarden-hook.sh", 0o644),
+    SiteFile("prolog/gpuwarden_pystart.py", 0o644),
     SiteFile("prolog/gpuwarden-prolog", 0o755),
     SiteFile("prolog/gpuwarden-healthcheck", 0o755),
     SiteFile("epilog/gpuwarden-epilog", 0o755),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from gpuwarden.extras import EXTRAS
 from gpuwarden.health.store import write_at
-from gpuwarden.install import plan, safewrite, trust
+from gpuwarden.install import hookrule, plan, safewrite, trust
 from gpuwarden.install.plan import InstallError, Target
 
 # Who needs each extra (docs/admin-guide.md's table of roles).
@@ -129,7 +129,27 @@ def check_runtime(req: Request) -> list[str]:
                 "Install gpuwarden into a venv only root can write (as root: python3 -m venv "
                 "/opt/gpuwarden/venv, docs/admin-guide.md step 2) and run that venv's "
                 "gpuwarden install-files, or chown and chmod go-w what is named here")
+    _check_hook_rule(req)
     return _unreachable([(s, run) for _, s, run in seen])
+
+
+def _check_hook_rule(req: Request) -> None:
+    """The hooks' own rule on the interpreter (gpuwarden_pystart.py): what it imports when the
+    hooks start it, the system's site directories of a --system-site-packages venv and the
+    standard library included, as the hooks will check it on every start."""
+    python = req.target.python
+    found = hookrule.problems(python, req.source_dir, req.owner)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise InstallError(
+            f"{found[0]}{more}: the hooks would import from there as root when they start "
+            f"{python}, so they would refuse it (health gating off). Every directory the "
+            "interpreter imports from, and every directory on the way to each, must be root's "
+            "and writable by nobody else (sticky ones such as /tmp included): make the venv "
+            "as root under a directory only root can write (python3 -m venv "
+            "/opt/gpuwarden/venv, docs/admin-guide.md step 2; --system-site-packages only when "
+            "the system's site directories are root's alone), or chown root and chmod go-w "
+            "what is named here")
 
 
 def _unreachable(seen: list[tuple[trust.Seen, bool]]) -> list[str]:

@@ -11,60 +11,14 @@ Read-only checks of the tree as it is: the installer writes nothing here.
 
 from __future__ import annotations
 
-import errno
 import os
-import posixpath
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-_MAX_LINKS = 40  # as the kernel's ELOOP limit
+# One walk for every check: the hooks' rule (gpuwarden_pystart.py) and this install's.
+from gpuwarden.sitefiles.prolog.gpuwarden_pystart import Seen, reach
 
-
-@dataclass(frozen=True)
-class Seen:
-    """One thing on the way to a path: a directory a name is looked up in (``on_way``), or the
-    thing the path names, links followed."""
-
-    path: str  # as reached: no links in it
-    st: os.stat_result
-    on_way: bool
-
-
-def reach(path: str, missing_ok: bool = False) -> list[Seen]:
-    """Every directory a lookup of absolute ``path`` passes through, following links as exec
-    and import do, then what it names. A missing component raises FileNotFoundError, or with
-    ``missing_ok`` ends the list there."""
-    cur, st = "/", os.lstat("/")
-    todo = [p for p in path.split("/") if p not in ("", ".")]
-    seen: list[Seen] = []
-    links = 0
-    while todo:
-        name = todo.pop(0)
-        seen.append(Seen(cur, st, True))
-        if name == "..":
-            cur = posixpath.dirname(cur)
-            st = os.lstat(cur)
-            continue
-        nxt = posixpath.join(cur, name)
-        try:
-            nst = os.lstat(nxt)
-        except FileNotFoundError:
-            if missing_ok:
-                return seen
-            raise
-        if stat.S_ISLNK(nst.st_mode):
-            links += 1
-            if links > _MAX_LINKS:
-                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
-            target = os.readlink(nxt)
-            if target.startswith("/"):
-                cur, st = "/", os.lstat("/")
-            todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
-            continue
-        cur, st = nxt, nst
-    seen.append(Seen(cur, st, False))
-    return seen
+__all__ = ["Seen", "control_problem", "others_cannot", "reach", "tree"]
 
 
 def tree(root: str) -> Iterator[Seen]:

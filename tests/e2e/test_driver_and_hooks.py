@@ -41,6 +41,19 @@ def test_a_prolog_that_cannot_import_gpuwarden_lets_the_job_run(clean: Harness) 
              ).check("defaults")
         res = h.sh("c5", "cd / && env -i /opt/gpuwarden/epilog/gpuwarden-epilog")
         assert res.rc == 0
+        # A user's venv named by hand, with a .pth of theirs: refused before Python starts
+        # (docs/admin-guide.md step 3), the job still runs, nothing of theirs ran as root.
+        h.sh("c5", "rm -rf /home/alice/venv /tmp/gw-ran-as && runuser -u alice -- python3 -m venv "
+                   "--without-pip /home/alice/venv").check("alice's venv")
+        pth = "import os; open('/tmp/gw-ran-as', 'w').write(str(os.getuid()))"
+        h.sh("c5", f"for d in /home/alice/venv/lib/python3*/site-packages; do echo \"{pth}\" > "
+                   "\"$d/x.pth\" && chown alice \"$d/x.pth\"; done && printf "
+                   "'GPUWARDEN_PYTHON=/home/alice/venv/bin/python\\n' > /etc/default/gpuwarden"
+             ).check("alice's .pth")
+        res = h.sh("c5", PROLOG.format(n="c5"))
+        assert res.rc == 0 and "refusing to run /home/alice/venv/bin/python as root" in res.err, \
+            res.err
+        assert h.sh("c5", "test -e /tmp/gw-ran-as").rc != 0
     finally:
         h.sh("c5", "cp -p /root/gpuwarden.defaults /etc/default/gpuwarden").check("restore")
     assert "c5" not in sinfo_reasons(h)

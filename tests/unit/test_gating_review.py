@@ -24,6 +24,7 @@ from gpuwarden.health.config import Expected, HealthConfig
 from gpuwarden.health.gather import boot_time, gather, gating_gaps
 from gpuwarden.health.model import GpuSnapshot, Status
 from gpuwarden.health.probe import ProbeError
+from tests.unit import pytrees
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 - the fixture `node` uses
 from tests.unit.test_hooks import Node
 
@@ -131,8 +132,12 @@ def test_an_abandoned_check_child_does_not_hold_stdout_or_stderr(runner: str) ->
     assert time.monotonic() - t0 < 5  # capture_output read both pipes to their end
 
 
-def test_the_wrapper_does_not_wait_for_a_child_left_holding_its_output(tmp_path: Path) -> None:
-    box = Node(tmp_path)
+def test_the_wrapper_does_not_wait_for_a_child_left_holding_its_output() -> None:
+    with pytrees.root_only_dir() as d:
+        _child_holding_output(Node(d))
+
+
+def _child_holding_output(box: Node) -> None:
     box.python(box.script("python3", "( exec sleep 8 ) &\nexit 0\n"))
     t0 = time.monotonic()
     assert box.run().returncode == 0
@@ -257,9 +262,12 @@ def test_time_limits_nest_python_in_wrapper_in_slurm() -> None:
 @pytest.mark.parametrize(("hook", "value", "effective"), [
     ("healthcheck", "600", "55"), ("prolog", "0", "270"), ("prolog", "007", "270"),
     ("prolog", "2", "2")])
-def test_the_wrapper_keeps_its_limits(tmp_path: Path, hook: str, value: str,
-                                      effective: str) -> None:
-    box = Node(tmp_path)
+def test_the_wrapper_keeps_its_limits(hook: str, value: str, effective: str) -> None:
+    with pytrees.root_only_dir() as d:
+        _keeps_limits(Node(d), hook, value, effective)
+
+
+def _keeps_limits(box: Node, hook: str, value: str, effective: str) -> None:
     box.python(box.script("python3", 'echo "limit=$GPUWARDEN_HOOK_LIMIT_S"\n'))
     with box.defaults.open("a") as f:
         f.write(f"GPUWARDEN_HOOK_LIMIT_S={value}\n")

@@ -7,27 +7,35 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.health import hooks
+from tests.unit import pytrees
 
 REPO = Path(__file__).resolve().parents[2]
 LIB = REPO / "prolog" / "gpuwarden-hook.sh"
+START = REPO / "prolog" / "gpuwarden_pystart.py"
 SHIPPED = [REPO / "prolog" / "gpuwarden-prolog", REPO / "prolog" / "gpuwarden-healthcheck",
            REPO / "epilog" / "gpuwarden-epilog"]
 
 
 class Node:
+    """A node's hook setup in ROOT, which root alone may write (the hooks' rule refuses an
+    interpreter under pytest's /tmp); stand-in interpreters go in ROOT/bin."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
+        (root / "bin").mkdir(mode=0o755, exist_ok=True)
+        pytrees.fake_stdlib(root)
         self.defaults = root / "default-gpuwarden"
         self.syslog = root / "syslog"
         self.logger = self.script("logger", f'printf "%s\\n" "$*" >> {self.syslog}\n')
 
     def script(self, name: str, body: str) -> Path:
-        path = self.root / name
+        path = self.root / "bin" / name
         path.write_text("#!/bin/sh\n" + body)
         path.chmod(0o755)
         return path
@@ -37,7 +45,7 @@ class Node:
         self.defaults.chmod(0o644)
 
     def run(self, hook: str = "prolog") -> subprocess.CompletedProcess[str]:
-        code = f'. {LIB}; gw_hook {hook} {self.defaults} {self.logger}'
+        code = f'. {LIB}; gw_hook {hook} {self.defaults} {self.logger} {START}'
         return subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
                               timeout=60, check=False)
 
@@ -46,8 +54,9 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Node:
-    return Node(tmp_path)
+def node() -> Iterator[Node]:
+    with pytrees.root_only_dir() as d:
+        yield Node(d)
 
 
 def test_a_missing_interpreter_fails_open_and_loudly(node: Node) -> None:
@@ -61,8 +70,8 @@ def test_a_missing_interpreter_fails_open_and_loudly(node: Node) -> None:
 def test_a_python_without_gpuwarden_fails_open_and_loudly(node: Node) -> None:
     """Reproduced: the shipped `#!/usr/bin/python3 -I` prolog on a site with gpuwarden in a
     venv died with ModuleNotFoundError; Slurm drained the node "Prolog error"."""
-    # The test's own interpreter without its site-packages, where gpuwarden is installed.
-    bare = node.script("python3", f'exec {sys.executable} -S "$@"\n')
+    # A real interpreter without gpuwarden: a base installation with an empty site-packages.
+    bare = pytrees.base_python(node.root)
     node.python(bare)
     for hook in ("prolog", "epilog", "healthcheck"):
         res = node.run(hook)
@@ -107,7 +116,7 @@ def test_a_defaults_file_others_can_write_is_ignored(node: Node) -> None:
 def test_the_real_interpreter_runs_gpuwarden(node: Node, tmp_path: Path) -> None:
     node.python(sys.executable)
     res = subprocess.run(["/bin/sh", "-c", f". {LIB}; gw_hook nonsense {node.defaults} "
-                          f"{node.logger}"], env={}, capture_output=True, text=True, timeout=60,
+                          f"{node.logger} {START}"], env={}, capture_output=True, text=True, timeout=60,
                          check=False)
     assert res.returncode == 0
     assert f"failed with exit status {hooks.EXIT_USAGE}" in node.logged()

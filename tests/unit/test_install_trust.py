@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 
 from gpuwarden.install import run, trust
 from gpuwarden.install.cli import install_files
+from tests.unit import pytrees
 
 REPO = Path(__file__).resolve().parents[2]
 SITEFILES = REPO / "gpuwarden" / "sitefiles"
@@ -66,10 +67,11 @@ def _install(tmp_path: Path, *args: str) -> Result:
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Path:
-    (tmp_path / "etc").mkdir(mode=0o755)
-    os.chmod(tmp_path, 0o755)
-    return tmp_path
+def site() -> Iterator[Path]:
+    """Root's alone, as the hooks' rule wants the interpreter's way (pytest's tmp is in /tmp)."""
+    with pytrees.root_only_dir() as d:
+        (d / "etc").mkdir(mode=0o755)
+        yield d
 
 
 @as_root
@@ -188,12 +190,12 @@ def test_the_install_says_which_directory_keeps_jobs_out(site: Path) -> None:
     assert f"{prefix} (0700)" in res.output and "chmod o+rx" in res.output
 
 
-def test_a_venv_job_users_cannot_enter_is_reported(open_dir: Path,
+def test_a_venv_job_users_cannot_enter_is_reported(site: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    parts = _venv(open_dir, sys.executable)
+    parts = _venv(site, sys.executable)
     parts["venv"].chmod(0o700)
     _use(monkeypatch, parts)
-    target = run.this_install(str(open_dir / "opt"))
+    target = run.this_install(str(site / "opt"))
     assert f"{parts['venv']} (0700)" in run.check_runtime(run.Request(target, "", None))
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from gpuwarden.cli import Context, cli
+from gpuwarden.health import selftest as selftest_mod
 from gpuwarden.health.probe import healthy_fake
 from tests.fakes import FakeSlurm
 from tests.unit.test_gate import fleet
@@ -33,6 +35,11 @@ def node_config(tmp: Path, scontrol: bool = True) -> Path:
 
 def selftest(cfg: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
     monkeypatch.setenv("SLURMD_NODENAME", "c3")
+    # The hooks' interpreter: this one (tests/unit/test_hook_python_rule.py has the refusals).
+    defaults = cfg.parent / "default-gpuwarden"
+    defaults.write_text(f"GPUWARDEN_PYTHON={sys.executable}\n")
+    defaults.chmod(0o644)
+    monkeypatch.setattr(selftest_mod, "DEFAULTS_FILE", str(defaults))
     ctx = Context(config_path=str(cfg), client_factory=lambda c: slurm)  # type: ignore[arg-type,return-value]
     res = CliRunner().invoke(cli, ["health", "selftest"], obj=ctx)
     return res.exit_code, res.stdout
@@ -45,7 +52,7 @@ def test_a_ready_node_passes_and_the_dry_run_changes_nothing(tmp_path: Path, mon
     assert code == 0, out
     for step in ("config", "imports", "slurm commands", "slurm answers", "state dir",
                  "kernel log", "gpu probe", "dry run periodic", "dry run prolog",
-                 "dry run epilog"):
+                 "dry run epilog", "hook interpreter"):
         assert f"OK   {step}:" in out
     assert slurm.table == before and slurm.log == []
     assert not (tmp_path / "state" / "verdict.json").exists()

@@ -18,14 +18,12 @@ GW_CANNOT_IMPORT=87
 # own run limits below these (a unit test holds them together).
 GW_HEALTHCHECK_LIMIT=55
 GW_HOOK_LIMIT=270
-# -I: ignore PYTHON* variables, the user site and the working directory.
-GW_BOOT='import sys
-try:
-    from gpuwarden.health.hooks import main
-except Exception as exc:
-    sys.stderr.write("cannot import gpuwarden.health.hooks: %r\n" % (exc,))
-    sys.exit(87)
-sys.exit(main(sys.argv[1:]))'
+GW_UNTRUSTED=88
+# The interpreter starts as `PYTHON -I -S gpuwarden_pystart.py HOOK STDLIB` (the file beside
+# this one): -I ignores PYTHON* variables, the user site and the working directory; -S reads no
+# site directory (no .pth file, no sitecustomize) until gpuwarden_pystart.py has checked them.
+GW_NL='
+'
 
 gw_say() { # LOGGER MESSAGE...: to syslog at daemon.err and to stderr
     _gw_logger=$1
@@ -80,12 +78,131 @@ gw_python() { # DEFAULTS LOGGER: sets _gw_py (and _gw_hook_limit from GPUWARDEN_
     esac
 }
 
-gw_run() { # HOOK: gpuwarden's HOOK under the limit (uses _gw_timeout, _gw_limit, _gw_py)
+gw_tool() { # NAME: sets _gw_tool to /usr/bin/NAME or /bin/NAME (never PATH), or empty
+    _gw_tool=
+    for _gw_t in "/usr/bin/$1" "/bin/$1"; do
+        if [ -x "$_gw_t" ]; then _gw_tool=$_gw_t; return 0; fi
+    done
+    return 1
+}
+
+gw_walk() { # PATH: adds to _gw_seen each directory a lookup of PATH passes through and what it
+    # names, links followed hop by hop as exec and import follow them; sets _gw_real to the
+    # path reached. False when something on the way is missing or loops.
+    _gw_cur=
+    _gw_todo=$1
+    _gw_links=0
+    while :; do
+        _gw_todo=${_gw_todo#"${_gw_todo%%[!/]*}"}
+        [ -n "$_gw_todo" ] || break
+        _gw_name=${_gw_todo%%/*}
+        _gw_todo=${_gw_todo#"$_gw_name"}
+        _gw_seen=$_gw_seen${_gw_cur:-/}$GW_NL
+        case $_gw_name in
+            .) continue ;;
+            ..) _gw_cur=${_gw_cur%/*}; continue ;;
+        esac
+        if [ -L "$_gw_cur/$_gw_name" ]; then
+            _gw_links=$((_gw_links + 1))
+            [ "$_gw_links" -le 40 ] || return 1
+            _gw_to=$("$_gw_readlink" -- "$_gw_cur/$_gw_name") && [ -n "$_gw_to" ] || return 1
+            case $_gw_to in /*) _gw_cur= ;; esac
+            _gw_todo=$_gw_to/$_gw_todo
+            continue
+        fi
+        [ -e "$_gw_cur/$_gw_name" ] || return 1
+        _gw_cur=$_gw_cur/$_gw_name
+    done
+    _gw_real=${_gw_cur:-/}
+    _gw_seen=$_gw_seen$_gw_real$GW_NL
+}
+
+gw_others_can_change() { # DEPTH PATH...: prints the first path (or, at DEPTH 1, entry directly
+    # in it) that is not root's or that group or others can write; true when there is one, or
+    # when find cannot tell.
+    # The standard library's own site-packages is checked by gpuwarden_pystart.py, and only
+    # when the hooks' Python reads it (a venv made with --system-site-packages).
+    _gw_depth=$1
+    shift
+    _gw_bad=$("$_gw_find" "$@" -maxdepth "$_gw_depth" ! -type l \( ! -user 0 -o -perm -020 \
+        -o -perm -002 \) ! -name site-packages ! -name dist-packages -print 2>&1) ||
+        { printf '%s' "cannot check: ${_gw_bad:-find failed}"; return 0; }
+    [ -n "$_gw_bad" ] || return 1
+    printf '%s' "${_gw_bad%%"$GW_NL"*}"
+}
+
+gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change what PYTHON runs
+    # before gpuwarden_pystart.py checks the rest) and _gw_stdlib (the standard library found)
+    _gw_why=
+    _gw_stdlib=
+    _gw_seen=
+    if ! gw_tool find; then _gw_why="no find(1) in /usr/bin or /bin to check it"; return; fi
+    _gw_find=$_gw_tool
+    if ! gw_tool readlink; then _gw_why="no readlink(1) in /usr/bin or /bin"; return; fi
+    _gw_readlink=$_gw_tool
+    if ! gw_walk "$1"; then _gw_why="cannot follow $1 to a file"; return; fi
+    # Where Python finds its standard library: <prefix>/lib/python3.N (lib64 on Fedora) beside
+    # <prefix>/bin,
+    # from the interpreter's real file, and in a venv from pyvenv.cfg's home (which it reads).
+    _gw_bins=${_gw_real%/*}
+    _gw_d=${1%/*}
+    for _gw_cfg in "$_gw_d/pyvenv.cfg" "${_gw_d%/*}/pyvenv.cfg"; do
+        [ -e "$_gw_cfg" ] || [ -L "$_gw_cfg" ] || continue
+        if ! gw_walk "$_gw_cfg"; then _gw_why="cannot follow $_gw_cfg"; return; fi
+        while IFS= read -r _gw_l || [ -n "$_gw_l" ]; do
+            case $_gw_l in
+                home*=*)
+                    _gw_h=${_gw_l#*=}
+                    _gw_h=${_gw_h#"${_gw_h%%[! ]*}"}
+                    case $_gw_h in
+                        /*) if ! gw_walk "$_gw_h"; then _gw_why="cannot follow home = $_gw_h in $_gw_cfg"
+                                return; fi
+                            _gw_bins=$_gw_bins$GW_NL$_gw_real ;;
+                    esac
+                    ;;
+            esac
+        done <"$_gw_real"
+        break
+    done
+    _gw_top=
+    _gw_oldifs=$IFS
+    IFS=$GW_NL
+    for _gw_b in $_gw_bins; do
+        for _gw_os in "${_gw_b%/*}"/lib/python3.*/os.py "${_gw_b%/*}"/lib64/python3.*/os.py; do
+            [ -f "$_gw_os" ] || continue
+            gw_walk "${_gw_os%/os.py}" || continue
+            case $GW_NL$_gw_stdlib in *"$GW_NL$_gw_real$GW_NL"*) continue ;; esac
+            _gw_stdlib=$_gw_stdlib$_gw_real$GW_NL
+            _gw_top=$_gw_top$_gw_real$GW_NL
+            # Imported before any check of Python's own can run.
+            for _gw_e in "$_gw_real/__pycache__" "$_gw_real/encodings" \
+                "$_gw_real/encodings/__pycache__"; do
+                if [ -e "$_gw_e" ] && gw_walk "$_gw_e"; then _gw_top=$_gw_top$_gw_real$GW_NL; fi
+            done
+        done
+        for _gw_z in "${_gw_b%/*}"/lib/python3*.zip; do
+            if [ -e "$_gw_z" ] && gw_walk "$_gw_z"; then :; fi
+        done
+    done
+    if [ -z "$_gw_stdlib" ]; then
+        IFS=$_gw_oldifs
+        _gw_why="found no standard library (lib/python3.N/os.py) beside the bin/ of $1 (or of its venv's home)"
+        return
+    fi
+    _gw_bad=$(gw_others_can_change 0 $_gw_seen) || _gw_bad=$(gw_others_can_change 1 $_gw_top) ||
+        _gw_bad=
+    IFS=$_gw_oldifs
+    _gw_stdlib=${_gw_stdlib%"$GW_NL"}
+    [ -z "$_gw_bad" ] || _gw_why="$_gw_bad: not root's, or group or others can write it"
+}
+
+gw_run() { # HOOK: gpuwarden's HOOK under the limit (uses _gw_timeout, _gw_limit, _gw_py,
+    # _gw_start and _gw_stdlib)
     if [ -n "$_gw_timeout" ]; then
         GPUWARDEN_HOOK_LIMIT_S=$_gw_limit "$_gw_timeout" -k 3 "$_gw_limit" \
-            "$_gw_py" -I -c "$GW_BOOT" "$1" </dev/null
+            "$_gw_py" -I -S "$_gw_start" "$1" "$_gw_stdlib" </dev/null
     else
-        GPUWARDEN_HOOK_LIMIT_S=$_gw_limit "$_gw_py" -I -c "$GW_BOOT" "$1" </dev/null
+        GPUWARDEN_HOOK_LIMIT_S=$_gw_limit "$_gw_py" -I -S "$_gw_start" "$1" "$_gw_stdlib" </dev/null
     fi
 }
 
@@ -96,12 +213,28 @@ gw_tail() { # FILE: its last 64 KiB at most (a runaway writer cannot make this w
     return 0
 }
 
-gw_hook() { # HOOK DEFAULTS LOGGER: run gpuwarden's HOOK (prolog, epilog, healthcheck)
+gw_hook() { # HOOK DEFAULTS LOGGER START: run gpuwarden's HOOK (prolog, epilog, healthcheck);
+    # START is gpuwarden_pystart.py beside this file
     gw_python "$2" "$3"
     _gw_off="health gating is OFF on this node until this is fixed"
     if [ ! -f "$_gw_py" ] || [ ! -x "$_gw_py" ]; then
         gw_say "$3" "$1: cannot run gpuwarden: interpreter $_gw_py is missing or not" \
             "executable (set GPUWARDEN_PYTHON= in $2); $_gw_off"
+        return 0
+    fi
+    _gw_start=$4
+    if [ -z "$_gw_start" ] || [ ! -f "$_gw_start" ]; then
+        gw_say "$3" "$1: cannot run gpuwarden: gpuwarden_pystart.py is missing beside" \
+            "gpuwarden-hook.sh (${_gw_start:-not named}): rerun gpuwarden install-files; $_gw_off"
+        return 0
+    fi
+    # Root runs what Python imports: the interpreter and everything it reads before gpuwarden's
+    # own check (gpuwarden_pystart.py) must be root's alone, checked here before it starts.
+    gw_check_python "$_gw_py"
+    if [ -n "$_gw_why" ]; then
+        gw_say "$3" "$1: refusing to run $_gw_py as root: $_gw_why; the interpreter and" \
+            "every directory it imports from must be root's and writable by nobody else" \
+            "(docs/admin-guide.md, step 3); $_gw_off"
         return 0
     fi
     # A hard wall-clock limit even where Python hangs before gpuwarden's own deadlines exist
@@ -160,6 +293,11 @@ gw_hook() { # HOOK DEFAULTS LOGGER: run gpuwarden's HOOK (prolog, epilog, health
         124 | 137)
             gw_say "$3" "$1: gpuwarden did not finish within ${_gw_limit} s and was stopped" \
                 "($_gw_last); the job was let through; $_gw_off"
+            ;;
+        "$GW_UNTRUSTED")
+            gw_say "$3" "$1: refusing to run gpuwarden as root with $_gw_py ($_gw_last); the" \
+                "interpreter and every directory it imports from must be root's and writable" \
+                "by nobody else (docs/admin-guide.md, step 3); $_gw_off"
             ;;
         "$GW_CANNOT_IMPORT")
             gw_say "$3" "$1: $_gw_py cannot import gpuwarden ($_gw_last); set" \
