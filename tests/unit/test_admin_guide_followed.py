@@ -46,7 +46,8 @@ def sections(text: str) -> list[tuple[int, str]]:
 
 
 def step_of(needle: str) -> int:
-    steps = [n for n, body in sections(GUIDE) if needle in body]
+    """The first step whose commands (its fenced blocks, not its prose) run ``needle``."""
+    steps = [n for n, body in sections(GUIDE) if any(needle in b for b in fenced(body))]
     assert steps, f"the guide has no step with {needle!r}"
     return steps[0]
 
