@@ -135,13 +135,28 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
 @click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
 def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
     """Apply retention (never a tier's newest step), drop crashed temp files and uploads.
-    A step that cannot be read as the job's own is left in place and reported."""
+    A step that cannot be read as the job's own is left in place and reported. On the
+    shared tier and S3, as the job's own retention does, every step from the one a restart
+    restores (the oldest of the ranks' newest) is kept, and nothing is deleted while that
+    step cannot be known (a rank with no step there yet)."""
+    from gpuwarden.ckpt import listing  # noqa: PLC0415 - the import block above is the extras check's
+
     keep = keep if keep is not None else obj.config_or_exit().ckpt.keep
     if keep < 1:
         raise click.BadParameter("--keep must be at least 1")
     for t in tiers_:
+        held = ""
         try:
             gone, unreadable = to_delete(t, keep)
+            if t.name in listing.DURABLE and gone:
+                # A rank behind (it died at step 10) needs step 10 from every other rank.
+                floor, who = listing.restart_floor(t)
+                kept = [s for s in gone if floor is None or s >= floor]
+                gone = [s for s in gone if s not in kept]
+                if kept:
+                    held = (f", kept step(s) {', '.join(map(str, kept))} beyond keep={keep} ("
+                            + (f"{who}, which a restart restores)" if floor is not None else
+                               f"the step a restart restores is not known: {who})"))
             for s in gone:
                 t.delete(s)
             extra = t.gc_temp() if isinstance(t, FsTier) else t.gc_uploads()
@@ -150,7 +165,7 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
             continue
         left = f", left unreadable step(s) {', '.join(map(str, unreadable))} in place" \
             if unreadable else ""
-        click.echo(f"{t.name:<8} deleted {len(gone)}{left}, removed {extra} leftover(s)")
+        click.echo(f"{t.name:<8} deleted {len(gone)}{held}{left}, removed {extra} leftover(s)")
 
 
 @ckpt.command("tidy")

@@ -14,6 +14,7 @@ from typing import Any
 from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier, TierError
 from gpuwarden.ckpt.names import PEER_SUFFIX
+from gpuwarden.ckpt.restore import COPY_ERRORS
 
 _RANK_DIR = re.compile(r"rank-([0-9]{5,9})")
 # A job's directory is its user's: a million planted rank directories must not make root's
@@ -157,6 +158,35 @@ def needed(rs: list[Row], keep: int) -> list[Row]:
             f"kept beyond keep={keep}: the newest step {_who(low)}, which a restart "
             "restores") if extra else ""))
     return out
+
+
+def restart_floor(tier: Any) -> tuple[int | None, str]:
+    """The step a restart restores from ``tier`` (the oldest of the job's ranks' newest steps
+    there), which retention keeps with every step after it, and who holds it; or None and
+    why it cannot be known (retention then deletes nothing there, as the writer does): no
+    readable step of this rank to take the world size from, a world past `MAX_RANKS`, or a
+    rank with no step there yet (its first may be any step the others hold). What `needed`
+    marks, read from the tier itself for one rank's `gc`. TierError when a rank's directory
+    cannot be listed."""
+    ws = None
+    for s in reversed(tier.steps()):
+        try:
+            ws = tier.manifest(s).world_size
+            break
+        except COPY_ERRORS:
+            continue  # refused: left in place by retention, and no word on the world
+    if ws is None:
+        return None, "no readable step gives the job's world size"
+    if ws > MAX_RANKS:
+        return None, f"the world size {ws} is more than {MAX_RANKS}"
+    newest: dict[int, int] = {}
+    for r in range(ws):
+        held = tier.steps() if r == tier.rank else at_rank(tier, r).steps()
+        if not held:
+            return None, f"rank {r} holds no step there yet"
+        newest[r] = held[-1]
+    floor = min(newest.values())
+    return floor, f"the newest step {_who([r for r, s in newest.items() if s == floor])}"
 
 
 def _who(ranks_: list[int]) -> str:

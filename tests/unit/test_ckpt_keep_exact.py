@@ -10,13 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuwarden.ckpt import listing
+from gpuwarden.ckpt import codec, listing
 from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.coord import FileCoordinator
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.listing import Row
+from gpuwarden.ckpt.manifest import Manifest
+from tests.unit.test_ckpt_ownership import _cli
 
 JOB = "job-7"
 
@@ -143,3 +145,41 @@ def test_a_jobs_ranks_finishing_apart_end_with_keep_steps_each(tmp_path: Path) -
     for t in threads:
         t.join(60)
     assert [shared(tmp_path, r) for r in range(2)] == [[15, 20], [15, 20]]
+
+
+def _saved(tmp_path: Path, rank: int, *steps: int, world: int = 2, tier: str = "fsx") -> None:
+    t = FsTier(tier, str(tmp_path / tier), JOB, rank)
+    for step in steps:
+        shards, data = codec.encode(state(step, rank))
+        t.commit(Manifest(JOB, step, world, rank, tuple(shards), time.time(), {}), data)
+
+
+def test_ckpt_gc_keeps_the_step_a_restart_restores_as_ls_says(tmp_path: Path) -> None:
+    """Rank 1 died at step 10 while rank 0 went on to 15 and 20: `ckpt ls` says rank 0's step
+    10 is kept beyond keep=2 (the step a restart restores); `ckpt gc` (an admin's, or the
+    user's) then keeps it too, on the durable tiers. Node memory has no floor (the writer's
+    rule): its old steps go."""
+    _saved(tmp_path, 0, 5, 10, 15, 20)
+    _saved(tmp_path, 1, 5, 10)
+    _saved(tmp_path, 0, 10, 15, 20, tier="shm")
+    run = _cli(tmp_path)
+    code, out = run("ckpt", "ls", JOB)
+    assert code == 0 and "10 (kept beyond keep=2: the newest step rank 1 holds" in out, out
+    code, out = run("ckpt", "gc", JOB, "--rank", "0", "--keep", "2")
+    assert code == 0, out
+    assert shared(tmp_path, 0) == [10, 15, 20], out
+    assert FsTier("shm", str(tmp_path / "shm"), JOB, 0).steps() == [15, 20], out
+    assert "shared   deleted 1, kept step(s) 10 beyond keep=2 (the newest step rank 1 holds, " \
+        "which a restart restores)" in out, out
+
+
+def test_ckpt_gc_deletes_nothing_on_a_durable_tier_while_a_rank_holds_no_step(
+        tmp_path: Path) -> None:
+    """Rank 1 of 2 has not written the shared tier yet: its first step there may be any
+    step rank 0 holds, so gc deletes none of them (the writer's rule: floor unknown)."""
+    _saved(tmp_path, 0, 10, 15, 20)
+    code, out = _cli(tmp_path)("ckpt", "gc", JOB, "--keep", "2")
+    assert code == 0, out
+    assert shared(tmp_path, 0) == [10, 15, 20], out
+    assert "shared   deleted 0, kept step(s) 10 beyond keep=2 (the step a restart restores is " \
+        "not known: rank 1 holds no step there yet)" in out, out
