@@ -362,3 +362,21 @@ def test_a_compiled_module_another_user_can_write_is_refused(site: Site) -> None
     assert res.returncode == 0
     assert not site.ran_as_root()
     assert f"{cached} is owned by uid {NOBODY}" in site.logged() and REFUSED in site.logged()
+
+
+@pytest.mark.parametrize("where", ["venv", "base"])
+def test_a_pth_file_beside_the_interpreter_is_refused_before_python_starts(
+        site: Site, where: str) -> None:
+    """PYTHON._pth beside the interpreter as named (or its real file) replaces sys.path on
+    Linux too (3.11+): a root-owned one naming another user's standard library ran its
+    `encodings` as root; the wrapper read only pyvenv.cfg."""
+    base = pytrees.base_python(site.root)
+    python = pytrees.venv(site.root, base)
+    theirs = pytrees.users_python(site.root, site.marker)
+    pth = Path(f"{python if where == 'venv' else base}._pth")
+    pth.write_text(f"{theirs.parent / 'lib' / VERSION}\n")
+    pth.chmod(0o644)
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {pth}" in site.logged()

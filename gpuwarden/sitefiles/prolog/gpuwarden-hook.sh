@@ -151,6 +151,14 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     if ! gw_tool readlink; then _gw_why="no readlink(1) in /usr/bin or /bin"; return; fi
     _gw_readlink=$_gw_tool
     if ! gw_walk "$1"; then _gw_why="cannot follow $1 to a file"; return; fi
+    # A ._pth file beside the interpreter (as named or its real file) replaces sys.path, on
+    # Linux too: Python would import from where it says before anything could check it.
+    for _gw_x in "$1._pth" "$_gw_real._pth"; do
+        if [ -e "$_gw_x" ] || [ -L "$_gw_x" ]; then
+            _gw_why="$_gw_x: Python would import from where it says (not supported here)"
+            return
+        fi
+    done
     # Where Python finds its standard library: <prefix>/lib/python3.N (lib64 on Fedora) beside
     # <prefix>/bin,
     # from the interpreter's real file, and in a venv from pyvenv.cfg's home (which it reads).
@@ -187,6 +195,14 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     _gw_oldifs=$IFS
     IFS=$GW_NL
     for _gw_b in $_gw_bins; do
+        # A build directory's markers there point Python at a source tree's Lib/ instead.
+        for _gw_x in "$_gw_b/pybuilddir.txt" "$_gw_b/Modules/Setup.local"; do
+            if [ -e "$_gw_x" ] || [ -L "$_gw_x" ]; then
+                IFS=$_gw_oldifs
+                _gw_why="$_gw_x: Python would run as from its build directory (not supported here)"
+                return
+            fi
+        done
         for _gw_os in "${_gw_b%/*}"/lib/python3.*/os.py "${_gw_b%/*}"/lib64/python3.*/os.py; do
             [ -f "$_gw_os" ] || continue
             gw_walk "${_gw_os%/os.py}" || continue
