@@ -380,3 +380,20 @@ def test_a_pth_file_beside_the_interpreter_is_refused_before_python_starts(
     assert res.returncode == 0
     assert not site.ran_as_root()
     assert f"prolog: {REFUSED} {python} as root: {pth}" in site.logged()
+
+
+@pytest.mark.parametrize("shebang", ["#!/bin/sh\nexec {theirs} \"$@\"\n", "#!{theirs}\n"],
+                         ids=["shell-script", "shebang"])
+def test_an_interpreter_that_is_a_script_is_refused(site: Site, shebang: str) -> None:
+    """A script named as the interpreter (a site's wrapper that loads a module, or one with
+    `#!/usr/bin/env python3`) runs an interpreter the wrapper never checked: here another
+    user's, whose `encodings` ran as root."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    theirs = pytrees.users_python(site.root, site.marker) / VERSION
+    python.unlink()
+    python.write_text(shebang.format(theirs=theirs))
+    python.chmod(0o755)
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {python} is a script" in site.logged()

@@ -151,6 +151,16 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     if ! gw_tool readlink; then _gw_why="no readlink(1) in /usr/bin or /bin"; return; fi
     _gw_readlink=$_gw_tool
     if ! gw_walk "$1"; then _gw_why="cannot follow $1 to a file"; return; fi
+    # A script (#!) runs another interpreter, one this never checked (#!/usr/bin/env python3:
+    # whichever PATH finds). Its first line: up to the first newline byte (an ELF header has
+    # one within a few hundred bytes).
+    _gw_l=
+    IFS= read -r _gw_l <"$_gw_real" || :
+    case $_gw_l in
+        '#!'*) _gw_why="$1 is a script (${_gw_l%%"$GW_NL"*}): name the interpreter itself in"
+            _gw_why="$_gw_why GPUWARDEN_PYTHON"
+            return ;;
+    esac
     # A ._pth file beside the interpreter (as named or its real file) replaces sys.path, on
     # Linux too: Python would import from where it says before anything could check it.
     for _gw_x in "$1._pth" "$_gw_real._pth"; do
