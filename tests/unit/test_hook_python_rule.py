@@ -397,3 +397,25 @@ def test_an_interpreter_that_is_a_script_is_refused(site: Site, shebang: str) ->
     assert res.returncode == 0
     assert not site.ran_as_root()
     assert f"prolog: {REFUSED} {python} as root: {python} is a script" in site.logged()
+
+
+def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_python_starts(
+        site: Site) -> None:
+    """encodings imports a locale's codec module from lib-dynload as Python starts (GBK's
+    _codecs_cn), before gpuwarden_pystart.py exists: the wrapper checks lib-dynload's entries
+    as it checks encodings'."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
+    real = Path(os.readlink(dynload))
+    dynload.unlink()
+    dynload.mkdir(mode=0o755)
+    for entry in real.iterdir():
+        (dynload / entry.name).symlink_to(entry)
+    codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
+    if codec is None:
+        pytest.skip("this Python has no extension modules in lib-dynload")
+    codec.unlink()
+    codec.write_bytes(Path(real / codec.name).read_bytes())
+    _group_writable(codec)
+    site.hook(python, "prolog")
+    assert f"prolog: {REFUSED} {python} as root: {codec}: not root's" in site.logged()

@@ -219,9 +219,10 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
             case $GW_NL$_gw_stdlib in *"$GW_NL$_gw_real$GW_NL"*) continue ;; esac
             _gw_stdlib=$_gw_stdlib$_gw_real$GW_NL
             _gw_top=$_gw_top$_gw_real$GW_NL
-            # Imported before any check of Python's own can run.
+            # Imported before any check of Python's own can run (lib-dynload: the codec
+            # modules of a locale such as GBK's, which encodings imports as Python starts).
             for _gw_e in "$_gw_real/__pycache__" "$_gw_real/encodings" \
-                "$_gw_real/encodings/__pycache__"; do
+                "$_gw_real/encodings/__pycache__" "$_gw_real/lib-dynload"; do
                 [ -e "$_gw_e" ] && gw_walk "$_gw_e" || continue
                 _gw_top=$_gw_top$_gw_real$GW_NL
                 case $_gw_e in */encodings*) _gw_enc=$_gw_enc$_gw_real$GW_NL ;; esac
