@@ -419,3 +419,19 @@ def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_p
     _group_writable(codec)
     site.hook(python, "prolog")
     assert f"prolog: {REFUSED} {python} as root: {codec}: not root's" in site.logged()
+
+
+def test_both_pyvenv_cfg_files_count(site: Site) -> None:
+    """Python takes `home` from the pyvenv.cfg one level above the interpreter first, the one
+    beside it only when there is none (site.py reads them the other way round); the wrapper
+    read only the one beside it when both were there."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    theirs = pytrees.users_python(site.root, site.marker)
+    cfg = site.root / "venv" / "pyvenv.cfg"
+    (site.root / "venv" / "bin" / "pyvenv.cfg").write_text(cfg.read_text())
+    cfg.write_text(cfg.read_text().replace(f"home = {site.root / 'base' / 'bin'}",
+                                           f"home = {theirs}"))
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {theirs.parent}" in site.logged()

@@ -174,7 +174,9 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     # from the interpreter's real file, and in a venv from pyvenv.cfg's home (which it reads).
     _gw_bins=${_gw_real%/*}
     _gw_d=${1%/*}
-    for _gw_cfg in "$_gw_d/pyvenv.cfg" "${_gw_d%/*}/pyvenv.cfg"; do
+    # Both pyvenv.cfg files, where both are there: Python takes home from the one a level up
+    # first, site.py its other keys from the one beside the interpreter first.
+    for _gw_cfg in "${_gw_d%/*}/pyvenv.cfg" "$_gw_d/pyvenv.cfg"; do
         [ -e "$_gw_cfg" ] || [ -L "$_gw_cfg" ] || continue
         if ! gw_walk "$_gw_cfg"; then _gw_why="cannot follow $_gw_cfg"; return; fi
         # Python reads `home` as key.strip().lower() == "home" and value.strip(): any case,
@@ -198,7 +200,6 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
                 return; fi
             _gw_bins=$_gw_bins$GW_NL$_gw_real
         done <"$_gw_real"
-        break
     done
     _gw_top=
     _gw_enc=

@@ -198,9 +198,10 @@ def check_startup(c: Checker, stdlib: "Sequence[str]" = ()) -> None:
     for exe in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", sys.executable)]):
         if exe:
             c.path("the interpreter", exe, missing_ok=False)
-    cfg = venv_cfg(sys.executable)
-    if cfg:
-        c.path("the venv's pyvenv.cfg", cfg, missing_ok=False)
+    here = os.path.dirname(sys.executable)
+    for cfg in (os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")):
+        if os.path.lexists(cfg):  # both count: Python and site.py each read the one they find first
+            c.path("the venv's pyvenv.cfg", cfg, missing_ok=False)
     for entry in sys.path:
         c.path("the standard library", entry or os.getcwd())
     enc = sys.modules.get("encodings")
