@@ -435,3 +435,27 @@ def test_both_pyvenv_cfg_files_count(site: Site) -> None:
     assert res.returncode == 0
     assert not site.ran_as_root()
     assert f"prolog: {REFUSED} {python} as root: {theirs.parent}" in site.logged()
+
+
+def test_a_shared_builds_libpython_others_can_write_is_refused_before_python_starts(
+        site: Site) -> None:
+    """A shared build (pyenv, conda, python.org) is a small binary that loads libpython from
+    its prefix's lib/: that file is the interpreter as much as bin/python is."""
+    prefix = site.root / "shared-build"
+    (prefix / "bin").mkdir(parents=True)
+    python = prefix / "bin" / "python3"
+    python.write_bytes(Path("/bin/true").read_bytes())  # an ELF, not a script
+    python.chmod(0o755)
+    pytrees.fake_stdlib(prefix)
+    lib = prefix / "lib" / "libpython3.99.so.1.0"
+    lib.write_bytes(b"\x7fELF")
+    (prefix / "lib" / "libpython3.99.so").symlink_to(lib.name)
+    _group_writable(lib)
+    code = f'. {LIB}; gw_check_python {python}; printf "%s" "$_gw_why"'
+    res = subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert res.stdout == f"{lib}: not root's, or group or others can write it"
+    lib.chmod(0o755)
+    res = subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert res.stdout == ""

@@ -232,6 +232,15 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
         for _gw_z in "${_gw_b%/*}"/lib/python3*.zip; do
             if [ -e "$_gw_z" ] && gw_walk "$_gw_z"; then :; fi
         done
+        # A shared build's interpreter is libpython, loaded from the prefix's lib/ (its
+        # RUNPATH): pyenv, conda, python.org builds.
+        for _gw_z in "${_gw_b%/*}"/lib/libpython3*.so* "${_gw_b%/*}"/lib64/libpython3*.so*; do
+            [ -e "$_gw_z" ] || [ -L "$_gw_z" ] || continue
+            gw_walk "$_gw_z" missing-ok && continue
+            IFS=$_gw_oldifs
+            _gw_why="cannot follow $_gw_z"
+            return
+        done
     done
     if [ -z "$_gw_stdlib" ]; then
         IFS=$_gw_oldifs
