@@ -459,3 +459,25 @@ def test_a_shared_builds_libpython_others_can_write_is_refused_before_python_sta
     res = subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
                          timeout=60, check=True)
     assert res.stdout == ""
+
+
+def test_an_extension_module_linked_to_another_users_file_is_refused_before_python_starts(
+        site: Site) -> None:
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
+    real = Path(os.readlink(dynload))
+    dynload.unlink()
+    dynload.mkdir(mode=0o755)
+    for entry in real.iterdir():
+        (dynload / entry.name).symlink_to(entry)
+    codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
+    if codec is None:
+        pytest.skip("this Python has no extension modules in lib-dynload")
+    theirs = site.root / "their-files"
+    theirs.mkdir()
+    (theirs / codec.name).write_bytes(Path(os.readlink(codec)).read_bytes())
+    codec.unlink()
+    codec.symlink_to(theirs / codec.name)
+    pytrees.chown_tree(theirs)
+    site.hook(python, "prolog")
+    assert f"prolog: {REFUSED} {python} as root: {theirs}" in site.logged()

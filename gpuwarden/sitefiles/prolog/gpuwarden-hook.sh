@@ -226,7 +226,7 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
                 "$_gw_real/encodings/__pycache__" "$_gw_real/lib-dynload"; do
                 [ -e "$_gw_e" ] && gw_walk "$_gw_e" || continue
                 _gw_top=$_gw_top$_gw_real$GW_NL
-                case $_gw_e in */encodings*) _gw_enc=$_gw_enc$_gw_real$GW_NL ;; esac
+                case $_gw_e in */encodings* | */lib-dynload) _gw_enc=$_gw_enc$_gw_real$GW_NL ;; esac
             done
         done
         for _gw_z in "${_gw_b%/*}"/lib/python3*.zip; do
@@ -247,8 +247,8 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
         _gw_why="found no standard library (lib/python3.N/os.py) beside the bin/ of $1 (or of its venv's home)"
         return
     fi
-    # Python imports encodings as it starts: a module there may be a link to elsewhere, and
-    # what it names (and the way to it) counts as well.
+    # Python imports encodings (and a locale's codec from lib-dynload) as it starts: a module
+    # there may be a link to elsewhere, and what it names (and the way to it) counts as well.
     if [ -n "$_gw_enc" ]; then
         _gw_ln=$("$_gw_find" $_gw_enc -maxdepth 1 -type l -print 2>&1) ||
             { IFS=$_gw_oldifs; _gw_why="cannot check: ${_gw_ln:-find failed}"; return; }
