@@ -124,3 +124,26 @@ def fake_stdlib(prefix: Path) -> None:
     (enc.parent / "os.py").touch()
     for p in (prefix / "lib", enc.parent, enc):
         p.chmod(0o755)
+
+
+def chown_tree(top: Path, uid: int = NOBODY) -> None:
+    """Make everything at and below TOP (links themselves, not what they name) uid's."""
+    for p in (top, *top.rglob("*")):
+        os.lchown(p, uid, uid)
+
+
+def users_python(root: Path, marker: Path) -> Path:
+    """ROOT/theirs: a copy of ROOT/base that another user owns, whose `encodings` (imported as
+    Python starts, before any check of Python's own) writes the uid it runs as to ``marker``.
+    Returns its bin directory (what a venv's pyvenv.cfg names as `home`)."""
+    theirs = root / "theirs"
+    shutil.copytree(root / "base", theirs, symlinks=True)
+    enc = theirs / "lib" / VERSION / "encodings"
+    real = Path(os.readlink(enc))
+    enc.unlink()
+    shutil.copytree(real, enc, ignore=shutil.ignore_patterns("__pycache__"))
+    init = enc / "__init__.py"
+    init.write_text(f"import posix as _p\n_p.close(_p.open({str(marker)!r}, _p.O_WRONLY | "
+                    "_p.O_CREAT, 0o644))\n" + init.read_text())
+    chown_tree(theirs)
+    return theirs / "bin"

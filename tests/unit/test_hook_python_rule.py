@@ -222,3 +222,262 @@ def test_the_wrappers_check_costs_little(site: Site) -> None:
                          timeout=120, check=True)
     assert res.stdout.strip() == "[]"
     assert (time.monotonic() - t0) / 5 < 1.0
+
+
+# ---- a second hostile review: what Python reads that the checks read otherwise, or not ------
+@pytest.mark.parametrize("line", ["home =\t{bin}", "Home = {bin}", " home = {bin}",
+                                  "home =\u00a0{bin}"],
+                         ids=["tab", "capitalised", "indented", "no-break-space"])
+def test_a_pyvenv_cfg_home_as_python_reads_it_is_checked_before_python_starts(
+        site: Site, line: str) -> None:
+    """Python reads pyvenv.cfg's key as key.strip().lower() and strips any whitespace from the
+    value; the wrapper matched `home*=*` and stripped spaces only, so it checked the standard
+    library beside the real interpreter while Python loaded another user's, whose `encodings`
+    ran as root before gpuwarden_pystart.py could object."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    theirs = pytrees.users_python(site.root, site.marker)
+    cfg = site.root / "venv" / "pyvenv.cfg"
+    lines = [line.format(bin=theirs) if raw.startswith("home") else raw
+             for raw in cfg.read_text().splitlines()]
+    cfg.write_text("\n".join(lines) + "\n")
+    for hook in ("prolog", "healthcheck"):
+        res = site.hook(python, hook)
+        assert res.returncode == 0
+        assert not site.ran_as_root()
+        assert f"{hook}: {REFUSED} {python} as root:" in site.logged()
+
+
+def test_a_relative_pyvenv_cfg_home_is_refused(site: Site) -> None:
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    cfg = site.root / "venv" / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(f"home = {site.root}/", "home = "))
+    site.hook(python)
+    assert f"{REFUSED} {python} as root: home = base/bin in {cfg} is not an absolute path" \
+        in site.logged()
+
+
+def _replace_with_link_to_theirs(site: Site, entry: Path) -> Path:
+    """ENTRY (a link into this Python's standard library) becomes a link to another user's
+    copy of the file, which writes the uid it runs as to the marker and then does its job."""
+    theirs = site.root / "their-files"
+    theirs.mkdir(exist_ok=True)
+    copy = theirs / entry.name
+    code = (f"import posix as _p\n_p.close(_p.open({str(site.marker)!r}, _p.O_WRONLY | "
+            "_p.O_CREAT, 0o644))\n")
+    copy.write_text(code + Path(os.readlink(entry)).read_text())
+    entry.unlink()
+    entry.symlink_to(copy)
+    pytrees.chown_tree(theirs)
+    return theirs
+
+
+def test_an_encodings_module_linked_to_another_users_file_is_refused_before_python_starts(
+        site: Site) -> None:
+    """The wrapper checked `encodings` one level down but skipped links there (find ! -type l),
+    and Python imports encodings.aliases as it starts."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    enc = site.root / "base" / "lib" / VERSION / "encodings"
+    real = Path(os.readlink(enc))
+    enc.unlink()
+    enc.mkdir(mode=0o755)
+    for entry in real.iterdir():
+        if entry.name != "__pycache__":
+            (enc / entry.name).symlink_to(entry)
+    theirs = _replace_with_link_to_theirs(site, enc / "aliases.py")
+    res = site.hook(python, "healthcheck")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"healthcheck: {REFUSED} {python} as root: {theirs}" in site.logged()
+
+
+def test_gpuwardens_start_imports_nothing_unchecked_from_the_standard_library(
+        site: Site) -> None:
+    """gpuwarden_pystart.py's own `from __future__ import annotations` ran before its import
+    guard existed; the wrapper checked the standard library's top level but skipped links."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    stdlib = site.root / "base" / "lib" / VERSION
+    (stdlib / "__pycache__").unlink()
+    (stdlib / "__pycache__").mkdir(mode=0o755)
+    theirs = _replace_with_link_to_theirs(site, stdlib / "__future__.py")
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"{theirs} is owned by uid {NOBODY}" in site.logged() and REFUSED in site.logged()
+
+
+def test_a_finder_a_pth_file_puts_ahead_of_the_guard_is_checked_too(site: Site) -> None:
+    """An editable install's .pth imports a finder that goes first on sys.meta_path (as
+    meson-python's does) and maps gpuwarden to a user's checkout: its modules ran unchecked."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root), with_gpuwarden=False)
+    theirs = site.root / "their-checkout" / "gpuwarden"
+    (theirs / "health").mkdir(parents=True)
+    code = f"import os\nopen({str(site.marker)!r}, 'w').write(str(os.getuid()))\n"
+    (theirs / "__init__.py").write_text(code)
+    (theirs / "health" / "__init__.py").write_text(code)
+    (theirs / "health" / "hooks.py").write_text(code + "def main(argv):\n    return 0\n")
+    pytrees.chown_tree(theirs.parent)
+    sp = pytrees.site_packages(site.root / "venv")
+    (sp / "_gpuwarden_editable_loader.py").write_text(
+        "import importlib.util\nimport sys\n\n\nclass Finder:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name != 'gpuwarden':\n            return None\n"
+        f"        return importlib.util.spec_from_file_location(name, {str(theirs)!r} + "
+        f"'/__init__.py', submodule_search_locations=[{str(theirs)!r}])\n\n\n"
+        "def install():\n    sys.meta_path.insert(0, Finder())\n")
+    (sp / "_gpuwarden_editable_loader.pth").write_text(
+        "import _gpuwarden_editable_loader; _gpuwarden_editable_loader.install()\n")
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"refusing to import gpuwarden as root: {theirs.parent} is owned by uid {NOBODY}" \
+        in site.logged()
+
+
+def test_a_compiled_module_another_user_can_write_is_refused(site: Site) -> None:
+    """The guard checked the __pycache__ directory but not the .pyc Python runs instead of the
+    source: one that another user owns, with the source's mtime and size in its header, ran."""
+    import importlib.util
+    import py_compile
+
+    python = pytrees.venv(site.root, pytrees.base_python(site.root), with_gpuwarden=False)
+    pkg = pytrees.site_packages(site.root / "venv") / "gpuwarden" / "health"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    src = pkg / "hooks.py"
+    src.write_text("def main(argv):\n    return 0\n")
+    theirs = site.root / "evil.py"
+    theirs.write_text(f"import os\nopen({str(site.marker)!r}, 'w').write(str(os.getuid()))\n"
+                      "def main(argv):\n    return 0\n")
+    cached = Path(importlib.util.cache_from_source(str(src)))
+    os.utime(theirs, ns=(src.stat().st_atime_ns, src.stat().st_mtime_ns))
+    py_compile.compile(str(theirs), cfile=str(cached), doraise=True)
+    data = bytearray(cached.read_bytes())
+    data[12:16] = src.stat().st_size.to_bytes(4, "little")  # the header's source size
+    cached.write_bytes(bytes(data))
+    os.chown(cached, NOBODY, NOBODY)
+    for p in (cached.parent, pkg, pkg.parent):
+        p.chmod(0o755)
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"{cached} is owned by uid {NOBODY}" in site.logged() and REFUSED in site.logged()
+
+
+@pytest.mark.parametrize("where", ["venv", "base"])
+def test_a_pth_file_beside_the_interpreter_is_refused_before_python_starts(
+        site: Site, where: str) -> None:
+    """PYTHON._pth beside the interpreter as named (or its real file) replaces sys.path on
+    Linux too (3.11+): a root-owned one naming another user's standard library ran its
+    `encodings` as root; the wrapper read only pyvenv.cfg."""
+    base = pytrees.base_python(site.root)
+    python = pytrees.venv(site.root, base)
+    theirs = pytrees.users_python(site.root, site.marker)
+    pth = Path(f"{python if where == 'venv' else base}._pth")
+    pth.write_text(f"{theirs.parent / 'lib' / VERSION}\n")
+    pth.chmod(0o644)
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {pth}" in site.logged()
+
+
+@pytest.mark.parametrize("shebang", ["#!/bin/sh\nexec {theirs} \"$@\"\n", "#!{theirs}\n"],
+                         ids=["shell-script", "shebang"])
+def test_an_interpreter_that_is_a_script_is_refused(site: Site, shebang: str) -> None:
+    """A script named as the interpreter (a site's wrapper that loads a module, or one with
+    `#!/usr/bin/env python3`) runs an interpreter the wrapper never checked: here another
+    user's, whose `encodings` ran as root."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    theirs = pytrees.users_python(site.root, site.marker) / VERSION
+    python.unlink()
+    python.write_text(shebang.format(theirs=theirs))
+    python.chmod(0o755)
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {python} is a script" in site.logged()
+
+
+def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_python_starts(
+        site: Site) -> None:
+    """encodings imports a locale's codec module from lib-dynload as Python starts (GBK's
+    _codecs_cn), before gpuwarden_pystart.py exists: the wrapper checks lib-dynload's entries
+    as it checks encodings'."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
+    real = Path(os.readlink(dynload))
+    dynload.unlink()
+    dynload.mkdir(mode=0o755)
+    for entry in real.iterdir():
+        (dynload / entry.name).symlink_to(entry)
+    codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
+    if codec is None:
+        pytest.skip("this Python has no extension modules in lib-dynload")
+    codec.unlink()
+    codec.write_bytes(Path(real / codec.name).read_bytes())
+    _group_writable(codec)
+    site.hook(python, "prolog")
+    assert f"prolog: {REFUSED} {python} as root: {codec}: not root's" in site.logged()
+
+
+def test_both_pyvenv_cfg_files_count(site: Site) -> None:
+    """Python takes `home` from the pyvenv.cfg one level above the interpreter first, the one
+    beside it only when there is none (site.py reads them the other way round); the wrapper
+    read only the one beside it when both were there."""
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    theirs = pytrees.users_python(site.root, site.marker)
+    cfg = site.root / "venv" / "pyvenv.cfg"
+    (site.root / "venv" / "bin" / "pyvenv.cfg").write_text(cfg.read_text())
+    cfg.write_text(cfg.read_text().replace(f"home = {site.root / 'base' / 'bin'}",
+                                           f"home = {theirs}"))
+    res = site.hook(python, "prolog")
+    assert res.returncode == 0
+    assert not site.ran_as_root()
+    assert f"prolog: {REFUSED} {python} as root: {theirs.parent}" in site.logged()
+
+
+def test_a_shared_builds_libpython_others_can_write_is_refused_before_python_starts(
+        site: Site) -> None:
+    """A shared build (pyenv, conda, python.org) is a small binary that loads libpython from
+    its prefix's lib/: that file is the interpreter as much as bin/python is."""
+    prefix = site.root / "shared-build"
+    (prefix / "bin").mkdir(parents=True)
+    python = prefix / "bin" / "python3"
+    python.write_bytes(Path("/bin/true").read_bytes())  # an ELF, not a script
+    python.chmod(0o755)
+    pytrees.fake_stdlib(prefix)
+    lib = prefix / "lib" / "libpython3.99.so.1.0"
+    lib.write_bytes(b"\x7fELF")
+    (prefix / "lib" / "libpython3.99.so").symlink_to(lib.name)
+    _group_writable(lib)
+    code = f'. {LIB}; gw_check_python {python}; printf "%s" "$_gw_why"'
+    res = subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert res.stdout == f"{lib}: not root's, or group or others can write it"
+    lib.chmod(0o755)
+    res = subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert res.stdout == ""
+
+
+def test_an_extension_module_linked_to_another_users_file_is_refused_before_python_starts(
+        site: Site) -> None:
+    python = pytrees.venv(site.root, pytrees.base_python(site.root))
+    dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
+    real = Path(os.readlink(dynload))
+    dynload.unlink()
+    dynload.mkdir(mode=0o755)
+    for entry in real.iterdir():
+        (dynload / entry.name).symlink_to(entry)
+    codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
+    if codec is None:
+        pytest.skip("this Python has no extension modules in lib-dynload")
+    theirs = site.root / "their-files"
+    theirs.mkdir()
+    (theirs / codec.name).write_bytes(Path(os.readlink(codec)).read_bytes())
+    codec.unlink()
+    codec.symlink_to(theirs / codec.name)
+    pytrees.chown_tree(theirs)
+    site.hook(python, "prolog")
+    assert f"prolog: {REFUSED} {python} as root: {theirs}" in site.logged()

@@ -31,6 +31,7 @@ class Node:
         (root / "bin").mkdir(mode=0o755, exist_ok=True)
         pytrees.fake_stdlib(root)
         self.defaults = root / "default-gpuwarden"
+        self.start = START
         self.syslog = root / "syslog"
         self.logger = self.script("logger", f'printf "%s\\n" "$*" >> {self.syslog}\n')
 
@@ -41,11 +42,22 @@ class Node:
         return path
 
     def python(self, path: Path | str) -> None:
+        """Name ``path`` as the interpreter. A stand-in of script() is not named itself (the
+        hooks refuse a script as the interpreter): a real interpreter of this tree's own is,
+        and the file it starts in place of gpuwarden_pystart.py runs the stand-in's body, with
+        the arguments the interpreter was given."""
+        if Path(path).parent == self.root / "bin":
+            self.start = self.root / "bin" / "standin_start.py"
+            self.start.write_text("import os\nimport sys\nos.execv('/bin/sh', ['/bin/sh', "
+                                  f"{str(path)!r}, '-I', '-S', *sys.argv])\n")
+            if not (self.root / "base").exists():
+                pytrees.base_python(self.root)
+            path = self.root / "base" / "bin" / pytrees.VERSION
         self.defaults.write_text(f'# written at install\nGPUWARDEN_PYTHON="{path}"\n')
         self.defaults.chmod(0o644)
 
     def run(self, hook: str = "prolog") -> subprocess.CompletedProcess[str]:
-        code = f'. {LIB}; gw_hook {hook} {self.defaults} {self.logger} {START}'
+        code = f'. {LIB}; gw_hook {hook} {self.defaults} {self.logger} {self.start}'
         return subprocess.run(["/bin/sh", "-c", code], env={}, capture_output=True, text=True,
                               timeout=60, check=False)
 

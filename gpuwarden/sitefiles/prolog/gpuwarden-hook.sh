@@ -86,9 +86,15 @@ gw_tool() { # NAME: sets _gw_tool to /usr/bin/NAME or /bin/NAME (never PATH), or
     return 1
 }
 
-gw_walk() { # PATH: adds to _gw_seen each directory a lookup of PATH passes through and what it
-    # names, links followed hop by hop as exec and import follow them; sets _gw_real to the
-    # path reached. False when something on the way is missing or loops.
+gw_trim() { # TEXT: sets _gw_trimmed to TEXT without the blanks (space, tab, CR...) at its ends
+    _gw_trimmed=${1#"${1%%[![:space:]]*}"}
+    _gw_trimmed=${_gw_trimmed%"${_gw_trimmed##*[![:space:]]}"}
+}
+
+gw_walk() { # PATH [MISSING_OK]: adds to _gw_seen each directory a lookup of PATH passes through
+    # and what it names, links followed hop by hop as exec and import follow them; sets
+    # _gw_real to the path reached. False when something on the way is missing (with
+    # MISSING_OK: true, the directory it is missing from being the last seen) or loops.
     _gw_cur=
     _gw_todo=$1
     _gw_links=0
@@ -110,7 +116,11 @@ gw_walk() { # PATH: adds to _gw_seen each directory a lookup of PATH passes thro
             _gw_todo=$_gw_to/$_gw_todo
             continue
         fi
-        [ -e "$_gw_cur/$_gw_name" ] || return 1
+        if [ ! -e "$_gw_cur/$_gw_name" ]; then
+            [ -n "$2" ] || return 1
+            _gw_real=
+            return 0
+        fi
         _gw_cur=$_gw_cur/$_gw_name
     done
     _gw_real=${_gw_cur:-/}
@@ -141,53 +151,113 @@ gw_check_python() { # PYTHON: sets _gw_why (empty when root alone can change wha
     if ! gw_tool readlink; then _gw_why="no readlink(1) in /usr/bin or /bin"; return; fi
     _gw_readlink=$_gw_tool
     if ! gw_walk "$1"; then _gw_why="cannot follow $1 to a file"; return; fi
+    # A script (#!) runs another interpreter, one this never checked (#!/usr/bin/env python3:
+    # whichever PATH finds). Its first line: up to the first newline byte (an ELF header has
+    # one within a few hundred bytes).
+    _gw_l=
+    IFS= read -r _gw_l <"$_gw_real" || :
+    case $_gw_l in
+        '#!'*) _gw_why="$1 is a script (${_gw_l%%"$GW_NL"*}): name the interpreter itself in"
+            _gw_why="$_gw_why GPUWARDEN_PYTHON"
+            return ;;
+    esac
+    # A ._pth file beside the interpreter (as named or its real file) replaces sys.path, on
+    # Linux too: Python would import from where it says before anything could check it.
+    for _gw_x in "$1._pth" "$_gw_real._pth"; do
+        if [ -e "$_gw_x" ] || [ -L "$_gw_x" ]; then
+            _gw_why="$_gw_x: Python would import from where it says (not supported here)"
+            return
+        fi
+    done
     # Where Python finds its standard library: <prefix>/lib/python3.N (lib64 on Fedora) beside
     # <prefix>/bin,
     # from the interpreter's real file, and in a venv from pyvenv.cfg's home (which it reads).
     _gw_bins=${_gw_real%/*}
     _gw_d=${1%/*}
-    for _gw_cfg in "$_gw_d/pyvenv.cfg" "${_gw_d%/*}/pyvenv.cfg"; do
+    # Both pyvenv.cfg files, where both are there: Python takes home from the one a level up
+    # first, site.py its other keys from the one beside the interpreter first.
+    for _gw_cfg in "${_gw_d%/*}/pyvenv.cfg" "$_gw_d/pyvenv.cfg"; do
         [ -e "$_gw_cfg" ] || [ -L "$_gw_cfg" ] || continue
         if ! gw_walk "$_gw_cfg"; then _gw_why="cannot follow $_gw_cfg"; return; fi
+        # Python reads `home` as key.strip().lower() == "home" and value.strip(): any case,
+        # any whitespace around either. A line this cannot read as plainly is refused.
         while IFS= read -r _gw_l || [ -n "$_gw_l" ]; do
-            case $_gw_l in
-                home*=*)
-                    _gw_h=${_gw_l#*=}
-                    _gw_h=${_gw_h#"${_gw_h%%[! ]*}"}
-                    case $_gw_h in
-                        /*) if ! gw_walk "$_gw_h"; then _gw_why="cannot follow home = $_gw_h in $_gw_cfg"
-                                return; fi
-                            _gw_bins=$_gw_bins$GW_NL$_gw_real ;;
-                    esac
-                    ;;
+            case $_gw_l in *[Hh][Oo][Mm][Ee]*=*) ;; *) continue ;; esac
+            gw_trim "${_gw_l%%=*}"
+            case $_gw_trimmed in
+                [Hh][Oo][Mm][Ee]) ;;
+                *[Hh][Oo][Mm][Ee]*) _gw_why="cannot read the line $_gw_l in $_gw_cfg as Python does"
+                    return ;;
+                *) continue ;;
             esac
+            gw_trim "${_gw_l#*=}"
+            _gw_h=$_gw_trimmed
+            case $_gw_h in
+                /*) ;;
+                *) _gw_why="home = $_gw_h in $_gw_cfg is not an absolute path"; return ;;
+            esac
+            if ! gw_walk "$_gw_h"; then _gw_why="cannot follow home = $_gw_h in $_gw_cfg"
+                return; fi
+            _gw_bins=$_gw_bins$GW_NL$_gw_real
         done <"$_gw_real"
-        break
     done
     _gw_top=
+    _gw_enc=
     _gw_oldifs=$IFS
     IFS=$GW_NL
     for _gw_b in $_gw_bins; do
+        # A build directory's markers there point Python at a source tree's Lib/ instead.
+        for _gw_x in "$_gw_b/pybuilddir.txt" "$_gw_b/Modules/Setup.local"; do
+            if [ -e "$_gw_x" ] || [ -L "$_gw_x" ]; then
+                IFS=$_gw_oldifs
+                _gw_why="$_gw_x: Python would run as from its build directory (not supported here)"
+                return
+            fi
+        done
         for _gw_os in "${_gw_b%/*}"/lib/python3.*/os.py "${_gw_b%/*}"/lib64/python3.*/os.py; do
             [ -f "$_gw_os" ] || continue
             gw_walk "${_gw_os%/os.py}" || continue
             case $GW_NL$_gw_stdlib in *"$GW_NL$_gw_real$GW_NL"*) continue ;; esac
             _gw_stdlib=$_gw_stdlib$_gw_real$GW_NL
             _gw_top=$_gw_top$_gw_real$GW_NL
-            # Imported before any check of Python's own can run.
+            # Imported before any check of Python's own can run (lib-dynload: the codec
+            # modules of a locale such as GBK's, which encodings imports as Python starts).
             for _gw_e in "$_gw_real/__pycache__" "$_gw_real/encodings" \
-                "$_gw_real/encodings/__pycache__"; do
-                if [ -e "$_gw_e" ] && gw_walk "$_gw_e"; then _gw_top=$_gw_top$_gw_real$GW_NL; fi
+                "$_gw_real/encodings/__pycache__" "$_gw_real/lib-dynload"; do
+                [ -e "$_gw_e" ] && gw_walk "$_gw_e" || continue
+                _gw_top=$_gw_top$_gw_real$GW_NL
+                case $_gw_e in */encodings* | */lib-dynload) _gw_enc=$_gw_enc$_gw_real$GW_NL ;; esac
             done
         done
         for _gw_z in "${_gw_b%/*}"/lib/python3*.zip; do
             if [ -e "$_gw_z" ] && gw_walk "$_gw_z"; then :; fi
+        done
+        # A shared build's interpreter is libpython, loaded from the prefix's lib/ (its
+        # RUNPATH): pyenv, conda, python.org builds.
+        for _gw_z in "${_gw_b%/*}"/lib/libpython3*.so* "${_gw_b%/*}"/lib64/libpython3*.so*; do
+            [ -e "$_gw_z" ] || [ -L "$_gw_z" ] || continue
+            gw_walk "$_gw_z" missing-ok && continue
+            IFS=$_gw_oldifs
+            _gw_why="cannot follow $_gw_z"
+            return
         done
     done
     if [ -z "$_gw_stdlib" ]; then
         IFS=$_gw_oldifs
         _gw_why="found no standard library (lib/python3.N/os.py) beside the bin/ of $1 (or of its venv's home)"
         return
+    fi
+    # Python imports encodings (and a locale's codec from lib-dynload) as it starts: a module
+    # there may be a link to elsewhere, and what it names (and the way to it) counts as well.
+    if [ -n "$_gw_enc" ]; then
+        _gw_ln=$("$_gw_find" $_gw_enc -maxdepth 1 -type l -print 2>&1) ||
+            { IFS=$_gw_oldifs; _gw_why="cannot check: ${_gw_ln:-find failed}"; return; }
+        for _gw_l in $_gw_ln; do
+            case $_gw_l in /*) gw_walk "$_gw_l" missing-ok && continue ;; esac
+            IFS=$_gw_oldifs
+            _gw_why="cannot follow $_gw_l"
+            return
+        done
     fi
     _gw_bad=$(gw_others_can_change 0 $_gw_seen) || _gw_bad=$(gw_others_can_change 1 $_gw_top) ||
         _gw_bad=

@@ -24,8 +24,8 @@ frozen modules and the standard library's top level is trusted, so it imports no
 at first (no dataclasses: they import re, inspect and more).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: that is a module read from the standard library
+# before the import guard exists (annotations naming typing-only names are quoted instead).
 import os
 import stat
 import sys
@@ -91,7 +91,7 @@ def reach(path: str, missing_ok: bool = False) -> list[Seen]:
     return seen
 
 
-def problem(seen: Seen, owners: Sequence[int] = ROOT_ONLY) -> str:
+def problem(seen: Seen, owners: "Sequence[int]" = ROOT_ONLY) -> str:
     """Why someone other than root (or ``owners``) could change what is reached through
     ``seen``; empty when nobody can. No exception for sticky directories."""
     st = seen.st
@@ -106,7 +106,7 @@ def problem(seen: Seen, owners: Sequence[int] = ROOT_ONLY) -> str:
 class Checker:
     """The rule over paths, each thing looked at once; ``problems`` collects what it refused."""
 
-    def __init__(self, owners: Sequence[int] = ROOT_ONLY) -> None:
+    def __init__(self, owners: "Sequence[int]" = ROOT_ONLY) -> None:
         self.owners = tuple(owners)
         self.good: set[str] = set()
         self.problems: list[str] = []
@@ -146,7 +146,7 @@ class Checker:
         return line
 
 
-def _tree(root: str, depth: int, skip: tuple[str, ...] = ()) -> Iterator[Seen]:
+def _tree(root: str, depth: int, skip: tuple[str, ...] = ()) -> "Iterator[Seen]":
     """What is below directory ``root``, ``depth`` levels down, links followed (each directory
     walked once)."""
     stack = [(root, depth)]
@@ -190,7 +190,7 @@ def venv_cfg(executable: str) -> str | None:
     return None
 
 
-def check_startup(c: Checker, stdlib: Sequence[str] = ()) -> None:
+def check_startup(c: Checker, stdlib: "Sequence[str]" = ()) -> None:
     """What Python read before this file ran: the interpreter (as named and its real file),
     pyvenv.cfg, the initial sys.path (-I -S: the standard library, its zip, lib-dynload) and the
     `encodings` package imported at startup. ``stdlib``: where the wrapper checked the standard
@@ -198,9 +198,10 @@ def check_startup(c: Checker, stdlib: Sequence[str] = ()) -> None:
     for exe in dict.fromkeys([sys.executable, getattr(sys, "_base_executable", sys.executable)]):
         if exe:
             c.path("the interpreter", exe, missing_ok=False)
-    cfg = venv_cfg(sys.executable)
-    if cfg:
-        c.path("the venv's pyvenv.cfg", cfg, missing_ok=False)
+    here = os.path.dirname(sys.executable)
+    for cfg in (os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")):
+        if os.path.lexists(cfg):  # both count: Python and site.py each read the one they find first
+            c.path("the venv's pyvenv.cfg", cfg, missing_ok=False)
     for entry in sys.path:
         c.path("the standard library", entry or os.getcwd())
     enc = sys.modules.get("encodings")
@@ -210,6 +211,13 @@ def check_startup(c: Checker, stdlib: Sequence[str] = ()) -> None:
         if stdlib and loaded not in {os.path.realpath(s) for s in stdlib}:
             c.problems.append(f"the standard library loaded ({loaded}) is not the one checked "
                               f"before Python started ({', '.join(stdlib)})")
+    # Whatever was imported from a file before this file's guard existed (its links followed).
+    for name, mod in list(sys.modules.items()):
+        spec = getattr(mod, "__spec__", None)
+        if spec is not None and spec.has_location:
+            for p in (spec.origin, spec.cached):
+                if p:
+                    c.path(f"module {name}, imported as Python started", p)
     if not sys.flags.no_user_site:
         c.problems.append("the user's site directory is enabled: start Python with -I")
 
@@ -236,7 +244,7 @@ def site_dirs() -> list[str]:
     return list(dict.fromkeys(site.getsitepackages(prefixes)))
 
 
-def pth_lines(sitedir: str) -> Iterator[tuple[str, str]]:
+def pth_lines(sitedir: str) -> "Iterator[tuple[str, str]]":
     """(.pth file, what it adds to sys.path) for each path line, read as site.py reads them;
     `import` lines run code, trusted once the file and its directory are."""
     try:
@@ -260,7 +268,7 @@ def pth_lines(sitedir: str) -> Iterator[tuple[str, str]]:
             yield pth, os.path.join(sitedir, line.rstrip())
 
 
-def check_sites(c: Checker, sites: Iterable[str], deep: bool) -> list[str]:
+def check_sites(c: Checker, sites: "Iterable[str]", deep: bool) -> list[str]:
     """Each site directory, its .pth files and what they add; returns the directories to add."""
     added = []
     for d in sites:
@@ -281,13 +289,13 @@ def check_sites(c: Checker, sites: Iterable[str], deep: bool) -> list[str]:
 
 class ImportGuard:
     """First on sys.meta_path: every module found after the start is checked (its file, its
-    compiled copy's directory, a package's directories) before it runs."""
+    compiled copy, a package's directories) before it runs, whichever finder found it."""
 
     def __init__(self, c: Checker) -> None:
         self.c = c
 
-    def find_spec(self, name: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(self, name: str, path: "Sequence[str] | None",
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         spec: ModuleSpec | None = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -302,7 +310,7 @@ class ImportGuard:
         if spec.has_location and spec.origin:
             where.append(spec.origin)
         if spec.cached:
-            where.append(os.path.dirname(spec.cached))
+            where.append(spec.cached)  # what Python runs instead of the source, when it is there
         for p in where:
             why = self.c.path(f"module {name}", p)
             if why:
@@ -311,12 +319,14 @@ class ImportGuard:
         return spec
 
 
-def check(owners: Sequence[int] = ROOT_ONLY, stdlib: Sequence[str] = (),
+def check(owners: "Sequence[int]" = ROOT_ONLY, stdlib: "Sequence[str]" = (),
           deep: bool = False) -> Checker:
     """The rule over this interpreter as the hooks start it (-I -S); with ``deep`` every file
     below each directory, gpuwarden's package included. Adds the site directories to sys.path
     (as site.py would) only when all is well."""
     c = Checker(owners)
+    guard = ImportGuard(c)
+    sys.meta_path.insert(0, guard)  # before anything this file imports (site)
     check_startup(c, stdlib)
     if deep:
         for entry in sys.path:
@@ -330,9 +340,13 @@ def check(owners: Sequence[int] = ROOT_ONLY, stdlib: Sequence[str] = (),
         return c
     import site  # noqa: PLC0415
 
-    sys.meta_path.insert(0, ImportGuard(c))
     for d in sites:
         site.addsitedir(d)
+    # A .pth line may put a finder of its own first (editable installs do): the guard goes
+    # back in front, so that what such a finder finds is checked as well.
+    if guard in sys.meta_path:
+        sys.meta_path.remove(guard)
+    sys.meta_path.insert(0, guard)
     if deep:
         _check_package(c)
     return c
@@ -357,7 +371,7 @@ def _refused(c: Checker, who: str) -> int:
     return EXIT_UNTRUSTED
 
 
-def start(argv: Sequence[str]) -> int:
+def start(argv: "Sequence[str]") -> int:
     """The hooks' start: HOOK [STDLIB...] (prolog/gpuwarden-hook.sh)."""
     # The wrapper passes the standard libraries it checked one a line, in one argument.
     c = check(ROOT_ONLY, stdlib=[s for a in argv[1:] for s in a.split("\n") if s])
@@ -379,7 +393,7 @@ def start(argv: Sequence[str]) -> int:
     return code
 
 
-def check_main(argv: Sequence[str]) -> int:
+def check_main(argv: "Sequence[str]") -> int:
     """--check [--owner UID]: every problem, one a line on stdout; EXIT_UNTRUSTED if any."""
     owners = [0]
     if argv[:1] == ["--owner"] and len(argv) > 1 and argv[1].isdigit():
