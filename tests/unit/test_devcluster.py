@@ -202,7 +202,7 @@ class _Listing:
     def __init__(self, objs: list[_Obj]) -> None:
         self.objs = objs
 
-    def list(self, all: bool = False, names: list[str] | None = None,  # noqa: A002
+    def list(self, all: bool = False, names: list[str] | None = None,
              filters: dict[str, str] | None = None) -> list[_Obj]:
         out = self.objs
         if names:
