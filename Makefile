@@ -59,10 +59,12 @@ MORE_SLURM ?= 26.05
 
 # The e2e tests run on E2E_WORKERS clusters side by side (pytest-xdist: worker gw<n> owns
 # cluster gwt<n>, a module stays on one worker, longest modules first), while the `versions`
-# tests run on each MORE_SLURM release on a cluster of their own (gwv0, gwv1, ...); see
-# docs/test-cluster.md. E2E_WORKERS=1: the serial run on the one default cluster (gpuwarden).
+# tests run on each MORE_SLURM release on VERSIONS_WORKERS clusters of their own (gwv<n> for
+# the first release, gww<n>, gwx<n>, gwy<n> for more); see docs/test-cluster.md.
+# E2E_WORKERS=1: the serial run on the one default cluster (gpuwarden), as before.
 E2E_WORKERS ?= 4
-E2E_XDIST = -n $(E2E_WORKERS) --dist loadfile --no-loadscope-reorder
+VERSIONS_WORKERS ?= 1
+XDIST = --dist loadfile --no-loadscope-reorder
 
 # The e2e sessions leave their clusters up (11 containers each): removed here, whatever the
 # tests did, unless KEEP_CLUSTER=1; the tests' exit status is make's.
@@ -102,14 +104,16 @@ E2E_LOGS ?= .e2e-logs
 test-parallel: $(STAMP)
 	@echo "make test: unit tests"
 	@status=0; $(PY) -m pytest tests/unit -q --durations=10 || status=$$?; \
-	mkdir -p $(E2E_LOGS); pids=""; i=0; \
+	mkdir -p $(E2E_LOGS); pids=""; set -- v w x y; \
 	for v in $(MORE_SLURM); do \
-	    echo "make test: the e2e tests marked versions, on Slurm $$v (cluster gwv$$i), in the background"; \
-	    GPUWARDEN_SLURM=$$v GPUWARDEN_CLUSTER_NAME=gwv$$i $(PY) -m pytest tests/e2e -q -m versions \
-	        --durations=10 > $(E2E_LOGS)/slurm-$$v.log 2>&1 & pids="$$pids $$!"; i=$$((i + 1)); \
+	    [ $$# -gt 0 ] || { echo "make test: at most 4 releases in MORE_SLURM" >&2; exit 2; }; \
+	    echo "make test: the e2e tests marked versions, on Slurm $$v (clusters gw$$1<n>), in the background"; \
+	    GPUWARDEN_SLURM=$$v GPUWARDEN_CLUSTER_NAME=gw$$1 $(PY) -m pytest tests/e2e -q -m versions \
+	        -n $(VERSIONS_WORKERS) $(XDIST) --durations=10 > $(E2E_LOGS)/slurm-$$v.log 2>&1 & \
+	    pids="$$pids $$!"; shift; \
 	done; \
 	echo "make test: e2e tests on $(E2E_WORKERS) clusters side by side (gwt0..gwt$$(($(E2E_WORKERS) - 1)))"; \
-	$(PY) -m pytest tests/e2e -q $(E2E_XDIST) --durations=20 || status=$$?; \
+	$(PY) -m pytest tests/e2e -q -n $(E2E_WORKERS) $(XDIST) --durations=20 || status=$$?; \
 	for pid in $$pids; do wait $$pid || status=$$?; done; \
 	for v in $(MORE_SLURM); do \
 	    echo "make test: the e2e tests marked versions, on Slurm $$v:"; cat $(E2E_LOGS)/slurm-$$v.log; \

@@ -23,11 +23,17 @@ LABEL = "gpuwarden.testcluster"
 # Every cluster's containers carry NAME_LABEL=<name>; other clusters are listed by it.
 NAME_LABEL = "gpuwarden.cluster"
 # Other clusters get a /23 each (services at .10, nodes from .257: 250 nodes fit) out of
-# 172.31.0.0/16, picked by the name's CRC-32: distinct for gwt0..15 and gwv0..15 (what the
-# e2e workers are named); GPUWARDEN_SUBNET picks one by hand when two names meet.
+# 172.31.0.0/16: 128 slots. The e2e workers' clusters gw<t..y><n> (n < 16) own slots 0-95,
+# one each; any other name takes one of slots 96-127 by its CRC-32, where two names can meet
+# (docker then refuses the second network and GPUWARDEN_SUBNET picks one by hand).
 NAMED_POOL = "172.31.0.0/16"
 NAMED_SLOTS = 128
 _NAME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
+# What the e2e tests' pytest-xdist workers name their clusters: gw0 -> gwt0 (or <base>0 with
+# GPUWARDEN_CLUSTER_NAME=<base>); `make test` runs each other release's tests on gwv<n>,
+# gww<n>, ... Cleanup (`down --workers`) removes the clusters with such names.
+WORKER_BASE = "gwt"
+WORKER_NAME_RE = re.compile(r"gw([t-y])([0-9]{1,2})")
 
 
 def check_name(name: str) -> str:
@@ -41,7 +47,10 @@ def check_name(name: str) -> str:
 
 def slot(name: str) -> int:
     """The number (0..NAMED_SLOTS-1) of a named cluster's address block."""
-    return zlib.crc32(name.encode()) % NAMED_SLOTS
+    worker = WORKER_NAME_RE.fullmatch(name)
+    if worker and int(worker[2]) < 16:
+        return (ord(worker[1]) - ord("t")) * 16 + int(worker[2])
+    return 96 + zlib.crc32(name.encode()) % 32
 
 
 def subnet_for(name: str) -> str:
@@ -50,12 +59,6 @@ def subnet_for(name: str) -> str:
         return DEFAULT_SUBNET
     pool = ipaddress.ip_network(NAMED_POOL)
     return str(ipaddress.ip_network((int(pool.network_address) + slot(name) * 512, 23)))
-
-
-# What the e2e tests' pytest-xdist workers name their clusters: gw0 -> gwt0 (or <base>0 with
-# GPUWARDEN_CLUSTER_NAME=<base>); `make test` runs the 26.05 tests on gwv0.
-WORKER_BASE = "gwt"
-WORKER_NAME_RE = re.compile(r"(gwt|gwv)[0-9]{1,2}")
 
 
 def name_for_worker(worker: str, base: str | None) -> str:

@@ -149,7 +149,9 @@ def test_named_clusters_get_subnets_apart_from_each_other_and_the_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import ipaddress
 
-    names = [f"{base}{i}" for base in ("gwt", "gwv") for i in range(16)]
+    # Every cluster `make test` can make (gwt<n> for the workers, gwv<n>.. for the other
+    # releases) and names of one's own, which land apart from them.
+    names = [f"gw{base}{i}" for base in "tuvwxy" for i in range(16)] + ["mine", "gwt16"]
     specs = [_named(monkeypatch, n) for n in names]
     nets = [ipaddress.ip_network(s.subnet) for s in specs] + [ipaddress.ip_network("172.29.0.0/16")]
     sites = [ipaddress.ip_network(s.site_subnet) for s in specs] + [
