@@ -123,11 +123,13 @@ def _make(tmp_path: Path, *args: str, pytest_status: int = 0) -> tuple[int, str,
     stamp.touch()  # the venv is up to date
     os.utime(stamp, (2**31, 2**31))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAKEFLAGS": ""}
-    for var in ("KEEP_CLUSTER", "E2E_WORKERS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
+    # The Makefile's own knobs, which a `make test E2E_WORKERS=5` running this test exports.
+    for var in ("KEEP_CLUSTER", "E2E_WORKERS", "VERSIONS_WORKERS", "MORE_SLURM", "E2E_LOGS",
+                "MAKEOVERRIDES", "MFLAGS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
         env.pop(var, None)
     proc = subprocess.run(
         ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}",
-         f"HOST_DEPS={bin_dir}/host-deps", *args],
+         f"HOST_DEPS={bin_dir}/host-deps", f"E2E_LOGS={tmp_path}/e2e-logs", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
     ran = log.read_text().splitlines() if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, ran
