@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -49,21 +52,62 @@ def _bounded(call: Callable[[], Any], limit: float, argv: list[str]) -> Any:
     return box["res"]
 
 
+# docker-py reads an exec's output from the socket under http.client's buffered reader
+# (APIClient._get_raw_response_socket: response.raw._fp.fp.raw), so output that arrived with
+# the response headers sits in that buffer and is never read: under load the whole output
+# goes missing with exit 0 (an `sbatch --parsable` that printed no job id), or the frames lose
+# their alignment ("100 is not a valid stream"). So the command's output goes to files in the
+# container, read back through the archive API (a plain HTTP body, read in full), and the
+# exec's own stream carries nothing.
+_WRAP = (
+    'd=$1; shift; mkdir -m 700 "$d" || exit 125\n'
+    # Leftovers of earlier calls (their output was read long ago), this user's only.
+    "find \"${d%/*}\" -maxdepth 1 -name '.gwexec-*' -user \"$(id -u)\" -mmin +10 "
+    "-exec rm -rf {} + 2>/dev/null\n"
+    'if [ -n "${GPUWARDEN_STDIN+x}" ]; then printf %s "$GPUWARDEN_STDIN" | "$@" >"$d/out" '
+    '2>"$d/err"; else "$@" >"$d/out" 2>"$d/err"; fi'
+)
+
+
+# Where in the container (every user may write there).
+OUTPUT_DIR = "/tmp"  # noqa: S108 - inside the container
+
+
+class ExecOutputLost(RuntimeError):
+    pass
+
+
+def _read_back(container: Any, path: str) -> tuple[bytes, bytes]:
+    chunks, _stat = container.get_archive(path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+        found: dict[str, bytes] = {}
+        for member in tar.getmembers():
+            name = member.name.rsplit("/", 1)[-1]
+            f = tar.extractfile(member) if member.isfile() else None
+            if f is not None and name in ("out", "err"):
+                found[name] = f.read()
+    if set(found) != {"out", "err"}:
+        raise ExecOutputLost(f"{path} in {container.name} holds {sorted(found)}, not out and err")
+    return found["out"], found["err"]
+
+
 def run_in(container: Any, argv: list[str], timeout: float = 60.0, user: str = "",
            environment: dict[str, str] | None = None, stdin_text: str | None = None) -> ExecResult:
     """coreutils `timeout` inside the container enforces the deadline; exit 124 means it passed."""
-    cmd = ["timeout", "-k", "5", f"{timeout:g}", *argv]
     if stdin_text is not None:
         # exec_run cannot feed stdin: hand the text over as an environment variable instead.
         environment = {**(environment or {}), "GPUWARDEN_STDIN": stdin_text}
-        cmd = ["timeout", "-k", "5", f"{timeout:g}", "sh", "-c",
-               'printf %s "$GPUWARDEN_STDIN" | "$@"', "sh", *argv]
+    where = f"{OUTPUT_DIR}/.gwexec-{uuid.uuid4().hex}"
+    cmd = ["sh", "-c", _WRAP, "sh", where, "timeout", "-k", "5", f"{timeout:g}", *argv]
     res = _bounded(lambda: container.exec_run(cmd, demux=True, user=user or "root",
                                               environment=environment),
                    timeout + GRACE_S, argv)
-    out, err = res.output if res.output else (b"", b"")
-    return ExecResult(
-        rc=res.exit_code if res.exit_code is not None else -1,
-        out=(out or b"").decode(errors="replace"),
-        err=(err or b"").decode(errors="replace"),
-    )
+    rc = res.exit_code if res.exit_code is not None else -1
+    try:
+        out, err = _bounded(lambda: _read_back(container, where), GRACE_S, argv)
+    except ExecStalled:
+        raise
+    except Exception as exc:  # docker's NotFound and kin: the output is gone, say so
+        raise ExecOutputLost(f"`{' '.join(argv)[:200]}` in {container.name} exited {rc}, but "
+                             f"its output in {where} cannot be read: {exc}") from None
+    return ExecResult(rc=rc, out=out.decode(errors="replace"), err=err.decode(errors="replace"))

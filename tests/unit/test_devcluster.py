@@ -248,3 +248,54 @@ def test_down_removes_its_own_cluster_and_nothing_of_another(
                         s.fsx_volume}, victim
         assert not state.exists()
     assert named_clusters(_Docker(clusters, old_default)) == {"gwt1", "gwt10", "xgwt1"}
+
+
+class _LossyContainer:
+    """A container whose exec stream loses everything, as docker-py's does under load (the
+    output that arrived with the response headers is never read): the command really runs,
+    here, and its files are served by the archive API as dockerd serves them."""
+
+    name = "lossy"
+
+    def exec_run(self, cmd: list[str], demux: bool, user: str,
+                 environment: dict[str, str] | None) -> object:
+        import os
+        import subprocess
+        import types
+
+        proc = subprocess.run(cmd, capture_output=True, timeout=30, check=False,
+                              env={**os.environ, **(environment or {})})
+        return types.SimpleNamespace(exit_code=proc.returncode, output=(None, None))
+
+    def get_archive(self, path: str) -> tuple[list[bytes], dict[str, object]]:
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=Path(path).name)
+        return [buf.getvalue()[:1000], buf.getvalue()[1000:]], {}
+
+
+def test_an_exec_whose_stream_is_lost_still_returns_its_output(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Under the parallel e2e run, `sbatch --parsable` "printed" no job id with exit 0 and a
+    # `cat` of a written file came back empty: docker-py's exec stream had dropped them.
+    from gpuwarden.devcluster import exec as dexec
+
+    monkeypatch.setattr(dexec, "OUTPUT_DIR", str(tmp_path), raising=False)
+    got = dexec.run_in(_LossyContainer(), ["sh", "-c", "echo 4242; echo warn >&2; exit 3"])
+    assert (got.rc, got.out, got.err) == (3, "4242\n", "warn\n")
+    fed = dexec.run_in(_LossyContainer(), ["cat"], stdin_text="line 1\nline 2")
+    assert (fed.rc, fed.out) == (0, "line 1\nline 2")
+    late = dexec.run_in(_LossyContainer(), ["sleep", "5"], timeout=0.2)
+    assert late.rc == 124
+
+
+def test_an_exec_whose_output_cannot_be_read_back_says_so(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gpuwarden.devcluster import exec as dexec
+
+    monkeypatch.setattr(dexec, "OUTPUT_DIR", str(tmp_path / "missing"))  # mkdir fails there
+    with pytest.raises(dexec.ExecOutputLost, match="exited 125, but its output"):
+        dexec.run_in(_LossyContainer(), ["true"])
