@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
+import struct
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,59 +53,55 @@ def _bounded(call: Callable[[], Any], limit: float, argv: list[str]) -> Any:
 # docker-py reads an exec's output from the socket under http.client's buffered reader
 # (APIClient._get_raw_response_socket: response.raw._fp.fp.raw), so output that arrived with
 # the response headers sits in that buffer and is never read: under load the whole output
-# goes missing with exit 0 (an `sbatch --parsable` that printed no job id), or the frames lose
-# their alignment ("100 is not a valid stream"). So the command's output goes to files in the
-# container, read back through the archive API (a plain HTTP body, read in full), and the
-# exec's own stream carries nothing.
-_WRAP = (
-    'd=$1; shift; mkdir -m 700 "$d" || exit 125\n'
-    # Leftovers of earlier calls (their output was read long ago), this user's only.
-    "find \"${d%/*}\" -maxdepth 1 -name '.gwexec-*' -user \"$(id -u)\" -mmin +10 "
-    "-exec rm -rf {} + 2>/dev/null\n"
-    'if [ -n "${GPUWARDEN_STDIN+x}" ]; then printf %s "$GPUWARDEN_STDIN" | "$@" >"$d/out" '
-    '2>"$d/err"; else "$@" >"$d/out" 2>"$d/err"; fi'
-)
-
-
-# Where in the container (every user may write there).
-OUTPUT_DIR = "/tmp"  # noqa: S108 - inside the container
+# went missing with exit 0 (an `sbatch --parsable` that printed no job id), or the frames
+# lost their alignment ("100 is not a valid stream"). The frames are read here from that
+# buffered reader itself, which hands out what it read ahead first.
+_FRAME = struct.Struct(">BxxxL")  # stream (1 stdout, 2 stderr), then the payload's length
 
 
 class ExecOutputLost(RuntimeError):
     pass
 
 
-def _read_back(container: Any, path: str) -> tuple[bytes, bytes]:
-    chunks, _stat = container.get_archive(path)
-    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
-        found: dict[str, bytes] = {}
-        for member in tar.getmembers():
-            name = member.name.rsplit("/", 1)[-1]
-            f = tar.extractfile(member) if member.isfile() else None
-            if f is not None and name in ("out", "err"):
-                found[name] = f.read()
-    if set(found) != {"out", "err"}:
-        raise ExecOutputLost(f"{path} in {container.name} holds {sorted(found)}, not out and err")
-    return found["out"], found["err"]
+def _exec(container: Any, cmd: list[str], user: str,
+          environment: dict[str, str] | None) -> tuple[int, bytes, bytes]:
+    api = container.client.api
+    exec_id = api.exec_create(container.id, cmd, stdout=True, stderr=True, user=user,
+                              environment=environment)["Id"]
+    res = api._post_json(api._url("/exec/{0}/start", exec_id),
+                         headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+                         data={"Tty": False, "Detach": False}, stream=True)
+    try:
+        api._raise_for_status(res)
+        reader = res.raw._fp.fp  # http.client's buffered reader over the upgraded socket
+        streams: dict[int, bytearray] = {1: bytearray(), 2: bytearray()}
+        while True:
+            head = reader.read(_FRAME.size)
+            if not head:
+                break
+            if len(head) < _FRAME.size:
+                raise ExecOutputLost(f"`{' '.join(cmd)[:200]}`: the stream ended inside a frame")
+            stream, size = _FRAME.unpack(head)
+            data = reader.read(size)
+            if stream not in streams or len(data) < size:
+                raise ExecOutputLost(f"`{' '.join(cmd)[:200]}`: a damaged frame (stream "
+                                     f"{stream}, {len(data)} of {size} bytes)")
+            streams[stream] += data
+    finally:
+        res.close()
+    rc = api.exec_inspect(exec_id).get("ExitCode")
+    return (rc if rc is not None else -1), bytes(streams[1]), bytes(streams[2])
 
 
 def run_in(container: Any, argv: list[str], timeout: float = 60.0, user: str = "",
            environment: dict[str, str] | None = None, stdin_text: str | None = None) -> ExecResult:
     """coreutils `timeout` inside the container enforces the deadline; exit 124 means it passed."""
+    cmd = ["timeout", "-k", "5", f"{timeout:g}", *argv]
     if stdin_text is not None:
         # exec_run cannot feed stdin: hand the text over as an environment variable instead.
         environment = {**(environment or {}), "GPUWARDEN_STDIN": stdin_text}
-    where = f"{OUTPUT_DIR}/.gwexec-{uuid.uuid4().hex}"
-    cmd = ["sh", "-c", _WRAP, "sh", where, "timeout", "-k", "5", f"{timeout:g}", *argv]
-    res = _bounded(lambda: container.exec_run(cmd, demux=True, user=user or "root",
-                                              environment=environment),
-                   timeout + GRACE_S, argv)
-    rc = res.exit_code if res.exit_code is not None else -1
-    try:
-        out, err = _bounded(lambda: _read_back(container, where), GRACE_S, argv)
-    except ExecStalled:
-        raise
-    except Exception as exc:  # docker's NotFound and kin: the output is gone, say so
-        raise ExecOutputLost(f"`{' '.join(argv)[:200]}` in {container.name} exited {rc}, but "
-                             f"its output in {where} cannot be read: {exc}") from None
+        cmd = ["timeout", "-k", "5", f"{timeout:g}", "sh", "-c",
+               'printf %s "$GPUWARDEN_STDIN" | "$@"', "sh", *argv]
+    rc, out, err = _bounded(lambda: _exec(container, cmd, user or "root", environment),
+                            timeout + GRACE_S, argv)
     return ExecResult(rc=rc, out=out.decode(errors="replace"), err=err.decode(errors="replace"))

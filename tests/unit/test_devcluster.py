@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import shutil
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -102,9 +108,17 @@ def test_an_exec_whose_stream_never_ends_is_given_up_at_its_deadline(
     from gpuwarden.devcluster import exec as dexec
 
     class Stuck:
-        def exec_run(self, *args: object, **kwargs: object) -> object:
-            threading.Event().wait()  # dockerd never closes the stream
-            raise AssertionError("unreachable")
+        """dockerd never answers."""
+
+        def __init__(self) -> None:
+            self.client = self
+            self.api = self
+
+        def __getattr__(self, name: str) -> object:
+            def call(*args: object, **kwargs: object) -> object:
+                threading.Event().wait()
+                raise AssertionError("unreachable")
+            return call
 
     monkeypatch.setattr(dexec, "GRACE_S", 0.2)
     began = time.monotonic()
@@ -250,52 +264,84 @@ def test_down_removes_its_own_cluster_and_nothing_of_another(
     assert named_clusters(_Docker(clusters, old_default)) == {"gwt1", "gwt10", "xgwt1"}
 
 
-class _LossyContainer:
-    """A container whose exec stream loses everything, as docker-py's does under load (the
-    output that arrived with the response headers is never read): the command really runs,
-    here, and its files are served by the archive API as dockerd serves them."""
+class _Dockerd(threading.Thread):
+    """A daemon on a unix socket that answers an exec as dockerd does when the command's
+    output is ready before the client reads the response: the 101 and the first frames in one
+    write (what a loaded host does), which docker-py's own exec read then never sees."""
 
-    name = "lossy"
+    def __init__(self, path: str, frames: bytes, code: int) -> None:
+        super().__init__(daemon=True)
+        self.frames, self.code = frames, code
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(8)
 
-    def exec_run(self, cmd: list[str], demux: bool, user: str,
-                 environment: dict[str, str] | None) -> object:
-        import os
-        import subprocess
-        import types
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            with conn:
+                req = b""
+                while b"\r\n\r\n" not in req:
+                    req += conn.recv(65536)
+                head, _, body = req.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1]) \
+                    if re.search(rb"(?i)content-length", head) else 0
+                while len(body) < length:
+                    body += conn.recv(65536)
+                path = head.split(b" ")[1].decode()
+                if path.endswith("/start"):
+                    conn.sendall(b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker"
+                                 b".raw-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+                                 + self.frames)
+                    continue
+                doc = {"Id": "e1"} if path.endswith("/exec") else {"ExitCode": self.code}
+                data = json.dumps(doc).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(data), data))
 
-        proc = subprocess.run(cmd, capture_output=True, timeout=30, check=False,
-                              env={**os.environ, **(environment or {})})
-        return types.SimpleNamespace(exit_code=proc.returncode, output=(None, None))
 
-    def get_archive(self, path: str) -> tuple[list[bytes], dict[str, object]]:
-        import io
-        import tarfile
-
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(path, arcname=Path(path).name)
-        return [buf.getvalue()[:1000], buf.getvalue()[1000:]], {}
+def _frame(stream: int, data: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(data)) + data
 
 
-def test_an_exec_whose_stream_is_lost_still_returns_its_output(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # Under the parallel e2e run, `sbatch --parsable` "printed" no job id with exit 0 and a
-    # `cat` of a written file came back empty: docker-py's exec stream had dropped them.
+@pytest.fixture
+def dockerd(tmp_path: Path) -> Iterator[Callable[[bytes, int], object]]:
+    docker = pytest.importorskip("docker")
+    daemons: list[_Dockerd] = []
+
+    def start(frames: bytes, code: int) -> object:
+        path = str(tmp_path / f"d{len(daemons)}.sock")
+        d = _Dockerd(path, frames, code)
+        d.start()
+        daemons.append(d)
+        client = docker.DockerClient(base_url=f"unix://{path}", version="1.41", timeout=10)
+        return docker.models.containers.Container(attrs={"Id": "c1", "Name": "/c1"},
+                                                  client=client)
+    yield start
+    for d in daemons:
+        d.server.close()
+
+
+def test_an_exec_whose_output_came_with_the_response_headers_is_read_whole(
+        dockerd: Callable[[bytes, int], object]) -> None:
+    # Under the parallel e2e run, `sbatch --parsable` "printed" no job id with exit 0, a
+    # written file read back empty, and frames lost their alignment ("100 is not a valid
+    # stream"): docker-py never read what http.client had buffered with the headers.
     from gpuwarden.devcluster import exec as dexec
 
-    monkeypatch.setattr(dexec, "OUTPUT_DIR", str(tmp_path), raising=False)
-    got = dexec.run_in(_LossyContainer(), ["sh", "-c", "echo 4242; echo warn >&2; exit 3"])
-    assert (got.rc, got.out, got.err) == (3, "4242\n", "warn\n")
-    fed = dexec.run_in(_LossyContainer(), ["cat"], stdin_text="line 1\nline 2")
-    assert (fed.rc, fed.out) == (0, "line 1\nline 2")
-    late = dexec.run_in(_LossyContainer(), ["sleep", "5"], timeout=0.2)
-    assert late.rc == 124
+    container = dockerd(_frame(1, b"4242\n") + _frame(2, b"warn\n") + _frame(1, b"x" * 70000), 3)
+    got = dexec.run_in(container, ["sbatch", "--parsable"])
+    assert (got.rc, got.out, got.err) == (3, "4242\n" + "x" * 70000, "warn\n")
 
 
-def test_an_exec_whose_output_cannot_be_read_back_says_so(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_exec_stream_cut_inside_a_frame_is_an_error_not_short_output(
+        dockerd: Callable[[bytes, int], object]) -> None:
     from gpuwarden.devcluster import exec as dexec
 
-    monkeypatch.setattr(dexec, "OUTPUT_DIR", str(tmp_path / "missing"))  # mkdir fails there
-    with pytest.raises(dexec.ExecOutputLost, match="exited 125, but its output"):
-        dexec.run_in(_LossyContainer(), ["true"])
+    container = dockerd(_frame(1, b"4242\n")[:-2], 0)
+    with pytest.raises(dexec.ExecOutputLost, match="of 5 bytes|inside a frame"):
+        dexec.run_in(container, ["sbatch", "--parsable"])
