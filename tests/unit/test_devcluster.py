@@ -43,6 +43,9 @@ def test_bad_shape_settings_are_refused(monkeypatch: pytest.MonkeyPatch, var: st
 
 
 def test_addresses_are_fixed_and_distinct(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default cluster's (an xdist worker's session names its own in the environment).
+    monkeypatch.delenv("GPUWARDEN_CLUSTER_NAME", raising=False)
+    monkeypatch.delenv("GPUWARDEN_SUBNET", raising=False)
     monkeypatch.setenv("GPUWARDEN_NODES", "200")
     addrs = spec.from_env().addresses()
     assert len(set(addrs.values())) == len(addrs) == 203
