@@ -64,6 +64,8 @@ MORE_SLURM ?= 26.05
 # E2E_WORKERS=1: the serial run on the one default cluster (gpuwarden), as before.
 E2E_WORKERS ?= 4
 VERSIONS_WORKERS ?= 1
+# The unit tests on 2 cores: 115 s with -n 2 against 265 s serially (2026-12-05, loaded host).
+UNIT_WORKERS ?= 2
 XDIST = --dist loadfile --no-loadscope-reorder
 
 # The e2e sessions leave their clusters up (11 containers each): removed here, whatever the
@@ -103,7 +105,7 @@ test-serial: $(STAMP)
 E2E_LOGS ?= .e2e-logs
 test-parallel: $(STAMP)
 	@echo "make test: unit tests"
-	@status=0; $(PY) -m pytest tests/unit -q --durations=10 || status=$$?; \
+	@status=0; $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 || status=$$?; \
 	mkdir -p $(E2E_LOGS); pids=""; set -- v w x y; \
 	for v in $(MORE_SLURM); do \
 	    [ $$# -gt 0 ] || { echo "make test: at most 4 releases in MORE_SLURM" >&2; exit 2; }; \

@@ -125,7 +125,7 @@ def _make(tmp_path: Path, *args: str, pytest_status: int = 0) -> tuple[int, str,
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAKEFLAGS": ""}
     # The Makefile's own knobs, which a `make test E2E_WORKERS=5` running this test exports.
     for var in ("KEEP_CLUSTER", "E2E_WORKERS", "VERSIONS_WORKERS", "MORE_SLURM", "E2E_LOGS",
-                "MAKEOVERRIDES", "MFLAGS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
+                "UNIT_WORKERS", "MAKEOVERRIDES", "MFLAGS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
         env.pop(var, None)
     proc = subprocess.run(
         ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}",
@@ -170,7 +170,7 @@ XDIST = "--dist loadfile --no-loadscope-reorder"
 def _parallel(ran: list[str]) -> tuple[list[str], list[str]]:
     """The parallel run's lines: (the 24.11 session's, the versions session's with its env line)
     apart, since the two run at once and their lines interleave."""
-    i = ran.index("python -m pytest tests/unit -q --durations=10")
+    i = ran.index("python -m pytest tests/unit -q -n 2 --durations=10")
     rest = ran[i + 1:]
     v = next(j for j, line in enumerate(rest) if "-m versions" in line)
     versions = rest[v:v + 2]
@@ -182,7 +182,7 @@ def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
     code, out, ran = _make(tmp_path, "test", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
     main, versions = _parallel(ran)
-    assert main == ["python -m pytest tests/unit -q --durations=10",
+    assert main == ["python -m pytest tests/unit -q -n 2 --durations=10",
                     f"python -m pytest tests/e2e -q -n 4 {XDIST} --durations=20",
                     "docker info", "python -m gpuwarden.devcluster down --workers"], ran
     # The other release's versions tests at the same time, on clusters of their own.
