@@ -2,7 +2,8 @@
 # machine with Docker: scripts/host-deps.sh installs python3-venv, debootstrap (and lua5.1 for
 # the tests) with apt-get when missing, saying so in one line; that needs root once, as does
 # building the cluster image with debootstrap (not root: it prints the command to run).
-# `make test` removes the test cluster at the end; KEEP_CLUSTER=1 make test leaves it running.
+# `make test` removes its test clusters at the end; KEEP_CLUSTER=1 make test leaves them running;
+# E2E_WORKERS=1 make test runs the e2e tests serially on one cluster.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 HOST_DEPS := PY=$(PY) bash scripts/host-deps.sh
 KEEP_CLUSTER ?=
 
-.PHONY: all venv image cluster-up cluster-down demo test unit e2e lint bench clean
+.PHONY: all venv image cluster-up cluster-down demo test test-serial test-parallel unit e2e lint bench clean
 
 all: test
 
@@ -31,8 +32,10 @@ cluster-up: $(STAMP)
 	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster up
 
+# The default cluster and every cluster of the parallel e2e tests (gwt<n>, gwv<n>).
 cluster-down: $(STAMP)
 	$(PY) -m gpuwarden.devcluster down
+	$(PY) -m gpuwarden.devcluster down --workers
 
 demo: $(STAMP)
 	@$(HOST_DEPS) debootstrap
@@ -54,11 +57,23 @@ e2e: $(STAMP)
 # the default one (24.11); each gets its own image and a fresh cluster (GPUWARDEN_SLURM).
 MORE_SLURM ?= 26.05
 
-# The e2e session leaves its cluster up (11 containers): removed here, whatever the tests did,
-# unless KEEP_CLUSTER=1; the tests' exit status is make's.
+# The e2e tests run on E2E_WORKERS clusters side by side (pytest-xdist: worker gw<n> owns
+# cluster gwt<n>, a module stays on one worker, longest modules first), while the `versions`
+# tests run on each MORE_SLURM release on VERSIONS_WORKERS clusters of their own (gwv<n> for
+# the first release, gww<n>, gwx<n>, gwy<n> for more); see docs/test-cluster.md.
+# E2E_WORKERS=1: the serial run on the one default cluster (gpuwarden), as before.
+E2E_WORKERS ?= 4
+VERSIONS_WORKERS ?= 1
+# The unit tests on 2 cores: 115 s with -n 2 against 265 s serially (2026-12-05, loaded host).
+UNIT_WORKERS ?= 2
+XDIST = --dist loadfile --no-loadscope-reorder
+
+# The e2e sessions leave their clusters up (11 containers each): removed here, whatever the
+# tests did, unless KEEP_CLUSTER=1; the tests' exit status is make's.
 # Every release's image is built before pytest starts: a build (minutes on a fresh machine)
 # inside the first e2e test's fixture counted against that test's timeout.
 test: lint $(STAMP)
+	@echo "make test: host dependencies and cluster images"
 	@$(HOST_DEPS) debootstrap lua chromium
 	@if docker info >/dev/null 2>&1; then \
 	    $(PY) -m gpuwarden.devcluster image || exit $$?; \
@@ -66,6 +81,12 @@ test: lint $(STAMP)
 	        GPUWARDEN_SLURM=$$v $(PY) -m gpuwarden.devcluster image || exit $$?; \
 	    done; \
 	fi
+	@if [ "$(E2E_WORKERS)" = 1 ]; then $(MAKE) --no-print-directory test-serial; \
+	else $(MAKE) --no-print-directory test-parallel; fi
+
+# Unit and e2e tests in one session on the default cluster, then each release's in turn.
+test-serial: $(STAMP)
+	@echo "make test: unit and e2e tests, serially, on the cluster gpuwarden"
 	@status=0; $(PY) -m pytest tests -q --durations=20 || status=$$?; \
 	for v in $(MORE_SLURM); do \
 	    echo "make test: the e2e tests marked versions, on Slurm $$v"; \
@@ -76,6 +97,35 @@ test: lint $(STAMP)
 	elif docker info >/dev/null 2>&1; then \
 	    $(PY) -m gpuwarden.devcluster down \
 	        || echo "make test: removing the test cluster failed: run make cluster-down" >&2; \
+	fi; \
+	exit $$status
+
+# Each release's `versions` session runs in the background, its output kept in
+# $(E2E_LOGS)/slurm-<release>.log and shown when it ends.
+E2E_LOGS ?= .e2e-logs
+test-parallel: $(STAMP)
+	@echo "make test: unit tests"
+	@status=0; $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 || status=$$?; \
+	mkdir -p $(E2E_LOGS); pids=""; set -- v w x y; \
+	for v in $(MORE_SLURM); do \
+	    [ $$# -gt 0 ] || { echo "make test: at most 4 releases in MORE_SLURM" >&2; exit 2; }; \
+	    echo "make test: the e2e tests marked versions, on Slurm $$v (clusters gw$$1<n>), in the background"; \
+	    GPUWARDEN_SLURM=$$v GPUWARDEN_CLUSTER_NAME=gw$$1 $(PY) -m pytest tests/e2e -q -m versions \
+	        -n $(VERSIONS_WORKERS) $(XDIST) --durations=10 > $(E2E_LOGS)/slurm-$$v.log 2>&1 & \
+	    pids="$$pids $$!"; shift; \
+	done; \
+	echo "make test: e2e tests on $(E2E_WORKERS) clusters side by side (gwt0..gwt$$(($(E2E_WORKERS) - 1)))"; \
+	$(PY) -m pytest tests/e2e -q -n $(E2E_WORKERS) $(XDIST) --durations=20 || status=$$?; \
+	for pid in $$pids; do wait $$pid || status=$$?; done; \
+	for v in $(MORE_SLURM); do \
+	    echo "make test: the e2e tests marked versions, on Slurm $$v:"; cat $(E2E_LOGS)/slurm-$$v.log; \
+	done; \
+	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
+	    echo "KEEP_CLUSTER=1: the test clusters are left running (make cluster-down removes them)"; \
+	elif docker info >/dev/null 2>&1; then \
+	    echo "make test: removing the test clusters"; \
+	    $(PY) -m gpuwarden.devcluster down --workers \
+	        || echo "make test: removing the test clusters failed: run make cluster-down" >&2; \
 	fi; \
 	exit $$status
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 
 import click
 
@@ -53,10 +54,43 @@ def up(timeout: float) -> None:
 
 
 @main.command()
-def down() -> None:
-    """Remove the cluster's containers, network, shared volume and rendered config."""
-    _cluster().down()  # type: ignore[attr-defined]
-    _progress("cluster removed")
+@click.option("--workers", is_flag=True,
+              help="instead: every cluster the parallel e2e tests made (gwt<n>, gwv<n>) and its "
+                   "admin-guide site")
+def down(workers: bool) -> None:
+    """Remove the cluster's containers, network, shared volume and rendered config
+    (GPUWARDEN_CLUSTER_NAME picks the cluster; the default one is `gpuwarden`)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from gpuwarden.devcluster.cluster import Cluster, named_clusters  # noqa: PLC0415
+    from gpuwarden.devcluster.site import LABEL as SITE_LABEL  # noqa: PLC0415
+    from gpuwarden.devcluster.site import PlainSite  # noqa: PLC0415
+    from gpuwarden.devcluster.spec import WORKER_NAME_RE, subnet_for  # noqa: PLC0415
+
+    client = _client()
+    spec = from_env()
+    if not workers:
+        Cluster(client, spec, progress=_progress).down()
+        _progress(f"cluster {spec.name} removed")
+        return
+    root = Path(__file__).resolve().parents[2]
+    # Found by label, and by the state dirs a run left in this checkout.
+    names = {n for n in named_clusters(client) if WORKER_NAME_RE.fullmatch(n)}
+    names |= {p.name.removeprefix(".state-") for p in (root / "docker-cluster").glob(".state-*")
+              if WORKER_NAME_RE.fullmatch(p.name.removeprefix(".state-"))}
+    # A site left by a killed run, its cluster already gone.
+    key = f"{SITE_LABEL}.name"
+    sites = client.containers.list(all=True, filters={"label": key})  # type: ignore[attr-defined]
+    left = {c.labels.get(key, "").removesuffix("site") for c in sites}
+    names |= {n for n in left if WORKER_NAME_RE.fullmatch(n)}
+    for name in sorted(names):
+        worker = replace(spec, name=name, subnet=subnet_for(name))
+        Cluster(client, worker, progress=_progress).down()
+        PlainSite(client, root, root, progress=_progress, name=worker.site_name,
+                  subnet=worker.site_subnet).down()
+        _progress(f"cluster {name} and its site removed")
+    if not names:
+        _progress("no cluster of the parallel e2e tests found")
 
 
 @main.command()

@@ -17,7 +17,7 @@ import jinja2
 from gpuwarden import slurmconf
 from gpuwarden.devcluster import image, wheel
 from gpuwarden.devcluster.exec import ExecResult, run_in
-from gpuwarden.devcluster.spec import LABEL, PREFIX, Spec
+from gpuwarden.devcluster.spec import DEFAULT_NAME, NAME_LABEL, Spec
 from gpuwarden.errors import GpuwardenError
 from gpuwarden.slurm.parse import parse_nodes
 from gpuwarden.slurmconfkeys import parse_release, parse_version
@@ -25,12 +25,12 @@ from gpuwarden.slurmconfkeys import parse_release, parse_version
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
-NETWORK = f"{PREFIX}-net"
 # The working tree inside every container (read-only): test-only files such as fake-gpu-job.
 # gpuwarden itself is installed from the wheel under /opt/gpuwarden (docker-cluster/entrypoint.sh).
 SRC = "/src/gpuwarden"
 VENV_PYTHON = "/opt/gpuwarden/venv/bin/python"
-FSX_VOLUME = f"{PREFIX}-fsx"
+# Network, shared volume and container names are the cluster's own (Spec.network, fsx_volume,
+# container_name): several clusters run side by side.
 FSX_PATH = "/fsx"
 # /dev/shm of each node (checkpoint tier 0); part of the config hash.
 NODE_SHM = "1g"
@@ -39,6 +39,15 @@ S3_BUCKET = "gpuwarden"
 
 class ClusterError(GpuwardenError):
     pass
+
+
+def named_clusters(client: Any) -> set[str]:
+    """The names of the named (non-default) clusters with a container or network on this host."""
+    found = {c.labels.get(NAME_LABEL, "") for c in client.containers.list(
+        all=True, filters={"label": NAME_LABEL})}
+    found |= {(n.attrs.get("Labels") or {}).get(NAME_LABEL, "") for n in client.networks.list(
+        filters={"label": NAME_LABEL})}
+    return {name for name in found if name and name != DEFAULT_NAME}
 
 
 def _repo_root() -> Path:
@@ -52,7 +61,7 @@ class Cluster:
         self.spec = spec
         self.progress = progress
         self.root = repo_root or _repo_root()
-        self.state_dir = self.root / "docker-cluster" / ".state"
+        self.state_dir = self.root / "docker-cluster" / spec.state_dir_name
 
     # ---- rendering -------------------------------------------------------------------------
     def _secret(self, name: str, nbytes: int) -> str:
@@ -110,17 +119,31 @@ class Cluster:
 
     # ---- docker objects ------------------------------------------------------------------------
     def _containers(self) -> list[Any]:
-        return list(self.client.containers.list(all=True, filters={"label": LABEL}))
+        return list(self.client.containers.list(
+            all=True, filters={"label": self.spec.label_filter}))
+
+    def _networks(self) -> list[Any]:
+        # Docker's name filter matches substrings ("gwt1-net" would list "xgwt1-net").
+        return [n for n in self.client.networks.list(names=[self.spec.network])
+                if n.name == self.spec.network]
 
     def _ensure_network(self) -> Any:
-        nets = self.client.networks.list(names=[NETWORK])
+        nets = self._networks()
         if nets:
             return nets[0]
         import docker  # noqa: PLC0415 - developer tooling only
 
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=self.spec.subnet)])
-        return self.client.networks.create(NETWORK, driver="bridge", ipam=ipam,
-                                           labels={LABEL: "1"})
+        try:
+            return self.client.networks.create(self.spec.network, driver="bridge", ipam=ipam,
+                                               labels=self.spec.labels)
+        except docker.errors.APIError as exc:
+            if "overlap" not in str(exc).lower():
+                raise
+            raise ClusterError(
+                f"cluster {self.spec.name}: its subnet {self.spec.subnet} overlaps another docker "
+                f"network ({exc.explanation}); pick a free one with GPUWARDEN_SUBNET "
+                "(docs/test-cluster.md)") from None
 
     def _run(self, host: str, role: str, tag: str, config_hash: str, ip: str,
              hosts: dict[str, str]) -> Any:
@@ -131,19 +154,19 @@ class Cluster:
             str(self.state_dir): {"bind": "/etc/gpuwarden-cluster", "mode": "ro"},
         }
         if role in ("node", "slurmctld"):
-            volumes[FSX_VOLUME] = {"bind": FSX_PATH, "mode": "rw"}
+            volumes[self.spec.fsx_volume] = {"bind": FSX_PATH, "mode": "rw"}
         return self.client.containers.run(
             tag,
             [f"{SRC}/docker-cluster/entrypoint.sh", role],
             name=self.spec.container_name(host),
             hostname=host,
             detach=True,
-            labels={LABEL: "1", "gpuwarden.role": role, "gpuwarden.config": config_hash},
+            labels={**self.spec.labels, "gpuwarden.role": role, "gpuwarden.config": config_hash},
             environment={"GPUWARDEN_GPUS": str(self.spec.cluster.gpus_per_node)},
             volumes=volumes,
             extra_hosts={h: a for h, a in hosts.items() if h != host},
-            network=NETWORK,
-            networking_config={NETWORK: docker.types.EndpointConfig(
+            network=self.spec.network,
+            networking_config={self.spec.network: docker.types.EndpointConfig(
                 version=self.client.api.api_version, ipv4_address=ip, aliases=[host])},
             init=True,
             # Tier 0 of checkpoints is /dev/shm: Docker's 64 MB default holds no real state.
@@ -201,12 +224,13 @@ class Cluster:
         return seen["slurmctld"]
 
     def down(self, keep_state: bool = False) -> None:
+        """Remove this cluster's containers, network and volume, and no other cluster's."""
         for c in self._containers():
             c.remove(force=True, v=True)
-        for net in self.client.networks.list(names=[NETWORK]):
+        for net in self._networks():
             net.remove()
-        for vol in self.client.volumes.list(filters={"name": FSX_VOLUME}):
-            if vol.name == FSX_VOLUME:
+        for vol in self.client.volumes.list(filters={"name": self.spec.fsx_volume}):
+            if vol.name == self.spec.fsx_volume:
                 vol.remove(force=True)
         if not keep_state and self.state_dir.exists():
             shutil.rmtree(self.state_dir)
@@ -234,7 +258,7 @@ class Cluster:
         for c in self._containers():
             c.reload()
             if c.status != "running":
-                host = c.name.removeprefix(f"{PREFIX}-")
+                host = c.name.removeprefix(f"{self.spec.name}-")
                 raise self._fail(host, "a container stopped while the cluster came up")
 
     def wait_ready(self, timeout: float = 180.0) -> None:

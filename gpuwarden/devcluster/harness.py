@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gpuwarden.devcluster.cluster import FSX_PATH, NETWORK, SRC, VENV_PYTHON, Cluster
+from gpuwarden.devcluster.cluster import FSX_PATH, SRC, VENV_PYTHON, Cluster
 from gpuwarden.devcluster.exec import ExecResult
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.slurm import parse
@@ -289,11 +289,12 @@ class Harness:
 
     def disconnect(self, host: str) -> None:
         """Cut the node off the cluster network (its processes keep running)."""
-        self.cluster.client.networks.get(NETWORK).disconnect(self.container(host), force=True)
+        self.cluster.client.networks.get(self.cluster.spec.network).disconnect(
+            self.container(host), force=True)
 
     def reconnect(self, host: str) -> None:
         ip = self.cluster.spec.addresses()[host]
-        self.cluster.client.networks.get(NETWORK).connect(
+        self.cluster.client.networks.get(self.cluster.spec.network).connect(
             self.container(host), ipv4_address=ip, aliases=[host])
 
     def heal(self, host: str) -> None:
@@ -309,7 +310,7 @@ class Harness:
             c.unpause()
         elif c.status != "running":
             c.start()
-        if NETWORK not in c.attrs["NetworkSettings"]["Networks"]:
+        if self.cluster.spec.network not in c.attrs["NetworkSettings"]["Networks"]:
             self.reconnect(host)
         res = self.exec("slurmctld", ["scontrol", "show", "node", host, "--json"], timeout=20)
         nodes = parse.parse_nodes(res.out) if res.rc == 0 else []

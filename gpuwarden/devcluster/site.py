@@ -10,6 +10,7 @@ and every host mounts one shared directory at /fsx, the site's shared filesystem
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import secrets
 import shutil
 import time
@@ -23,7 +24,6 @@ from gpuwarden.errors import GpuwardenError
 
 PREFIX = "gwsite"
 LABEL = "gpuwarden.plainsite"
-NETWORK = f"{PREFIX}-net"
 SUBNET = "172.30.0.0/24"
 HEAD = "head"
 NODES = ("gn1", "gn2", "gn3", "gn4")
@@ -42,18 +42,23 @@ class SiteError(GpuwardenError):
 
 class PlainSite:
     def __init__(self, client: Any, repo_root: Path, work_dir: Path,
-                 progress: Progress = print) -> None:
+                 progress: Progress = print, name: str = PREFIX, subnet: str = SUBNET) -> None:
         self.client = client
         self.root = repo_root
         self.work = work_dir
         self.progress = progress
+        # One site per test cluster (spec.Spec.site_name): named sites never carry the LABEL
+        # key, which older checkouts' down() removes whatever it is set to.
+        self.name, self.subnet, self.network = name, subnet, f"{name}-net"
+        self.labels = {LABEL: "1"} if name == PREFIX else {f"{LABEL}.name": name}
+        self.label_filter = LABEL if name == PREFIX else f"{LABEL}.name={name}"
 
     @property
     def hosts(self) -> list[str]:
         return [HEAD, *NODES]
 
     def _address(self, host: str) -> str:
-        return f"172.30.0.{10 + self.hosts.index(host)}"
+        return str(ipaddress.ip_network(self.subnet).network_address + 10 + self.hosts.index(host))
 
     def _seed(self) -> Path:
         seed = self.work / "seed"
@@ -82,22 +87,22 @@ class PlainSite:
         fsx = self.work / "fsx"
         fsx.mkdir(mode=0o755, exist_ok=True)
         fsx.chmod(0o755)
-        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=SUBNET)])
-        self.client.networks.create(NETWORK, driver="bridge", ipam=ipam, labels={LABEL: "1"})
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=self.subnet)])
+        self.client.networks.create(self.network, driver="bridge", ipam=ipam, labels=self.labels)
         hosts = {h: self._address(h) for h in self.hosts}
         for host in self.hosts:
             role = "head" if host == HEAD else "node"
             self.client.containers.run(
                 tag, ["/etc/site-seed/site.sh", role],
-                name=f"{PREFIX}-{host}", hostname=host, detach=True, labels={LABEL: "1"},
+                name=f"{self.name}-{host}", hostname=host, detach=True, labels=self.labels,
                 volumes={
                     str(seed): {"bind": "/etc/site-seed", "mode": "ro"},
                     str(built.parent): {"bind": DIST, "mode": "ro"},
                     str(fsx): {"bind": FSX, "mode": "rw"},
                 },
                 extra_hosts={h: a for h, a in hosts.items() if h != host},
-                network=NETWORK,
-                networking_config={NETWORK: docker.types.EndpointConfig(
+                network=self.network,
+                networking_config={self.network: docker.types.EndpointConfig(
                     version=self.client.api.api_version, ipv4_address=hosts[host],
                     aliases=[host])},
                 init=True,
@@ -125,7 +130,7 @@ class PlainSite:
         # the image, which every later container would have to mount over the file.
         c = self.client.containers.run(
             cluster_tag, ["/bin/bash", "-c", script.read_text()], detach=True,
-            labels={LABEL: "1"}, network_mode="none")
+            labels=self.labels, network_mode="none")
         try:
             rc = c.wait(timeout=timeout).get("StatusCode")
             if rc != 0:
@@ -138,13 +143,14 @@ class PlainSite:
         return tag
 
     def down(self) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+        for c in self.client.containers.list(all=True, filters={"label": self.label_filter}):
             c.remove(force=True, v=True)
-        for net in self.client.networks.list(names=[NETWORK]):
-            net.remove()
+        for net in self.client.networks.list(names=[self.network]):
+            if net.name == self.network:  # the name filter matches substrings
+                net.remove()
 
     def container(self, host: str) -> Any:
-        return self.client.containers.get(f"{PREFIX}-{host}")
+        return self.client.containers.get(f"{self.name}-{host}")
 
     def exec(self, host: str, argv: list[str], timeout: float = 60.0, user: str = "") -> ExecResult:
         return run_in(self.container(host), argv, timeout=timeout, user=user)
@@ -179,10 +185,10 @@ class PlainSite:
         deadline = time.monotonic() + timeout
         last = ""
         while True:
-            for c in self.client.containers.list(all=True, filters={"label": LABEL}):
+            for c in self.client.containers.list(all=True, filters={"label": self.label_filter}):
                 if c.status not in ("running", "created"):
                     raise SiteError(f"{c.name} is {c.status}: "
-                                    f"{self.logs(c.name.removeprefix(PREFIX + '-'))}")
+                                    f"{self.logs(c.name.removeprefix(self.name + '-'))}")
             last = probe()
             if not last:
                 return

@@ -1,10 +1,14 @@
 """The e2e session: one fresh cluster for the whole run, driven through the docker SDK.
 
+Under pytest-xdist each worker owns a cluster named after it (gw0 -> gwt0, see
+docs/test-cluster.md); run with `--dist loadfile --no-loadscope-reorder` so a module stays
+on one worker and the longest modules (DURATION_ORDER) start first.
 Without Docker the e2e tests skip with the reason; with CI=true they fail instead.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -12,8 +16,39 @@ import pytest
 
 from gpuwarden.devcluster.cluster import Cluster
 from gpuwarden.devcluster.harness import Harness
-from gpuwarden.devcluster.spec import from_env
+from gpuwarden.devcluster.spec import Spec, from_env, name_for_worker
 from tests.conftest import in_ci
+
+# The modules by their wall time on one cluster, longest first, from the parallel run of
+# 2026-12-05 (4 workers beside the 26.05 run; seconds less the cluster's start): workers take
+# modules in this order, so the longest does not start last. Modules not listed (each under
+# 80 s) run after these, in file order.
+DURATION_ORDER = (
+    "test_ckpt_spares.py",  # 400
+    "test_ckpt_requeue.py",  # 343
+    "test_lemons.py",  # 243
+    "test_ckpt_torch.py",  # 218
+    "test_ckpt_outages.py",  # 202
+    "test_placement.py",  # 179
+    "test_admin_guide.py",  # 153
+    "test_health.py",  # 126
+    "test_foundation.py",  # 119
+    "test_report.py",  # 78
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker's session drives its own cluster: every from_env() in it (the cluster
+    fixture, the admin guide's site, a devcluster command a test starts) names it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    if os.environ.get("GPUWARDEN_SUBNET") and int(
+            os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        raise pytest.UsageError("GPUWARDEN_SUBNET names one subnet, but each of the xdist "
+                                "workers brings up its own cluster: unset it")
+    os.environ["GPUWARDEN_CLUSTER_NAME"] = name_for_worker(
+        worker, os.environ.get("GPUWARDEN_CLUSTER_NAME"))
 
 
 def _no_cluster(reason: str) -> None:
@@ -41,9 +76,16 @@ def docker_client() -> object:
 
 
 @pytest.fixture(scope="session")
-def cluster(docker_client: object) -> Iterator[Harness]:
+def cluster_spec() -> Spec:
+    """The cluster this session (or this xdist worker) brings up."""
+    return from_env()
+
+
+@pytest.fixture(scope="session")
+def cluster(docker_client: object, cluster_spec: Spec) -> Iterator[Harness]:
     client = docker_client
-    c = Cluster(client, from_env(), progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
+    c = Cluster(client, cluster_spec,
+                progress=lambda m: print(f"[cluster {cluster_spec.name}] {m}", file=sys.stderr))
     # A fresh cluster per session: no drains, jobs or accounting left from an earlier run.
     c.down(keep_state=True)
     c.up(timeout=240)
@@ -52,7 +94,20 @@ def cluster(docker_client: object) -> Iterator[Harness]:
     yield h
 
 
+def _module_rank(item: pytest.Item) -> int:
+    name = item.path.name
+    return DURATION_ORDER.index(name) if name in DURATION_ORDER else len(DURATION_ORDER)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/e2e/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.e2e)
+    # Only workers reorder (a serial run keeps file order). Stable: the tests of a module
+    # keep their order, and every worker sorts alike (xdist checks that they collect alike).
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    e2e = [i for i in items if "tests/e2e/" in str(i.fspath).replace("\\", "/")]
+    if e2e:
+        rest = [i for i in items if i not in e2e]
+        items[:] = rest + sorted(e2e, key=_module_rank)

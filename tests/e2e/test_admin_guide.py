@@ -39,6 +39,7 @@ import pytest
 
 from gpuwarden.devcluster import guide
 from gpuwarden.devcluster.site import HEAD, NODES, NODES_PER_LEAF, PlainSite
+from gpuwarden.devcluster.spec import Spec
 from gpuwarden.slurm import hostlist
 
 # Setting the site up runs apt-get on five hosts (Debian's archive) and the whole guide.
@@ -129,10 +130,13 @@ def slurmd_started_after(site: PlainSite, since: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(docker_client: object) -> Iterator[PlainSite]:
+def site(docker_client: object, cluster_spec: Spec) -> Iterator[PlainSite]:
     with tempfile.TemporaryDirectory(prefix="gwsite-") as work:
+        # The site that goes with this session's cluster: sites of clusters side by side
+        # have their own names and subnets.
         s = PlainSite(docker_client, ROOT, Path(work),
-                      progress=lambda m: print(f"[site] {m}", file=sys.stderr))
+                      progress=lambda m: print(f"[site] {m}", file=sys.stderr),
+                      name=cluster_spec.site_name, subnet=cluster_spec.site_subnet)
         try:
             s.up()
             yield s

@@ -114,17 +114,22 @@ def _make(tmp_path: Path, *args: str, pytest_status: int = 0) -> tuple[int, str,
     bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "ran.log"
     _stub(bin_dir, "python", f'echo "python $*" >> {log}\n'
-                             f'case "$*" in "-m pytest"*) exit {pytest_status};; esac')
+                             f'case "$*" in "-m pytest"*) '
+                             f'[ -z "$GPUWARDEN_CLUSTER_NAME" ] || echo "  on $GPUWARDEN_SLURM '
+                             f'$GPUWARDEN_CLUSTER_NAME" >> {log}; exit {pytest_status};; esac')
     _stub(bin_dir, "docker", f'echo "docker $*" >> {log}')
     _stub(bin_dir, "host-deps", f'echo "host-deps $*" >> {log}')
     stamp = tmp_path / "installed"
     stamp.touch()  # the venv is up to date
     os.utime(stamp, (2**31, 2**31))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAKEFLAGS": ""}
-    env.pop("KEEP_CLUSTER", None)
+    # The Makefile's own knobs, which a `make test E2E_WORKERS=5` running this test exports.
+    for var in ("KEEP_CLUSTER", "E2E_WORKERS", "VERSIONS_WORKERS", "MORE_SLURM", "E2E_LOGS",
+                "UNIT_WORKERS", "MAKEOVERRIDES", "MFLAGS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
+        env.pop(var, None)
     proc = subprocess.run(
         ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}",
-         f"HOST_DEPS={bin_dir}/host-deps", *args],
+         f"HOST_DEPS={bin_dir}/host-deps", f"E2E_LOGS={tmp_path}/e2e-logs", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
     ran = log.read_text().splitlines() if log.exists() else []
     return proc.returncode, proc.stdout + proc.stderr, ran
@@ -137,8 +142,9 @@ def test_make_demo_installs_before_it_builds(tmp_path: Path) -> None:
     assert ran[1].endswith("-m gpuwarden.devcluster up")
 
 
-def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path) -> None:
-    code, out, ran = _make(tmp_path, "test", pytest_status=3)
+def test_make_test_serial_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path) -> None:
+    # E2E_WORKERS=1: the serial run exactly as it was before clusters ran side by side.
+    code, out, ran = _make(tmp_path, "test", "E2E_WORKERS=1", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
     assert "host-deps debootstrap lua chromium" in ran
     i = ran.index("python -m pytest tests -q --durations=20")
@@ -150,9 +156,60 @@ def test_make_test_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path
                            "python -m gpuwarden.devcluster down"]
 
 
-def test_make_test_with_keep_cluster_leaves_it(tmp_path: Path) -> None:
-    code, out, ran = _make(tmp_path, "test", "KEEP_CLUSTER=1")
+def test_make_test_serial_with_keep_cluster_leaves_it(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "test", "E2E_WORKERS=1", "KEEP_CLUSTER=1")
     assert code == 0, out
     assert ran[-2:] == ["python -m pytest tests -q --durations=20",
                         "python -m pytest tests/e2e -q -m versions --durations=10"]
     assert "KEEP_CLUSTER=1: the test cluster is left running" in out
+
+
+XDIST = "--dist loadfile --no-loadscope-reorder"
+
+
+def _parallel(ran: list[str]) -> tuple[list[str], list[str]]:
+    """The parallel run's lines: (the 24.11 session's, the versions session's with its env line)
+    apart, since the two run at once and their lines interleave."""
+    i = ran.index("python -m pytest tests/unit -q -n 2 --durations=10")
+    rest = ran[i + 1:]
+    v = next(j for j, line in enumerate(rest) if "-m versions" in line)
+    versions = rest[v:v + 2]
+    return [ran[i], *rest[:v], *rest[v + 2:]], versions
+
+
+def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
+        tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "test", pytest_status=3)
+    assert code != 0 and "Error 3" in out, out
+    main, versions = _parallel(ran)
+    assert main == ["python -m pytest tests/unit -q -n 2 --durations=10",
+                    f"python -m pytest tests/e2e -q -n 4 {XDIST} --durations=20",
+                    "docker info", "python -m gpuwarden.devcluster down --workers"], ran
+    # The other release's versions tests at the same time, on clusters of their own.
+    assert versions == [
+        f"python -m pytest tests/e2e -q -m versions -n 1 {XDIST} --durations=10",
+        "  on 26.05 gwv"], ran
+    # It says which phase it is in.
+    for phase in ("make test: unit tests", "make test: e2e tests on 4 clusters side by side",
+                  "versions, on Slurm 26.05 (clusters gwv<n>)", "removing the test clusters"):
+        assert phase in out, out
+
+
+def test_make_test_parallel_with_keep_cluster_and_more_workers(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "test", "KEEP_CLUSTER=1", "E2E_WORKERS=6",
+                           "VERSIONS_WORKERS=2", "MORE_SLURM=26.05 26.05")
+    assert code == 0, out
+    assert ran[-1].startswith("python -m pytest") or ran[-1].startswith("  on"), ran
+    assert "python -m gpuwarden.devcluster down --workers" not in ran
+    assert f"python -m pytest tests/e2e -q -n 6 {XDIST} --durations=20" in ran
+    # Each release its own cluster names.
+    assert sorted(line for line in ran if line.startswith("  on")) == [
+        "  on 26.05 gwv", "  on 26.05 gww"], ran
+    assert "KEEP_CLUSTER=1: the test clusters are left running" in out
+
+
+def test_make_cluster_down_removes_the_parallel_runs_clusters_too(tmp_path: Path) -> None:
+    code, out, ran = _make(tmp_path, "cluster-down")
+    assert code == 0, out
+    assert ran == ["python -m gpuwarden.devcluster down",
+                   "python -m gpuwarden.devcluster down --workers"]
