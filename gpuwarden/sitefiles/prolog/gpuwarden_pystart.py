@@ -238,7 +238,10 @@ def site_dirs() -> list[str]:
                 if eq and key.strip().lower() == "include-system-site-packages":
                     system = value.strip().lower() == "true"
         venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-        prefixes = [venv, sys.prefix] if system else [venv]
+        # The system's prefix is base_prefix: Python 3.14 sets sys.prefix to the venv itself
+        # at start (-S too), where 3.13 left it to site.py (seen on Debian's 3.14: the system's
+        # site directories were missed, and the hooks failed open for want of click).
+        prefixes = [venv, sys.base_prefix] if system else [venv]
         # As site.venv(): what sysconfig and gpuwarden see is the venv.
         sys.prefix = sys.exec_prefix = venv
     return list(dict.fromkeys(site.getsitepackages(prefixes)))
