@@ -265,7 +265,9 @@ def test_the_shared_spool_drops_a_finished_jobs_empty_dir_and_keeps_a_requeued_o
     again = sbatch(site, "-w", node, "--requeue", "--wrap=sleep 600")
     try:
         wait_job(site, again, lambda j: j["job_state"] == ["RUNNING"], "running")
-        assert f"job-{again}" in shared_dirs(site)
+        # RUNNING comes while the prologs still run (PrologFlags=Alloc): wait for its dir.
+        site.wait_for(lambda: "" if f"job-{again}" in shared_dirs(site) else "no dir yet",
+                      f"the prolog to make job-{again} in {SHARED_ROOT}", 60)
         site.exec(HEAD, ["scontrol", "requeuehold", str(again)]).check("requeuehold")
         # Requeued and held, its epilog done (Slurm drops COMPLETING once every epilog ran).
         wait_job(site, again, lambda j: j.get("restart_cnt", 0) >= 1
