@@ -399,11 +399,9 @@ def test_an_interpreter_that_is_a_script_is_refused(site: Site, shebang: str) ->
     assert f"prolog: {REFUSED} {python} as root: {python} is a script" in site.logged()
 
 
-def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_python_starts(
-        site: Site) -> None:
-    """encodings imports a locale's codec module from lib-dynload as Python starts (GBK's
-    _codecs_cn), before gpuwarden_pystart.py exists: the wrapper checks lib-dynload's entries
-    as it checks encodings'."""
+def _own_dynload(site: Site) -> tuple[Path, Path, Path]:
+    """A venv whose base has a lib-dynload of its own (links to the real entries): its python,
+    the real lib-dynload, and a codec extension module's link in it to tamper with."""
     python = pytrees.venv(site.root, pytrees.base_python(site.root))
     dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
     real = Path(os.readlink(dynload))
@@ -414,6 +412,15 @@ def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_p
     codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
     if codec is None:
         pytest.skip("this Python has no extension modules in lib-dynload")
+    return python, real, codec
+
+
+def test_an_extension_module_others_can_write_in_lib_dynload_is_refused_before_python_starts(
+        site: Site) -> None:
+    """encodings imports a locale's codec module from lib-dynload as Python starts (GBK's
+    _codecs_cn), before gpuwarden_pystart.py exists: the wrapper checks lib-dynload's entries
+    as it checks encodings'."""
+    python, real, codec = _own_dynload(site)
     codec.unlink()
     codec.write_bytes(Path(real / codec.name).read_bytes())
     _group_writable(codec)
@@ -463,16 +470,7 @@ def test_a_shared_builds_libpython_others_can_write_is_refused_before_python_sta
 
 def test_an_extension_module_linked_to_another_users_file_is_refused_before_python_starts(
         site: Site) -> None:
-    python = pytrees.venv(site.root, pytrees.base_python(site.root))
-    dynload = site.root / "base" / "lib" / VERSION / "lib-dynload"
-    real = Path(os.readlink(dynload))
-    dynload.unlink()
-    dynload.mkdir(mode=0o755)
-    for entry in real.iterdir():
-        (dynload / entry.name).symlink_to(entry)
-    codec = next(iter([*dynload.glob("_codecs_cn*.so"), *dynload.glob("*.so")]), None)
-    if codec is None:
-        pytest.skip("this Python has no extension modules in lib-dynload")
+    python, _real, codec = _own_dynload(site)
     theirs = site.root / "their-files"
     theirs.mkdir()
     (theirs / codec.name).write_bytes(Path(os.readlink(codec)).read_bytes())
