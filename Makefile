@@ -7,6 +7,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two steps: BASE_STAMP is everything but torch (what `make demo` needs), STAMP adds the
+# torch the PyTorch adapters' tests and type checks use (about 3 GB from PyPI on a first run).
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 HOST_DEPS := PY=$(PY) bash scripts/host-deps.sh
 KEEP_CLUSTER ?=
@@ -15,29 +18,35 @@ KEEP_CLUSTER ?=
 
 all: test
 
-$(STAMP): pyproject.toml
+$(BASE_STAMP): pyproject.toml
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh venv
+	@echo "make: a virtual environment in $(VENV) with gpuwarden and its tools (no torch)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	@echo "make: torch for the PyTorch adapters' tests (PyPI's CUDA build, about 3 GB on a first run)"
+	$(PY) -m pip install --quiet -e '.[dev,test-torch]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-image: $(STAMP)
+image: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster image
 
-cluster-up: $(STAMP)
+cluster-up: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster up
 
 # The default cluster and every cluster of the parallel e2e tests (gwt<n>, gwv<n>).
-cluster-down: $(STAMP)
+cluster-down: $(BASE_STAMP)
 	$(PY) -m gpuwarden.devcluster down
 	$(PY) -m gpuwarden.devcluster down --workers
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
 	$(PY) -m gpuwarden.devcluster up
 	$(PY) -m gpuwarden.devcluster demo
