@@ -35,24 +35,24 @@ venv: $(STAMP)
 
 image: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
-	$(PY) -m gpuwarden.devcluster image
+	$(PY) -m devcluster image
 
 cluster-up: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
-	$(PY) -m gpuwarden.devcluster up
+	$(PY) -m devcluster up
 
 # The default cluster and every cluster of the parallel e2e tests (gwt<n>, gwv<n>).
 cluster-down: $(BASE_STAMP)
-	$(PY) -m gpuwarden.devcluster down
-	$(PY) -m gpuwarden.devcluster down --workers
+	$(PY) -m devcluster down
+	$(PY) -m devcluster down --workers
 
 demo: $(BASE_STAMP)
 	@$(HOST_DEPS) debootstrap
-	$(PY) -m gpuwarden.devcluster up
-	$(PY) -m gpuwarden.devcluster demo
+	$(PY) -m devcluster up
+	$(PY) -m devcluster demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check gpuwarden tests benchmarks
+	$(PY) -m ruff check gpuwarden tests benchmarks devcluster
 	$(PY) -m mypy
 
 unit: $(STAMP)
@@ -85,9 +85,9 @@ test: lint $(STAMP)
 	@echo "make test: host dependencies and cluster images"
 	@$(HOST_DEPS) debootstrap lua chromium
 	@if docker info >/dev/null 2>&1; then \
-	    $(PY) -m gpuwarden.devcluster image || exit $$?; \
+	    $(PY) -m devcluster image || exit $$?; \
 	    for v in $(MORE_SLURM); do \
-	        GPUWARDEN_SLURM=$$v $(PY) -m gpuwarden.devcluster image || exit $$?; \
+	        GPUWARDEN_SLURM=$$v $(PY) -m devcluster image || exit $$?; \
 	    done; \
 	fi
 	@if [ "$(E2E_WORKERS)" = 1 ]; then $(MAKE) --no-print-directory test-serial; \
@@ -104,7 +104,7 @@ test-serial: $(STAMP)
 	if [ "$(KEEP_CLUSTER)" = 1 ]; then \
 	    echo "KEEP_CLUSTER=1: the test cluster is left running (make cluster-down removes it)"; \
 	elif docker info >/dev/null 2>&1; then \
-	    $(PY) -m gpuwarden.devcluster down \
+	    $(PY) -m devcluster down \
 	        || echo "make test: removing the test cluster failed: run make cluster-down" >&2; \
 	fi; \
 	exit $$status
@@ -133,7 +133,7 @@ test-parallel: $(STAMP)
 	    echo "KEEP_CLUSTER=1: the test clusters are left running (make cluster-down removes them)"; \
 	elif docker info >/dev/null 2>&1; then \
 	    echo "make test: removing the test clusters"; \
-	    $(PY) -m gpuwarden.devcluster down --workers \
+	    $(PY) -m devcluster down --workers \
 	        || echo "make test: removing the test clusters failed: run make cluster-down" >&2; \
 	fi; \
 	exit $$status

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.lemon.history import gc_paused
-from gpuwarden.slurm import acctstream
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.history import gc_paused
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sacct.json"
 

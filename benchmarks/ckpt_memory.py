@@ -38,10 +38,10 @@ import torch
 from torch.distributed import checkpoint as dcp
 
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.dcp import dcp_writer
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+from gpuwarden.config.ckpt import CkptConfig
 
 # The tier being measured: /dev/shm, or GPUWARDEN_BENCH_SHM (a tmpfs mounted huge=within_size,
 # as docs/checkpointing.md recommends for tier 0).

@@ -26,8 +26,8 @@ import time
 
 import docker
 
-from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.spec import from_env
+from devcluster.cluster import Cluster
+from devcluster.spec import from_env
 
 _INSIDE = r'''
 import json, os, resource, sys, time, tempfile

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpuwarden.config import SlurmConfig
+from gpuwarden.config.health import BlastRadius
 from gpuwarden.health import gate
-from gpuwarden.health.config import BlastRadius
 from gpuwarden.slurm.client import CliSlurmClient
 from tests.ctld import FakeCtld
 

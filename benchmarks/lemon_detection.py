@@ -29,9 +29,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from gpuwarden.fleet.calibrate import SimParams, solve
+from gpuwarden.accounting.calibrate import SimParams, solve
+from gpuwarden.accounting.history import from_files, read_events
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.history import from_files, read_events
 from gpuwarden.lemon.scoring import score
 
 FRACTIONS = (0.005, 0.012, 0.02, 0.03)

@@ -32,11 +32,11 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.fleet.calibrate import solve
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.calibrate import solve
+from gpuwarden.accounting.history import from_files, gc_paused, read_events
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.history import from_files, gc_paused, read_events
 from gpuwarden.lemon.scoring import score
-from gpuwarden.slurm import acctstream
 from gpuwarden.slurm.hostlist import expand
 from gpuwarden.slurm.models import AcctJob
 

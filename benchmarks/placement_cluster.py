@@ -44,10 +44,10 @@ from dataclasses import dataclass
 
 import docker
 
-from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import Harness, wait_until
-from gpuwarden.devcluster.spec import from_env
-from gpuwarden.placement import topology
+from devcluster.cluster import Cluster
+from devcluster.harness import Harness, wait_until
+from devcluster.spec import from_env
+from gpuwarden.slurm import topology
 
 CONFIG = "/etc/gpuwarden/gpuwarden.toml"
 SNAPSHOT = "/etc/slurm/gpuwarden-placement.lua"

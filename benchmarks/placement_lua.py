@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpuwarden.placement import snapshot, topology
-from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.config.placement import PlacementConfig
+from gpuwarden.placement import snapshot
+from gpuwarden.slurm import topology
 from gpuwarden.slurm.models import Node
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,9 +17,9 @@ import time
 
 import docker
 
-from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import JOBS_DIR
-from gpuwarden.devcluster.spec import from_env
+from devcluster.cluster import Cluster
+from devcluster.harness import JOBS_DIR
+from devcluster.spec import from_env
 
 # Time inside the node, so docker exec overhead is not counted.
 _TIMER = r"""

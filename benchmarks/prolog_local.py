@@ -9,7 +9,7 @@ The hooks' rule on what root imports (prolog/gpuwarden_pystart.py) is measured a
 wrapper's check before Python starts (gw_check_python, a find and a readlink per link), and the
 prolog started as the hooks start it now (`-I -S gpuwarden_pystart.py`: the site directories,
 .pth files and every imported module checked) against the way it was started before the rule
-(`-I -c "from gpuwarden.health.hooks import main ..."`, site.py unchecked).
+(`-I -c "from gpuwarden.hooks.run import main ..."`, site.py unchecked).
 
     .venv/bin/python benchmarks/prolog_local.py [--runs 50]
 """
@@ -86,7 +86,7 @@ def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
 
 
-OLD_BOOT = ("import sys\nfrom gpuwarden.health.hooks import main\n"
+OLD_BOOT = ("import sys\nfrom gpuwarden.hooks.run import main\n"
             "sys.exit(main(sys.argv[1:]))")
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import msgspec
 
-from gpuwarden.fleet.calibrate import solve
+from gpuwarden.accounting.calibrate import solve
+from gpuwarden.accounting.history import _workers, from_files, read_events
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.history import _workers, from_files, read_events
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally

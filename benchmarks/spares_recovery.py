@@ -23,9 +23,9 @@ import time
 
 import docker
 
-from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness, wait_until
-from gpuwarden.devcluster.spec import from_env
+from devcluster.cluster import Cluster
+from devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness, wait_until
+from devcluster.spec import from_env
 
 SPARES_SBATCH = "/opt/gpuwarden/ckpt/train_spares.sbatch"
 TEST_HOLD_S, DEFAULT_HOLD_S = 31.0, 121.0

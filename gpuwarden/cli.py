@@ -14,12 +14,13 @@ from typing import NoReturn
 import click
 
 from gpuwarden import config as configmod
-from gpuwarden import extras, logsetup, slurmconf
-from gpuwarden.errors import ConfigError, NotOurDrainError, SlurmError
+from gpuwarden.core import extras, logsetup
+from gpuwarden.core.errors import ConfigError, NotOurDrainError, SlurmError
 from gpuwarden.slurm import bindir
 from gpuwarden.slurm.client import CliSlurmClient, NodeBusyError, SlurmClient
 from gpuwarden.slurm.runner import CommandRunner, DeadlineRunner, SubprocessRunner
-from gpuwarden.slurmconfneeds import FEATURES
+from gpuwarden.slurmconf import render as slurmconf
+from gpuwarden.slurmconf.needs import FEATURES
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ def config_set(obj: Context, assignments: tuple[str, ...]) -> None:
     table), every other line is kept. The file is written only when the result passes
     `config check`; otherwise exit 2 and nothing changes. A string needs no quotes; a list or
     table is TOML (`health.expected.ib_ports='["mlx5_0:1"]'`)."""
-    from gpuwarden import configset, configwrite  # noqa: PLC0415
+    from gpuwarden.config import setvalue as configset  # noqa: PLC0415
+    from gpuwarden.config import write as configwrite  # noqa: PLC0415
 
     target = configmod.config_path(obj.config_path)
     unchanged = "nothing was written (`gpuwarden config show` lists every key)"
@@ -299,7 +301,7 @@ def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
     """Drain NODE with a gpuwarden reason (refused over someone else's drain).
 
     A node gpuwarden already drained keeps its reason, the first evidence, unless --replace."""
-    from gpuwarden.health.reasons import HEALTH_TAG, names_the_tag  # noqa: PLC0415
+    from gpuwarden.slurm.reasons import HEALTH_TAG, names_the_tag  # noqa: PLC0415
 
     if names_the_tag(reason):
         # Health gating auto-resumes drains whose reason carries its tag.
@@ -371,8 +373,8 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
     or check a site's slurm.conf (--check FILE) for the lines gpuwarden needs."""
     from dataclasses import replace  # noqa: PLC0415
 
-    from gpuwarden import slurmconfcheck  # noqa: PLC0415
-    from gpuwarden.slurmconfkeys import parse_release  # noqa: PLC0415
+    from gpuwarden.slurmconf import check as slurmconfcheck  # noqa: PLC0415
+    from gpuwarden.slurmconf.keys import parse_release  # noqa: PLC0415
 
     chosen = features or tuple(FEATURES)
     config_file = configmod.config_path(obj.config_path)

@@ -21,7 +21,7 @@ why=()
 image_built() {
     [ -n "${PY:-}" ] || return 1
     local tag
-    tag=$("$PY" -c 'import pathlib, gpuwarden.devcluster.image as i; print(i.image_tag(pathlib.Path(".")))' 2>/dev/null) || return 1
+    tag=$("$PY" -c 'import pathlib, devcluster.image as i; print(i.image_tag(pathlib.Path(".")))' 2>/dev/null) || return 1
     docker image inspect "$tag" >/dev/null 2>&1
 }
 

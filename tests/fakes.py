@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.errors import NotOurDrainError, SlurmError
+from gpuwarden.core.errors import NotOurDrainError, SlurmError
 from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
 from gpuwarden.slurm.models import Job, Node, NodeView
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError

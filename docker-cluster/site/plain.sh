@@ -1,5 +1,5 @@
 #!/bin/bash
-# Makes the plain site's image from the cluster image, once (gpuwarden.devcluster.site
+# Makes the plain site's image from the cluster image, once (devcluster.site
 # commits the result): the cluster image has the packages the guide installs (the test cluster
 # uses them, and torch and matplotlib with them); a plain site has not. Removed here, so the
 # guide's own `apt-get install` lines must bring them. Done once per image rather than on every

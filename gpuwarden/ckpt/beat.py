@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from gpuwarden import safejson
+from gpuwarden.core import safejson
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.config.ckpt import CkptConfig
 
 
 def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,

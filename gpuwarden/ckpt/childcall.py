@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 _MAX_RESULT = 1 << 20
 

@@ -10,8 +10,8 @@ from typing import Any
 import click
 
 from gpuwarden.ckpt.names import BadName, check_name
-from gpuwarden.errors import GpuwardenError
-from gpuwarden.extras import Needs
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.extras import Needs
 from gpuwarden.fleet.cli import parse_cost
 
 # numpy and xxhash: the base install still lists and explains these commands (--help).
@@ -21,7 +21,7 @@ with Needs("ckpt") as CKPT:
     from gpuwarden.ckpt.retention import to_delete
 # `interval` reads the MTTF from accounting as `fleet mttf` does (numpy, not xxhash).
 with Needs("lemon") as MTTF:
-    from gpuwarden.fleet.mttf import daly, human_hours, young
+    from gpuwarden.accounting.mttf import daly, human_hours, young
 
 
 def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
@@ -236,8 +236,8 @@ def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since
 def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
     """The MTTF for ``gpus`` from accounting and where it came from; None and why not."""
     # Only `interval` without --mttf reads the accounting history.
-    from gpuwarden.fleet.mttf import report  # noqa: PLC0415
-    from gpuwarden.lemon.attribution import gpu_class  # noqa: PLC0415
+    from gpuwarden.accounting.attribution import gpu_class  # noqa: PLC0415
+    from gpuwarden.accounting.mttf import report  # noqa: PLC0415
     from gpuwarden.lemon.cli import load_history  # noqa: PLC0415
 
     try:

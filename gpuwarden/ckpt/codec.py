@@ -20,7 +20,7 @@ import xxhash
 from gpuwarden.ckpt.dtypes import DtypeError, describe, parse
 from gpuwarden.ckpt.manifest import Shard
 from gpuwarden.ckpt.names import check_name
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 # The ckpt extra names xxhash with no floor (pyproject.toml: Debian's package says 0.0.0), so
 # the version that matters is checked here: xxh3 came with python-xxhash 2.0.

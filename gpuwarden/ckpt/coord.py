@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from gpuwarden import safejson
 from gpuwarden.ckpt.names import check_name
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core import safejson
+from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
 

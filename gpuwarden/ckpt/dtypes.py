@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuwarden import safejson
+from gpuwarden.core import safejson
 
 MAX_TEXT = 64 << 10
 MAX_DEPTH = 16

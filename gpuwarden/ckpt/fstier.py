@@ -33,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
-from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.codec import Buf, checksum
 from gpuwarden.ckpt.manifest import (
     MAX_BYTES,
@@ -45,8 +44,9 @@ from gpuwarden.ckpt.manifest import (
     from_json,
 )
 from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
-from gpuwarden.ckpt.safeio import Refused, closing
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core.safefs.spool import Refused, closing
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ from typing import Any
 from gpuwarden.ckpt import beat, restorelog
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.checkpointer import Checkpointer, PendingSave
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloCoordinator, agree
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
 from gpuwarden.ckpt.restore import COPY_ERRORS, Restored, TiersUnavailable, copy_of
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def job_env(environ: Mapping[str, str]) -> JobEnv:
 
 
 def _leaves(path: str) -> dict[str, str]:
-    from gpuwarden.placement.topology import leaf_of_file  # noqa: PLC0415 - optional
+    from gpuwarden.slurm.topology import leaf_of_file  # noqa: PLC0415 - optional
 
     return leaf_of_file(path, "peer partners on other nodes only")
 

@@ -30,10 +30,10 @@ from collections.abc import Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Protocol
 
-from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.names import PEER_SUFFIX
-from gpuwarden.ckpt.safeio import closing
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core.safefs.spool import closing
 
 if TYPE_CHECKING:
     from gpuwarden.config import Config

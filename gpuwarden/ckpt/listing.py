@@ -11,10 +11,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpuwarden.ckpt import safeio
 from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier, TierError
 from gpuwarden.ckpt.names import PEER_SUFFIX
 from gpuwarden.ckpt.restore import COPY_ERRORS
+from gpuwarden.core.safefs import spool as safeio
 
 _RANK_DIR = re.compile(r"rank-([0-9]{5,9})")
 # A job's directory is its user's: a million planted rank directories must not make root's

@@ -32,10 +32,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpuwarden import safejson
 from gpuwarden.ckpt.dtypes import DtypeError, parse
 from gpuwarden.ckpt.names import BadName, check_name, check_step
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core import safejson
+from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
 

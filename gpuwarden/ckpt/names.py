@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 MAX_STEP = 10**12

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuwarden import safejson
 from gpuwarden.ckpt.codec import StateError
+from gpuwarden.core import safejson
 
 STRUCTURE = "_nested.json"
 FORMAT = "gpuwarden.nested/1"

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.ckpt import retention, safeio
+from gpuwarden.ckpt import retention
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
@@ -62,6 +62,7 @@ from gpuwarden.ckpt.peerwire import (
     recv_frame,
     send_frame,
 )
+from gpuwarden.core.safefs import spool as safeio
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import struct
 import time
 from typing import Any
 
-from gpuwarden import safejson
 from gpuwarden.ckpt.fstier import TierError
+from gpuwarden.core import safejson
 
 MAGIC = b"GPWPEER1"
 BUSY = b"GPWBUSY1"  # sent instead of MAGIC + nonce to a connection over the limits, then closed

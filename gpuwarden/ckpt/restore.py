@@ -30,7 +30,7 @@ from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import Buf, decode
 from gpuwarden.ckpt.fstier import FsTier, TierError
 from gpuwarden.ckpt.manifest import Manifest
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
 

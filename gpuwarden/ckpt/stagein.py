@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from gpuwarden.ckpt import childcall
 from gpuwarden.ckpt.coord import newest_common
 from gpuwarden.ckpt.progress import Progress
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.slurm.client import check_node_name
 from gpuwarden.slurm.hostlist import HostlistError, expand
 
 if TYPE_CHECKING:
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.config import Config
+    from gpuwarden.config.ckpt import CkptConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -241,7 +241,7 @@ def run_as(work: Callable[[], int], req: Request) -> int | None:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured in the child, which leaves through os._exit
         # A copier stuck in a hung filesystem must not hold the hook's stdout/stderr.
-        from gpuwarden.health.stdio import quiet_stdio  # noqa: PLC0415
+        from gpuwarden.core.stdio import quiet_stdio  # noqa: PLC0415
 
         with contextlib.suppress(OSError):
             quiet_stdio()
@@ -302,8 +302,8 @@ def _child(work: Callable[[], int], req: Request) -> None:  # pragma: no cover -
 def _discover(req: Request) -> tuple[int, list[int]] | None:
     """World size from the newest manifest of the lowest rank that has one, and the ranks with a
     directory on the shared tier; None when there is no checkpoint at all."""
-    from gpuwarden.ckpt import safeio  # noqa: PLC0415 - prolog stays light
     from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415
+    from gpuwarden.core.safefs import spool as safeio  # noqa: PLC0415 - prolog stays light
 
     try:
         with safeio.closing(safeio.walk(req.shared_root, [req.job], os.geteuid())) as fd:

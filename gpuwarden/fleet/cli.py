@@ -10,15 +10,15 @@ from typing import Any
 
 import click
 
-from gpuwarden.extras import Needs
-from gpuwarden.fleet.calibrate import CalibrationError, PaperFigures, solve
+from gpuwarden.accounting.calibrate import CalibrationError, PaperFigures, solve
+from gpuwarden.core.extras import Needs
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.cli import load_history, progress
 
 # numpy (the joint attribution): the base install still lists and explains these commands.
 with Needs("lemon") as LEMON:
+    from gpuwarden.accounting.mttf import human_hours, report
     from gpuwarden.fleet.compare import compare
-    from gpuwarden.fleet.mttf import human_hours, report
     from gpuwarden.fleet.spares import payoff
 
 _COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwarden.fleet.calibrate import BIG_GPUS, PaperFigures, SimParams
-from gpuwarden.fleet.mttf import MttfReport, report
+from gpuwarden.accounting.attribution import Attribution
+from gpuwarden.accounting.calibrate import BIG_GPUS, PaperFigures, SimParams
+from gpuwarden.accounting.history import from_files, read_events
+from gpuwarden.accounting.mttf import MttfReport, report
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.attribution import Attribution
-from gpuwarden.lemon.history import from_files, read_events
 from gpuwarden.lemon.scoring import ScoreConfig, score
 
 

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from itertools import accumulate
 from pathlib import Path
 
-from gpuwarden.fleet.calibrate import BIG_GPUS, SimParams
-from gpuwarden.health.reasons import health_reason
+from gpuwarden.accounting.calibrate import BIG_GPUS, SimParams
 from gpuwarden.slurm.hostlist import compress
 from gpuwarden.slurm.models import REASON_PREFIX
+from gpuwarden.slurm.reasons import health_reason
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 CLUSTER = "sim"

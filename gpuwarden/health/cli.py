@@ -16,10 +16,10 @@ from typing import Any
 import click
 
 from gpuwarden.config import Config
-from gpuwarden.errors import ConfigError, GpuwardenError
-from gpuwarden.health import entry
+from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.health.model import Status, Verdict
 from gpuwarden.health.store import Store
+from gpuwarden.hooks import entry
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ def selftest_cmd(obj: Any) -> None:
     """What to run on a node before enabling Prolog=/Epilog=/HealthCheckProgram=: imports,
     config, Slurm commands, state directory, kernel log, GPU probe, and a dry run of the
     three entry points that changes nothing. Exit 1 when anything needs fixing."""
-    from gpuwarden.health import selftest  # noqa: PLC0415 - never on a hook's path
+    from gpuwarden.hooks import selftest  # noqa: PLC0415 - never on a hook's path
 
     findings = selftest.run_all(obj, entry.environ())
     for f in findings:

@@ -5,7 +5,7 @@ It imports only builtin modules and three small gpuwarden ones (no click, no TOM
 dataclasses: each costs about 10 ms per job start; and no json, contextlib or signal, which
 bring re, enum, functools and collections: 5-10 ms more). So it reads what the full path leaves
 for it in marshal, not JSON (see _load). It decides nothing bad on its own: whenever it cannot
-say "fine" it answers why, and the caller runs the full prolog (gpuwarden.health.entry.prolog),
+say "fine" it answers why, and the caller runs the full prolog (gpuwarden.hooks.entry.prolog),
 which has every check, the drain and the checkpoint stage-in.
 
 The fast path lets the job start when all of these hold (docs/health.md lists them):
@@ -36,9 +36,9 @@ import stat
 import time
 
 from gpuwarden import __version__
+from gpuwarden.core.safefs.privfile import StateDirError, read_private
+from gpuwarden.core.stdio import quiet_stdio
 from gpuwarden.health import mountprobe
-from gpuwarden.health.privfile import StateDirError, read_private
-from gpuwarden.health.stdio import quiet_stdio
 
 TYPE_CHECKING = False  # typing and collections.abc cost milliseconds the fast path has not got
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ def _boot_id() -> str:
 def in_child(fn: Callable[[], str], deadline_s: float) -> str:
     """``fn()`` (returning a short str) in a forked child; its answer, or why there is none.
 
-    The same rule as gpuwarden.health.deadline (whose Outcome dataclass the fast path cannot
+    The same rule as gpuwarden.core.deadline (whose Outcome dataclass the fast path cannot
     afford): a child stuck in the kernel is killed and abandoned, never waited for."""
     r, w = os.pipe()
     pid = os.fork()
@@ -434,7 +434,7 @@ def remember(environ: Mapping[str, str]) -> str:
     path then stays off, which costs time, never safety)."""
     # Imported here: the slow path pays for them, the fast one never does.
     from gpuwarden import config as configmod  # noqa: PLC0415
-    from gpuwarden.errors import GpuwardenError  # noqa: PLC0415
+    from gpuwarden.core.errors import GpuwardenError  # noqa: PLC0415
     from gpuwarden.health.store import atomic_write, ensure_private_dir  # noqa: PLC0415
 
     try:

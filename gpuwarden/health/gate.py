@@ -1,6 +1,6 @@
 """Drain and return: one state machine, with a blast-radius cap on gpuwarden's drains.
 
-Pure decisions (`decide`, and the ranking in gpuwarden.health.cap) and the functions that apply
+Pure decisions (`decide`, and the ranking in gpuwarden.slurm.drain_cap) and the functions that apply
 them through the Slurm client. Nodes decide for themselves and Slurm has no compare-and-swap,
 so the drains themselves are the claims, ordered by the controller's clock (slurmctld stamps
 `reason_changed_at` when it sets a reason), never by a node's own clock and never in the node
@@ -29,13 +29,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.errors import NotOurDrainError, SlurmError
-from gpuwarden.health import cap as ranking
-from gpuwarden.health.config import BlastRadius
+from gpuwarden.config.health import BlastRadius
+from gpuwarden.core.errors import NotOurDrainError, SlurmError
 from gpuwarden.health.model import Status, Verdict
-from gpuwarden.health.reasons import HEALTH_TAG, is_health_drain
+from gpuwarden.slurm import drain_cap as ranking
 from gpuwarden.slurm.client import NodeBusyError, SlurmClient, gpuwarden_reason
 from gpuwarden.slurm.models import REASON_PREFIX, Node, NodeView, own_part, same_drain
+from gpuwarden.slurm.reasons import HEALTH_TAG, is_health_drain
 
 log = logging.getLogger(__name__)
 

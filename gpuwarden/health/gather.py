@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpuwarden.config.health import Expected, HealthConfig
+from gpuwarden.core.deadline import Outcome, run_all
 from gpuwarden.health import fastgate, gpuchecks, nodechecks, xid
-from gpuwarden.health.config import Expected, HealthConfig
-from gpuwarden.health.deadline import Outcome, run_all
 from gpuwarden.health.model import CheckResult, GpuSnapshot, Status, Verdict
 from gpuwarden.health.probe import FakeGpuProbe, GpuProbe
 

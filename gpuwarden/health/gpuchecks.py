@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwarden.health.config import Expected
+from gpuwarden.config.health import Expected
 from gpuwarden.health.model import CheckResult, GpuObs, GpuSnapshot, Status
 
 HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x8, 0x20, 0x40, 0x80

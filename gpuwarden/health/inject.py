@@ -23,17 +23,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.config.health import Expected, HealthConfig
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs.installwrite import opened_dir
+from gpuwarden.core.safefs.privfile import StateDirError, read_own_at
 from gpuwarden.health import kernlog
-from gpuwarden.health.config import Expected, HealthConfig
 from gpuwarden.health.model import GpuObs
-from gpuwarden.health.privfile import StateDirError, read_own_at
 from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
 from gpuwarden.health.store import write_at
 from gpuwarden.health.xidcatalog import CATALOG
 from gpuwarden.health.xidpolicy import DRAINS, SUFFIX, Rule, xid_rule
 from gpuwarden.install.plan import InstallError
-from gpuwarden.install.safewrite import opened_dir
 
 KMSG = "/dev/kmsg"
 MAX_BYTES = 16 << 20

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import time
 
+from gpuwarden.core.deadline import run_all
 from gpuwarden.health import kernlog
-from gpuwarden.health.deadline import run_all
 
 KMSG = "/dev/kmsg"
 _FIX = "set [health] kernel_log to /dev/kmsg, or to a file written by `journalctl -k -o json`"

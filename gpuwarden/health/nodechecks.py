@@ -1,7 +1,7 @@
 """Node checks that touch the system: mounts, scratch space, memory, InfiniBand ports.
 
 Each function returns CheckResults and may block (a hung mount); callers run them under
-gpuwarden.health.deadline. Parsing is split out into pure helpers.
+gpuwarden.core.deadline. Parsing is split out into pure helpers.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuwarden.config.health import Expected, MountSpec
 from gpuwarden.health import mountprobe
-from gpuwarden.health.config import Expected, MountSpec
 from gpuwarden.health.model import CheckResult, Status
 
 mount_points = mountprobe.mount_points  # where tests and callers have always found it

@@ -11,7 +11,7 @@ import os
 from dataclasses import fields
 from typing import Any, Protocol
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.health.model import GpuObs, GpuSnapshot
 
 _MAX_FAKE_BYTES = 1 << 20

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from gpuwarden.errors import GpuwardenError
-from gpuwarden.health.model import Status, Verdict
+from gpuwarden.core.errors import GpuwardenError
 
 # Reads are shared with the prolog's fast gate, which cannot afford this module's imports;
 # the names stay importable from here.
-from gpuwarden.health.privfile import StateDirError, check_private_dir, read_private, unsafe_dir_problem
+from gpuwarden.core.safefs.privfile import StateDirError, check_private_dir, read_private, unsafe_dir_problem
+from gpuwarden.health.model import Status, Verdict
 
 __all__ = ["StateDirError", "check_private_dir", "read_private", "unsafe_dir_problem"]
 

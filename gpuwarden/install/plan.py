@@ -1,5 +1,5 @@
 """What `install-files` writes, as pure functions: the file list, the rendered files and the
-defaults file the hooks read. The side effects are in gpuwarden.install.safewrite."""
+defaults file the hooks read. The side effects are in gpuwarden.core.safefs.installwrite."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 # What the shell hooks read: the wrappers (prolog/gpuwarden-*) name this path.
 DEFAULTS_FILE = "/etc/default/gpuwarden"

@@ -11,9 +11,10 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 
-from gpuwarden.extras import EXTRAS
+from gpuwarden.core.extras import EXTRAS
+from gpuwarden.core.safefs import installwrite as safewrite
 from gpuwarden.health.store import write_at
-from gpuwarden.install import hookrule, plan, safewrite, trust
+from gpuwarden.install import hookrule, plan, trust
 from gpuwarden.install.plan import InstallError, Target
 
 # Who needs each extra (docs/admin-guide.md's table of roles).

@@ -10,7 +10,7 @@ from typing import IO, Any
 
 import click
 
-from gpuwarden.errors import ConfigError, SlurmError
+from gpuwarden.core.errors import ConfigError, SlurmError
 from gpuwarden.launch.launcher import launch as run_launch
 from gpuwarden.launch.report import Events, JobComment
 from gpuwarden.launch.settings import LaunchSettings, settings
@@ -25,7 +25,7 @@ _D = LaunchSettings()
 
 
 def _leaves(path: str) -> dict[str, str]:
-    from gpuwarden.placement.topology import leaf_of_file  # noqa: PLC0415 - optional
+    from gpuwarden.slurm.topology import leaf_of_file  # noqa: PLC0415 - optional
 
     return leaf_of_file(path, "spares in allocation order")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from gpuwarden.errors import SlurmError
+from gpuwarden.core.errors import SlurmError
 from gpuwarden.launch.decide import Lost
 from gpuwarden.slurm import lostnote
 from gpuwarden.slurm.runner import CommandRunner

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwarden.configload import FieldError, require
+from gpuwarden.core.configload import FieldError, require
 
 # What the sbatch template requeues on (gpuwarden.ckpt.job.EXIT_REQUEUE; not imported: that
 # module needs numpy, and the launcher on the batch host should start without it).

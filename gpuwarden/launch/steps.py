@@ -62,7 +62,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
-from gpuwarden.errors import SlurmError
+from gpuwarden.core.errors import SlurmError
 from gpuwarden.slurm.runner import CommandRunner
 
 log = logging.getLogger(__name__)

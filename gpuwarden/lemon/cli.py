@@ -15,14 +15,16 @@ from typing import Any
 
 import click
 
-from gpuwarden.errors import ConfigError, GpuwardenError
-from gpuwarden.extras import Needs
-from gpuwarden.lemon import listfile
-from gpuwarden.slurm import acctstream, bindir
+from gpuwarden.accounting import lemonlist as listfile
 
 # numpy (the joint attribution): `lemon list` and every --help work on the base install.
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.core.errors import ConfigError, GpuwardenError
+from gpuwarden.core.extras import Needs
+from gpuwarden.slurm import bindir
+
 with Needs("lemon") as LEMON:
-    from gpuwarden.lemon import history
+    from gpuwarden.accounting import history
     from gpuwarden.lemon.drain import Outcome, drain_lemons
     from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.errors import NotOurDrainError, SlurmError
-from gpuwarden.health.config import BlastRadius
+from gpuwarden.config.health import BlastRadius
+from gpuwarden.core.errors import NotOurDrainError, SlurmError
 from gpuwarden.health.gate import drain_within_cap
 from gpuwarden.lemon.scoring import NodeScore
 from gpuwarden.slurm.client import SlurmClient

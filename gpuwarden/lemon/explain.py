@@ -14,8 +14,8 @@ from typing import overload
 
 import numpy as np
 
-from gpuwarden.lemon.attribution import Blame
-from gpuwarden.lemon.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, IntArray
+from gpuwarden.accounting.attribution import Blame
+from gpuwarden.accounting.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, IntArray
 from gpuwarden.lemon.inference import Fit
 
 BACKGROUND = "the background rate of its job size"

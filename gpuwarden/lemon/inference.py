@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.lemon.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray, Incidence, IntArray
+from gpuwarden.accounting.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray, Incidence, IntArray
 
 ITERATIONS = 400
 TOLERANCE = 1e-7

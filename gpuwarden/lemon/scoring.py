@@ -21,9 +21,9 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.lemon.attribution import Attribution, Blame, Exposure
+from gpuwarden.accounting.attribution import Attribution, Blame, Exposure
+from gpuwarden.accounting.incidence import Incidence, IntArray
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
-from gpuwarden.lemon.incidence import Incidence, IntArray
 from gpuwarden.lemon.inference import (
     Fit,
     NodeTest,

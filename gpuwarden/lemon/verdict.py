@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.lemon.incidence import CULPRIT, NO_SCRIPT, FloatArray, Incidence, IntArray
+from gpuwarden.accounting.incidence import CULPRIT, NO_SCRIPT, FloatArray, Incidence, IntArray
 from gpuwarden.lemon.inference import Fit, fit, gamma_p
 
 

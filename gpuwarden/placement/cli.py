@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from gpuwarden import config as configmod
-from gpuwarden.errors import GpuwardenError
-from gpuwarden.placement import daemon, reload, safefile
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs import adminfile as safefile
+from gpuwarden.placement import daemon, reload
 from gpuwarden.placement.advice import advise
 from gpuwarden.placement.decide import JobRequest, decide
 

@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.errors import GpuwardenError
-from gpuwarden.lemon import listfile
-from gpuwarden.placement import requeue, snapshot, topology
-from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.accounting import lemonlist as listfile
+from gpuwarden.config.placement import PlacementConfig
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.placement import requeue, snapshot
 from gpuwarden.placement.reload import Reloaded
+from gpuwarden.slurm import topology
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import Job, Node
 

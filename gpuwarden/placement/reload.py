@@ -16,9 +16,9 @@ from types import FrameType
 from typing import Any
 
 from gpuwarden import config as configmod
-from gpuwarden.configload import to_dict
-from gpuwarden.errors import ConfigError
-from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.config.placement import PlacementConfig
+from gpuwarden.core.configload import to_dict
+from gpuwarden.core.errors import ConfigError
 
 StatKey = tuple[int, int, int, int] | None  # (dev, inode, size, mtime_ns); None: no file
 

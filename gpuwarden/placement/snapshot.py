@@ -18,13 +18,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs import adminfile as safefile
 from gpuwarden.health.gate import CLAIM, WOULD
-from gpuwarden.placement import safefile
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
-from gpuwarden.placement.topology import Topology
 from gpuwarden.slurm import hostlist
 from gpuwarden.slurm.models import REASON_PREFIX, Job, Node
+from gpuwarden.slurm.topology import Topology
 
 FORMAT = 4
 # job_submit.lua's caps (MAX_BYTES, MAX_ITEMS): the daemon refuses to write what it would refuse.

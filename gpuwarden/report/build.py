@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.fleet.mttf import report as mttf_report
+from gpuwarden.accounting.attribution import gpu_class
+from gpuwarden.accounting.history import History
+from gpuwarden.accounting.mttf import report as mttf_report
 from gpuwarden.health.gatingstate import NodeGating
-from gpuwarden.lemon.attribution import gpu_class
-from gpuwarden.lemon.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, restarts, tradeoffs
 from gpuwarden.report.collect import RunTally, run_key

@@ -12,20 +12,20 @@ from typing import Any
 import click
 
 from gpuwarden.ckpt import restorelog
-from gpuwarden.ckpt.safeio import Refused
-from gpuwarden.errors import ConfigError, GpuwardenError
-from gpuwarden.extras import Needs
+from gpuwarden.core.errors import ConfigError, GpuwardenError
+from gpuwarden.core.extras import Needs
+from gpuwarden.core.safefs.spool import Refused
 from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.health.gatingstate import of_node
 from gpuwarden.lemon.cli import DEFAULT_SINCE, load_history, parse_since
-from gpuwarden.placement.topology import parse as parse_topology
 from gpuwarden.report.output import OutputError, check_distinct, write_all
 from gpuwarden.slurm.models import NodeEvent
+from gpuwarden.slurm.topology import parse as parse_topology
 
 # numpy (the attribution and lemon scoring), then matplotlib (the charts): the base install
 # still lists and explains the command.
 with Needs("lemon") as LEMON:
-    from gpuwarden.lemon.history import read_events
+    from gpuwarden.accounting.history import read_events
     from gpuwarden.lemon.scoring import ScoreConfig
     from gpuwarden.report.build import GATING, Gating, Options, as_json, build, gating_of
     from gpuwarden.report.collect import Blamable, RunTally

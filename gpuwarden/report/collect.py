@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Literal
 
-from gpuwarden.lemon.attribution import (
+from gpuwarden.accounting.attribution import (
     GRACE_S,
     LEAD_S,
     HealthDrain,
@@ -33,9 +33,9 @@ from gpuwarden.lemon.attribution import (
     health_drains,
     node_failures,
 )
+from gpuwarden.accounting.columns import Columns, columns
+from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.report.fields import partition, submitted
-from gpuwarden.slurm.acctcols import Columns, columns
-from gpuwarden.slurm.acctstream import AcctRecord
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.hostranges import shape
 from gpuwarden.slurm.models import NodeEvent

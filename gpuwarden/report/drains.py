@@ -17,11 +17,11 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwarden.health.reasons import is_health_drain
-from gpuwarden.lemon.attribution import LEMON_PREFIX, SLURM_DOWN_REASONS, event_time
+from gpuwarden.accounting.attribution import LEMON_PREFIX, SLURM_DOWN_REASONS, event_time
 from gpuwarden.report.bins import DAY, bin_days, day_label
 from gpuwarden.report.mttfview import r
 from gpuwarden.slurm.models import NodeEvent
+from gpuwarden.slurm.reasons import is_health_drain
 
 OWNERS = ("health", "lemon", "operator", "slurm")
 

@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.fleet.mttf import MttfReport, daly
+from gpuwarden.accounting.mttf import MttfReport, daly
 from gpuwarden.fleet.spares import payoff
 from gpuwarden.report.mttfview import r
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuwarden.slurm.acctstream import AcctRecord
+from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.slurm.models import AcctJob
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from gpuwarden.lemon.attribution import Attribution
+from gpuwarden.accounting.attribution import Attribution
 from gpuwarden.lemon.scoring import ScoreConfig, score
 
 

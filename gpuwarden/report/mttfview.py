@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuwarden.fleet.mttf import MttfReport
+from gpuwarden.accounting.mttf import MttfReport
 from gpuwarden.report.stats import METHOD, mttf_interval, poisson_interval
 
 PROJECT_TO = (16_384, 131_072)

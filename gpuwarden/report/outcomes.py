@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuwarden.lemon.attribution import Attribution, Blame
+from gpuwarden.accounting.attribution import Attribution, Blame
 from gpuwarden.report.bins import bin_days, day_label
 from gpuwarden.report.collect import Cell, RunTally, run_key
 from gpuwarden.report.text import clean

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuwarden.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 MODE = 0o644  # a report is for reading
 

@@ -7,16 +7,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gpuwarden.accounting.attribution import Attribution
+from gpuwarden.accounting.mttf import drain_runs
+from gpuwarden.accounting.windows import merged
 from gpuwarden.ckpt.restorelog import MAX_PER_OWNER, MAX_RECORDS, RestoreRecord, TierRestores
-from gpuwarden.fleet.mttf import drain_runs
-from gpuwarden.health.reasons import drain_origin
-from gpuwarden.lemon.attribution import Attribution
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.mttfview import r
 from gpuwarden.report.outcomes import gpu_blamed_runs
-from gpuwarden.slurm.exportwindows import merged
 from gpuwarden.slurm.models import NodeEvent
+from gpuwarden.slurm.reasons import drain_origin
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuwarden.errors import SlurmError
+from gpuwarden.core.errors import SlurmError
 
 TOOL = "scontrol"
 WELL_KNOWN = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuwarden.config import SlurmConfig
-from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
+from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import (
     REASON_PREFIX,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
-from gpuwarden.errors import SlurmParseError
+from gpuwarden.core.errors import SlurmParseError
 
 # Raw placeholders Slurm prints for "unset" in plain (unwrapped) numbers: NO_VAL and INFINITE
 # (32-bit, always printed raw), NO_VAL64 and INFINITE64 (null up to v0.0.42, raw from v0.0.43).

@@ -1,6 +1,6 @@
 """A node list's names as ranges of numbers, where it has the shape Slurm prints for runs (one
 name, or one bracket of ranges with a plain head and tail): what lets a tally add
-``n[0100-0163]`` at once instead of name by name (`gpuwarden.lemon.rangetally`). Pure.
+``n[0100-0163]`` at once instead of name by name (`gpuwarden.accounting.rangetally`). Pure.
 """
 
 from __future__ import annotations

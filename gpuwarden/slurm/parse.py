@@ -12,7 +12,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuwarden.errors import SlurmParseError
+from gpuwarden.core.errors import SlurmParseError
 from gpuwarden.slurm import dataparser
 from gpuwarden.slurm.dataparser import PLACEHOLDER, Source
 from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuwarden.errors import SlurmError
+from gpuwarden.core.errors import SlurmError
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.devcluster.cluster import Cluster
-from gpuwarden.devcluster.harness import Harness
-from gpuwarden.devcluster.spec import Spec, from_env, name_for_worker
+from devcluster.cluster import Cluster
+from devcluster.harness import Harness
+from devcluster.spec import Spec, from_env, name_for_worker
 from tests.conftest import in_ci
 
 # The modules by their wall time on one cluster, longest first, from the parallel run of

@@ -1,20 +1,20 @@
 """docs/admin-guide.md, followed on a plain Slurm site: the wheel installed by the guide's own
 blocks, then a drain and a placed gang job.
 
-The site (gpuwarden/devcluster/site.py) is Debian's Slurm started from a site's own slurm.conf
+The site (devcluster/site.py) is Debian's Slurm started from a site's own slurm.conf
 (docker-cluster/site/), with none of the test cluster's templates, entrypoint or packages: the
 packages the guide installs are removed first, so its `apt-get` lines fetch them from Debian's
 archive. Each step runs the guide's marked block as it stands (the docs are parsed, not copied
 here), so a guide edit that breaks an install breaks this test.
 
 What the guide leaves to the admin, the test does the way the guide says, and nothing more:
-- step 1: the wheel is built on the host by `gpuwarden.devcluster.wheel` (pip wheel --no-deps,
+- step 1: the wheel is built on the host by `devcluster.wheel` (pip wheel --no-deps,
   as the guide's block) and mounted at the guide's placeholder `/path/to/dist`;
 - step 4's edit: `[cluster]` set to the site's nodes with `gpuwarden config set`, as the guide
   does it; on compute nodes, the `gpuwarden config set` block of testing-without-gpus.md's
   "A test node";
 - steps 7 and 8: topology.conf and the merged slurm.conf copied to every host; the merge
-  follows step 8's rules (`gpuwarden.devcluster.guide.merge_slurm_conf`);
+  follows step 8's rules (`devcluster.guide.merge_slurm_conf`);
 - step 6: the spool is made once, on the site's shared filesystem (every host mounts one
   directory at /fsx), and `shared_root` set on every host with the guide's `config set` block;
   its timer (like step 9's lemon timer) is not installed: `ckpt tidy` is run by hand where the
@@ -37,9 +37,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.devcluster import guide
-from gpuwarden.devcluster.site import HEAD, NODES, NODES_PER_LEAF, PlainSite
-from gpuwarden.devcluster.spec import Spec
+from devcluster import guide
+from devcluster.site import HEAD, NODES, NODES_PER_LEAF, PlainSite
+from devcluster.spec import Spec
 from gpuwarden.slurm import hostlist
 
 # Setting the site up runs apt-get on five hosts (Debian's archive) and the whole guide.

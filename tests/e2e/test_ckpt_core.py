@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpuwarden.devcluster.cluster import SRC, VENV_PYTHON
-from gpuwarden.devcluster.harness import Harness
+from devcluster.cluster import SRC, VENV_PYTHON
+from devcluster.harness import Harness
 
 pytestmark = pytest.mark.timeout(300)
 PROBE = f"{SRC}/tests/e2e/ckpt_s3_probe.py"

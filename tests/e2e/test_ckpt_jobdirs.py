@@ -1,13 +1,13 @@
 """Issue 12, item 1 through Slurm: another user pre-creates tier-0 directories for the next job
 ids; the prolog moves them aside, the job checkpoints and finishes, and the epilog leaves
 nothing of it in node memory. Needs `jobdirs.for_prolog`/`for_epilog` wired into
-gpuwarden/health/entry.py."""
+gpuwarden/hooks/entry.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuwarden.devcluster.harness import TRAIN_SBATCH, Harness
+from devcluster.harness import TRAIN_SBATCH, Harness
 from tests.e2e.test_foundation import wait_for
 
 pytestmark = pytest.mark.timeout(300)

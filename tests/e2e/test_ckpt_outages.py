@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpuwarden.devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
+from devcluster.harness import JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_foundation import wait_for
 
 pytestmark = pytest.mark.timeout(600)

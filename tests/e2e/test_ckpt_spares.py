@@ -19,7 +19,7 @@ from datetime import datetime
 
 import pytest
 
-from gpuwarden.devcluster.harness import JOBS_DIR, Harness
+from devcluster.harness import JOBS_DIR, Harness
 from tests.e2e.test_ckpt_requeue import hostnames, output
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from gpuwarden.devcluster.cluster import VENV_PYTHON
-from gpuwarden.devcluster.harness import TRAIN_SBATCH, Harness
+from devcluster.cluster import VENV_PYTHON
+from devcluster.harness import TRAIN_SBATCH, Harness
 from tests.e2e.test_ckpt_requeue import hostnames, lose_node, output
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.devcluster.cluster import VENV_PYTHON
-from gpuwarden.devcluster.harness import Harness
+from devcluster.cluster import VENV_PYTHON
+from devcluster.harness import Harness
 from tests.e2e.test_health import NODES, nodes, periodic
 
 pytestmark = pytest.mark.timeout(300)

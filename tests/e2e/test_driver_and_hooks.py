@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from gpuwarden.devcluster.cluster import VENV_PYTHON
-from gpuwarden.devcluster.harness import Harness
+from devcluster.cluster import VENV_PYTHON
+from devcluster.harness import Harness
 from tests.e2e.test_foundation import sinfo_reasons
 from tests.e2e.test_health import clean, periodic  # noqa: F401 - the fixture is used by name
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.devcluster.harness import FAKE_DIR, Harness
+from devcluster.harness import FAKE_DIR, Harness
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import Node
 from tests.e2e.test_foundation import node_state, sinfo_reasons, wait_for

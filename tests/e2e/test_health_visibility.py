@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from gpuwarden.health import marker
 from tests.e2e.test_foundation import sinfo_reasons, wait_for
 from tests.e2e.test_health import nodes

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gpuwarden.devcluster.harness import FAKE_JOB, Harness
+from devcluster.harness import FAKE_JOB, Harness
 from gpuwarden.slurm.hostlist import expand
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import NODES, nodes, periodic

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import NODES, nodes
 

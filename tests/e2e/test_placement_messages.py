@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from tests.e2e.test_placement import placement  # noqa: F401 - the fixture, with its clean-up
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from tests.e2e.test_placement import LEMONS, fresh_snapshot, gang, placement  # noqa: F401
 
 pytestmark = pytest.mark.timeout(420)

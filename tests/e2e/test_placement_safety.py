@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_placement import SNAPSHOT, fresh_snapshot, placement  # noqa: F401
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.devcluster.cluster import VENV_PYTHON
-from gpuwarden.devcluster.harness import JOBS_DIR, Harness
+from devcluster.cluster import VENV_PYTHON
+from devcluster.harness import JOBS_DIR, Harness
 from gpuwarden.report.render import MAX_PARTITION_CHARTS
 from tests.browser import assert_charts_drawn, assert_fits
 from tests.e2e.test_foundation import wait_for

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuwarden.devcluster.harness import Harness
+from devcluster.harness import Harness
 from tests.e2e.test_foundation import sinfo_reasons
 from tests.e2e.test_health import clean, periodic  # noqa: F401 - the fixture is used by name
 

@@ -18,7 +18,8 @@ import traceback
 
 
 def run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
-    from gpuwarden import cli, logsetup
+    from gpuwarden import cli
+    from gpuwarden.core import logsetup
 
     logsetup.add_syslog = lambda *a, **k: None  # no syslog in tests
     saved = dict(os.environ)

@@ -19,8 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.errors import SlurmParseError
-from gpuwarden.slurm import acctfast, acctstream, jsonspans, parse
+from gpuwarden.accounting import fastdecode as acctfast
+from gpuwarden.accounting import jsonspans
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.core.errors import SlurmParseError
+from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "sacct.json"

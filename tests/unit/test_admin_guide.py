@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from gpuwarden import slurmconfcheck
+from gpuwarden.slurmconf import check as slurmconfcheck
 
 GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md").read_text()
 _SETTING = re.compile(r"^(#?)([A-Z][A-Za-z]+)=(\S+)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpuwarden import extras
+from gpuwarden.core import extras
 
 GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md").read_text()
 

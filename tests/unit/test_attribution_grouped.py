@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.lemon.attribution import (
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.attribution import (
     Attribution,
     attribute_runs,
     by_node,
@@ -20,9 +21,8 @@ from gpuwarden.lemon.attribution import (
     lemon_clears,
     node_failures,
 )
+from gpuwarden.accounting.columns import Columns
 from gpuwarden.report.collect import Blamable, RunTally
-from gpuwarden.slurm import acctstream
-from gpuwarden.slurm.acctcols import Columns
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 
 T0 = 1_767_225_600
@@ -204,7 +204,7 @@ def test_a_file_read_in_batches_attributes_as_judging_each_decoded_record(
         jobs: list[AcctJob], evs: list[NodeEvent], batch: int) -> None:
     """What the reader does to a file (the fast decoder's records, batches, the exposure
     spread once per file) against one-by-one judging of the same decoded records."""
-    from gpuwarden.lemon import history
+    from gpuwarden.accounting import history
 
     text = json.dumps({"jobs": [_as_sacct(r) for r in jobs]})
     stream = acctstream.AcctStream(acctstream.text_reader(io.BytesIO(text.encode())), "t")

@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden import cli as climod
-from gpuwarden import extras
-from gpuwarden.lemon import listfile
+from gpuwarden.accounting import lemonlist as listfile
+from gpuwarden.core import extras
 
 ROOT = Path(__file__).resolve().parents[2]
 CLITREE = ROOT / "tests" / "clitree.py"
@@ -113,7 +113,7 @@ def test_the_extras_table_is_pyprojects() -> None:
         dists = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0] for d in declared[extra]}
         assert {IMPORT_NAME.get(d, d) for d in dists} <= set(mods), extra
     # Every runtime extra is known (test and dev are for developers).
-    assert set(declared) - {"test", "dev"} == set(extras.EXTRAS)
+    assert set(declared) - {"test", "test-torch", "dev"} == set(extras.EXTRAS)
 
 
 def test_an_unmarked_path_to_an_extra_is_still_one_line(

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.config import SlurmConfig
-from gpuwarden.errors import SlurmError
-from gpuwarden.health import entry, gate
-from gpuwarden.health.config import BlastRadius
+from gpuwarden.config.health import BlastRadius
+from gpuwarden.core.errors import SlurmError
+from gpuwarden.health import gate
 from gpuwarden.health.model import CheckResult, Status, Verdict
-from gpuwarden.health.reasons import health_reason, is_health_drain
 from gpuwarden.health.store import Counters
+from gpuwarden.hooks import entry
 from gpuwarden.slurm.client import CliSlurmClient, gpuwarden_reason
+from gpuwarden.slurm.reasons import health_reason, is_health_drain
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError
 from tests.ctld import FakeCtld
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 (a fixture)

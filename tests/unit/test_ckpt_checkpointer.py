@@ -75,9 +75,9 @@ def test_ckpt_commands_list_verify_clean_up_and_compute_the_interval(tmp_path: P
 
     from click.testing import CliRunner
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.cli import Context, cli
     from gpuwarden.config import Config
+    from gpuwarden.config.ckpt import CkptConfig
 
     cfg = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),
                                             shared_root=str(tmp_path / "fsx"), keep=1))

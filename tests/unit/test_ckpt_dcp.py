@@ -42,9 +42,9 @@ def _worker(rank: int, root: str, phase: str, restarts: int, want_step: int | No
     from torch.distributed import checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.dcp import dcp_reader, dcp_writer
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     # Loopback only: gloo otherwise picks the address the hostname resolves to.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -108,9 +108,9 @@ def test_a_job_with_no_checkpoint_loads_nothing(tmp_path: Path) -> None:
 
 
 def _fresh(rank: int, root: str) -> None:
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.dcp import dcp_reader
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     cfg = CkptConfig(memory_root=f"{root}/mem{rank}", shared_root=f"{root}/shared",
                      peer_replicas=0, agree_timeout_s=60.0)
@@ -124,9 +124,9 @@ def test_async_save_writes_the_staged_values_while_training_goes_on(tmp_path: Pa
     the step holds the values of the moment of the call, not what training did after."""
     from torch.distributed import checkpoint as dcp
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.dcp import dcp_reader, dcp_writer
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
     try:
@@ -151,9 +151,9 @@ def test_a_job_of_one_rank_without_a_shared_tier_loads_from_node_memory(tmp_path
     nothing there is taken for "an earlier run" and deleted."""
     from torch.distributed import checkpoint as dcp
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.dcp import dcp_reader, dcp_writer
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
     try:
@@ -216,9 +216,9 @@ def test_the_coordinator_writes_its_items_before_finish_and_commits_only_the_met
     the others'; the step stays invisible until `finish` adds the metadata."""
     from torch.distributed import checkpoint as dcp
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.dcp import GpuwardenWriter, dcp_reader
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     seen: dict[str, Any] = {}
 
@@ -256,8 +256,8 @@ def test_a_save_that_fails_at_finish_leaves_no_step_and_no_temp_dir(tmp_path: Pa
     from torch.distributed.checkpoint.api import CheckpointException
 
     from gpuwarden.ckpt import dcp as gw_dcp
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path}/pg")
     try:

@@ -37,8 +37,8 @@ from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, FsTier
 from gpuwarden.ckpt.manifest import LEGACY, Manifest, ManifestError, Shard, from_json, seal
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
+from gpuwarden.core.safejson import JsonError, loads
 from gpuwarden.launch.heartbeat import BeatTable
-from gpuwarden.safejson import JsonError, loads
 from tests.unit.test_ckpt_s3tier import FakeS3
 
 JOB = "job-33"
@@ -388,9 +388,9 @@ def test_the_decoder_takes_ordinary_json_within_bounds() -> None:
 def _cli(tmp_path: Path) -> Callable[..., tuple[int, str, BaseException | None]]:
     from click.testing import CliRunner
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.cli import Context, cli
     from gpuwarden.config import Config
+    from gpuwarden.config.ckpt import CkptConfig
 
     ctx = Context()
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from gpuwarden.ckpt import codec, jobdirs
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.config import Config
-from gpuwarden.errors import SlurmUnavailableError
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.errors import SlurmUnavailableError
 from gpuwarden.slurm.models import Job
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the prolog and epilog run as root")

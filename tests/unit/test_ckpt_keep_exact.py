@@ -12,12 +12,12 @@ import numpy as np
 
 from gpuwarden.ckpt import codec, listing
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.coord import FileCoordinator
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.listing import Row
 from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.config.ckpt import CkptConfig
 from tests.unit.test_ckpt_ownership import _cli
 
 JOB = "job-7"

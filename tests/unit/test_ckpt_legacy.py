@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import xxhash
 
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import MANIFEST, FsTier, TierError
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.restore import restore
+from gpuwarden.config.ckpt import CkptConfig
 
 JOB = "job-77"
 PAIR = np.dtype([("a", "<i4"), ("b", "<f8")])

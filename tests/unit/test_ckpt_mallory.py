@@ -20,14 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuwarden.ckpt import codec, jobdirs, safeio
+from gpuwarden.ckpt import codec, jobdirs
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
 from gpuwarden.ckpt.manifest import LEGACY, Manifest, Shard
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
 from gpuwarden.config import Config
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.safefs import spool as safeio
 from gpuwarden.slurm.models import Job
 
 from .test_ckpt_s3tier import FakeS3

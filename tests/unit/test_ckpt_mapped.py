@@ -13,8 +13,8 @@ import numpy as np
 
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.config.ckpt import CkptConfig
 
 
 def owner(a: object) -> object:

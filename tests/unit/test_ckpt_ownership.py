@@ -132,9 +132,9 @@ def test_a_fifo_in_place_of_a_shard_or_manifest_never_hangs(tmp_path: Path) -> N
 def _cli(tmp_path: Path) -> Any:
     from click.testing import CliRunner
 
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.cli import Context, cli
     from gpuwarden.config import Config
+    from gpuwarden.config.ckpt import CkptConfig
 
     ctx = Context()
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),
@@ -195,8 +195,8 @@ def test_root_verify_and_ls_never_hang_on_a_fifo_and_report_it(tmp_path: Path) -
 
 # ---- item 7: a read-only restore -------------------------------------------------------------
 def test_a_read_only_restore_deletes_nothing(tmp_path: Path) -> None:
-    from gpuwarden.ckpt.config import CkptConfig
     from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
+    from gpuwarden.config.ckpt import CkptConfig
 
     cfg = CkptConfig(memory_root=str(tmp_path / "shm"), shared_root=str(tmp_path / "fsx"),
                      peer_replicas=0)

@@ -14,7 +14,6 @@ import pytest
 
 from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.coord import CoordError, FileCoordinator, agree, newest_common
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv, JobEnvError, job_env
@@ -23,6 +22,7 @@ from gpuwarden.ckpt.peer import Address, PeerError, PeerServer, PeerTier, job_ke
 from gpuwarden.ckpt.peerwire import MAGIC
 from gpuwarden.ckpt.peerwire import recv_frame as _recv_frame
 from gpuwarden.ckpt.peerwire import send_frame as _send_frame
+from gpuwarden.config.ckpt import CkptConfig
 
 KEY = b"k" * 32
 

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.ckpt import restorelog
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.restorelog import RestoreRecord, parse, per_tier, read_records
 from gpuwarden.cli import Context, cli
+from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import build
 from gpuwarden.report.tradeoffs import RestoreTimes
@@ -141,7 +141,7 @@ def test_the_report_shows_each_tiers_median_restore_and_what_the_choice_is_worth
 
 def test_report_reads_the_records_under_ckpt_root_and_refuses_a_missing_one(
         tmp_path: Path) -> None:
-    from gpuwarden.fleet.calibrate import solve
+    from gpuwarden.accounting.calibrate import solve
     from gpuwarden.fleet.simulate import Fleet, write_history
 
     out = tmp_path / "hist"

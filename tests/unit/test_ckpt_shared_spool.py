@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.ckpt import jobdirs, sharedspool
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.config import Config
-from gpuwarden.errors import SlurmUnavailableError
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.errors import SlurmUnavailableError
 from gpuwarden.slurm.models import Job
 from tests.unit.test_ckpt_jobdirs import ALICE, ENV, JOB_ID, MALLORY, FakeSlurm
 

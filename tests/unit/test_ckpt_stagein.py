@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from gpuwarden.ckpt import codec, stagein
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.stagein import Request, select
 from gpuwarden.config import Config
-from gpuwarden.health import entry
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.hooks import entry
 from tests.fakes import FakeSlurm
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 - the fixture, for below
 
@@ -363,7 +363,7 @@ def test_a_critical_node_past_the_drain_cap_still_stages_in(
 
 
 def test_stage_in_keeps_the_prolog_import_path_light() -> None:
-    code = ("import sys, gpuwarden.health.entry, gpuwarden.ckpt.stagein; "
+    code = ("import sys, gpuwarden.hooks.entry, gpuwarden.ckpt.stagein; "
             "bad = [m for m in ('numpy', 'xxhash', 'gpuwarden.ckpt.fstier') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

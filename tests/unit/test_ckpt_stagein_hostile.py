@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.ckpt import codec, stagein
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import step_dir
+from gpuwarden.config.ckpt import CkptConfig
 from tests.unit.test_ckpt_stagein import JOB, Inline, env_for, mem_steps
 from tests.unit.test_ckpt_stagein import tiers as tiers  # the fixture, for `staged`
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
-from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
+from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
 from gpuwarden.slurm.models import Node
 
@@ -143,7 +143,7 @@ def test_nodes_that_never_reported_say_which_command_reports_now(
     """Right after the slurm.conf step no node has run its HealthCheckProgram yet: the notes
     name the command that makes a node report now, and the summary lists those nodes."""
     from gpuwarden.health import marker
-    from gpuwarden.slurmconfneeds import HOOKS
+    from gpuwarden.slurmconf.needs import HOOKS
 
     fresh = marker.encode_into("", marker.Marker(int(time.time()), "OK")) or ""
     client = FakeClient({**{f"gn{i}": node(f"gn{i}") for i in (1, 2, 3, 7)},

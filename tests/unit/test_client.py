@@ -1,7 +1,7 @@
 import pytest
 
 from gpuwarden.config import SlurmConfig
-from gpuwarden.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
+from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm.client import CliSlurmClient, gpuwarden_reason
 from tests.fakes import FakeRunner, fail, node_json, ok, timeout
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import config
-from gpuwarden.errors import ConfigError
+from gpuwarden.core.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden import config as configmod
-from gpuwarden import configset
 from gpuwarden.cli import cli
-from gpuwarden.configload import to_dict
-from gpuwarden.errors import ConfigError
+from gpuwarden.config import setvalue as configset
+from gpuwarden.core.configload import to_dict
+from gpuwarden.core.errors import ConfigError
 
 SHOWN = configmod.dumps(configmod.Config())
 
@@ -190,7 +190,7 @@ def test_a_failed_write_leaves_the_file_and_no_temporary_behind(
     def full(src: object, dst: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("gpuwarden.configwrite.os.replace", full)
+    monkeypatch.setattr("gpuwarden.config.write.os.replace", full)
     code, out = set_keys(site, "cluster.nodes=4")
     assert code == 2 and "No space left" in out and "nothing was written" in out, out
     assert site.read_bytes() == before

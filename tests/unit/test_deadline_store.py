@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.core.deadline import run_all
 from gpuwarden.health import store as storemod
-from gpuwarden.health.deadline import run_all
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.nodechecks import available_memory_mb, ib_port_result, mount_points
 from gpuwarden.health.store import (
@@ -189,7 +189,7 @@ def test_the_exit_is_not_held_up_by_an_abandoned_check() -> None:
     import subprocess
     import sys
 
-    code = ("import time; from gpuwarden.health.deadline import run_all; "
+    code = ("import time; from gpuwarden.core.deadline import run_all; "
             "print(run_all({'x': lambda: time.sleep(60)}, 0.2)['x'].timed_out)")
     t0 = time.monotonic()
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)

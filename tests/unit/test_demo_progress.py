@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpuwarden.devcluster import demo
-from gpuwarden.devcluster.harness import job_status
-from gpuwarden.devcluster.progress import Ticker, Wait, waiting
+from devcluster import demo
+from devcluster.harness import job_status
+from devcluster.progress import Ticker, Wait, waiting
 from gpuwarden.slurm.models import Job
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.devcluster import image, spec
-from gpuwarden.errors import ConfigError
+from devcluster import image, spec
+from gpuwarden.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,20 +84,20 @@ class _Runs:
         self.answer = answer
 
     def exec(self, host: str, argv: list[str], timeout: float = 60.0) -> object:
-        from gpuwarden.devcluster.exec import ExecResult
+        from devcluster.exec import ExecResult
         return ExecResult(0, self.answer, "")
 
 
 @pytest.mark.parametrize("slurm", ["24.11", "26.05"])
 def test_the_cluster_says_which_slurm_it_runs(slurm: str) -> None:
-    from gpuwarden.devcluster.cluster import Cluster
+    from devcluster.cluster import Cluster
     got = Cluster.check_release(_Runs(slurm, f"slurm {slurm}.5\n"), "tag")  # type: ignore[arg-type]
     assert got == f"slurm {slurm}.5"
 
 
 def test_an_image_running_another_slurm_than_asked_is_refused() -> None:
     # Debian's testing suite moving on to 26.11 must not pass as 26.05 tested end to end.
-    from gpuwarden.devcluster.cluster import Cluster, ClusterError
+    from devcluster.cluster import Cluster, ClusterError
     with pytest.raises(ClusterError, match=r"GPUWARDEN_SLURM=26.05, but slurmctld .*26.11.1"):
         Cluster.check_release(_Runs("26.05", "slurm 26.11.1\n"), "tag")  # type: ignore[arg-type]
 
@@ -108,7 +108,7 @@ def test_an_exec_whose_stream_never_ends_is_given_up_at_its_deadline(
     import threading
     import time
 
-    from gpuwarden.devcluster import exec as dexec
+    from devcluster import exec as dexec
 
     class Stuck:
         """dockerd never answers."""
@@ -249,7 +249,7 @@ class _Docker:
 @pytest.mark.parametrize("old_default", [True, False])
 def test_down_removes_its_own_cluster_and_nothing_of_another(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, old_default: bool) -> None:
-    from gpuwarden.devcluster.cluster import Cluster, named_clusters
+    from devcluster.cluster import Cluster, named_clusters
 
     clusters = {n: _named(monkeypatch, n) for n in ("gpuwarden", "gwt1", "gwt10", "xgwt1")}
     for victim in clusters:
@@ -334,7 +334,7 @@ def test_an_exec_whose_output_came_with_the_response_headers_is_read_whole(
     # Under the parallel e2e run, `sbatch --parsable` "printed" no job id with exit 0, a
     # written file read back empty, and frames lost their alignment ("100 is not a valid
     # stream"): docker-py never read what http.client had buffered with the headers.
-    from gpuwarden.devcluster import exec as dexec
+    from devcluster import exec as dexec
 
     container = dockerd(_frame(1, b"4242\n") + _frame(2, b"warn\n") + _frame(1, b"x" * 70000), 3)
     got = dexec.run_in(container, ["sbatch", "--parsable"])
@@ -343,7 +343,7 @@ def test_an_exec_whose_output_came_with_the_response_headers_is_read_whole(
 
 def test_an_exec_stream_cut_inside_a_frame_is_an_error_not_short_output(
         dockerd: Callable[[bytes, int], object]) -> None:
-    from gpuwarden.devcluster import exec as dexec
+    from devcluster import exec as dexec
 
     container = dockerd(_frame(1, b"4242\n")[:-2], 0)
     with pytest.raises(dexec.ExecOutputLost, match="of 5 bytes|inside a frame"):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.devcluster import image, spec
-from gpuwarden.errors import ConfigError
+from devcluster import image, spec
+from gpuwarden.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwarden.health.reasons import (
+from gpuwarden.accounting.attribution import Attribution, Blame, event_time
+from gpuwarden.report.tradeoffs import proactive_vs_reactive
+from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
+from gpuwarden.slurm.reasons import (
     HEALTH_TAG,
     drain_origin,
     health_reason,
     is_health_drain,
     origin_of,
 )
-from gpuwarden.lemon.attribution import Attribution, Blame, event_time
-from gpuwarden.report.tradeoffs import proactive_vs_reactive
-from gpuwarden.slurm.models import REASON_PREFIX, NodeEvent
 
 
 @pytest.mark.parametrize(("context", "origin"), [

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from gpuwarden.config import SlurmConfig
+from gpuwarden.config.health import BlastRadius
 from gpuwarden.health import gate
-from gpuwarden.health.config import BlastRadius
 from gpuwarden.slurm.client import CliSlurmClient
 from tests.ctld import FakeCtld
 

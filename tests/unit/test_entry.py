@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.config import Config
-from gpuwarden.health import entry
-from gpuwarden.health.config import BlastRadius, Expected, HealthConfig
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.config.health import BlastRadius, Expected, HealthConfig
 from gpuwarden.health.model import Status
 from gpuwarden.health.probe import FakeGpuProbe, healthy_fake
+from gpuwarden.hooks import entry
 from gpuwarden.launch.decide import Lost
 from gpuwarden.launch.report import comment
 from gpuwarden.slurm.client import gpuwarden_reason
@@ -234,9 +234,9 @@ def test_bad_node_names_from_the_environment_are_refused(node_env) -> None:  # t
 
 
 def test_the_prolog_import_path_stays_small() -> None:
-    code = ("import sys; import gpuwarden.cli, gpuwarden.health.entry; "
+    code = ("import sys; import gpuwarden.cli, gpuwarden.hooks.entry; "
             "heavy = ('boto3', 'docker', 'jinja2', 'pynvml', 'gpuwarden.lemon.scoring', "
-            "'gpuwarden.lemon.history', 'gpuwarden.fleet'); "
+            "'gpuwarden.accounting.history', 'gpuwarden.fleet'); "
             "bad = [m for m in heavy if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
@@ -315,7 +315,7 @@ def test_a_job_read_that_breaks_never_stops_the_epilogs_checks(node_env) -> None
 
 
 def test_a_job_slurm_will_not_requeue_is_still_failed_and_left_to_slurm(node_env, caplog) -> None:  # type: ignore[no-untyped-def]
-    from gpuwarden.errors import SlurmError
+    from gpuwarden.core.errors import SlurmError
 
     env, slurm, tmp = node_env
     break_gpu(tmp)

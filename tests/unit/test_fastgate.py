@@ -201,7 +201,7 @@ def test_the_fast_path_imports_almost_nothing() -> None:
     """Reproduced: the prolog imported click, tomllib and every config dataclass before
     looking at the stored verdict: +186-200 ms per job start."""
     out = subprocess.run([sys.executable, "-I", "-X", "importtime", "-c",
-                          "import gpuwarden.health.hooks, gpuwarden.health.fastgate"],
+                          "import gpuwarden.hooks.run, gpuwarden.health.fastgate"],
                          capture_output=True, text=True, check=True, timeout=30)
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
     for heavy in ("click", "tomllib", "dataclasses", "gpuwarden.config", "logging", "pickle",

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting import calibrate, mttf
+from gpuwarden.accounting.attribution import attribute
+from gpuwarden.accounting.calibrate import CalibrationError, PaperFigures, solve
 from gpuwarden.cli import Context, cli
-from gpuwarden.fleet import calibrate, mttf
-from gpuwarden.fleet.calibrate import CalibrationError, PaperFigures, solve
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.attribution import attribute
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob
 from tests.unit.test_lemon_core import T0, ev, job
@@ -142,7 +142,7 @@ def test_simulated_day_files_are_what_sacct_prints_for_a_day(tmp_path: Path) -> 
 
 
 def test_a_run_that_crossed_midnight_is_in_both_days_and_counted_once(tmp_path: Path) -> None:
-    from gpuwarden.lemon.history import from_files, read_events
+    from gpuwarden.accounting.history import from_files, read_events
 
     fleet = Fleet(nodes=300, days=3, seed=7)
     w = write_history(solve(), fleet, tmp_path)

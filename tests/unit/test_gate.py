@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from gpuwarden.config.health import BlastRadius
 from gpuwarden.health import gate
-from gpuwarden.health.config import BlastRadius
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.slurm.models import Node
 from tests.fakes import FakeSlurm

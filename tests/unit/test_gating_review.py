@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.ckpt import stagein
-from gpuwarden.ckpt.config import CkptConfig
 from gpuwarden.config import Config
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.config.health import Expected, HealthConfig
 from gpuwarden.health import cli as hcli
-from gpuwarden.health import entry, fastgate, marker
-from gpuwarden.health.config import Expected, HealthConfig
+from gpuwarden.health import fastgate, marker
 from gpuwarden.health.gather import boot_time, gather, gating_gaps
 from gpuwarden.health.model import GpuSnapshot, Status
 from gpuwarden.health.probe import ProbeError
+from gpuwarden.hooks import entry
 from tests.unit import pytrees
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 - the fixture `node` uses
 from tests.unit.test_hooks import Node
@@ -112,7 +113,8 @@ def test_after_an_epilog_held_a_result_back_the_next_prolog_runs_every_check(nod
 # ---- 3: no child gpuwarden starts holds the hook's output ---------------------------------------
 _ORPHAN = """
 import subprocess, sys, time
-from gpuwarden.health import deadline, fastgate
+from gpuwarden.health import fastgate
+from gpuwarden.core import deadline
 def stuck():
     subprocess.Popen(["sleep", "8"])  # stands in for a child stuck in the kernel
     time.sleep(60)

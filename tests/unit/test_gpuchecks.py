@@ -2,8 +2,8 @@ from dataclasses import replace
 
 import pytest
 
+from gpuwarden.config.health import Expected
 from gpuwarden.health import gpuchecks
-from gpuwarden.health.config import Expected
 from gpuwarden.health.model import GpuObs, GpuSnapshot, Status
 from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
 

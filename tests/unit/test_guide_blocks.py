@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden import slurmconfread
+from devcluster import guide
 from gpuwarden.cli import cli
-from gpuwarden.devcluster import guide
+from gpuwarden.slurmconf import read as slurmconfread
 
 ROOT = Path(__file__).resolve().parents[2]
 

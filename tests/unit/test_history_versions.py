@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.lemon import history
+from gpuwarden.accounting import history
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "slurm_versions"
 

@@ -166,14 +166,14 @@ def test_a_pth_line_adding_a_group_writable_directory_is_refused(site: Site) -> 
 def test_a_package_directory_deeper_down_is_checked_before_it_is_imported(site: Site) -> None:
     python = pytrees.venv(site.root, pytrees.base_python(site.root), with_gpuwarden=False)
     site_dir = pytrees.site_packages(site.root / "venv")
-    pkg = site_dir / "gpuwarden" / "health"
+    pkg = site_dir / "gpuwarden" / "hooks"
     pkg.mkdir(parents=True)
     (site_dir / "gpuwarden" / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "hooks.py").write_text("import sys\ndef main(argv):\n    return 0\n")
+    (pkg / "run.py").write_text("import sys\ndef main(argv):\n    return 0\n")
     _group_writable(pkg)
     site.hook(python, "prolog")
-    assert f"refusing to import gpuwarden.health as root: {pkg} is writable by group" in site.logged()
+    assert f"refusing to import gpuwarden.hooks as root: {pkg} is writable by group" in site.logged()
     assert REFUSED in site.logged()
 
 
@@ -199,7 +199,7 @@ def test_an_interpreter_link_through_a_users_directory_is_refused(site: Site) ->
 
 
 def test_the_selftest_applies_the_same_rule(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuwarden.health import selftest
+    from gpuwarden.hooks import selftest
 
     base = pytrees.base_python(site.root)
     python = pytrees.venv(site.root, base, system_site=True)
@@ -310,11 +310,11 @@ def test_a_finder_a_pth_file_puts_ahead_of_the_guard_is_checked_too(site: Site) 
     meson-python's does) and maps gpuwarden to a user's checkout: its modules ran unchecked."""
     python = pytrees.venv(site.root, pytrees.base_python(site.root), with_gpuwarden=False)
     theirs = site.root / "their-checkout" / "gpuwarden"
-    (theirs / "health").mkdir(parents=True)
+    (theirs / "hooks").mkdir(parents=True)
     code = f"import os\nopen({str(site.marker)!r}, 'w').write(str(os.getuid()))\n"
     (theirs / "__init__.py").write_text(code)
-    (theirs / "health" / "__init__.py").write_text(code)
-    (theirs / "health" / "hooks.py").write_text(code + "def main(argv):\n    return 0\n")
+    (theirs / "hooks" / "__init__.py").write_text(code)
+    (theirs / "hooks" / "run.py").write_text(code + "def main(argv):\n    return 0\n")
     pytrees.chown_tree(theirs.parent)
     sp = pytrees.site_packages(site.root / "venv")
     (sp / "_gpuwarden_editable_loader.py").write_text(
@@ -340,11 +340,11 @@ def test_a_compiled_module_another_user_can_write_is_refused(site: Site) -> None
     import py_compile
 
     python = pytrees.venv(site.root, pytrees.base_python(site.root), with_gpuwarden=False)
-    pkg = pytrees.site_packages(site.root / "venv") / "gpuwarden" / "health"
+    pkg = pytrees.site_packages(site.root / "venv") / "gpuwarden" / "hooks"
     pkg.mkdir(parents=True)
     (pkg.parent / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    src = pkg / "hooks.py"
+    src = pkg / "run.py"
     src.write_text("def main(argv):\n    return 0\n")
     theirs = site.root / "evil.py"
     theirs.write_text(f"import os\nopen({str(site.marker)!r}, 'w').write(str(os.getuid()))\n"

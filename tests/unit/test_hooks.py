@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.health import hooks
+from gpuwarden.hooks import run as hooks
 from tests.unit import pytrees
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
@@ -119,16 +120,17 @@ def _make(tmp_path: Path, *args: str, pytest_status: int = 0) -> tuple[int, str,
                              f'$GPUWARDEN_CLUSTER_NAME" >> {log}; exit {pytest_status};; esac')
     _stub(bin_dir, "docker", f'echo "docker $*" >> {log}')
     _stub(bin_dir, "host-deps", f'echo "host-deps $*" >> {log}')
-    stamp = tmp_path / "installed"
-    stamp.touch()  # the venv is up to date
-    os.utime(stamp, (2**31, 2**31))
+    stamp, base_stamp = tmp_path / "installed", tmp_path / "installed-base"
+    for done in (base_stamp, stamp):  # the venv is up to date
+        done.touch()
+        os.utime(done, (2**31, 2**31))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAKEFLAGS": ""}
     # The Makefile's own knobs, which a `make test E2E_WORKERS=5` running this test exports.
     for var in ("KEEP_CLUSTER", "E2E_WORKERS", "VERSIONS_WORKERS", "MORE_SLURM", "E2E_LOGS",
                 "UNIT_WORKERS", "MAKEOVERRIDES", "MFLAGS", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SLURM"):
         env.pop(var, None)
     proc = subprocess.run(
-        ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}",
+        ["make", "--no-print-directory", f"PY={bin_dir}/python", f"STAMP={stamp}", f"BASE_STAMP={base_stamp}",
          f"HOST_DEPS={bin_dir}/host-deps", f"E2E_LOGS={tmp_path}/e2e-logs", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=False)
     ran = log.read_text().splitlines() if log.exists() else []
@@ -139,7 +141,23 @@ def test_make_demo_installs_before_it_builds(tmp_path: Path) -> None:
     code, out, ran = _make(tmp_path, "demo")
     assert code == 0, out
     assert ran[0] == "host-deps debootstrap"
-    assert ran[1].endswith("-m gpuwarden.devcluster up")
+    assert ran[1].endswith("-m devcluster up")
+
+
+def test_a_first_make_demo_installs_no_torch(tmp_path: Path) -> None:
+    """PyPI's torch is about 3 GB; the demo runs nothing that imports it (the cluster's nodes
+    have Debian's), so a first `make demo` leaves it out and `make test` adds it."""
+    venv = tmp_path / "venv"
+    env = {**os.environ, "MAKEFLAGS": ""}
+    demo = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={venv}", "demo"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert "pip install --quiet -e '.[dev]'" in demo.stdout
+    assert "torch" not in demo.stdout.replace("no torch", "")
+    dev = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    assert not [d for d in dev if "torch" in d], dev  # not even through the dev extra
+    test = subprocess.run(["make", "-n", "--no-print-directory", f"VENV={venv}", "unit"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert "pip install --quiet -e '.[dev,test-torch]'" in test.stdout
 
 
 def test_make_test_serial_removes_its_cluster_and_keeps_the_tests_status(tmp_path: Path) -> None:
@@ -149,11 +167,11 @@ def test_make_test_serial_removes_its_cluster_and_keeps_the_tests_status(tmp_pat
     assert "host-deps debootstrap lua chromium" in ran
     i = ran.index("python -m pytest tests -q --durations=20")
     # Each release's image is built before the tests' timers start.
-    assert ran[i - 3:i] == ["docker info", "python -m gpuwarden.devcluster image",
-                            "python -m gpuwarden.devcluster image"], ran
+    assert ran[i - 3:i] == ["docker info", "python -m devcluster image",
+                            "python -m devcluster image"], ran
     # Then the e2e tests marked versions on the other Slurm release, then the cleanup.
     assert ran[i + 1:] == ["python -m pytest tests/e2e -q -m versions --durations=10", "docker info",
-                           "python -m gpuwarden.devcluster down"]
+                           "python -m devcluster down"]
 
 
 def test_make_test_serial_with_keep_cluster_leaves_it(tmp_path: Path) -> None:
@@ -184,7 +202,7 @@ def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
     main, versions = _parallel(ran)
     assert main == ["python -m pytest tests/unit -q -n 2 --durations=10",
                     f"python -m pytest tests/e2e -q -n 4 {XDIST} --durations=20",
-                    "docker info", "python -m gpuwarden.devcluster down --workers"], ran
+                    "docker info", "python -m devcluster down --workers"], ran
     # The other release's versions tests at the same time, on clusters of their own.
     assert versions == [
         f"python -m pytest tests/e2e -q -m versions -n 1 {XDIST} --durations=10",
@@ -200,7 +218,7 @@ def test_make_test_parallel_with_keep_cluster_and_more_workers(tmp_path: Path) -
                            "VERSIONS_WORKERS=2", "MORE_SLURM=26.05 26.05")
     assert code == 0, out
     assert ran[-1].startswith("python -m pytest") or ran[-1].startswith("  on"), ran
-    assert "python -m gpuwarden.devcluster down --workers" not in ran
+    assert "python -m devcluster down --workers" not in ran
     assert f"python -m pytest tests/e2e -q -n 6 {XDIST} --durations=20" in ran
     # Each release its own cluster names.
     assert sorted(line for line in ran if line.startswith("  on")) == [
@@ -211,5 +229,5 @@ def test_make_test_parallel_with_keep_cluster_and_more_workers(tmp_path: Path) -
 def test_make_cluster_down_removes_the_parallel_runs_clusters_too(tmp_path: Path) -> None:
     code, out, ran = _make(tmp_path, "cluster-down")
     assert code == 0, out
-    assert ran == ["python -m gpuwarden.devcluster down",
-                   "python -m gpuwarden.devcluster down --workers"]
+    assert ran == ["python -m devcluster down",
+                   "python -m devcluster down --workers"]

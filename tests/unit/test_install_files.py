@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from gpuwarden import extras
+from gpuwarden.core import extras
 from gpuwarden.install import plan, run
 from gpuwarden.install.cli import install_files
 from gpuwarden.install.plan import InstallError

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuwarden.lemon.attribution import HealthDrain, attribute, health_drains
+from gpuwarden.accounting.attribution import HealthDrain, attribute, health_drains
 from gpuwarden.lemon.scoring import ScoreConfig, benjamini_hochberg, poisson_sf, score
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 
@@ -197,7 +197,7 @@ def ev(node: str, at: float, state: str = "DOWN*", reason: str = "Not responding
 
 
 def test_a_gang_failure_is_pinned_on_the_node_that_went_down() -> None:
-    from gpuwarden.lemon.attribution import node_failures
+    from gpuwarden.accounting.attribution import node_failures
 
     run = job(1, "NODE_FAIL", "c[1-4]")
     down = ev("c3", T0 + 3600 - 20)  # slurmctld marked c3 down just before the run ended
@@ -211,7 +211,7 @@ def test_a_gang_failure_is_pinned_on_the_node_that_went_down() -> None:
 
 
 def test_operator_downs_drains_and_lemon_drains_are_not_node_failures() -> None:
-    from gpuwarden.lemon.attribution import node_failures
+    from gpuwarden.accounting.attribution import node_failures
 
     events = [ev("c1", T0, "DRAIN", "maintenance"), ev("c2", T0, "DRAIN", "gpuwarden: lemon, x"),
               ev("c3", T0, "DRAIN", "gpuwarden: xid 79 [health]"), ev("c4", T0),
@@ -232,7 +232,7 @@ def test_a_drain_from_before_the_history_is_not_a_failure_in_it() -> None:
 
 
 def test_rule7_a_repaired_lemon_starts_clean() -> None:
-    from gpuwarden.lemon.attribution import lemon_clears
+    from gpuwarden.accounting.attribution import lemon_clears
 
     history = [job(i, "NODE_FAIL", "c1", start=T0 + i * 7200) for i in range(5)]
     resumed_at = T0 + 5 * 7200
@@ -266,7 +266,7 @@ def test_expected_failures_follow_the_sizes_of_a_nodes_runs() -> None:
 
 
 def test_history_merges_files_read_in_parallel(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gpuwarden.lemon.history import from_files
+    from gpuwarden.accounting.history import from_files
 
     jobs = fleet_history({"n7"}, seed=4)
     paths = []
@@ -287,7 +287,7 @@ def test_cluster_windows_count_each_run_once() -> None:
     """sacct lists a run in every day window it overlaps; it must count once."""
     from datetime import UTC, datetime, timedelta
 
-    from gpuwarden.lemon.history import from_cluster
+    from gpuwarden.accounting.history import from_cluster
 
     now = datetime(2026, 11, 29, 12, tzinfo=UTC)
     long_run = job(1, "NODE_FAIL", "c1", start=int((now - timedelta(hours=30)).timestamp()),
@@ -324,7 +324,7 @@ def test_day_exports_count_a_run_that_crossed_midnight_once(tmp_path) -> None:  
     """sacct lists a run in every window it overlaps: the export's own window decides."""
     from datetime import UTC, datetime
 
-    from gpuwarden.lemon.history import from_files
+    from gpuwarden.accounting.history import from_files
 
     midnight = int(datetime(2027, 1, 2, tzinfo=UTC).timestamp())
     crossing = job(1, "NODE_FAIL", "c1", start=midnight - 3600, hours=2)
@@ -337,7 +337,7 @@ def test_day_exports_count_a_run_that_crossed_midnight_once(tmp_path) -> None:  
 
 
 def test_the_same_export_given_twice_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gpuwarden.lemon.history import HistoryError, from_files
+    from gpuwarden.accounting.history import HistoryError, from_files
 
     p = tmp_path / "a.json"
     p.write_text(sacct_export([job(1, "COMPLETED", "c1")]))
@@ -349,7 +349,7 @@ def test_the_same_export_given_twice_is_refused(tmp_path) -> None:  # type: igno
 def test_a_record_of_the_wrong_shape_is_skipped_not_a_crash(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from gpuwarden.lemon.history import from_files
+    from gpuwarden.accounting.history import from_files
 
     doc = json.loads(sacct_export([job(1, "COMPLETED", "c1")]))
     doc["jobs"].append({"job_id": 2, "nodes": "c2", "tres": {"allocated": 5},

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
-from gpuwarden.health.config import BlastRadius
-from gpuwarden.lemon import listfile
+from gpuwarden.config.health import BlastRadius
 from gpuwarden.lemon.drain import drain_lemons
 from gpuwarden.lemon.scoring import NodeScore
 from gpuwarden.slurm.models import Node
@@ -157,7 +157,7 @@ def test_scan_refuses_to_drain_from_exported_files(tmp_path: Path) -> None:
 
 def test_lemon_config_is_validated() -> None:
     from gpuwarden.config import parse
-    from gpuwarden.errors import ConfigError
+    from gpuwarden.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="lemon.fdr"):
         parse("[lemon]\nfdr = 2\n", "t.toml")

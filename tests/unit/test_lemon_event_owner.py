@@ -3,7 +3,7 @@ nearest it within the grace window (ties: the one ending at or before it)."""
 
 from __future__ import annotations
 
-from gpuwarden.lemon.attribution import Attribution, HealthDrain, attribute
+from gpuwarden.accounting.attribution import Attribution, HealthDrain, attribute
 from gpuwarden.slurm.models import AcctJob
 
 T0 = 1_800_000_000
@@ -62,7 +62,7 @@ def test_a_drain_blames_one_single_node_failure_not_also_the_next() -> None:
 def test_runs_read_in_separate_batches_still_share_one_event() -> None:
     before = run(1, "NODE_FAIL", "c[1-4]", T0, T0 + 3600 - 60)
     after = run(2, "NODE_FAIL", "c[3-6]", T0 + 3600 + 30, T0 + 3600 + 200)
-    from gpuwarden.lemon.attribution import add_lone_drains, attribute_runs, by_node
+    from gpuwarden.accounting.attribution import add_lone_drains, attribute_runs, by_node
 
     drains = by_node([EVENT])
     parts = [attribute_runs([j], drains) for j in (after, before)]
@@ -74,7 +74,7 @@ def test_a_single_node_failure_that_lost_its_drain_is_not_blamed_on_a_down() -> 
     """Rule 4 needs a health drain: a Slurm DOWN the run is nearest to does not stand in."""
     from datetime import UTC, datetime
 
-    from gpuwarden.lemon.attribution import node_failures
+    from gpuwarden.accounting.attribution import node_failures
     from gpuwarden.slurm.models import NodeEvent
 
     drain = HealthDrain("c1", T0 + 3600, "gpuwarden: xid 79 on GPU 5")

@@ -8,9 +8,9 @@ import random
 
 import numpy as np
 
-from gpuwarden.lemon.attribution import HealthDrain, attribute
+from gpuwarden.accounting.attribution import HealthDrain, attribute
+from gpuwarden.accounting.incidence import CULPRIT
 from gpuwarden.lemon.explain import BACKGROUND, LEFT_OUT, RowView
-from gpuwarden.lemon.incidence import CULPRIT
 from gpuwarden.lemon.inference import fit
 from gpuwarden.lemon.scoring import score
 from gpuwarden.slurm.models import AcctJob

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwarden.lemon import history, rangetally
-from gpuwarden.lemon.attribution import Attribution, attribute, attribute_runs, spread_exposure
-from gpuwarden.lemon.rangetally import RangeTally
-from gpuwarden.slurm import acctfast, acctstream
+from gpuwarden.accounting import fastdecode as acctfast
+from gpuwarden.accounting import history, rangetally
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.attribution import Attribution, attribute, attribute_runs, spread_exposure
+from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.slurm.hostlist import expand
 from gpuwarden.slurm.hostranges import ranges
 from gpuwarden.slurm.models import AcctJob
@@ -117,7 +118,7 @@ def test_the_fast_decoder_is_used_and_the_log_says_which(tmp_path: Path,
     assert acctfast.DECODER is not None and acctstream.decoder_name() == "msgspec"
     export = tmp_path / "sacct.json"
     export.write_text(sacct_export(fleet_history(set(), seed=1, jobs=50)))
-    with caplog.at_level(logging.INFO, logger="gpuwarden.lemon.history"):
+    with caplog.at_level(logging.INFO, logger="gpuwarden.accounting.history"):
         history.from_files([str(export)], [])
     assert "decoding with msgspec" in caplog.text
 
@@ -181,7 +182,7 @@ def test_without_msgspec_the_standard_library_reads_the_same_and_the_log_says_so
     export.write_text(sacct_export(fleet_history({"n7"}, seed=3, jobs=400)))
     fast = history.from_files([str(export)], [])
     monkeypatch.setattr(acctfast, "DECODER", None)
-    with caplog.at_level(logging.INFO, logger="gpuwarden.lemon.history"):
+    with caplog.at_level(logging.INFO, logger="gpuwarden.accounting.history"):
         slow = history.from_files([str(export)], [])
     assert "decoding with the standard library" in caplog.text
     assert slow.records == fast.records == 401

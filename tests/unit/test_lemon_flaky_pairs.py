@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpuwarden.lemon.history import from_files
+from gpuwarden.accounting.history import from_files
 from gpuwarden.lemon.scoring import NodeScore, score
 from gpuwarden.slurm.models import AcctJob
 
@@ -71,7 +71,7 @@ def fit_said(s: NodeScore) -> float:
 
 
 def test_a_node_failing_two_users_unpinned_jobs_is_a_lemon() -> None:
-    from gpuwarden.lemon.attribution import attribute, node_failures
+    from gpuwarden.accounting.attribution import attribute, node_failures
 
     check_flaky_c6(by_node(score(attribute(flaky_pairs(), failures=node_failures([])))))
 
@@ -81,7 +81,7 @@ def test_a_node_whose_jobs_die_within_the_second_they_start_is_still_found() -> 
     could give it no rate and put its failures on its healthy partners instead."""
     from dataclasses import replace
 
-    from gpuwarden.lemon.attribution import attribute, node_failures
+    from gpuwarden.accounting.attribution import attribute, node_failures
 
     jobs = [j if j.state == "CANCELLED" else replace(j, end_time=j.start_time)
             for j in flaky_pairs()]

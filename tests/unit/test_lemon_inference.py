@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from gpuwarden.lemon.attribution import attribute, node_failures
-from gpuwarden.lemon.incidence import IncidenceBuilder
+from gpuwarden.accounting.attribution import attribute, node_failures
+from gpuwarden.accounting.incidence import IncidenceBuilder
+from gpuwarden.accounting.submit import ALL_NODES, named_nodes, script_key
 from gpuwarden.lemon.scoring import NodeScore, score
-from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
 from gpuwarden.slurm.models import AcctJob
 
 T0 = 1_800_000_000

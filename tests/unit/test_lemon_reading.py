@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting import history, mttf
+from gpuwarden.accounting import lemonlist as listfile
+from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.attribution import attribute
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
-from gpuwarden.errors import SlurmParseError
-from gpuwarden.fleet import mttf
-from gpuwarden.lemon import history, listfile
-from gpuwarden.lemon.attribution import attribute
+from gpuwarden.core.errors import SlurmParseError
 from gpuwarden.lemon.cli import progress
 from gpuwarden.placement.snapshot import suspects
-from gpuwarden.slurm import acctstream, parse
+from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 from gpuwarden.slurm.runner import CommandTimeoutError
 from tests.fakes import FakeSlurm
@@ -417,7 +418,7 @@ def test_times_no_calendar_holds_are_said_as_numbers_not_a_crash(tmp_path: Path)
 ])
 def test_window_less_spans_warn_only_where_a_run_could_be_in_both(
         theirs: tuple[float, float] | None, warned: bool) -> None:
-    from gpuwarden.slurm.exportwindows import check_ends
+    from gpuwarden.accounting.windows import check_ends
 
     mine = (T0 + 0.0, T0 + 100.0)
     for other in ((None, None), (T0 - 86_400.0, T0 + 86_400.0)):
@@ -455,7 +456,7 @@ def test_a_late_meta_between_day_files_that_lost_their_ends_reads_each_run_once(
 
 
 def test_every_pair_of_window_less_exports_that_meet_is_warned_of() -> None:
-    from gpuwarden.slurm.exportwindows import check_ends
+    from gpuwarden.accounting.windows import check_ends
 
     t, day = float(T0), 86_400.0
     got = check_ends(["w", "x", "v"], [(None, None), (t - day, t + day), (None, None)],

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from gpuwarden.lemon.attribution import attribute, node_failures
+from gpuwarden.accounting.attribution import attribute, node_failures
+from gpuwarden.accounting.submit import ALL_NODES, named_nodes, script_key
 from gpuwarden.lemon.scoring import NodeScore, score
-from gpuwarden.lemon.submit import ALL_NODES, named_nodes, script_key
 from tests.unit.test_lemon_inference import USERS, History
 
 

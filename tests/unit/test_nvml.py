@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.config.health import Expected, HealthConfig
 from gpuwarden.health import gpuchecks
-from gpuwarden.health.config import Expected, HealthConfig
 from gpuwarden.health.gather import gather
 from gpuwarden.health.model import Status
 from gpuwarden.health.nvml import NvmlGpuProbe

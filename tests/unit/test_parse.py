@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuwarden.errors import SlurmParseError
+from gpuwarden.core.errors import SlurmParseError
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob
 

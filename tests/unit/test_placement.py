@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.placement import snapshot, topology
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.placement import snapshot
 from gpuwarden.placement.decide import JobRequest, decide
+from gpuwarden.slurm import topology
 from gpuwarden.slurm.models import Node
 from tests.conftest import in_ci
 
@@ -55,7 +56,7 @@ def test_tree_and_block_topologies_parse_into_leaves() -> None:
 
 def test_the_template_topology_is_what_the_parser_reads() -> None:
     from gpuwarden.config import Config
-    from gpuwarden.slurmconf import render
+    from gpuwarden.slurmconf.render import render
 
     text = render("topology.conf", Config().cluster)
     assert [len(x.nodes) for x in topology.parse(text).leaves] == [4, 4]

@@ -20,11 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.cli import Context, cli
-from gpuwarden.placement import snapshot, topology
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.placement import snapshot
 from gpuwarden.placement.advice import advise
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
 from gpuwarden.placement.decide import Decision, JobRequest, decide, most_nodes
 from gpuwarden.placement.snapshot import FITS_NOW, NO_FIT, PartitionView, Snapshot
+from gpuwarden.slurm import topology
 from tests.unit.test_placement import node, run_filter
 
 # The admin's first day: three nodes, each under a leaf switch of its own.

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.placement import daemon, snapshot, topology
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.placement import daemon, snapshot
 from gpuwarden.placement.decide import SCHED_MARGIN_S, JobRequest, decide
+from gpuwarden.slurm import topology
 from gpuwarden.slurm.models import Job
 from tests.fakes import FakeSlurm
 from tests.unit.test_placement import TREE, node, run_filter
@@ -106,7 +107,7 @@ def test_the_lua_filter_gives_a_deferred_job_the_policys_wait(tmp_path: Path,
 
 def test_the_daemon_reads_jobs_only_when_nodes_change_and_survives_a_failed_read(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from gpuwarden.errors import SlurmError
+    from gpuwarden.core.errors import SlurmError
     topo = tmp_path / "topology.conf"
     topo.write_text(TREE)
     cfg = PlacementConfig(topology_file=str(topo), snapshot_file=str(tmp_path / "snap.lua"),

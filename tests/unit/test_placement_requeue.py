@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.config import SlurmConfig
-from gpuwarden.errors import SlurmError
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.core.errors import SlurmError
 from gpuwarden.placement import daemon, requeue
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.client import CliSlurmClient
 from gpuwarden.slurm.models import Job

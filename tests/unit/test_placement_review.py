@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.placement import location, snapshot, topology
-from gpuwarden.placement.config import PlacementConfig
+from gpuwarden.config.placement import PlacementConfig
+from gpuwarden.placement import location, snapshot
 from gpuwarden.placement.decide import MAX_FIELD, JobRequest, count_names, decide
+from gpuwarden.slurm import topology
 from tests.unit.test_placement import (
     DRIVER,
     FILTER,

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.placement import daemon, safefile, snapshot
+from gpuwarden.config.placement import PartitionPolicy
+from gpuwarden.core.safefs import adminfile as safefile
+from gpuwarden.placement import daemon, snapshot
 from gpuwarden.placement.cli import _snapshot_age
-from gpuwarden.placement.config import PartitionPolicy
 from gpuwarden.placement.decide import JobRequest, count_names, decide
 from tests.conftest import in_ci
 from tests.unit.test_placement import (

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.placement import snapshot, topology
-from gpuwarden.placement.config import PartitionPolicy, PlacementConfig
+from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.placement import snapshot
 from gpuwarden.placement.decide import Decision, JobRequest, decide
+from gpuwarden.slurm import topology
 from gpuwarden.slurm.models import Node
 from tests.unit.test_placement import TREE, run_filter
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from gpuwarden.config.placement import PartitionPolicy
 from gpuwarden.placement import snapshot
-from gpuwarden.placement.config import PartitionPolicy
 from gpuwarden.placement.decide import JobRequest, decide
 from tests.unit.test_placement import DRIVER, filter_dir, lua, lua_job, lua_str, snap
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting.calibrate import solve
 from gpuwarden.cli import Context, cli
-from gpuwarden.fleet.calibrate import solve
 from gpuwarden.fleet.simulate import Fleet, write_history
 from tests.browser import assert_charts_drawn, assert_fits
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from gpuwarden.lemon.attribution import attribute, health_drains, node_failures
-from gpuwarden.lemon.history import History
+from gpuwarden.accounting.attribution import attribute, health_drains, node_failures
+from gpuwarden.accounting.history import History
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report import stats
 from gpuwarden.report.build import Options, Report, build

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting.calibrate import solve
+from gpuwarden.accounting.history import from_files, read_events
 from gpuwarden.cli import Context, cli
-from gpuwarden.fleet.calibrate import solve
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.history import from_files, read_events
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import as_json, build
 from gpuwarden.report.collect import RunTally

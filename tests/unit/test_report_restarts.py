@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuwarden.ckpt.config import CkptConfig
+from gpuwarden.accounting.attribution import attribute, health_drains, node_failures
+from gpuwarden.accounting.history import History
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.restorelog import RestoreRecord, parse, per_tier, read_records
-from gpuwarden.lemon.attribution import attribute, health_drains, node_failures
-from gpuwarden.lemon.history import History
+from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report import restarts
 from gpuwarden.report.build import Report, build, failed_runs

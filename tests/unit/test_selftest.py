@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.cli import Context, cli
-from gpuwarden.health import selftest as selftest_mod
 from gpuwarden.health.probe import healthy_fake
+from gpuwarden.hooks import selftest as selftest_mod
 from tests.fakes import FakeSlurm
 from tests.unit.test_gate import fleet
 

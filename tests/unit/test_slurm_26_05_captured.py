@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwarden.lemon import history
+from gpuwarden.accounting import history
 from gpuwarden.slurm import dataparser, parse
 from gpuwarden.slurm.models import AcctJob
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.accounting import fastdecode as acctfast
+from gpuwarden.accounting import stream as acctstream
 from gpuwarden.config import SlurmConfig
-from gpuwarden.errors import SlurmError, SlurmParseError
-from gpuwarden.slurm import acctfast, acctstream, dataparser, parse
+from gpuwarden.core.errors import SlurmError, SlurmParseError
+from gpuwarden.slurm import dataparser, parse
 from gpuwarden.slurm.client import CliSlurmClient
 from gpuwarden.slurm.models import AcctJob, Job, Node
 from tests.fakes import FakeRunner, ok

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import slurmconf
 from gpuwarden.config import ClusterConfig
+from gpuwarden.slurmconf import render as slurmconf
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 

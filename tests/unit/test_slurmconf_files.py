@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import slurmconfread as reader
-from gpuwarden.slurmconfneeds import HOOKS
+from gpuwarden.slurmconf import read as reader
+from gpuwarden.slurmconf.needs import HOOKS
 from tests.unit.test_slurmconf_check import conf_dir, finding, run
 
 SITE_PROLOG = "/etc/slurm/site-prolog"

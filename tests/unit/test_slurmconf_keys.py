@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden import slurmconfcheck as check
-from gpuwarden import slurmconfkeys as keys
-from gpuwarden.errors import SlurmError
+from gpuwarden.core.errors import SlurmError
 from gpuwarden.slurm.runner import CommandResult
+from gpuwarden.slurmconf import check, keys
 from tests.unit.test_slurmconf_check import conf_dir, finding, run
 
 

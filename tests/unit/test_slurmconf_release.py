@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden import slurmconfcheck as check
 from gpuwarden.cli import Context, cli
-from gpuwarden.slurmconfneeds import FEATURES, HOOK_TIMEOUT_S
+from gpuwarden.slurmconf.needs import FEATURES, HOOK_TIMEOUT_S
+from gpuwarden.slurmconf import check
 
 
 def settings(text: str) -> dict[str, str]:

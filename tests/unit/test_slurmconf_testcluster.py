@@ -1,4 +1,4 @@
-"""The test cluster's slurm.conf, rendered as `python -m gpuwarden.devcluster up` renders it,
+"""The test cluster's slurm.conf, rendered as `python -m devcluster up` renders it,
 passes `slurm-conf --check` for every feature with what its /etc/slurm holds beside it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from gpuwarden import slurmconf
 from gpuwarden.config import ClusterConfig
+from gpuwarden.slurmconf import render as slurmconf
 from tests.unit.test_slurmconf_check import ALL, run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gpuwarden.accounting import history
 from gpuwarden.cli import Context, cli
-from gpuwarden.lemon import history
 from gpuwarden.slurm.models import AcctJob, Node, NodeEvent
 
 H = 3600

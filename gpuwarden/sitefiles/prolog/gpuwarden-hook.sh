@@ -4,7 +4,7 @@
 # Shell, not Python, so that it runs where Python or gpuwarden cannot: a missing interpreter,
 # a venv the hook does not know, a broken install. Those fail OPEN (exit 0, so Slurm drains no
 # node for "Prolog error") and LOUDLY (syslog daemon.err, tag gpuwarden, and stderr). Only the
-# prolog's deliberate failure (it drained the node itself: gpuwarden.health.hooks.EXIT_FAIL_JOB)
+# prolog's deliberate failure (it drained the node itself: gpuwarden.hooks.run.EXIT_FAIL_JOB)
 # reaches Slurm as a non-zero status.
 #
 # The interpreter comes from GPUWARDEN_PYTHON= in the defaults file the wrapper names (e.g.

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-EXIT_CANNOT_IMPORT = 87  # gpuwarden.health.hooks cannot be imported (the wrapper says so)
+EXIT_CANNOT_IMPORT = 87  # gpuwarden.hooks.run cannot be imported (the wrapper says so)
 EXIT_UNTRUSTED = 88  # the rule refused: nothing of the hook ran
 _MAX_LINKS = 40  # as the kernel's ELOOP limit
 ROOT_ONLY = (0,)
@@ -381,9 +381,9 @@ def start(argv: "Sequence[str]") -> int:
     if c.problems:
         return _refused(c, "gpuwarden")
     try:
-        from gpuwarden.health.hooks import main  # noqa: PLC0415
+        from gpuwarden.hooks.run import main  # noqa: PLC0415
     except Exception as exc:
-        sys.stderr.write(f"cannot import gpuwarden.health.hooks: {exc!r}\n")
+        sys.stderr.write(f"cannot import gpuwarden.hooks.run: {exc!r}\n")
         return EXIT_UNTRUSTED if c.problems else EXIT_CANNOT_IMPORT
     try:
         code = main(list(argv[:1]))

@@ -1,0 +1,52 @@
+"""Checkpoint settings (the `[ckpt]` table): where each tier lives."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gpuwarden.core.configload import require
+
+_ABS = re.compile(r"^(/[A-Za-z0-9._@+-]+)+$")
+
+
+@dataclass(frozen=True)
+class CkptConfig:
+    memory_root: str = "/dev/shm/gpuwarden-ckpt"  # noqa: S108 - tier 0; job dirs are private
+    shared_root: str = ""  # tier 2, the parallel filesystem; empty: none
+    s3_bucket: str = ""  # tier 3; empty: none
+    s3_endpoint: str = ""  # empty: AWS
+    s3_prefix: str = "gpuwarden-ckpt"
+    part_size_mb: int = 64
+    concurrency: int = 8
+    keep: int = 2
+    ckpt_cost_s: float = 30.0  # for `ckpt interval` when the job has not measured its own
+    mttf_h: float = 0.0  # fallback when the accounting history has no failures to measure
+    # Tier 1: replicas of each rank's tier 0 in other nodes' memory, pushed over TCP and
+    # authenticated with a per-job key. 0 replicas: no peer tier.
+    peer_replicas: int = 1
+    peer_port: int = 0  # 0: any free port (each rank publishes its own)
+    peer_partner: str = "other-leaf"  # or "next-node"
+    topology_conf: str = "/etc/slurm/topology.conf"  # leaf switches, for "other-leaf"
+    agree_timeout_s: float = 300.0  # how long ranks wait for each other at start
+    # Prolog stage-in: on a requeued job, copy the newest step every rank holds from the
+    # shared tier (or S3) into the new nodes' tier 0 before the job starts.
+    stage_in: bool = True
+    stage_in_budget_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        require(bool(_ABS.match(self.memory_root)), "memory_root", "an absolute directory")
+        require(self.shared_root == "" or bool(_ABS.match(self.shared_root)), "shared_root",
+                "an absolute directory or empty")
+        require(5 <= self.part_size_mb <= 5120, "part_size_mb", "5 to 5120 (S3's limits)")
+        require(1 <= self.concurrency <= 64, "concurrency", "1 to 64")
+        require(self.keep >= 1, "keep", "an integer >= 1")
+        require(self.ckpt_cost_s > 0, "ckpt_cost_s", "seconds > 0")
+        require(0 <= self.peer_replicas <= 8, "peer_replicas", "0 to 8")
+        require(0 <= self.peer_port <= 65535, "peer_port", "a TCP port (0: any free one)")
+        require(self.peer_partner in ("other-leaf", "next-node"), "peer_partner",
+                "other-leaf or next-node")
+        require(bool(_ABS.match(self.topology_conf)), "topology_conf", "an absolute path")
+        require(self.agree_timeout_s > 0, "agree_timeout_s", "seconds > 0")
+        require(0 < self.stage_in_budget_s <= 3600, "stage_in_budget_s", "seconds, 0 to 3600")
+        require(self.mttf_h >= 0, "mttf_h", "hours >= 0 (0: measure from accounting)")

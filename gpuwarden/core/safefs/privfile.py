@@ -1,0 +1,76 @@
+"""Reading root's own state files safely, importing only os and stat.
+
+Shared by the verdict store and the prolog's fast gate, which must start in a few milliseconds:
+a file is read only from a directory we own that nobody else can write, never through a link,
+never blocking on a FIFO, and only when it is a regular file.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from gpuwarden.core.errors import GpuwardenError
+
+MAX_STATE_BYTES = 1 << 20
+
+
+class StateDirError(GpuwardenError):
+    pass
+
+
+def unsafe_dir_problem(path: str, st: os.stat_result) -> str:
+    """Why ``path`` (lstat ``st``) is not a directory for root's state alone; "" when it is.
+
+    A planted symlink or a directory others can write would let users steer root."""
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory (a link?)"
+    if st.st_uid != os.geteuid():
+        return f"{path} is owned by uid {st.st_uid}, not by us"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by group or others: chmod go-w {path}"
+    return ""
+
+
+def check_private_dir(path: str) -> bool:
+    """False when absent; raises when present but not ours alone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    problem = unsafe_dir_problem(path, st)
+    if problem:
+        raise StateDirError(f"{path} is not a private directory of ours ({problem}): "
+                            "refusing to read it")
+    return True
+
+
+def read_private(path: str) -> bytes | None:
+    """A regular file's bytes, never through a link and never blocking on a FIFO; None when
+    it or its directory is absent. Raises StateDirError when either is not ours alone."""
+    if not check_private_dir(os.path.dirname(path)):
+        return None
+    return read_own_at(None, path, path)
+
+
+def read_own_at(dir_fd: int | None, name: str, path: str,
+                limit: int = MAX_STATE_BYTES) -> bytes | None:
+    """At most ``limit`` bytes of the regular file ``name`` (in ``dir_fd``; None: a path), ours
+    alone, never through a link and never blocking on a FIFO; None when absent. Raises
+    StateDirError (``path`` names it) when it is anything else; OSError when it cannot be
+    opened (ELOOP: a link)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise StateDirError(f"{path} is not a regular file: refusing to read it")
+        # Ours alone, like its directory: what we read here only we may have written (the
+        # prolog's fast path unmarshals it).
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise StateDirError(f"{path} is owned by uid {st.st_uid}, mode "
+                                f"{stat.S_IMODE(st.st_mode):o}: not ours alone, refusing to read it")
+        return f.read(limit)
