@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tomllib
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.slurmconf import check
 from gpuwarden.slurmconf import read as reader
 from gpuwarden.slurmconf.needs import FEATURES, HOOK_TIMEOUT_S, HOOKS, NEEDS
-from gpuwarden.slurmconf import check
 
 ALL = list(FEATURES)
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.cli import Context, cli
-from gpuwarden.slurmconf.needs import FEATURES, HOOK_TIMEOUT_S
 from gpuwarden.slurmconf import check
+from gpuwarden.slurmconf.needs import FEATURES, HOOK_TIMEOUT_S
 
 
 def settings(text: str) -> dict[str, str]:
