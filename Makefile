@@ -54,6 +54,7 @@ demo: $(BASE_STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check gpuwarden tests benchmarks devcluster
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
