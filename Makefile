@@ -54,7 +54,8 @@ demo: $(BASE_STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check gpuwarden tests benchmarks devcluster
 	$(PY) -m mypy
-	$(VENV)/bin/lint-imports
+	@# import-linter has no `python -m` entry; its console script, through $(PY) as the rest.
+	$(PY) -c "import sys; from importlinter.cli import lint_imports_command as run; sys.exit(run())"
 
 unit: $(STAMP)
 	$(PY) -m pytest tests/unit -q
