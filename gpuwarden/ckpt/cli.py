@@ -9,10 +9,10 @@ from typing import Any
 
 import click
 
+from gpuwarden.accounting.options import load_history, parse_cost, since_option
 from gpuwarden.ckpt.names import BadName, check_name
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.extras import Needs
-from gpuwarden.fleet.cli import parse_cost
 
 # numpy and xxhash: the base install still lists and explains these commands (--help).
 with Needs("ckpt") as CKPT:
@@ -209,7 +209,7 @@ def tidy(obj: Any, verbose: bool) -> None:
 @click.option("--cost", default=None, help="measured stall per checkpoint (30s, 2m)")
 @click.option("--mttf", "mttf_text", default=None, help="MTTF for this size (7.9h); default: "
               "measured from accounting (`fleet mttf`), else [ckpt] mttf_h")
-@click.option("--since", default="30d", show_default=True)
+@since_option(help=None, default="30d", show_default=True)
 @click.pass_obj
 def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since: str) -> None:
     """The Young/Daly checkpoint interval for a job of this size."""
@@ -238,7 +238,6 @@ def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
     # Only `interval` without --mttf reads the accounting history.
     from gpuwarden.accounting.attribution import gpu_class  # noqa: PLC0415
     from gpuwarden.accounting.mttf import report  # noqa: PLC0415
-    from gpuwarden.lemon.cli import load_history  # noqa: PLC0415
 
     try:
         hist = load_history(obj, since, (), None, obj.config_or_exit().lemon.grace_s)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -11,25 +10,15 @@ from typing import Any
 import click
 
 from gpuwarden.accounting.calibrate import CalibrationError, PaperFigures, solve
+from gpuwarden.accounting.options import history_options, load_history, parse_cost, progress
 from gpuwarden.core.extras import Needs
 from gpuwarden.fleet.simulate import Fleet, write_history
-from gpuwarden.lemon.cli import load_history, progress
 
 # numpy (the joint attribution): the base install still lists and explains these commands.
 with Needs("lemon") as LEMON:
     from gpuwarden.accounting.mttf import human_hours, report
     from gpuwarden.fleet.compare import compare
     from gpuwarden.fleet.spares import payoff
-
-_COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
-
-
-def parse_cost(text: str) -> float:
-    m = _COST.match(text.strip())
-    if not m:
-        raise click.BadParameter(f"{text!r}: expected a duration like 30s, 2m or 0.5h")
-    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
-
 
 def parse_sizes(text: str) -> tuple[int, ...]:
     try:
@@ -48,13 +37,8 @@ def fleet() -> None:
 
 @fleet.command("mttf")
 @LEMON.required
-@click.option("--since", default=None,
-              help="how far back to read: 30d, 12h, or a time (UTC) [default: 30d]")
-@click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
-              help="exported `sacct --json` output (a file, or a directory of *.json) instead "
-                   "of the cluster (repeatable)")
-@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
-              help="with --from: exported `sacctmgr show events` (for the node failure rate)")
+@history_options(
+    events_help="with --from: exported `sacctmgr show events` (for the node failure rate)")
 @click.option("--ckpt-cost", default="30s", show_default=True,
               help="time one checkpoint stalls the job")
 @click.option("--project", "project_to", default="16384,131072", show_default=True,

@@ -4,132 +4,22 @@ drain the lemons under the blast-radius cap, and publish the list for the placem
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from gpuwarden.accounting import lemonlist as listfile
+from gpuwarden.accounting.options import history_options, load_history
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.extras import Needs
 
 # numpy (the joint attribution): `lemon list` and every --help work on the base install.
-from gpuwarden.accounting import stream as acctstream
-from gpuwarden.core.errors import ConfigError, GpuwardenError
-from gpuwarden.core.extras import Needs
-from gpuwarden.slurm import bindir
-
 with Needs("lemon") as LEMON:
-    from gpuwarden.accounting import history
     from gpuwarden.lemon.drain import Outcome, drain_lemons
     from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
-
-DEFAULT_SINCE = "30d"
-_SPAN = re.compile(r"^(\d+)([mhdw])$")
-_UNITS = {"m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-def parse_span(text: str) -> timedelta:
-    m = _SPAN.match(text.strip())
-    if not m or int(m.group(1)) == 0:
-        raise click.BadParameter(f"{text!r}: expected a span like 90m, 12h, 30d or 2w")
-    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
-
-
-def parse_since(text: str, now: datetime) -> timedelta:
-    """A span back from now (30d), or a point in time (2026-11-29T12:00:00, UTC unless it says
-    otherwise), for example the moment a repair was finished."""
-    if _SPAN.match(text.strip()):
-        return parse_span(text)
-    try:
-        at = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: expected a span like 90m, 12h, 30d or 2w, or a "
-                                 "time like 2026-11-29T12:00:00") from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    if at >= now:
-        raise click.BadParameter(f"{text!r} is not in the past")
-    return now - at
-
-
-PLAIN_EVERY_S = 30.0
-
-
-def progress(label: str, tty: bool | None = None,
-             clock: Callable[[], float] = time.monotonic) -> Callable[[int, int], None]:
-    """Progress on stderr for long reads: a terminal sees one line updated in place; a log
-    (stderr not a terminal) gets a plain line at most every 30 s, and nothing for short reads."""
-    tty = sys.stderr.isatty() if tty is None else tty
-    last = [clock()]
-
-    def show(done: int, total: int) -> None:
-        if total < 3:
-            return
-        if tty:
-            click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
-        elif clock() - last[0] >= PLAIN_EVERY_S:
-            last[0] = clock()
-            click.echo(f"{label} {done}/{total}", err=True)
-    return show
-
-
-def expand_paths(items: tuple[str, ...]) -> list[str]:
-    """Files as given; a directory stands for the `*.json` files in it."""
-    out: list[str] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(str(x) for x in p.glob("*.json"))
-            if not found:
-                raise click.ClickException(f"{item}: a directory without *.json files")
-            out.extend(found)
-        else:
-            out.append(item)
-    return out
-
-
-def load_history(obj: Any, since: str | None, from_files: tuple[str, ...],
-                 events_file: str | None, grace_s: float,
-                 collector: history.CollectorFactory | None = None) -> history.History:
-    """The history from files or the live cluster; errors exit with what to do.
-    ``collector``: more tallies filled in the same pass (`gpuwarden report`)."""
-    now = datetime.now(UTC)
-    if from_files and since:
-        raise click.UsageError("--since reads the live cluster; with --from the files are the "
-                               "history (export the window you want)")
-    span = parse_since(since or DEFAULT_SINCE, now)
-    try:
-        if from_files:
-            paths = expand_paths(from_files)
-            events = history.read_events(events_file)
-            return history.from_files(paths, events, grace_s,
-                                      progress=progress("reading file"), collector=collector)
-        if events_file:
-            raise click.UsageError("--events goes with --from (the cluster has its own)")
-        return history.from_cluster(obj.client(), span, grace_s, now=now,
-                                    progress=progress("reading accounting, day"),
-                                    reader=acct_reader(obj), collector=collector)
-    except ConfigError as exc:
-        click.echo(f"gpuwarden: {exc}", err=True)
-        sys.exit(2)
-    except (GpuwardenError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def acct_reader(obj: Any) -> acctstream.SacctStream | None:
-    """sacct streamed under the configured deadline; None when tests swapped in a fake
-    client (its own acct_jobs is read then)."""
-    if getattr(obj, "client_factory", None) is not None:
-        return None
-    cfg = obj.config()
-    return acctstream.SacctStream(
-        lambda: os.path.join(bindir.locate(cfg.slurm.bin_dir, use_path=True).path, "sacct"),
-        cfg.slurm.command_timeout_s)
 
 
 def _row(s: NodeScore) -> dict[str, Any]:
@@ -151,15 +41,13 @@ def lemon() -> None:
 
 @lemon.command("scan")
 @LEMON.required
-@click.option("--since", "since", default=None,
-              help="how far back to read accounting: 90m, 12h, 30d, 2w, or a time "
-                   "(2026-11-29T12:00:00, UTC unless it gives an offset) [default: 30d]")
-@click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
-              help="scan exported `sacct --json` output (a file, or a directory of *.json) "
-                   "instead of asking the cluster (repeatable)")
-@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
-              help="with --from: exported `sacctmgr -P -n show events format=Cluster,NodeName,"
-                   "TimeStart,TimeEnd,State,Reason,User`")
+@history_options(
+    since_help="how far back to read accounting: 90m, 12h, 30d, 2w, or a time "
+               "(2026-11-29T12:00:00, UTC unless it gives an offset) [default: 30d]",
+    from_help="scan exported `sacct --json` output (a file, or a directory of *.json) "
+              "instead of asking the cluster (repeatable)",
+    events_help="with --from: exported `sacctmgr -P -n show events format=Cluster,NodeName,"
+                "TimeStart,TimeEnd,State,Reason,User`")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--drain", is_flag=True,
               help="drain the lemons (under the blast-radius cap; never over another drain)")

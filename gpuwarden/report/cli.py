@@ -11,13 +11,18 @@ from typing import Any
 
 import click
 
+from gpuwarden.accounting.options import (
+    DEFAULT_SINCE,
+    history_options,
+    load_history,
+    parse_cost,
+    parse_since,
+)
 from gpuwarden.ckpt import restorelog
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
 from gpuwarden.core.safefs.spool import Refused
-from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.health.gatingstate import of_node
-from gpuwarden.lemon.cli import DEFAULT_SINCE, load_history, parse_since
 from gpuwarden.report.output import OutputError, check_distinct, write_all
 from gpuwarden.slurm.models import NodeEvent
 from gpuwarden.slurm.topology import parse as parse_topology
@@ -144,14 +149,10 @@ def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
 @click.command("report")
 @LEMON.required
 @REPORT.required
-@click.option("--since", default=None,
-              help="how far back to read the live cluster: 30d, 12h, or a time (UTC) "
-                   "[default: 30d]")
-@click.option("--from", "from_files", multiple=True, type=click.Path(exists=True),
-              help="exported `sacct --json` output (a file, or a directory of *.json) instead "
-                   "of the cluster (repeatable)")
-@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
-              help="with --from: exported `sacctmgr show events` (drains, node failures)")
+@history_options(
+    since_help="how far back to read the live cluster: 30d, 12h, or a time (UTC) "
+               "[default: 30d]",
+    events_help="with --from: exported `sacctmgr show events` (drains, node failures)")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="the HTML file to write")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,

@@ -18,10 +18,10 @@ from gpuwarden.accounting import history, mttf
 from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting.attribution import attribute
+from gpuwarden.accounting.options import progress
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
 from gpuwarden.core.errors import SlurmParseError
-from gpuwarden.lemon.cli import progress
 from gpuwarden.placement.snapshot import suspects
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob, NodeEvent
