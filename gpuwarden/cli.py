@@ -97,6 +97,12 @@ _LAZY = {
     "install-files": ("gpuwarden.install.cli", "install_files"),
     "launch": ("gpuwarden.launch.cli", "launch"),
 }
+# Commands of a lazy group defined a layer above its package, attached when the group is
+# loaded: `health periodic|prolog|epilog|check|selftest` drive gpuwarden.hooks.entry, which
+# gpuwarden.health must not import.
+_ATTACHED = {
+    "health": ("gpuwarden.hooks.cli", "COMMANDS"),
+}
 
 
 class _LazyGroup(click.Group):
@@ -107,6 +113,10 @@ class _LazyGroup(click.Group):
         if cmd_name in _LAZY:
             module, attr = _LAZY[cmd_name]
             command: click.Command = getattr(importlib.import_module(module), attr)
+            if cmd_name in _ATTACHED and isinstance(command, click.Group):
+                extra, extra_attr = _ATTACHED[cmd_name]
+                for sub in getattr(importlib.import_module(extra), extra_attr):
+                    command.add_command(sub)
             return command
         return super().get_command(ctx, cmd_name)
 

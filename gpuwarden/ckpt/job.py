@@ -38,6 +38,7 @@ from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
 from gpuwarden.ckpt.restore import COPY_ERRORS, Restored, TiersUnavailable, copy_of
 from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.slurm import jobenv
 
 log = logging.getLogger(__name__)
 
@@ -69,26 +70,30 @@ class JobEnv:
         return f"r{self.restarts}-s{self.step_id}"
 
 
-def _int(environ: Mapping[str, str], key: str, default: str | None = None) -> int:
-    raw = environ.get(key, default)
+def _int(key: str, raw: str | None) -> int:
+    """``raw``, the value of ``key`` (None: unset), as a non-negative integer."""
     if raw is None:
         raise JobEnvError(f"{key} is not set: run this under srun inside a Slurm job")
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 9:  # isdigit alone takes "\u0661"
+    if not jobenv.digits(raw, 9):
         raise JobEnvError(f"{key}={raw[:20]!r}: expected a non-negative integer")
     return int(raw)
 
 
 def job_env(environ: Mapping[str, str]) -> JobEnv:
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 12:
-        raise JobEnvError(f"SLURM_JOB_ID={job_id[:20]!r}: expected digits (run inside a Slurm job)")
-    rank = _int(environ, "SLURM_PROCID")
-    world = _int(environ, "SLURM_NTASKS", "1")
+    job_id = jobenv.valid_job_id(environ)
+    if not job_id:
+        raise JobEnvError(f"{jobenv.JOB_ID}={jobenv.job_id(environ)[:20]!r}: expected digits "
+                          "(run inside a Slurm job)")
+    rank = _int(jobenv.PROCID, jobenv.procid(environ))
+    ntasks = jobenv.ntasks(environ)
+    world = _int(jobenv.NTASKS, "1" if ntasks is None else ntasks)
     if not 0 <= rank < world:
         raise JobEnvError(f"SLURM_PROCID={rank} is outside SLURM_NTASKS={world}")
-    step = environ.get("SLURM_STEP_ID", "0")
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    return JobEnv(job_id, rank, world, _int(environ, "SLURM_RESTART_COUNT", "0"),
+    step = jobenv.step_id(environ)
+    node = jobenv.node_name(environ, socket.gethostname)
+    restarts = jobenv.restart_count(environ)
+    return JobEnv(job_id, rank, world, _int(jobenv.RESTART_COUNT,
+                                            "0" if restarts is None else restarts),
                   step if step.isascii() and step.isdigit() else "0", node)
 
 

@@ -34,6 +34,7 @@ from gpuwarden.ckpt.names import PEER_SUFFIX
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.safefs import spool as safeio
 from gpuwarden.core.safefs.spool import closing
+from gpuwarden.slurm import jobenv
 
 if TYPE_CHECKING:
     from gpuwarden.config import Config
@@ -61,13 +62,13 @@ class JobSource(Protocol):
 
 def _ids(environ: Mapping[str, str]) -> tuple[str, int, int]:
     """SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID (-1: leave the group alone)."""
-    job_id, uid, gid = (environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_JOB_UID",
-                                                      "SLURM_JOB_GID"))
-    if not (job_id.isascii() and job_id.isdigit() and len(job_id) <= 12):
-        raise JobDirError(f"SLURM_JOB_ID={job_id[:20]!r}: expected digits")
-    if not (uid.isascii() and uid.isdigit() and len(uid) <= 10):
-        raise JobDirError(f"SLURM_JOB_UID={uid[:20]!r}: expected digits")
-    ok_gid = gid.isascii() and gid.isdigit() and len(gid) <= 10
+    job_id, uid, gid = jobenv.valid_job_id(environ), jobenv.job_uid(environ), \
+        jobenv.job_gid(environ) or ""
+    if not job_id:
+        raise JobDirError(f"{jobenv.JOB_ID}={jobenv.job_id(environ)[:20]!r}: expected digits")
+    if not jobenv.digits(uid, jobenv.ID_DIGITS):
+        raise JobDirError(f"{jobenv.JOB_UID}={uid[:20]!r}: expected digits")
+    ok_gid = jobenv.digits(gid, jobenv.ID_DIGITS)
     return job_id, int(uid), int(gid) if ok_gid else -1
 
 
@@ -194,10 +195,10 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
             _shared_in_child(config.ckpt.shared_root, job_id, uid, gid)
         prepare(config.ckpt.memory_root, job_id, uid, gid)
     except (GpuwardenError, OSError) as exc:
-        log.error("checkpoint tier 0 for job %s: %s", environ.get("SLURM_JOB_ID", "?")[:20], exc)
+        log.error("checkpoint tier 0 for job %s: %s", jobenv.job_id(environ, "?")[:20], exc)
     except Exception:  # a prolog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 for job %s: unexpected error",
-                      environ.get("SLURM_JOB_ID", "?")[:20])
+                      jobenv.job_id(environ, "?")[:20])
 
 
 def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> None:
@@ -273,10 +274,10 @@ def for_epilog(config: Config, environ: Mapping[str, str],
             log.info("checkpoint tier 0: removed %s", ", ".join(gone))
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint tier 0 cleanup for job %s: %s",
-                  environ.get("SLURM_JOB_ID", "?")[:20], exc)
+                  jobenv.job_id(environ, "?")[:20], exc)
     except Exception:  # an epilog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 cleanup for job %s: unexpected error",
-                      environ.get("SLURM_JOB_ID", "?")[:20])
+                      jobenv.job_id(environ, "?")[:20])
 
 
 def _shared_end_in_child(shared_root: str, job_id: str, uid: int) -> None:

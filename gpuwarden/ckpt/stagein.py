@@ -27,6 +27,7 @@ from gpuwarden.ckpt import childcall
 from gpuwarden.ckpt.coord import newest_common
 from gpuwarden.ckpt.progress import Progress
 from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.slurm import jobenv
 from gpuwarden.slurm.client import check_node_name
 from gpuwarden.slurm.hostlist import HostlistError, expand
 
@@ -107,15 +108,15 @@ class _Malformed(Exception):
     """A variable of the prolog's environment that cannot be trusted; the message names it."""
 
 
-def _field(environ: Mapping[str, str], name: str, pattern: re.Pattern[str], expected: str) -> str:
-    raw = environ.get(name, "")
+def _field(name: str, raw: str, pattern: re.Pattern[str], expected: str) -> str:
+    """``raw``, the value of the variable ``name``, when it matches ``pattern``."""
     if not pattern.match(raw):
         raise _Malformed(f"{name}={raw[:40]!r} is malformed (expected {expected})")
     return raw
 
 
-def _id(environ: Mapping[str, str], name: str) -> int:
-    value = int(_field(environ, name, _DIGITS, "a numeric id"))
+def _id(name: str, raw: str) -> int:
+    value = int(_field(name, raw, _DIGITS, "a numeric id"))
     if value > _MAX_ID:
         raise _Malformed(f"{name}={value} is out of range")
     return value
@@ -151,12 +152,13 @@ def _lookup(uid: int, gid: int | None, user: str) -> tuple[str | None, int | Non
 
 
 def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
-    job = _field(environ, "SLURM_JOB_ID", _DIGITS, "digits")
-    uid = _id(environ, "SLURM_JOB_UID")
-    given_gid = _id(environ, "SLURM_JOB_GID") if "SLURM_JOB_GID" in environ else None
-    user = environ.get("SLURM_JOB_USER", "")
+    job = _field(jobenv.JOB_ID, jobenv.job_id(environ), _DIGITS, "digits")
+    uid = _id(jobenv.JOB_UID, jobenv.job_uid(environ))
+    raw_gid = jobenv.job_gid(environ)
+    given_gid = _id(jobenv.JOB_GID, raw_gid) if raw_gid is not None else None
+    user = jobenv.job_user(environ)
     if user:
-        _field(environ, "SLURM_JOB_USER", _USER, "a user name")
+        _field(jobenv.JOB_USER, user, _USER, "a user name")
     # One child, one deadline, for every lookup.
     name, primary, found = _nss(lambda: _lookup(uid, given_gid, user), f"uid {uid}")
     if user and name is not None and name != user:
@@ -168,19 +170,19 @@ def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
     # The user's own groups, as the job will have them; none but the primary without a name.
     groups = tuple(int(g) for g in found) if (user or name) else (int(gid),)
     gid = int(gid)
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    node = jobenv.node_name(environ, socket.gethostname)
     try:
         check_node_name(node)
     except GpuwardenError:
-        raise _Malformed(f"SLURMD_NODENAME={node[:40]!r} is malformed (expected a node name)") \
+        raise _Malformed(f"{jobenv.NODENAME}={node[:40]!r} is malformed (expected a node name)") \
             from None
-    raw_nodes = environ.get("SLURM_JOB_NODELIST", "")
+    raw_nodes = jobenv.job_nodelist(environ)
     try:
         nodes = tuple(expand(raw_nodes))
     except HostlistError:
         nodes = ()
     if not nodes:
-        raise _Malformed(f"SLURM_JOB_NODELIST={raw_nodes[:40]!r} is malformed (expected a hostlist)")
+        raise _Malformed(f"{jobenv.JOB_NODELIST}={raw_nodes[:40]!r} is malformed (expected a hostlist)")
     return Request(job, uid, gid, groups, node, nodes, cfg.memory_root, cfg.shared_root,
                    cfg.stage_in_budget_s)
 
@@ -189,12 +191,12 @@ def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None
     """A request when stage-in applies and the environment is well-formed; else None (logged)."""
     if not cfg.stage_in or not cfg.shared_root:
         return None
-    raw = environ.get("SLURM_JOB_ID", "")
+    raw = jobenv.job_id(environ)
     shown = raw if _DIGITS.match(raw) else "?"
     try:
-        restarts = environ.get("SLURM_JOB_RESTART_COUNT") or "0"
+        restarts = jobenv.job_restart_count(environ)
         if not _DIGITS.match(restarts):
-            raise _Malformed(f"SLURM_JOB_RESTART_COUNT={restarts[:40]!r} is malformed "
+            raise _Malformed(f"{jobenv.JOB_RESTART_COUNT}={restarts[:40]!r} is malformed "
                              "(expected an integer)")
         if int(restarts) == 0:
             return None  # a first start: nothing of this job's is checkpointed anywhere yet

@@ -1,7 +1,7 @@
 """The prolog's fast path: let a job start on a node whose stored verdict is fresh and good,
 after re-checking what can change between two health checks, within milliseconds.
 
-It imports only builtin modules and three small gpuwarden ones (no click, no TOML, no
+It imports only builtin modules and four small gpuwarden ones (no click, no TOML, no
 dataclasses: each costs about 10 ms per job start; and no json, contextlib or signal, which
 bring re, enum, functools and collections: 5-10 ms more). So it reads what the full path leaves
 for it in marshal, not JSON (see _load). It decides nothing bad on its own: whenever it cannot
@@ -39,6 +39,7 @@ from gpuwarden import __version__
 from gpuwarden.core.safefs.privfile import StateDirError, read_private
 from gpuwarden.core.stdio import quiet_stdio
 from gpuwarden.health import mountprobe
+from gpuwarden.slurm import jobenv
 
 TYPE_CHECKING = False  # typing and collections.abc cost milliseconds the fast path has not got
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def run_dir(environ: Mapping[str, str]) -> str:
 
 
 def node_name(environ: Mapping[str, str]) -> str:
-    return environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    return jobenv.node_name(environ)
 
 
 def fingerprint(path: str) -> list[int] | None:
@@ -102,7 +103,7 @@ def _check(environ: Mapping[str, str], now: float) -> str:
     s = _settings(environ, node)
     if isinstance(s, str):
         return s
-    if s["stage_in"] and (environ.get("SLURM_JOB_RESTART_COUNT") or "0") != "0":
+    if s["stage_in"] and jobenv.job_restart_count(environ) != "0":
         return "a requeued job: checkpoint stage-in"
     v = _verdict(s, node, now)
     if isinstance(v, str):
@@ -231,12 +232,11 @@ def job_dirs(s: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     case: each name absent (made, 0700, the job user's) or already the job user's private
     directory. Anything else (a squatter's entry, a link, an odd id) goes the full way, which
     moves it aside and logs it."""
-    job, uid, gid = (environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_JOB_UID",
-                                                   "SLURM_JOB_GID"))
-    if not (job.isascii() and job.isdigit() and len(job) <= 12 and uid.isascii()
-            and uid.isdigit() and len(uid) <= 10):
+    job, uid, gid = jobenv.valid_job_id(environ), jobenv.job_uid(environ), \
+        jobenv.job_gid(environ) or ""
+    if not (job and jobenv.digits(uid, jobenv.ID_DIGITS)):
         return "the job's id or user is not plain digits: the full path decides"
-    g = int(gid) if gid.isascii() and gid.isdigit() and len(gid) <= 10 else -1
+    g = int(gid) if jobenv.digits(gid, jobenv.ID_DIGITS) else -1
     wanted = [(str(s["memory_root"]), f"job-{job}"), (str(s["memory_root"]), f"job-{job}.peer")]
     if s.get("shared_root"):
         wanted.append((str(s["shared_root"]), f"job-{job}"))

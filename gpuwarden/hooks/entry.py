@@ -28,7 +28,7 @@ from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.store import Counters, StateDirError, Store
-from gpuwarden.slurm import lostnote
+from gpuwarden.slurm import jobenv, lostnote
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
 from gpuwarden.slurm.models import Job, Node, same_drain
 from gpuwarden.slurm.reasons import health_reason, is_health_drain, origin_of
@@ -69,8 +69,7 @@ class Env:
 
     @property
     def node(self) -> str:
-        name = self.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        return check_node_name(name)
+        return check_node_name(jobenv.node_name(self.environ, socket.gethostname))
 
     @property
     def store(self) -> Store:
@@ -80,13 +79,13 @@ class Env:
 
 def job_id(environ: Mapping[str, str]) -> str:
     """SLURM_JOB_ID for log lines and verdicts: digits (and _ for array tasks) only."""
-    raw = environ.get("SLURM_JOB_ID", "")
+    raw = jobenv.job_id(environ)
     return raw if raw and len(raw) <= 20 and raw.replace("_", "").isdigit() else "?"
 
 
 def job_gpus(environ: Mapping[str, str]) -> set[int] | None:
     """The job's GPUs from SLURM_JOB_GPUS ("0,1,5"); None (all) when absent or malformed."""
-    raw = environ.get("SLURM_JOB_GPUS", "").strip()
+    raw = jobenv.job_gpus(environ).strip()
     if not raw:
         return None
     try:
@@ -397,8 +396,8 @@ def _still_out(env: Env, node: Node, ranked: tuple[Node, float]) -> bool:
 
 
 def _job_failed(environ: Mapping[str, str]) -> bool:
-    for key in ("SLURM_JOB_EXIT_CODE", "SLURM_JOB_EXIT_CODE2", "SLURM_JOB_DERIVED_EC"):
-        value = environ.get(key, "").split(":")[0].strip()
+    for code in jobenv.job_exit_codes(environ):
+        value = code.split(":")[0].strip()
         if value and value != "0":
             return True
     return False

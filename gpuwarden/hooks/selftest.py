@@ -19,7 +19,7 @@ from gpuwarden.core.deadline import run_all as run_with_deadline
 from gpuwarden.core.errors import GpuwardenError, SlurmError
 from gpuwarden.health.store import Store, atomic_write, ensure_private_dir
 from gpuwarden.hooks import entry
-from gpuwarden.slurm import bindir
+from gpuwarden.slurm import bindir, jobenv
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView
 
@@ -193,12 +193,12 @@ def _dry_run(cfg: Config, client: SlurmClient, environ: Mapping[str, str]) -> li
         copy.save_counters(counters)
         health = replace(cfg.health, state_dir=state, prom_dir="")
         dry_cfg = replace(cfg, health=health)
-        job = {**environ, "SLURM_JOB_ID": environ.get("SLURM_JOB_ID", "0")}
+        job = {**environ, jobenv.JOB_ID: jobenv.job_id(environ, "0")}
         runs: list[tuple[str, Callable[[entry.Env], int], Mapping[str, str]]] = [
             ("periodic", entry.periodic, environ),
             ("prolog", entry.prolog_gate, job),
             # epilog_gate: the real epilog would free the job's tier-0 directories.
-            ("epilog", entry.epilog_gate, {**job, "SLURM_JOB_EXIT_CODE": "1"}),
+            ("epilog", entry.epilog_gate, {**job, jobenv.JOB_EXIT_CODE: "1"}),
         ]
         for name, fn, env_vars in runs:
             slurm = ReadOnlySlurm(client)
@@ -240,7 +240,7 @@ def _steps(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
                        "hooks' first line"))
     if cfg is None:
         return found
-    node = environ.get("SLURMD_NODENAME") or entry.Env(cfg, None, environ).node  # type: ignore[arg-type]
+    node = jobenv.slurmd_nodename(environ) or entry.Env(cfg, None, environ).node  # type: ignore[arg-type]
 
     def slurm_found() -> str:
         place = bindir.locate(cfg.slurm.bin_dir, use_path=False)
@@ -270,5 +270,5 @@ def _steps(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
     found.append(_step("gpu probe", lambda: _gpu(cfg, node),
                        "check the driver (`nvidia-smi`), [health] gpu_probe and gpu_count"))
     if all(f.ok for f in found):
-        found.extend(_dry_run(cfg, client, {**environ, "SLURMD_NODENAME": node}))
+        found.extend(_dry_run(cfg, client, {**environ, jobenv.NODENAME: node}))
     return found

@@ -15,7 +15,7 @@ from gpuwarden.launch.launcher import launch as run_launch
 from gpuwarden.launch.report import Events, JobComment
 from gpuwarden.launch.settings import LaunchSettings, settings
 from gpuwarden.launch.steps import SrunSteps
-from gpuwarden.slurm import bindir
+from gpuwarden.slurm import bindir, jobenv
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.runner import SubprocessRunner
 
@@ -71,11 +71,11 @@ def launch(obj: Any, spares: int, beat_s: float, deadline_s: float, start_s: flo
                      hang_s=hang_s, stop_s=stop_s, hang_relaunches=hang_relaunches)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job_id = jobenv.job_id()
     if not job_id.isdigit():
         raise click.UsageError("SLURM_JOB_ID is not set: run this in a batch script")
     try:
-        nodes = expand(os.environ.get("SLURM_JOB_NODELIST", ""))
+        nodes = expand(jobenv.job_nodelist())
     except HostlistError as exc:
         raise click.UsageError(f"SLURM_JOB_NODELIST: {exc}") from None
     try:
@@ -87,7 +87,7 @@ def launch(obj: Any, spares: int, beat_s: float, deadline_s: float, start_s: flo
     except SlurmError as exc:
         raise click.ClickException(str(exc)) from None
     runner = SubprocessRunner(lambda: where)
-    host = beat_host or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    host = beat_host or jobenv.node_name(hostname=socket.gethostname)
     try:
         rc = run_launch(job_id, nodes, command, s, SrunSteps(job_id, runner, os.path.join(where, "srun"),
                                                      overlap=overlap),

@@ -19,11 +19,11 @@ from gpuwarden.ckpt import stagein
 from gpuwarden.config import Config
 from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.config.health import Expected, HealthConfig
-from gpuwarden.health import cli as hcli
 from gpuwarden.health import fastgate, marker
 from gpuwarden.health.gather import boot_time, gather, gating_gaps
 from gpuwarden.health.model import GpuSnapshot, Status
 from gpuwarden.health.probe import ProbeError
+from gpuwarden.hooks import cli as hcli
 from gpuwarden.hooks import entry
 from tests.unit import pytrees
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 - the fixture `node` uses

@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from gpuwarden.cli import Context, cli
 from gpuwarden.core.logsetup import SyslogHandler
 from gpuwarden.health import marker, store
-from gpuwarden.health.cli import HEALTHCHECK_LIMIT_S, run_limit
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.hooks import entry
+from gpuwarden.hooks.cli import HEALTHCHECK_LIMIT_S, run_limit
 from gpuwarden.slurm import bindir
 from gpuwarden.slurm.runner import SubprocessRunner
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 - the fixture below uses it

@@ -71,7 +71,7 @@ def test_the_hooks_named_are_the_ones_gpuwarden_ships() -> None:
 
 
 def test_the_timeout_rule_is_the_hooks_limit_plus_the_guides_margin() -> None:
-    from gpuwarden.health.cli import WRAPPER_HOOK_LIMIT_S
+    from gpuwarden.hooks.cli import WRAPPER_HOOK_LIMIT_S
 
     hook_sh = (REPO / "gpuwarden" / "sitefiles" / "prolog" / "gpuwarden-hook.sh").read_text()
     assert f"GW_HOOK_LIMIT={int(WRAPPER_HOOK_LIMIT_S)}" in hook_sh

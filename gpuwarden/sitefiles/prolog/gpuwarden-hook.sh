@@ -14,7 +14,7 @@
 GW_FAIL_JOB=86
 GW_CANNOT_IMPORT=87
 # Wall-clock limits (s): the health check ends before Slurm's 60 s kill; the prolog and epilog
-# 30 s before PrologEpilogTimeout=300 (docs/admin-guide.md). gpuwarden.health.cli keeps its
+# 30 s before PrologEpilogTimeout=300 (docs/admin-guide.md). gpuwarden.hooks.cli keeps its
 # own run limits below these (a unit test holds them together).
 GW_HEALTHCHECK_LIMIT=55
 GW_HOOK_LIMIT=270
