@@ -24,14 +24,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuwarden.config import SlurmConfig
-from gpuwarden.config.health import BlastRadius
-from gpuwarden.health import gate
+
+
+
+from gpuwarden.slurm import drain
 from gpuwarden.slurm.client import CliSlurmClient
+from gpuwarden.slurm.drain_cap import BlastRadius
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.ctld import FakeCtld
 
 CAP = BlastRadius(max_drained_pct=10.0, settle_s=0)
-DRAIN = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
+DRAIN = drain.Decision(drain.Kind.DRAIN, "xid 79 on GPU 5", 0)
 
 
 def measure(ctld: FakeCtld, name: str) -> tuple[str, int, int, int]:
@@ -40,7 +43,7 @@ def measure(ctld: FakeCtld, name: str) -> tuple[str, int, int, int]:
     client = CliSlurmClient(SlurmConfig(retries=0), ctld)
     node = client.node(name)
     calls, loads, read = len(ctld.calls), ctld.table_loads, ctld.bytes_out
-    applied = gate.apply(DRAIN, node, client, CAP, sleep=lambda s: None)
+    applied = drain.apply(DRAIN, node, client, CAP, sleep=lambda s: None)
     return (applied.action, len(ctld.calls) - calls, ctld.table_loads - loads,
             ctld.bytes_out - read)
 

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpuwarden.core.configload import require
+from gpuwarden.slurm.drain_cap import BlastRadius
 
 _ABS = re.compile(r"^(/[A-Za-z0-9._@+-]+)+/?$|^/$")
 
@@ -60,26 +61,6 @@ class Expected:
 class NodeClass:
     nodes: str
     expected: Expected = field(default_factory=Expected)
-
-
-@dataclass(frozen=True)
-class BlastRadius:
-    """Never more than this many nodes drained by gpuwarden, per partition and in total."""
-
-    max_drained_pct: float = 10.0
-    max_drained_nodes: int = 0
-    # 0: every node gpuwarden holds drained counts, however old its drain. Set a window to let
-    # drains older than it (nodes waiting for repair) stop counting.
-    window_s: float = 0.0
-    # Time waited after a drain before ranking it against the others (at least 1.1 s whatever
-    # this says: slurmctld stamps reasons in whole seconds, see gate.TIE_S).
-    settle_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        require(0 <= self.max_drained_pct <= 100, "max_drained_pct", "a percentage 0-100")
-        require(self.max_drained_nodes >= 0, "max_drained_nodes", "an integer >= 0 (0: no limit)")
-        require(self.window_s >= 0, "window_s", "seconds >= 0 (0: no window)")
-        require(0 <= self.settle_s <= 30, "settle_s", "0 to 30 seconds")
 
 
 @dataclass(frozen=True)

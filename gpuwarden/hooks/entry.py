@@ -28,7 +28,7 @@ from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
 from gpuwarden.health.store import Counters, StateDirError, Store
-from gpuwarden.slurm import jobenv, lostnote
+from gpuwarden.slurm import drain, jobenv, lostnote
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
 from gpuwarden.slurm.models import Job, Node, same_drain
 from gpuwarden.slurm.reasons import health_reason, is_health_drain, origin_of
@@ -112,7 +112,7 @@ def own_reason(counters: Counters, node: Node) -> str:
     return counters.drained_reason
 
 
-def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied, Node]:
+def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[drain.Applied, Node]:
     """Decide and apply; returns what was done and the node as Slurm showed it beforehand.
 
     Acts first, saves after: a state directory that cannot be written never stops a drain."""
@@ -123,16 +123,16 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied
     kept = bool(counters.drained_reason) and same_drain(node.reason, counters.drained_reason)
     decision = gate.decide(verdict, node, counters.passes, env.config.health.resume_after_passes,
                            own, kept)
-    if decision.kind is gate.Kind.RESUME and not resume_allowed:
-        decision = replace(decision, kind=gate.Kind.NOTHING)
-    if decision.kind is gate.Kind.DRAIN:
+    if decision.kind is drain.Kind.RESUME and not resume_allowed:
+        decision = replace(decision, kind=drain.Kind.NOTHING)
+    if decision.kind is drain.Kind.DRAIN:
         decision = replace(decision, why=health_reason(decision.why, origin_of(verdict.context)))
-    if decision.kind is gate.Kind.DRAIN and not env.config.health.drain:
-        applied = gate.Applied("held", f"would drain (drain = false): {decision.why}")
+    if decision.kind is drain.Kind.DRAIN and not env.config.health.drain:
+        applied = drain.Applied("held", f"would drain (drain = false): {decision.why}")
     else:
         # The gate bounds its own wait by the time left: a shortened tie wait is no wait.
-        applied = gate.apply(decision, node, env.client, env.config.health.blast_radius,
-                             env.clock, env.sleep, env.left)
+        applied = drain.apply(decision, node, env.client, env.config.health.blast_radius,
+                              env.clock, env.sleep, env.left)
     if applied.action == "drained":
         own = gpuwarden_reason(applied.detail)
     elif applied.action == "resumed":
@@ -147,7 +147,7 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[gate.Applied
 
 
 def _act_or_report(env: Env, verdict: Verdict, resume_allowed: bool
-                   ) -> tuple[gate.Applied, Node] | None:
+                   ) -> tuple[drain.Applied, Node] | None:
     try:
         return _act(env, verdict, resume_allowed)
     except SlurmError as exc:
@@ -330,7 +330,7 @@ def _requeue_first(env: Env, job: str) -> None:
                     "it once the prolog exits", job, exc)
 
 
-def _fail_the_job(env: Env, applied: gate.Applied) -> bool:
+def _fail_the_job(env: Env, applied: drain.Applied) -> bool:
     """Exit 1 only with the node drained by gpuwarden within the cap: Slurm then requeues the
     job and keeps that reason. With the node in service, Slurm would drain it itself ("Prolog
     error"), past the cap."""
@@ -362,19 +362,19 @@ def _ranked_within_cap(env: Env, node: Node) -> tuple[Node, float] | None:
     """The node as ranked, with the controller's clock then, when its drain (``node``'s)
     ranks within the cap; None otherwise, or when the time left is too short to know."""
     cap = env.config.health.blast_radius
-    if env.left() - gate.CALLS_S < gate.TIE_S:
+    if env.left() - drain.CALLS_S < drain.TIE_S:
         log.warning("prolog %s: too little time left to rank the drain found: the job runs",
                     env.node)
         return None
     # Every drain stamped no later than that one is visible once the controller's clock has
     # left its second.
-    env.sleep(gate.TIE_S)
+    env.sleep(drain.TIE_S)
     view = env.client.out_of_service(also=(env.node,))
     now = view.get(env.node)
     if now is None or not (now.drained or now.down) or not same_drain(now.reason, node.reason):
         return None
-    ok, _ = gate.ranks_within(now, view, env.client.partition_sizes(), cap)
-    return (now, gate.controller_now(view)) if ok else None
+    ok, _ = drain.ranks_within(now, view, env.client.partition_sizes(), cap)
+    return (now, drain.controller_now(view)) if ok else None
 
 
 def _still_out(env: Env, node: Node, ranked: tuple[Node, float]) -> bool:
@@ -383,10 +383,10 @@ def _still_out(env: Env, node: Node, ranked: tuple[Node, float]) -> bool:
     after that run's own decision."""
     now, clock = ranked
     cap = env.config.health.blast_radius
-    decided = (now.reason_changed_at or 0) + max(cap.settle_s, gate.TIE_S) + gate.CALLS_S
+    decided = (now.reason_changed_at or 0) + max(cap.settle_s, drain.TIE_S) + drain.CALLS_S
     wait = decided - clock
     if wait > 0:
-        if env.left() - gate.CALLS_S < wait:
+        if env.left() - drain.CALLS_S < wait:
             log.warning("prolog %s: too little time left to see the drain found kept: the job "
                         "runs", env.node)
             return False

@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.config.health import BlastRadius
 from gpuwarden.core.errors import NotOurDrainError, SlurmError
-from gpuwarden.health.gate import drain_within_cap
 from gpuwarden.lemon.scoring import NodeScore
 from gpuwarden.slurm.client import SlurmClient
+from gpuwarden.slurm.drain import drain_within_cap
+from gpuwarden.slurm.drain_cap import BlastRadius
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.safefs import adminfile as safefile
-from gpuwarden.health.gate import CLAIM, WOULD
 from gpuwarden.slurm import hostlist
+from gpuwarden.slurm.drain import CLAIM, WOULD
 from gpuwarden.slurm.models import REASON_PREFIX, Job, Node
 from gpuwarden.slurm.topology import Topology
 

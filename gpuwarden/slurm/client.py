@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from gpuwarden.config import SlurmConfig
 from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import (
@@ -28,6 +27,7 @@ from gpuwarden.slurm.models import (
     same_drain,
 )
 from gpuwarden.slurm.runner import CommandResult, CommandRunner, CommandTimeoutError
+from gpuwarden.slurm.settings import SlurmConfig
 
 log = logging.getLogger(__name__)
 

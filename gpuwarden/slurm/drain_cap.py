@@ -13,9 +13,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from gpuwarden.config.health import BlastRadius
+from gpuwarden.core.configload import require
 from gpuwarden.slurm.models import Node, NodeView
+
+
+@dataclass(frozen=True)
+class BlastRadius:
+    """Never more than this many nodes drained by gpuwarden, per partition and in total."""
+
+    max_drained_pct: float = 10.0
+    max_drained_nodes: int = 0
+    # 0: every node gpuwarden holds drained counts, however old its drain. Set a window to let
+    # drains older than it (nodes waiting for repair) stop counting.
+    window_s: float = 0.0
+    # Time waited after a drain before ranking it against the others (at least 1.1 s whatever
+    # this says: slurmctld stamps reasons in whole seconds, see gpuwarden.slurm.drain.TIE_S).
+    settle_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        require(0 <= self.max_drained_pct <= 100, "max_drained_pct", "a percentage 0-100")
+        require(self.max_drained_nodes >= 0, "max_drained_nodes", "an integer >= 0 (0: no limit)")
+        require(self.window_s >= 0, "window_s", "seconds >= 0 (0: no window)")
+        require(0 <= self.settle_s <= 30, "settle_s", "0 to 30 seconds")
 
 
 def limit(members: int, cap: BlastRadius) -> int:

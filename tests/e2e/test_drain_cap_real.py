@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 # Run on the controller host: the real client over the real commands, printed as JSON.
 _PROBE = """
 import json
-from gpuwarden.config import SlurmConfig
+from gpuwarden.slurm.settings import SlurmConfig
 from gpuwarden.slurm.client import CliSlurmClient
 from gpuwarden.slurm.runner import SubprocessRunner
 c = CliSlurmClient(SlurmConfig(), SubprocessRunner())

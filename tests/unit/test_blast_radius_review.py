@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.config import SlurmConfig
-from gpuwarden.config.health import BlastRadius
 from gpuwarden.core.errors import SlurmError
 from gpuwarden.health import gate
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.store import Counters
 from gpuwarden.hooks import entry
+from gpuwarden.slurm import drain
 from gpuwarden.slurm.client import CliSlurmClient, gpuwarden_reason
+from gpuwarden.slurm.drain_cap import BlastRadius
 from gpuwarden.slurm.reasons import health_reason, is_health_drain
 from gpuwarden.slurm.runner import CommandResult, CommandTimeoutError
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.ctld import FakeCtld
 from tests.unit.test_entry import break_gpu, node_env  # noqa: F401 (a fixture)
 
@@ -28,7 +29,7 @@ CAP = BlastRadius(max_drained_pct=25.0, settle_s=0)  # 4 nodes: one place
 WHY = health_reason("xid 79 on GPU 5")
 FULL = gpuwarden_reason(WHY)
 ECC = gpuwarden_reason(health_reason("ecc"))
-DRAIN = gate.Decision(gate.Kind.DRAIN, WHY, 0)
+DRAIN = drain.Decision(drain.Kind.DRAIN, WHY, 0)
 LEMON_WOULD = "gpuwarden: would drain: lemon, 7 of 41 jobs failed (blast-radius cap: ...)"
 
 
@@ -87,7 +88,7 @@ def test_a_failed_reread_after_the_drain_undoes_the_drain() -> None:
 
     c = client(Wrap(ctld, second_out_of_service_read_fails))
     with pytest.raises(SlurmError, match="not ranked against the blast-radius cap.*undone"):
-        gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None)
+        drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None)
     assert ctld.drained == ["c1"]
 
 
@@ -103,7 +104,7 @@ def test_a_drain_whose_update_timed_out_but_was_applied_is_undone() -> None:
 
     c = client(Wrap(ctld, applied_then_timed_out))
     with pytest.raises(SlurmError, match="undone"):
-        gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None)
+        drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None)
     assert ctld.drained == ["c1"]
 
 
@@ -116,14 +117,14 @@ def test_an_unranked_health_drain_past_the_cap_is_ranked_again_and_undone() -> N
     c = client(ctld)
     node = c.node("c3")
     d = gate.decide(verdict(Status.CRITICAL), node, 0, 3, FULL, kept=False)
-    assert d.kind is gate.Kind.RERANK
-    applied = gate.apply(d, node, c, CAP, sleep=lambda s: None)
+    assert d.kind is drain.Kind.RERANK
+    applied = drain.apply(d, node, c, CAP, sleep=lambda s: None)
     assert applied.action == "held" and "blast-radius cap" in applied.detail
     assert ctld.drained == ["c1"]
     # c1's drain, within the cap, is ranked again and stays.
     n1 = c.node("c1")
     d1 = gate.decide(verdict(Status.CRITICAL), n1, 0, 3, ECC, kept=False)
-    assert gate.apply(d1, n1, c, CAP, sleep=lambda s: None).action == "kept"
+    assert drain.apply(d1, n1, c, CAP, sleep=lambda s: None).action == "kept"
     assert ctld.drained == ["c1"]
 
 
@@ -132,7 +133,7 @@ def test_a_drain_recorded_as_kept_is_never_ranked_again() -> None:
     ctld.set("c3", state=("IDLE", "DRAIN"), reason=FULL)
     node = client(ctld).node("c3")
     d = gate.decide(verdict(Status.CRITICAL), node, 0, 3, FULL, kept=True)
-    assert d.kind is gate.Kind.NOTHING
+    assert d.kind is drain.Kind.NOTHING
 
 
 def test_the_health_check_heals_a_drain_its_earlier_run_left_past_the_cap(  # type: ignore[no-untyped-def]
@@ -153,7 +154,7 @@ def test_the_health_check_heals_a_drain_its_earlier_run_left_past_the_cap(  # ty
 def test_with_less_time_left_than_the_tie_wait_and_the_calls_no_drain_is_made() -> None:
     ctld = FakeCtld.cluster(4, now=NOW)
     c = client(ctld)
-    applied = gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None, left=lambda: 2.5)
+    applied = drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None, left=lambda: 2.5)
     assert applied.action == "held" and "left in this run" in applied.detail
     assert not [a for a in ctld.calls if "state=drain" in a] and ctld.drained == []
 
@@ -162,9 +163,9 @@ def test_the_tie_wait_is_never_cut_short() -> None:
     ctld = FakeCtld.cluster(4, now=NOW)
     c = client(ctld)
     slept: list[float] = []
-    assert gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=slept.append,
-                      left=lambda: 3.5).action == "drained"
-    assert slept == [gate.TIE_S]
+    assert drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=slept.append,
+                       left=lambda: 3.5).action == "drained"
+    assert slept == [drain.TIE_S]
 
 
 def test_a_health_check_near_its_deadline_holds_instead_of_draining(  # type: ignore[no-untyped-def]
@@ -190,8 +191,8 @@ def test_a_health_drain_slurm_appended_to_is_still_ours_and_resumes(msg: str) ->
     assert node.reason == f"{FULL} : {msg}" and is_health_drain(node.reason)
     own = entry.own_reason(Counters(passes=5, last_status="OK", drained_reason=FULL), node)
     d = gate.decide(verdict(Status.OK), node, 2, 3, own)
-    assert d.kind is gate.Kind.RESUME
-    assert gate.apply(d, node, c, CAP, sleep=lambda s: None).action == "resumed"
+    assert d.kind is drain.Kind.RESUME
+    assert drain.apply(d, node, c, CAP, sleep=lambda s: None).action == "resumed"
     assert ctld.drained == []
 
 
@@ -202,7 +203,7 @@ def test_a_reboot_after_slurm_appended_reboot_issued_resumes_at_the_first_pass()
     ctld.slurm_appends("c3", "reboot issued")
     node = replace(client(ctld).node("c3"), boot_time=int(NOW) + 100)
     d = gate.decide(verdict(Status.OK), node, 0, 3, FULL)
-    assert d.kind is gate.Kind.RESUME and "rebooted" in d.why
+    assert d.kind is drain.Kind.RESUME and "rebooted" in d.why
 
 
 def test_a_kept_drain_restamped_by_slurm_never_lets_a_second_drain_past_the_cap() -> None:
@@ -216,7 +217,7 @@ def test_a_kept_drain_restamped_by_slurm_never_lets_a_second_drain_past_the_cap(
         ctld.slurm_appends("c1", "Not responding", state=("DOWN", "DRAIN"))
 
     c = client(ctld)
-    applied = gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=settle)
+    applied = drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=settle)
     assert applied.action == "held"
     assert ctld.drained == ["c1"]
 
@@ -240,7 +241,7 @@ def test_a_drain_within_the_cap_loads_the_whole_node_table_at_most_four_times() 
     c = client(ctld)
     node = c.node("c3")
     before = ctld.table_loads
-    assert gate.apply(DRAIN, node, c, CAP, sleep=lambda s: None).action == "drained"
+    assert drain.apply(DRAIN, node, c, CAP, sleep=lambda s: None).action == "drained"
     # Two reads of the nodes out of service (sinfo + scontrol, each a whole-table load);
     # the drain's own re-read and the comment's take the single-node RPC.
     assert ctld.table_loads - before == 4
@@ -250,7 +251,7 @@ def test_the_undo_rereads_with_the_single_node_rpc_right_before_its_update() -> 
     ctld = FakeCtld.cluster(4, now=NOW)
     lands_with_ours(ctld)
     c = client(ctld)
-    assert gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "held"
+    assert drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "held"
     i = next(i for i, a in enumerate(ctld.calls) if "state=resume" in a)
     assert ctld.calls[i - 1][:4] == ("sinfo", "--all", "-n", "c3")
 
@@ -259,7 +260,7 @@ def test_a_health_drain_keeps_the_lemon_scanners_would_drain_comment() -> None:
     ctld = FakeCtld.cluster(8, now=NOW)
     ctld.set("c3", comment=LEMON_WOULD)
     c = client(ctld)
-    assert gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "drained"
+    assert drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "drained"
     assert ctld.table["c3"].comment == LEMON_WOULD
 
 
@@ -273,7 +274,7 @@ def test_a_failure_clearing_the_comment_after_a_kept_drain_is_still_drained() ->
         return None
 
     c = client(Wrap(ctld, comment_fails))
-    assert gate.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "drained"
+    assert drain.apply(DRAIN, c.node("c3"), c, CAP, sleep=lambda s: None).action == "drained"
     assert ctld.table["c3"].reason == FULL
 
 

@@ -1,8 +1,8 @@
 import pytest
 
-from gpuwarden.config import SlurmConfig
 from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm.client import CliSlurmClient, gpuwarden_reason
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.fakes import FakeRunner, fail, node_json, ok, timeout
 
 UPDATE = ("scontrol", "update")

@@ -10,15 +10,15 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuwarden.config import SlurmConfig
-from gpuwarden.config.health import BlastRadius
-from gpuwarden.health import gate
+from gpuwarden.slurm import drain
 from gpuwarden.slurm.client import CliSlurmClient
+from gpuwarden.slurm.drain_cap import BlastRadius
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.ctld import FakeCtld
 
 NOW = 1_800_000_000.0
 CAP = BlastRadius(max_drained_pct=25.0, settle_s=0)
-DRAIN = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
+DRAIN = drain.Decision(drain.Kind.DRAIN, "xid 79 on GPU 5", 0)
 LEMON = "gpuwarden: lemon, 7 of 41 jobs failed, fleet rate 0.9%"
 
 
@@ -28,9 +28,9 @@ def client(ctld: FakeCtld) -> CliSlurmClient:
 
 def health_drain(ctld: FakeCtld, name: str, cap: BlastRadius = CAP,
                  clock: Callable[[], float] = lambda: NOW,
-                 sleep: Callable[[float], None] = lambda s: None) -> gate.Applied:
+                 sleep: Callable[[float], None] = lambda s: None) -> drain.Applied:
     c = client(ctld)
-    return gate.apply(DRAIN, c.node(name), c, cap, clock, sleep)
+    return drain.apply(DRAIN, c.node(name), c, cap, clock, sleep)
 
 
 def once(match: Callable[[tuple[str, ...]], bool], act: Callable[[], None]
@@ -63,7 +63,7 @@ def test_skewed_node_clocks_never_let_two_drains_past_a_cap_of_one() -> None:
     at_drain = threading.Barrier(2, timeout=10)
     at_settle = threading.Barrier(2, timeout=10)
     ctld.before = lambda argv: at_drain.wait() if "state=drain" in argv else None
-    results: dict[str, gate.Applied | BaseException] = {}
+    results: dict[str, drain.Applied | BaseException] = {}
 
     def run(name: str, skew: float) -> None:
         try:
@@ -79,7 +79,7 @@ def test_skewed_node_clocks_never_let_two_drains_past_a_cap_of_one() -> None:
         t.join(30)
     assert ctld.drained == ["c2"], results
     held = results["c3"]
-    assert isinstance(held, gate.Applied) and held.action == "held", results
+    assert isinstance(held, drain.Applied) and held.action == "held", results
     assert "blast-radius cap: 1 of 4 nodes in gpu" in held.detail
     assert ctld.table["c3"].comment.startswith("gpuwarden: would drain: xid 79 on GPU 5")
 
@@ -90,8 +90,8 @@ def test_the_earlier_controller_stamp_wins_whatever_the_names() -> None:
     ctld.set("c1", state=("IDLE", "DRAIN"), reason="gpuwarden: ecc", reason_changed_at=int(NOW) + 1)
     view = client(ctld).out_of_service()
     sizes = {"gpu": 4}
-    assert gate.cap_allows("c4", ("gpu",), view.nodes, sizes, CAP, NOW + 2)[0]
-    assert not gate.cap_allows("c1", ("gpu",), view.nodes, sizes, CAP, NOW + 2)[0]
+    assert drain.cap_allows("c4", ("gpu",), view.nodes, sizes, CAP, NOW + 2)[0]
+    assert not drain.cap_allows("c1", ("gpu",), view.nodes, sizes, CAP, NOW + 2)[0]
 
 
 @pytest.mark.parametrize("nodes", [16, 1000, 4000])
@@ -110,10 +110,10 @@ def test_resume_rechecks_at_the_update_that_the_drain_is_still_its_own() -> None
     ctld.set("c3", state=("IDLE", "DRAIN"), reason="gpuwarden: xid 79 on GPU 5")
     c = client(ctld)
     seen = c.node("c3")
-    decision = gate.Decision(gate.Kind.RESUME, "3 passing checks in a row", 3)
+    decision = drain.Decision(drain.Kind.RESUME, "3 passing checks in a row", 3)
     # The lemon scanner drains c3 for its own reason after health gating read it.
     ctld.before = once(lambda a: True, lambda: ctld.set("c3", reason=LEMON))
-    applied = gate.apply(decision, seen, c, CAP, lambda: NOW, lambda s: None)
+    applied = drain.apply(decision, seen, c, CAP, lambda: NOW, lambda s: None)
     assert applied.action == "none" and "lemon" in applied.detail
     assert ctld.table["c3"].drained and ctld.table["c3"].reason == LEMON
 
@@ -126,7 +126,7 @@ def test_a_health_drain_never_takes_over_a_lemon_drain_made_meanwhile(lands: str
     first = (lambda a: True) if lands == "at the first read" else (
         lambda a: a[1:4] == ("--all", "-n", "c3"))
     ctld.before = once(first, lambda: ctld.set("c3", state=("IDLE", "DRAIN"), reason=LEMON))
-    applied = gate.apply(DRAIN, seen, c, CAP, lambda: NOW, lambda s: None)
+    applied = drain.apply(DRAIN, seen, c, CAP, lambda: NOW, lambda s: None)
     assert applied.action != "drained"
     assert ctld.table["c3"].reason == LEMON  # health gating will never resume it as its own
 
@@ -136,7 +136,7 @@ def test_an_operator_drain_made_while_deciding_is_left_alone_and_reported() -> N
     c = client(ctld)
     seen = c.node("c3")
     ctld.before = once(lambda a: True, lambda: ctld.operator_drain("c3", "maintenance"))
-    applied = gate.apply(DRAIN, seen, c, CAP, lambda: NOW, lambda s: None)
+    applied = drain.apply(DRAIN, seen, c, CAP, lambda: NOW, lambda s: None)
     assert applied.action == "none" and "maintenance" in applied.detail
     assert ctld.table["c3"].reason == "maintenance" and ctld.table["c3"].comment == ""
 
@@ -148,8 +148,8 @@ def test_an_operator_drain_over_ours_while_settling_is_never_undone() -> None:
     # c1's drain lands with ours (the cap's one place is c1's); then an operator drains c3.
     ctld.before = once(lambda a: "state=drain" in a,
                        lambda: ctld.set("c1", state=("IDLE", "DRAIN"), reason="gpuwarden: ecc"))
-    applied = gate.apply(DRAIN, c.node("c3"), c, CAP, lambda: NOW,
-                         lambda s: ctld.operator_drain("c3", "maintenance"))
+    applied = drain.apply(DRAIN, c.node("c3"), c, CAP, lambda: NOW,
+                          lambda s: ctld.operator_drain("c3", "maintenance"))
     assert applied.action == "none" and "maintenance" in applied.detail
     assert ctld.table["c3"].drained and ctld.table["c3"].reason == "maintenance"
     assert not [a for a in ctld.calls if "state=resume" in a]

@@ -12,13 +12,14 @@ import pytest
 
 from gpuwarden.config import Config
 from gpuwarden.config.ckpt import CkptConfig
-from gpuwarden.config.health import BlastRadius, Expected, HealthConfig
+from gpuwarden.config.health import Expected, HealthConfig
 from gpuwarden.health.model import Status
 from gpuwarden.health.probe import FakeGpuProbe, healthy_fake
 from gpuwarden.hooks import entry
 from gpuwarden.launch.decide import Lost
 from gpuwarden.launch.report import comment
 from gpuwarden.slurm.client import gpuwarden_reason
+from gpuwarden.slurm.drain_cap import BlastRadius
 from gpuwarden.slurm.models import Job, Node, NodeView
 from tests.unit.test_gate import NOW, FakeSlurm, fleet
 

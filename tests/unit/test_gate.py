@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from gpuwarden.config.health import BlastRadius
 from gpuwarden.health import gate
 from gpuwarden.health.model import CheckResult, Status, Verdict
+from gpuwarden.slurm import drain
+from gpuwarden.slurm.drain_cap import BlastRadius
 from gpuwarden.slurm.models import Node
 from tests.fakes import FakeSlurm
 
@@ -27,43 +28,43 @@ def verdict(status: Status, evidence: str = "xid 79 on GPU 5") -> Verdict:
 
 def test_critical_on_a_healthy_node_drains_with_the_evidence() -> None:
     d = gate.decide(verdict(Status.CRITICAL), node("c3"), passes=5, resume_after=3, own_reason="")
-    assert d.kind is gate.Kind.DRAIN and d.why == "xid 79 on GPU 5" and d.passes == 0
+    assert d.kind is drain.Kind.DRAIN and d.why == "xid 79 on GPU 5" and d.passes == 0
 
 
 def test_critical_on_an_operators_drain_does_nothing() -> None:
     d = gate.decide(verdict(Status.CRITICAL), node("c4", ("IDLE", "DRAIN"), "maintenance"), 0, 3, "")
-    assert d.kind is gate.Kind.NOTHING and "root" in d.why
+    assert d.kind is drain.Kind.NOTHING and "root" in d.why
 
 
 def test_resume_only_after_n_passes_and_only_own_drains() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 100)
     ok = verdict(Status.OK, "fine")
     own = "gpuwarden: xid 79"
-    assert gate.decide(ok, ours, passes=0, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
-    assert gate.decide(ok, ours, passes=1, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
+    assert gate.decide(ok, ours, passes=0, resume_after=3, own_reason=own).kind is drain.Kind.NOTHING
+    assert gate.decide(ok, ours, passes=1, resume_after=3, own_reason=own).kind is drain.Kind.NOTHING
     d = gate.decide(ok, ours, passes=2, resume_after=3, own_reason=own)
-    assert d.kind is gate.Kind.RESUME and d.passes == 3
+    assert d.kind is drain.Kind.RESUME and d.passes == 3
     theirs = replace(ours, reason="maintenance")
-    assert gate.decide(ok, theirs, passes=10, resume_after=3, own_reason=own).kind is gate.Kind.NOTHING
+    assert gate.decide(ok, theirs, passes=10, resume_after=3, own_reason=own).kind is drain.Kind.NOTHING
 
 
 def test_a_gpuwarden_drain_made_elsewhere_is_not_resumed_by_health_checks() -> None:
     by_hand = node("c3", ("IDLE", "DRAIN"), "gpuwarden: RMA ticket 1234", changed=NOW - 100)
     d = gate.decide(verdict(Status.OK), by_hand, passes=9, resume_after=3,
                     own_reason="gpuwarden: xid 79")
-    assert d.kind is gate.Kind.NOTHING
+    assert d.kind is drain.Kind.NOTHING
 
 
 def test_a_reboot_after_the_drain_resumes_at_the_first_pass() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: xid 79", changed=NOW - 1000, boot=int(NOW - 10))
     d = gate.decide(verdict(Status.OK), ours, passes=0, resume_after=3, own_reason="gpuwarden: xid 79")
-    assert d.kind is gate.Kind.RESUME and "rebooted" in d.why
+    assert d.kind is drain.Kind.RESUME and "rebooted" in d.why
 
 
 def test_unknown_neither_drains_nor_resumes_and_breaks_the_streak() -> None:
     ours = node("c3", ("IDLE", "DRAIN"), "gpuwarden: x")
     d = gate.decide(verdict(Status.UNKNOWN), ours, passes=2, resume_after=3, own_reason="gpuwarden: x")
-    assert d.kind is gate.Kind.NOTHING and d.passes == 0
+    assert d.kind is drain.Kind.NOTHING and d.passes == 0
 
 
 def fleet(n: int = 8, drained: tuple[str, ...] = (), claims: dict[str, float] | None = None) -> list[Node]:
@@ -89,8 +90,8 @@ def allows(me: str, nodes: list[Node], cap: BlastRadius = CAP, now: float = NOW)
         for p in n.partitions:
             sizes[p] = sizes.get(p, 0) + 1
     mine = next(n for n in nodes if n.name == me)
-    return gate.cap_allows(me, mine.partitions, [n for n in nodes if n.unavailable], sizes, cap,
-                           now)
+    return drain.cap_allows(me, mine.partitions, [n for n in nodes if n.unavailable], sizes, cap,
+                            now)
 
 
 def test_cap_counts_gpuwarden_drains_in_the_partition() -> None:
@@ -121,8 +122,8 @@ def test_nodes_down_since_our_drain_still_count() -> None:
 def test_an_operators_comment_never_stops_a_drain() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
     slurm.table["c3"] = replace(slurm.table["c3"], comment="rack 7, ticket 42")
-    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    d = drain.Decision(drain.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = drain.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "drained" and slurm.log == ["drain c3"]
     assert slurm.table["c3"].comment == "rack 7, ticket 42"
 
@@ -156,14 +157,14 @@ def test_one_node_can_always_be_drained_in_a_small_partition() -> None:
 
 def test_a_partition_of_unknown_size_gets_the_smallest_cap() -> None:
     drained = [node("c1", ("IDLE", "DRAIN"), "gpuwarden: bad", changed=NOW - 60)]
-    assert not gate.cap_allows("c3", ("gpu",), drained, {}, CAP, NOW)[0]
-    assert gate.cap_allows("c3", ("gpu",), [], {}, CAP, NOW)[0]
+    assert not drain.cap_allows("c3", ("gpu",), drained, {}, CAP, NOW)[0]
+    assert drain.cap_allows("c3", ("gpu",), [], {}, CAP, NOW)[0]
 
 
 def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet(drained=("c1", "c2"))})
-    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    d = drain.Decision(drain.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = drain.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "held" and slurm.log == []
     assert slurm.table["c3"].comment.startswith("gpuwarden: would drain: xid 79 on GPU 5")
 
@@ -171,8 +172,8 @@ def test_apply_past_the_cap_reports_would_drain_in_the_node_comment() -> None:
 def test_apply_drains_and_clears_an_earlier_would_drain() -> None:
     slurm = FakeSlurm({n.name: n for n in fleet()})
     slurm.table["c3"] = replace(slurm.table["c3"], comment="gpuwarden: would drain: old (cap)")
-    d = gate.Decision(gate.Kind.DRAIN, "xid 79 on GPU 5", 0)
-    applied = gate.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
+    d = drain.Decision(drain.Kind.DRAIN, "xid 79 on GPU 5", 0)
+    applied = drain.apply(d, slurm.table["c3"], slurm, CAP, clock=lambda: NOW, sleep=lambda s: None)  # type: ignore[arg-type]
     assert applied.action == "drained" and slurm.log == ["drain c3"]
     assert slurm.table["c3"].reason == "gpuwarden: xid 79 on GPU 5"
     assert slurm.table["c3"].comment == ""
@@ -190,7 +191,7 @@ def test_concurrent_drains_never_exceed_the_cap(cap_pct: float) -> None:
 
 
 def test_a_healthy_node_clears_only_its_own_stale_comments() -> None:
-    assert gate.health_may_clear("gpuwarden: would drain: xid 79 on GPU 5 (cap)")
-    assert gate.health_may_clear(f"gpuwarden: drain claim {NOW - 1:.6f}")  # older versions'
-    assert not gate.health_may_clear("gpuwarden: would drain: lemon, 7 of 41 jobs failed")
-    assert not gate.health_may_clear("waiting for RMA 1234")
+    assert drain.health_may_clear("gpuwarden: would drain: xid 79 on GPU 5 (cap)")
+    assert drain.health_may_clear(f"gpuwarden: drain claim {NOW - 1:.6f}")  # older versions'
+    assert not drain.health_may_clear("gpuwarden: would drain: lemon, 7 of 41 jobs failed")
+    assert not drain.health_may_clear("waiting for RMA 1234")

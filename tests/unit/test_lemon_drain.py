@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.cli import Context, cli
 from gpuwarden.config import Config
-from gpuwarden.config.health import BlastRadius
 from gpuwarden.lemon.drain import drain_lemons
 from gpuwarden.lemon.scoring import NodeScore
+from gpuwarden.slurm.drain_cap import BlastRadius
 from gpuwarden.slurm.models import Node
 from tests.fakes import FakeSlurm
 from tests.unit.test_lemon_core import fleet_history, sacct_export
@@ -70,12 +70,13 @@ def test_a_node_already_out_is_left_alone_whoever_drained_it() -> None:
 def test_health_gating_never_resumes_a_lemon_drain() -> None:
     from gpuwarden.health import gate
     from gpuwarden.health.model import CheckResult, Status, Verdict
+    from gpuwarden.slurm import drain
 
     drained = node("c6", ("IDLE", "DRAIN"), "gpuwarden: lemon, 7 of 41 jobs failed")
     healthy = Verdict("c6", 0, "periodic", (CheckResult("gpu", Status.OK, "ok", 1, ""),))
     own = "gpuwarden: xid 79 on GPU 5"  # what health gating itself drained c6 for once
     for passes in range(10):
-        assert gate.decide(healthy, drained, passes, 2, own).kind is not gate.Kind.RESUME
+        assert gate.decide(healthy, drained, passes, 2, own).kind is not drain.Kind.RESUME
 
 
 def test_list_file_round_trip_and_safe_reads(tmp_path: Path) -> None:
@@ -182,8 +183,8 @@ def test_the_list_is_not_written_into_a_directory_others_can_write(tmp_path: Pat
 
 
 def test_a_lemon_drain_never_takes_over_a_health_drain_made_meanwhile() -> None:
-    from gpuwarden.config import SlurmConfig
     from gpuwarden.slurm.client import CliSlurmClient
+    from gpuwarden.slurm.settings import SlurmConfig
     from tests.ctld import FakeCtld
 
     ctld = FakeCtld.cluster(8)

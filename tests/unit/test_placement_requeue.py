@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.config import SlurmConfig
 from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
 from gpuwarden.core.errors import SlurmError
 from gpuwarden.placement import daemon, requeue
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.client import CliSlurmClient
 from gpuwarden.slurm.models import Job
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.fakes import FakeRunner, FakeSlurm, ok
 from tests.unit.test_placement import TREE, node
 

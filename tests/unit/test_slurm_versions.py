@@ -16,11 +16,11 @@ import pytest
 
 from gpuwarden.accounting import fastdecode as acctfast
 from gpuwarden.accounting import stream as acctstream
-from gpuwarden.config import SlurmConfig
 from gpuwarden.core.errors import SlurmError, SlurmParseError
 from gpuwarden.slurm import dataparser, parse
 from gpuwarden.slurm.client import CliSlurmClient
 from gpuwarden.slurm.models import AcctJob, Job, Node
+from gpuwarden.slurm.settings import SlurmConfig
 from tests.fakes import FakeRunner, ok
 
 DIR = Path(__file__).resolve().parent.parent / "fixtures" / "slurm_versions"
