@@ -7,81 +7,23 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import NoReturn
+from dataclasses import asdict, replace
 
 import click
 
 from gpuwarden import config as configmod
+from gpuwarden.config.context import EXIT_CONFIG, Context, die
 from gpuwarden.core import extras, logsetup
 from gpuwarden.core.errors import ConfigError, NotOurDrainError, SlurmError
 from gpuwarden.slurm import bindir
-from gpuwarden.slurm.client import CliSlurmClient, NodeBusyError, SlurmClient
-from gpuwarden.slurm.runner import CommandRunner, DeadlineRunner, SubprocessRunner
+from gpuwarden.slurm.client import NodeBusyError, SlurmClient
+from gpuwarden.slurm.runner import SubprocessRunner
 from gpuwarden.slurmconf import render as slurmconf
 from gpuwarden.slurmconf.needs import FEATURES
 
 log = logging.getLogger(__name__)
 
 EXIT_REFUSED = 3
-EXIT_CONFIG = 2
-
-
-@dataclass
-class Context:
-    """What commands share; tests replace the client factory with a fake."""
-
-    config_path: str | None = None
-    client_factory: Callable[[configmod.Config], SlurmClient] | None = None
-    _config: configmod.Config | None = field(default=None, repr=False)
-
-    _from_file: bool = field(default=False, repr=False)
-
-    def config(self) -> configmod.Config:
-        """The config; a missing default file means defaults (for the offline commands)."""
-        if self._config is None:
-            self._config = configmod.load(self.config_path)
-        return self._config
-
-    def config_required(self) -> configmod.Config:
-        """The config for anything that acts on nodes (the hooks, health, nodes, drain,
-        resume): a missing file is as broken as an invalid one (ConfigError)."""
-        if not self._from_file:
-            self._config = configmod.load(self.config_path, missing_ok=False)
-            self._from_file = True
-        assert self._config is not None
-        return self._config
-
-    def config_or_exit(self) -> configmod.Config:
-        """The config, or exit 2 naming the file, key and what is expected. For commands; the
-        Slurm entry points (prolog, epilog, health check) fail open instead."""
-        try:
-            return self.config()
-        except ConfigError as exc:
-            _die(str(exc), EXIT_CONFIG)
-
-    def client(self) -> SlurmClient:
-        return self.client_for(self.config())
-
-    def client_for(self, cfg: configmod.Config, *, use_path: bool = True,
-                   end: float | None = None) -> SlurmClient:
-        """A Slurm client for ``cfg``. Commands are run from the directory bindir.locate finds
-        (checked, at the first call); ``use_path=False`` for what slurmd starts (it passes no
-        PATH); ``end``: one time.monotonic() deadline for every call together."""
-        if self.client_factory is not None:
-            return self.client_factory(cfg)
-        configured = cfg.slurm.bin_dir
-        runner: CommandRunner = SubprocessRunner(
-            lambda: bindir.locate(configured, use_path=use_path).path)
-        if end is not None:
-            runner = DeadlineRunner(runner, end)
-        return CliSlurmClient(replace(cfg.slurm, bin_dir=""), runner)
-
-
-def _die(message: str, code: int) -> NoReturn:
-    click.echo(f"gpuwarden: {message}", err=True)
-    sys.exit(code)
 
 
 # Command groups imported only when invoked: the prolog (`health prolog`) must not pay for
@@ -176,10 +118,10 @@ def config_check(obj: Context, path: str | None) -> None:
     try:
         cfg = configmod.load(target, missing_ok=False)
     except ConfigError as exc:
-        _die(str(exc), EXIT_CONFIG)
+        die(str(exc), EXIT_CONFIG)
     error, warning, place = _site_problems(cfg, target)
     if error:
-        _die(error, EXIT_CONFIG)
+        die(error, EXIT_CONFIG)
     if warning:
         click.echo(warning, err=True)
     click.echo(f"{target}: OK (Slurm commands: {place})")
@@ -202,22 +144,22 @@ def config_set(obj: Context, assignments: tuple[str, ...]) -> None:
     try:
         sets = [configset.assignment(a) for a in assignments]
     except ValueError as exc:
-        _die(f"config set: {exc}; {unchanged}", EXIT_CONFIG)
+        die(f"config set: {exc}; {unchanged}", EXIT_CONFIG)
     try:
         text = configwrite.read(target)
         new, changes = configset.apply(text, str(target), sets)
     except ConfigError as exc:
-        _die(f"{exc}; {unchanged}", EXIT_CONFIG)
+        die(f"{exc}; {unchanged}", EXIT_CONFIG)
     error, warning, place = _site_problems(configmod.parse(new, str(target)), target)
     if error:
-        _die(f"{error}; nothing was written", EXIT_CONFIG)
+        die(f"{error}; nothing was written", EXIT_CONFIG)
     if warning:
         click.echo(warning, err=True)
     try:
         if new != text:
             configwrite.replace(target, new)
     except ConfigError as exc:
-        _die(str(exc), EXIT_CONFIG)
+        die(str(exc), EXIT_CONFIG)
     for c in changes:
         before = "not in the file" if c.before is None else configmod.toml_value(c.before)
         click.echo(f"{target}: {c.key} = {configmod.toml_value(c.after)} (was {before})")
@@ -232,7 +174,7 @@ def config_show(obj: Context) -> None:
     try:
         cfg = obj.config()
     except ConfigError as exc:
-        _die(str(exc), EXIT_CONFIG)
+        die(str(exc), EXIT_CONFIG)
     where = configmod.config_path(obj.config_path)
     absent = "" if where.exists() else ": absent, these are the defaults"
     click.echo(f"# effective configuration ({where}{absent})")
@@ -240,11 +182,11 @@ def config_show(obj: Context) -> None:
 
 
 # ---- nodes ----------------------------------------------------------------------------------
-def _client_or_die(obj: Context) -> SlurmClient:
+def _client_ordie(obj: Context) -> SlurmClient:
     try:
         return obj.client_for(obj.config_required())
     except ConfigError as exc:
-        _die(str(exc), EXIT_CONFIG)
+        die(str(exc), EXIT_CONFIG)
 
 
 @cli.command("nodes")
@@ -255,11 +197,11 @@ def nodes_cmd(obj: Context, as_json: bool) -> None:
     gating is off or whose health verdict is stale (from each node's marker in Slurm)."""
     from gpuwarden.health import gatingstate  # noqa: PLC0415
 
-    client = _client_or_die(obj)
+    client = _client_ordie(obj)
     try:
         nodes = client.nodes()
     except SlurmError as exc:
-        _die(str(exc), 1)
+        die(str(exc), 1)
     now = time.time()
     if as_json:
         rows = [{**asdict(n), "owner": n.owner,
@@ -315,9 +257,9 @@ def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
 
     if names_the_tag(reason):
         # Health gating auto-resumes drains whose reason carries its tag.
-        _die(f"a reason containing {HEALTH_TAG} is reserved for health gating's own drains",
+        die(f"a reason containing {HEALTH_TAG} is reserved for health gating's own drains",
              EXIT_CONFIG)
-    client = _client_or_die(obj)
+    client = _client_ordie(obj)
     try:
         client.drain(node, reason, in_service_only=not replace)
     except NodeBusyError:
@@ -327,9 +269,9 @@ def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
                    f"{kept}; use --replace to change it")
         return
     except NotOurDrainError as exc:
-        _die(str(exc), EXIT_REFUSED)
+        die(str(exc), EXIT_REFUSED)
     except (SlurmError, ValueError) as exc:
-        _die(str(exc), 1)
+        die(str(exc), 1)
     click.echo(f"{node}: drained")
 
 
@@ -338,13 +280,13 @@ def drain_cmd(obj: Context, node: str, reason: str, replace: bool) -> None:
 @click.pass_obj
 def resume_cmd(obj: Context, node: str) -> None:
     """Resume NODE if gpuwarden drained it (refused otherwise, exit 3)."""
-    client = _client_or_die(obj)
+    client = _client_ordie(obj)
     try:
         done = client.resume(node)
     except NotOurDrainError as exc:
-        _die(str(exc), EXIT_REFUSED)
+        die(str(exc), EXIT_REFUSED)
     except SlurmError as exc:
-        _die(str(exc), 1)
+        die(str(exc), 1)
     click.echo(f"{node}: resumed" if done else f"{node}: not drained, nothing to do")
 
 
@@ -381,7 +323,6 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
                    nodes_per_leaf: int | None, example: bool) -> None:
     """Print the slurm.conf, gres.conf and topology.conf lines for the [cluster] description,
     or check a site's slurm.conf (--check FILE) for the lines gpuwarden needs."""
-    from dataclasses import replace  # noqa: PLC0415
 
     from gpuwarden.slurmconf import check as slurmconfcheck  # noqa: PLC0415
     from gpuwarden.slurmconf.keys import parse_release  # noqa: PLC0415
@@ -390,7 +331,7 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
     config_file = configmod.config_path(obj.config_path)
     slurm_version = None if release is None else parse_release(release)
     if release is not None and slurm_version is None:
-        _die(f"--slurm-version {release!r}: give a release such as 24.11 or 25.05.2 "
+        die(f"--slurm-version {release!r}: give a release such as 24.11 or 25.05.2 "
              "(`scontrol --version` on a Slurm host says which)", EXIT_CONFIG)
     # --check needs the config; the printed block only the Slurm commands' directory, so a
     # broken config file does not stop it (the commands are then looked for on PATH).
@@ -417,14 +358,14 @@ def slurm_conf_cmd(obj: Context, part: str, check_path: str | None, features: tu
             nodes_per_leaf=cluster.nodes_per_leaf if nodes_per_leaf is None else nodes_per_leaf,
         )
     except ConfigError as exc:
-        _die(str(exc), EXIT_CONFIG)
+        die(str(exc), EXIT_CONFIG)
     except ValueError as exc:
-        _die(f"bad option: {exc}", EXIT_CONFIG)
+        die(f"bad option: {exc}", EXIT_CONFIG)
     if not example and not slurmconf.described(config_file):
         warning = slurmconf.example_warning(config_file, cluster)
         if part == "topology.conf":
             # The file the guide writes straight into /etc/slurm: refused, not just warned.
-            _die(f"{warning}; or pass --example to see the example's", EXIT_CONFIG)
+            die(f"{warning}; or pass --example to see the example's", EXIT_CONFIG)
         click.echo(f"gpuwarden: warning: {warning}", err=True)
     parts = slurmconf.PARTS if part == "all" else (part,)
     for i, p in enumerate(parts):

@@ -68,7 +68,8 @@ def main(argv: list[str]) -> None:
         sys.meta_path.insert(0, Refuse(refuse))
     help_all = argv[:1] == ["--help-all"]
     argv = argv[1:] if help_all else argv
-    from gpuwarden.cli import Context, cli  # after the refusals
+    from gpuwarden.cli import cli  # after the refusals
+    from gpuwarden.config.context import Context
 
     found = list(paths(cli))
     asked = [json.loads(a) for a in argv]

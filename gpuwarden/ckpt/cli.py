@@ -11,6 +11,7 @@ import click
 
 from gpuwarden.accounting.options import load_history, parse_cost, since_option
 from gpuwarden.ckpt.names import BadName, check_name
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.extras import Needs
 
@@ -24,7 +25,7 @@ with Needs("lemon") as MTTF:
     from gpuwarden.accounting.mttf import daly, human_hours, young
 
 
-def _tiers_or_exit(obj: Any, job: str, rank: int) -> list[Any]:
+def _tiers_or_exit(obj: Context, job: str, rank: int) -> list[Any]:
     # Root looks at any user's job: the job directory's owner is taken as the job's user and
     # everything below must be that user's; nothing is followed through a link, nor read
     # unless it is a regular file (fstier, safeio).
@@ -69,7 +70,7 @@ def _listed(tiers_: list[Any]) -> Iterator[tuple[Any, list[int]]]:
 
 def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
     """The JOB argument and --rank option, handed to the command as that rank's tiers."""
-    def command(obj: Any, /, job: str, rank: int, **options: Any) -> None:
+    def command(obj: Context, /, job: str, rank: int, **options: Any) -> None:
         tiers_ = _tiers_or_exit(obj, job, rank)
         # One rank's steps, this host's memory: say so, or they read as the whole job's.
         host = os.uname().nodename.split(".")[0]
@@ -90,7 +91,7 @@ def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
               help="this rank only  [default: every rank]")
 @click.option("--json", "as_json", is_flag=True, help="one object per tier and rank")
 @click.pass_obj
-def ls(obj: Any, job: str, rank: int | None, as_json: bool) -> None:
+def ls(obj: Context, job: str, rank: int | None, as_json: bool) -> None:
     """Committed steps of JOB, per tier and rank: this host's memory (ranks that ran here),
     the replicas it holds for other ranks (peer), the shared filesystem and S3."""
     import json  # noqa: PLC0415 - the import block above is the extras check's
@@ -110,7 +111,7 @@ def ls(obj: Any, job: str, rank: int | None, as_json: bool) -> None:
 @ckpt.command("verify")
 @CKPT.required
 @_job_tiers
-def verify(obj: Any, tiers_: list[Any]) -> None:
+def verify(obj: Context, tiers_: list[Any]) -> None:
     """Read every step back and check every shard; exit 1 when any copy is corrupt. Changes
     nothing."""
     bad = 0
@@ -133,7 +134,7 @@ def verify(obj: Any, tiers_: list[Any]) -> None:
 @CKPT.required
 @_job_tiers
 @click.option("--keep", type=int, default=None, help="steps to keep per tier [config: 2]")
-def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
+def gc(obj: Context, tiers_: list[Any], keep: int | None) -> None:
     """Apply retention (never a tier's newest step), drop crashed temp files and uploads.
     A step that cannot be read as the job's own is left in place and reported. On the
     shared tier and S3, as the job's own retention does, every step from the one a restart
@@ -171,7 +172,7 @@ def gc(obj: Any, tiers_: list[Any], keep: int | None) -> None:
 @ckpt.command("tidy")
 @click.option("-v", "--verbose", is_flag=True, help="name every directory kept, and why")
 @click.pass_obj
-def tidy(obj: Any, verbose: bool) -> None:
+def tidy(obj: Context, verbose: bool) -> None:
     """Remove the shared tier's empty job directories of jobs that are over (root, on a
     timer): the epilog removes them as each job ends; this catches what no epilog saw (a job
     cancelled while requeued, a node that died). Only a `job-N` the prolog made (a directory,
@@ -211,7 +212,7 @@ def tidy(obj: Any, verbose: bool) -> None:
               "measured from accounting (`fleet mttf`), else [ckpt] mttf_h")
 @since_option(help=None, default="30d", show_default=True)
 @click.pass_obj
-def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since: str) -> None:
+def interval(obj: Context, gpus: int, cost: str | None, mttf_text: str | None, since: str) -> None:
     """The Young/Daly checkpoint interval for a job of this size."""
     cfg = obj.config_or_exit().ckpt
     cost_s = parse_cost(cost) if cost else cfg.ckpt_cost_s
@@ -233,7 +234,7 @@ def interval(obj: Any, gpus: int, cost: str | None, mttf_text: str | None, since
                f"{human_hours(daly(c, mttf_h))}")
 
 
-def _measured_mttf(obj: Any, gpus: int, since: str) -> tuple[float | None, str]:
+def _measured_mttf(obj: Context, gpus: int, since: str) -> tuple[float | None, str]:
     """The MTTF for ``gpus`` from accounting and where it came from; None and why not."""
     # Only `interval` without --mttf reads the accounting history.
     from gpuwarden.accounting.attribution import gpu_class  # noqa: PLC0415

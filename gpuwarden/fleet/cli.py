@@ -11,6 +11,7 @@ import click
 
 from gpuwarden.accounting.calibrate import CalibrationError, PaperFigures, solve
 from gpuwarden.accounting.options import history_options, load_history, parse_cost, progress
+from gpuwarden.config.context import Context
 from gpuwarden.core.extras import Needs
 from gpuwarden.fleet.simulate import Fleet, write_history
 
@@ -52,7 +53,7 @@ def fleet() -> None:
               help="s: a hot spare's take-over, per failure")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def mttf(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+def mttf(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
          ckpt_cost: str, project_to: str, gpus_per_node: int, spares: int, restart_cost: str,
          spare_swap: str, as_json: bool) -> None:
     """MTTF by job size, its 1/N projection, the Young/Daly checkpoint interval, and whether

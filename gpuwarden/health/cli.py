@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.health.model import Status, Verdict
 from gpuwarden.health.store import Store
@@ -44,7 +45,7 @@ def print_verdict(v: Verdict, as_json: bool) -> None:
 @health.command("show")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def show_cmd(obj: Any, as_json: bool) -> None:
+def show_cmd(obj: Context, as_json: bool) -> None:
     """The verdict stored by the last health check on this node."""
     try:
         h = obj.config_required().health
@@ -66,7 +67,7 @@ def inject_group() -> None:
     See docs/testing-without-gpus.md."""
 
 
-def _fault_files(obj: Any) -> Any:
+def _fault_files(obj: Context) -> Any:
     from gpuwarden.health import inject  # noqa: PLC0415 - never on a hook's path
 
     try:
@@ -92,7 +93,7 @@ def _this_node() -> str:
 @click.option("--text", default="", help="the driver's words after the code, on one line "
               "(default: what the driver prints for it)")
 @click.pass_obj
-def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
+def inject_xid_cmd(obj: Context, code: int, gpu: int, text: str) -> None:
     """Log Xid CODE for GPU --gpu in the test kernel log, as the NVIDIA driver does. The next
     health check, or the next job's prolog here, judges it like a real one, and Slurm's
     accounting records the drain like a real one."""
@@ -120,7 +121,7 @@ def inject_xid_cmd(obj: Any, code: int, gpu: int, text: str) -> None:
 
 @inject_group.command("clear")
 @click.pass_obj
-def inject_clear_cmd(obj: Any) -> None:
+def inject_clear_cmd(obj: Context) -> None:
     """Undo every injected fault: empty the test kernel log and write a healthy fake GPU file
     (the GPU count, model and NVLinks this node's class expects). Also the first step on a
     new test node. Refused when either file is anything but a test file."""

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from gpuwarden.config import Config
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.health.cli import print_verdict
 from gpuwarden.health.model import Status
@@ -72,7 +73,7 @@ def stage_in_s(cfg: Config, what: str) -> float:
     return cfg.ckpt.stage_in_budget_s if on else 0.0
 
 
-def _slurm_entry(obj: Any, what: str, fn: Any, budget_key: str) -> int:
+def _slurm_entry(obj: Context, what: str, fn: Any, budget_key: str) -> int:
     start = time.monotonic()
     # Missing or broken config: one rule for the hooks. Fail open (exit 0, never fail a job
     # or drain a node on it), but loudly: syslog error, self-error metric, marker in Slurm.
@@ -100,7 +101,7 @@ def salvage_prom_dir(path: str) -> str:
     return value if isinstance(value, str) and os.path.isabs(value) else ""
 
 
-def _config_failed(obj: Any, what: str, exc: ConfigError) -> int:
+def _config_failed(obj: Context, what: str, exc: ConfigError) -> int:
     log.error("gpuwarden %s: %s; health gating skipped: it is OFF on this node until the "
               "config is fixed (run `gpuwarden config check`)", what, exc)
     prom = salvage_prom_dir(exc.path)
@@ -114,7 +115,7 @@ def _config_failed(obj: Any, what: str, exc: ConfigError) -> int:
     return 0
 
 
-def _mark_config_off(obj: Any, exc: ConfigError) -> None:
+def _mark_config_off(obj: Context, exc: ConfigError) -> None:
     """Say in the node's Slurm marker that gating is off, with the default Slurm settings."""
     cfg = Config()
     end = time.monotonic() + CONFIG_OFF_LIMIT_S
@@ -132,26 +133,26 @@ def _mark_config_off(obj: Any, exc: ConfigError) -> None:
 
 @click.command("periodic")
 @click.pass_obj
-def periodic_cmd(obj: Any) -> None:
+def periodic_cmd(obj: Context) -> None:
     """HealthCheckProgram: all checks, store the verdict, drain or resume."""
     sys.exit(_slurm_entry(obj, "health check", entry.periodic, "periodic_budget_s"))
 
 
 @click.command("prolog")
 @click.pass_obj
-def prolog_cmd(obj: Any) -> None:
+def prolog_cmd(obj: Context) -> None:
     """Prolog: the fast gate before a job starts (exit 1 = node drained, job requeued)."""
     sys.exit(_slurm_entry(obj, "prolog", entry.prolog, "prolog_budget_s"))
 
 
 @click.command("epilog")
 @click.pass_obj
-def epilog_cmd(obj: Any) -> None:
+def epilog_cmd(obj: Context) -> None:
     """Epilog: deeper checks after a failed job or on a suspect node."""
     sys.exit(_slurm_entry(obj, "epilog", entry.epilog, "epilog_budget_s"))
 
 
-def _local_env(obj: Any) -> entry.Env:
+def _local_env(obj: Context) -> entry.Env:
     """For commands that only look at this node: no Slurm client is built or called."""
     return entry.Env(config=obj.config_required(), client=None,  # type: ignore[arg-type]
                      environ=entry.environ())
@@ -161,7 +162,7 @@ def _local_env(obj: Any) -> entry.Env:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.option("--gpus", default="", help="limit GPU checks to these indices, e.g. 0,1")
 @click.pass_obj
-def check_cmd(obj: Any, as_json: bool, gpus: str) -> None:
+def check_cmd(obj: Context, as_json: bool, gpus: str) -> None:
     """Run every check now; nothing is stored or drained. Exit 0 OK, 1 warning, 2 critical,
     3 unknown (Nagios)."""
     try:
@@ -177,7 +178,7 @@ def check_cmd(obj: Any, as_json: bool, gpus: str) -> None:
 
 @click.command("selftest")
 @click.pass_obj
-def selftest_cmd(obj: Any) -> None:
+def selftest_cmd(obj: Context) -> None:
     """What to run on a node before enabling Prolog=/Epilog=/HealthCheckProgram=: imports,
     config, Slurm commands, state directory, kernel log, GPU probe, and a dry run of the
     three entry points that changes nothing. Exit 1 when anything needs fixing."""

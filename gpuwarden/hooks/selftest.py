@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.config import Config
+from gpuwarden.config.context import Context
 from gpuwarden.core.deadline import run_all as run_with_deadline
 from gpuwarden.core.errors import GpuwardenError, SlurmError
 from gpuwarden.health.store import Store, atomic_write, ensure_private_dir
@@ -219,13 +220,13 @@ def _dry_run(cfg: Config, client: SlurmClient, environ: Mapping[str, str]) -> li
     return out
 
 
-def run_all(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
+def run_all(obj: Context, environ: Mapping[str, str]) -> list[Finding]:
     """Every step; later steps that need the config are skipped when it cannot be loaded. The
     hooks' interpreter is judged whatever else fails (the dry runs use this process's)."""
     return [*_steps(obj, environ), hook_python_finding()]
 
 
-def _steps(obj: Any, environ: Mapping[str, str]) -> list[Finding]:
+def _steps(obj: Context, environ: Mapping[str, str]) -> list[Finding]:
     found: list[Finding] = []
     holder: dict[str, Config] = {}
 

@@ -6,10 +6,11 @@ import logging
 import os
 import socket
 import sys
-from typing import IO, Any
+from typing import IO
 
 import click
 
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import ConfigError, SlurmError
 from gpuwarden.launch.launcher import launch as run_launch
 from gpuwarden.launch.report import Events, JobComment
@@ -58,7 +59,7 @@ def _leaves(path: str) -> dict[str, str]:
               help="append every event as a JSON line here (for measuring recovery)")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_obj
-def launch(obj: Any, spares: int, beat_s: float, deadline_s: float, start_s: float,
+def launch(obj: Context, spares: int, beat_s: float, deadline_s: float, start_s: float,
            hang_s: float, stop_s: float, hang_relaunches: int, beat_host: str | None,
            beat_port: int, overlap: bool, topology: str | None, events_file: IO[str] | None,
            command: tuple[str, ...]) -> None:

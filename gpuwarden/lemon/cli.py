@@ -13,6 +13,7 @@ import click
 
 from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.accounting.options import history_options, load_history
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.extras import Needs
 
@@ -59,7 +60,7 @@ def lemon() -> None:
 @click.option("--min-jobs", type=int, default=None)
 @click.option("--all", "show_all", is_flag=True, help="list every node, not only suspects")
 @click.pass_obj
-def scan(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
          as_json: bool, drain: bool, write_list: bool, fdr: float | None,
          min_failures: int | None, min_jobs: int | None, show_all: bool) -> None:
     """Rank nodes by failures against what the fleet's rate predicts for their exposure."""
@@ -141,7 +142,7 @@ def _table(shown: list[NodeScore], outcomes: dict[str, Outcome]) -> None:
 @lemon.command("list")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_obj
-def list_cmd(obj: Any, as_json: bool) -> None:
+def list_cmd(obj: Context, as_json: bool) -> None:
     """The published lemon list (what the placement filter keeps jobs away from)."""
     path = obj.config_or_exit().lemon.list_file
     try:
@@ -160,7 +161,7 @@ def list_cmd(obj: Any, as_json: bool) -> None:
         click.echo(f"{e.node:<10} {e.summary}  [{listfile.status(e, states.get(e.node))}]")
 
 
-def _states(obj: Any, nodes: tuple[str, ...]) -> dict[str, str]:
+def _states(obj: Context, nodes: tuple[str, ...]) -> dict[str, str]:
     """Each listed node's state now (the list says what --drain did then; an operator may have
     resumed the node since). Unreadable: said once, and the list shown as written."""
     if not nodes:

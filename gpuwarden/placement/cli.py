@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
 
 import click
 
 from gpuwarden import config as configmod
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.safefs import adminfile as safefile
 from gpuwarden.placement import daemon, reload
@@ -56,7 +56,7 @@ def placement() -> None:
 @placement.command("daemon")
 @click.option("--once", is_flag=True, help="write one snapshot and exit (1 if it failed)")
 @click.pass_obj
-def daemon_cmd(obj: Any, once: bool) -> None:
+def daemon_cmd(obj: Context, once: bool) -> None:
     """Keep the filter's snapshot current (run on the slurmctld host, as root). The config
     file is re-read when it changes and on SIGHUP (`systemctl reload gpuwarden-placement`);
     a change that does not validate is refused and logged, and the running settings stay."""
@@ -81,7 +81,7 @@ def daemon_cmd(obj: Any, once: bool) -> None:
 @click.option("-x", "--exclude", default="", help="as sbatch --exclude")
 @click.option("--contiguous", is_flag=True)
 @click.pass_obj
-def explain(obj: Any, nodes: str, gpus_per_node: int, gpus_per_job: int, partition: str,
+def explain(obj: Context, nodes: str, gpus_per_node: int, gpus_per_job: int, partition: str,
             switches: int | None, nodelist: str, exclude: str, contiguous: bool) -> None:
     """What the filter would do to such a job now, and why (reservations not counted)."""
     min_nodes, max_nodes = _node_range(nodes)

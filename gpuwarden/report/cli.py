@@ -19,6 +19,7 @@ from gpuwarden.accounting.options import (
     parse_since,
 )
 from gpuwarden.ckpt import restorelog
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
 from gpuwarden.core.safefs.spool import Refused
@@ -62,7 +63,7 @@ def _seconds(text: str, option: str, positive: bool = False) -> float:
     return v
 
 
-def _events_first(obj: Any, since: str | None, from_files: tuple[str, ...],
+def _events_first(obj: Context, since: str | None, from_files: tuple[str, ...],
                   events_file: str | None) -> list[NodeEvent]:
     """The node events, read before the records so that the tally keeps only the failed runs
     an event can get blamed (`collect.Blamable`). The history reads them again itself."""
@@ -86,7 +87,7 @@ def _events_first(obj: Any, since: str | None, from_files: tuple[str, ...],
         raise click.ClickException(str(exc)) from None
 
 
-def _gating(obj: Any) -> Gating:
+def _gating(obj: Context) -> Gating:
     """The nodes' health markers, as `gpuwarden nodes` reads them (the live cluster only)."""
     now = datetime.now(UTC)
     try:
@@ -177,7 +178,7 @@ def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
               help="the checkpoints' shared tier, for restore times per tier "
                    "[default: [ckpt] shared_root, where it is mounted]")
 @click.pass_obj
-def report(obj: Any, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
            output: str, json_out: str | None, ckpt_cost: str, ckpt_interval: str,
            restart_cost: str, restore_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
            topology: str | None, ckpt_root: str | None) -> None:

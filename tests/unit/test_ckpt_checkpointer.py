@@ -75,9 +75,10 @@ def test_ckpt_commands_list_verify_clean_up_and_compute_the_interval(tmp_path: P
 
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
     from gpuwarden.config import Config
     from gpuwarden.config.ckpt import CkptConfig
+    from gpuwarden.config.context import Context
 
     cfg = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),
                                             shared_root=str(tmp_path / "fsx"), keep=1))

@@ -388,9 +388,10 @@ def test_the_decoder_takes_ordinary_json_within_bounds() -> None:
 def _cli(tmp_path: Path) -> Callable[..., tuple[int, str, BaseException | None]]:
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
     from gpuwarden.config import Config
     from gpuwarden.config.ckpt import CkptConfig
+    from gpuwarden.config.context import Context
 
     ctx = Context()
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),

@@ -153,8 +153,9 @@ def test_retention_never_deletes_a_refused_step_nor_counts_it(tmp_path: Path) ->
 def _cli(tmp_path: Path) -> Any:
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
     from gpuwarden.config import Config
+    from gpuwarden.config.context import Context
 
     ctx = Context()
     ctx._config = replace(Config(), ckpt=config(tmp_path))

@@ -132,9 +132,10 @@ def test_a_fifo_in_place_of_a_shard_or_manifest_never_hangs(tmp_path: Path) -> N
 def _cli(tmp_path: Path) -> Any:
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
     from gpuwarden.config import Config
     from gpuwarden.config.ckpt import CkptConfig
+    from gpuwarden.config.context import Context
 
     ctx = Context()
     ctx._config = replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"),

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from gpuwarden.ckpt import restorelog
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.restorelog import RestoreRecord, parse, per_tier, read_records
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
 from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.config.context import Context
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import build
 from gpuwarden.report.tradeoffs import RestoreTimes

@@ -179,7 +179,8 @@ def test_ckpt_tidy_says_what_it_removed_and_why_it_kept_the_rest(
         roots: tuple[Path, Path]) -> None:
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
+    from gpuwarden.config.context import Context
 
     _, shared = roots
     for n in (7, 8, 9):

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
 from gpuwarden.config import Config
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import NotOurDrainError, SlurmError, SlurmUnavailableError
 from gpuwarden.slurm.client import NodeBusyError, gpuwarden_reason, refuse_unless_ours
 from gpuwarden.slurm.models import Node

@@ -190,8 +190,9 @@ def test_specific_messages(walked: list[dict[str, Any]], argv: list[str], where:
 def test_a_node_slurm_does_not_know_is_named_without_a_traceback(argv: list[str]) -> None:
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
     from gpuwarden.config import Config
+    from gpuwarden.config.context import Context
     from gpuwarden.slurm.client import CliSlurmClient
     from tests.fakes import FakeRunner, fail, ok
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from gpuwarden.accounting import calibrate, mttf
 from gpuwarden.accounting.attribution import attribute
 from gpuwarden.accounting.calibrate import CalibrationError, PaperFigures, solve
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.slurm import parse
 from gpuwarden.slurm.models import AcctJob

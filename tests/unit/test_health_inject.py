@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden import config as configmod
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.health import fastgate, gather, inject
 from gpuwarden.health.model import Status
 from gpuwarden.health.probe import healthy_fake

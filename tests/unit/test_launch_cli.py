@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.launch.decide import Lost
 from gpuwarden.launch.report import COMMENT_PREFIX, JobComment, comment
 from gpuwarden.launch.settings import EXIT_REQUEUE

@@ -159,7 +159,8 @@ def test_lemon_scan_from_an_export_ranks_the_lemon_with_its_evidence(tmp_path) -
 
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
+    from gpuwarden.config.context import Context
 
     export = tmp_path / "sacct.json"
     export.write_text(sacct_export(fleet_history({"n7"}, seed=3)))
@@ -178,7 +179,8 @@ def test_lemon_scan_from_an_export_ranks_the_lemon_with_its_evidence(tmp_path) -
 def test_lemon_scan_rejects_a_file_that_is_not_sacct_json(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
+    from gpuwarden.config.context import Context
 
     bad = tmp_path / "x.json"
     bad.write_text("hello")
@@ -367,7 +369,8 @@ def test_a_record_of_the_wrong_shape_is_skipped_not_a_crash(tmp_path) -> None:  
 def test_scan_with_since_and_from_together_is_a_usage_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
+    from gpuwarden.config.context import Context
 
     p = tmp_path / "a.json"
     p.write_text(sacct_export([job(1, "COMPLETED", "c1")]))

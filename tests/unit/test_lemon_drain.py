@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.accounting import lemonlist as listfile
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
 from gpuwarden.config import Config
+from gpuwarden.config.context import Context
 from gpuwarden.lemon.drain import drain_lemons
 from gpuwarden.lemon.scoring import NodeScore
 from gpuwarden.slurm.drain_cap import BlastRadius

@@ -19,8 +19,9 @@ from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting.attribution import attribute
 from gpuwarden.accounting.options import progress
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
 from gpuwarden.config import Config
+from gpuwarden.config.context import Context
 from gpuwarden.core.errors import SlurmParseError
 from gpuwarden.placement.snapshot import suspects
 from gpuwarden.slurm import parse

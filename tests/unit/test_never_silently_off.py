@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.core.logsetup import SyslogHandler
 from gpuwarden.health import marker, store
 from gpuwarden.health.probe import healthy_fake

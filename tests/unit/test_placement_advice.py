@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
 from gpuwarden.placement import snapshot
 from gpuwarden.placement.advice import advise

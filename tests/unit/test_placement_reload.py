@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden import config as configmod
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.placement import daemon, reload
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import Node

@@ -252,7 +252,8 @@ def test_lfs_is_never_loaded_from_slurmctlds_working_directory(tmp_path: Path) -
 
 def test_config_check_refuses_a_snapshot_the_filter_would_never_read(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuwarden.cli import Context, cli
+    from gpuwarden.cli import cli
+    from gpuwarden.config.context import Context
 
     conf = tmp_path / "etc"
     conf.mkdir()

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.accounting.calibrate import solve
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from tests.browser import assert_charts_drawn, assert_fits
 

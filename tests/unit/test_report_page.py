@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from gpuwarden.accounting.calibrate import solve
 from gpuwarden.accounting.history import from_files, read_events
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import as_json, build

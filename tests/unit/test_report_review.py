@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from gpuwarden.accounting.attribution import attribute, health_drains, lemon_clears, node_failures
 from gpuwarden.accounting.history import History
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, Report, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.health.probe import healthy_fake
 from gpuwarden.hooks import selftest as selftest_mod
 from tests.fakes import FakeSlurm

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.slurmconf import check
 from gpuwarden.slurmconf.needs import FEATURES, HOOK_TIMEOUT_S
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.health import fastgate, kernlog, kernlogtrust, xid
 from gpuwarden.health.model import Status
 

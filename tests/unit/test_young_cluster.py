@@ -22,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from gpuwarden.accounting import history
-from gpuwarden.cli import Context, cli
+from gpuwarden.cli import cli
+from gpuwarden.config.context import Context
 from gpuwarden.slurm.models import AcctJob, Node, NodeEvent
 
 H = 3600
