@@ -32,11 +32,12 @@ from typing import Any
 from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import StateError, encode
 from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier, Staged, TierError
+from gpuwarden.ckpt.fstier import FsTier, Staged
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
-from gpuwarden.ckpt.restore import Restored, Tier, listed, restore
+from gpuwarden.ckpt.restore import Restored, listed, restore
 from gpuwarden.ckpt.retention import readable, to_delete
+from gpuwarden.ckpt.tier import CorruptStep, Tier, TierError
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,9 @@ from gpuwarden.core.extras import Needs
 # numpy and xxhash: the base install still lists and explains these commands (--help).
 with Needs("ckpt") as CKPT:
     from gpuwarden.ckpt.build import tiers
-    from gpuwarden.ckpt.fstier import ANY_JOB_USER, CorruptStep, FsTier, TierError
+    from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier
     from gpuwarden.ckpt.retention import to_delete
+    from gpuwarden.ckpt.tier import CorruptStep, TierError
 # `interval` reads the MTTF from accounting as `fleet mttf` does (numpy, not xxhash).
 with Needs("lemon") as MTTF:
     from gpuwarden.accounting.mttf import daly, human_hours, young

@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from gpuwarden.ckpt.checkpointer import PendingSave
     from gpuwarden.ckpt.job import JobCheckpointer
 
+# Public (the package's docstring): what a DCP script passes to dcp.save and dcp.load.
+__all__ = ["GpuwardenReader", "GpuwardenWriter", "dcp_reader", "dcp_writer"]
+
 log = logging.getLogger(__name__)
 
 ITEMS = "dcp"  # this rank's items, by key

@@ -36,7 +36,6 @@ import xxhash
 from gpuwarden.ckpt.codec import Buf, checksum
 from gpuwarden.ckpt.manifest import (
     MAX_BYTES,
-    VERSION,
     Manifest,
     ManifestError,
     Shard,
@@ -44,13 +43,12 @@ from gpuwarden.ckpt.manifest import (
     from_json,
 )
 from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
-from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, TierFull, check_writable
 from gpuwarden.core.safefs import spool as safeio
 from gpuwarden.core.safefs.spool import Refused, closing
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "MANIFEST.json"
 MAX_MANIFEST = MAX_BYTES
 REFUSED_PREFIX = ".refused."  # a refused entry moved aside for a new commit: never removed here
 ANY_JOB_USER = -1  # root's commands: the job directory's owner is the job's user
@@ -62,33 +60,6 @@ _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SQUAT_HINT = (": another user made it before this job could (squatting its job id?); an admin "
                "should move it aside (the gpuwarden prolog does so when it may create job "
                "directories as root there; see docs/checkpointing.md, Security)")
-
-
-class TierError(GpuwardenError):
-    """A tier that cannot be used (unsafe directory, I/O error)."""
-
-
-class TierFull(TierError):
-    """Out of space or inodes: the step was not committed; the previous ones are intact."""
-
-
-class CorruptStep(GpuwardenError):
-    """A committed step that cannot be used: bytes or manifest that do not match, a link,
-    another user's file, a file that is not a regular one."""
-
-
-def check_shard(tier: str, step: int, shard: Shard,
-                data: Buf) -> None:
-    """Every tier's rule: nothing read back is used before size and checksum match."""
-    if memoryview(data).nbytes != shard.size or checksum(data) != shard.checksum:
-        raise CorruptStep(f"{tier} step {step}: shard {shard.name}: checksum mismatch")
-
-
-def check_writable(tier: str, manifest: Manifest) -> None:
-    """Legacy manifests are read, never written (a new step always gets a digest)."""
-    if manifest.version != VERSION:
-        raise TierError(f"{tier}: step {manifest.step} has a version-{manifest.version} "
-                        f"manifest: legacy manifests are read-only; save the state again")
 
 
 def _write_file(dir_fd: int, name: str, data: Buf) -> None:

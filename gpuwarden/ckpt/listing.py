@@ -11,9 +11,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier, TierError
+from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier
 from gpuwarden.ckpt.names import PEER_SUFFIX
 from gpuwarden.ckpt.restore import COPY_ERRORS
+from gpuwarden.ckpt.tier import TierError
 from gpuwarden.core.safefs import spool as safeio
 
 _RANK_DIR = re.compile(r"rank-([0-9]{5,9})")

@@ -31,6 +31,9 @@ import numpy as np
 from gpuwarden.ckpt.codec import StateError
 from gpuwarden.core import safejson
 
+# Public (the package's docstring): for state a job saves or loads some other way.
+__all__ = ["Later", "flatten", "is_flat", "is_nested", "unflatten"]
+
 STRUCTURE = "_nested.json"
 FORMAT = "gpuwarden.nested/1"
 # The tree (Python scalars and strings inline) at most: save refuses more, so that every tree

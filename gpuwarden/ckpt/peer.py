@@ -45,7 +45,7 @@ from typing import Any
 
 from gpuwarden.ckpt import retention
 from gpuwarden.ckpt.codec import Buf
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError, check_shard
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
 from gpuwarden.ckpt.peeradmit import Admission
@@ -62,6 +62,7 @@ from gpuwarden.ckpt.peerwire import (
     recv_frame,
     send_frame,
 )
+from gpuwarden.ckpt.tier import CorruptStep, TierError, check_shard
 from gpuwarden.core.safefs import spool as safeio
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import struct
 import time
 from typing import Any
 
-from gpuwarden.ckpt.fstier import TierError
+from gpuwarden.ckpt.tier import TierError
 from gpuwarden.core import safejson
 
 MAGIC = b"GPWPEER1"

@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from gpuwarden.ckpt import nested
-from gpuwarden.ckpt.codec import Buf, decode
-from gpuwarden.ckpt.fstier import FsTier, TierError
+from gpuwarden.ckpt.codec import decode
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
+from gpuwarden.ckpt.tier import Tier, TierError
 from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -38,13 +39,6 @@ log = logging.getLogger(__name__)
 # (RecursionError: a manifest nested too deeply for some parser; MemoryError: a copy too large
 # for this node, when an older one may fit). A bug elsewhere (TypeError...) still surfaces.
 COPY_ERRORS = (GpuwardenError, OSError, ValueError, RecursionError, MemoryError)
-
-
-class Tier(Protocol):
-    name: str
-
-    def steps(self) -> list[int]: ...
-    def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]: ...
 
 
 class TiersUnavailable(TierError):

@@ -34,10 +34,10 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuwarden.ckpt.codec import Buf
-from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, TierError, check_shard, check_writable
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_shard, check_writable
 
 log = logging.getLogger(__name__)
 

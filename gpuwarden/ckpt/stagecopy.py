@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 import xxhash
 
-from gpuwarden.ckpt.fstier import MANIFEST, MAX_MANIFEST, CorruptStep, FsTier, TierError, TierFull
+from gpuwarden.ckpt.fstier import MAX_MANIFEST, FsTier
 from gpuwarden.ckpt.manifest import ALGO, Manifest, ManifestError, Shard, check_identity, from_json
 from gpuwarden.ckpt.names import step_dir
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, TierFull
 from gpuwarden.core.safefs import spool as safeio
 from gpuwarden.core.safefs.spool import Refused, closing
 

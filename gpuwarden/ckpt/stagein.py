@@ -304,7 +304,8 @@ def _child(work: Callable[[], int], req: Request) -> None:  # pragma: no cover -
 def _discover(req: Request) -> tuple[int, list[int]] | None:
     """World size from the newest manifest of the lowest rank that has one, and the ranks with a
     directory on the shared tier; None when there is no checkpoint at all."""
-    from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415
+    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
+    from gpuwarden.ckpt.tier import CorruptStep  # noqa: PLC0415
     from gpuwarden.core.safefs import spool as safeio  # noqa: PLC0415 - prolog stays light
 
     try:
@@ -328,7 +329,8 @@ def _discover(req: Request) -> tuple[int, list[int]] | None:
 
 def _held(req: Request, rank: int) -> list[int]:
     """A rank's steps on the shared tier; none when its directory is unfit (a link...)."""
-    from gpuwarden.ckpt.fstier import FsTier, TierError  # noqa: PLC0415
+    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
+    from gpuwarden.ckpt.tier import TierError  # noqa: PLC0415
 
     try:
         return FsTier("shared", req.shared_root, req.job, rank).steps()
@@ -344,8 +346,9 @@ def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
 
 def stage(req: Request) -> int:
     """Copy this node's ranks of the newest common step; 0 when all went well (or nothing to do)."""
-    from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError  # noqa: PLC0415
+    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
     from gpuwarden.ckpt.stagecopy import Refused, StageSource, copy_step  # noqa: PLC0415
+    from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
 
     if (os.geteuid(), os.getegid()) != (req.uid, req.gid):
         # Root's privileges must never reach the user's files (see run_as).

@@ -33,10 +33,11 @@ from hypothesis import strategies as st
 
 from gpuwarden.ckpt import beat, codec, dtypes, nested, restorelog
 from gpuwarden.ckpt.coord import CoordError, FileCoordinator, agree
-from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, FsTier
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import LEGACY, Manifest, ManifestError, Shard, from_json, seal
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep
 from gpuwarden.core.safejson import JsonError, loads
 from gpuwarden.launch.heartbeat import BeatTable
 from tests.unit.test_ckpt_s3tier import FakeS3

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from gpuwarden.ckpt import codec
-from gpuwarden.ckpt.fstier import MANIFEST, FsTier, TierError, TierFull
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json, seal
 from gpuwarden.ckpt.names import BadName, check_name, step_dir
 from gpuwarden.ckpt.restore import TiersUnavailable, restore
+from gpuwarden.ckpt.tier import MANIFEST, TierError, TierFull
 
 JOB = "job-1"
 

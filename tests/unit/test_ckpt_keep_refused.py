@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.fstier import MANIFEST, FsTier
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.names import step_dir
+from gpuwarden.ckpt.tier import MANIFEST
 from gpuwarden.config.ckpt import CkptConfig
 
 MALLORY = 12345

@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 import xxhash
 
-from gpuwarden.ckpt.fstier import MANIFEST, FsTier, TierError
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.restore import restore
+from gpuwarden.ckpt.tier import MANIFEST, TierError
 from gpuwarden.config.ckpt import CkptConfig
 
 JOB = "job-77"

@@ -22,10 +22,11 @@ import pytest
 
 from gpuwarden.ckpt import codec, jobdirs
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier, TierError
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import LEGACY, Manifest, Shard
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
+from gpuwarden.ckpt.tier import CorruptStep, TierError
 from gpuwarden.config import Config
 from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.core.safefs import spool as safeio

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 from gpuwarden.ckpt import codec
-from gpuwarden.ckpt.fstier import MANIFEST, CorruptStep, FsTier, TierError
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.restore import TiersUnavailable, restore
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError
 
 MALLORY = 12345
 JOB = "job-612"

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.ckpt.fstier import CorruptStep, FsTier
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.peer import Address, PeerError, PeerServer, PeerTier
 from gpuwarden.ckpt.peerwire import BUSY
+from gpuwarden.ckpt.tier import CorruptStep
 from tests.unit.test_ckpt_peer import KEY, manifest
 
 NOBODY = 65534

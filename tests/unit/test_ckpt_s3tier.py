@@ -13,10 +13,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gpuwarden.ckpt import codec
-from gpuwarden.ckpt.fstier import CorruptStep
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import S3Settings, S3Tier
+from gpuwarden.ckpt.tier import CorruptStep
 
 KEY = b"k" * 32  # the job's key (on a cluster: peer.key in the job's shared directory)
 

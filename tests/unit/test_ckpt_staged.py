@@ -14,9 +14,10 @@ import pytest
 from gpuwarden.ckpt import codec, nested
 from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.codec import StateError
-from gpuwarden.ckpt.fstier import FsTier, TierError
+from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
+from gpuwarden.ckpt.tier import TierError
 
 
 def _header(step: int, state: dict[str, object]) -> tuple[Manifest, dict[str, codec.Buf]]:

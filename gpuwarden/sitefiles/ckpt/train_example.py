@@ -2,7 +2,7 @@
 """A deterministic training loop with tiered checkpoints: what a job author copies.
 
 Run one rank per node under srun (or through ckpt/train.sbatch). Each rank restores the
-newest step every rank holds verified (gpuwarden.ckpt.job: the ranks agree), trains to
+newest step every rank holds verified (JobCheckpointer: the ranks agree), trains to
 --steps, saves every --every steps to node memory, with replicas on a peer node and write-back
 to the shared filesystem (and S3 when [ckpt] names a bucket), and writes its final state's
 checksum. On SIGUSR1 (the time limit is near) it saves at once, waits until that step is
@@ -23,9 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuwarden.ckpt.codec import checksum
-from gpuwarden.ckpt.fstier import TierFull
-from gpuwarden.ckpt.job import EXIT_REQUEUE, JobCheckpointer
+from gpuwarden.ckpt import EXIT_REQUEUE, JobCheckpointer, TierFull, checksum
 
 
 def initial(rank: int, mb: int) -> dict[str, np.ndarray]:

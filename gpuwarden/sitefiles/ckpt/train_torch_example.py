@@ -31,7 +31,7 @@ from torch import nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
 
-from gpuwarden.ckpt.job import EXIT_REQUEUE, JobCheckpointer
+from gpuwarden.ckpt import EXIT_REQUEUE, JobCheckpointer
 from gpuwarden.slurm.hostlist import expand
 
 
