@@ -67,14 +67,17 @@ def test_tier0_out_of_space_is_a_clear_error_and_the_durable_step_survives(
     h = cluster
     args = ["--steps", "20", "--every", "5", "--mb", "8", "--step-s", "1"]
     expected = h.train_reference(1, args)
-    job = h.sbatch("-N1", "-w", "c3", "--gpus-per-node=8", name="train",
-                   script=[TRAIN_SBATCH, *args])
-    wait_for(lambda: 5 in h.shared_steps(job, 0), 120, "step 5 durable")
-    # Leave 4 MiB of node memory: the next 8 MiB step cannot fit.
+    # Node memory is filled before the job starts, leaving room for one 8 MiB step and 6 MiB
+    # more: step 5 fits, step 10 cannot (the previous steps stay until a new one is complete).
+    # Filled while the job ran, the fill raced the job's own saves (fallocate failed when a
+    # step landed between df and fallocate; under load a step could land before the fill).
     fill = h.sh("c3", "avail=$(df --output=avail -B1 /dev/shm | tail -1); "
-                "fallocate -l $((avail - 4*1024*1024)) /dev/shm/filler && df -h /dev/shm")
+                "fallocate -l $((avail - 14*1024*1024)) /dev/shm/filler && df -h /dev/shm")
     fill.check("fill /dev/shm")
     try:
+        job = h.sbatch("-N1", "-w", "c3", "--gpus-per-node=8", name="train",
+                       script=[TRAIN_SBATCH, *args])
+        wait_for(lambda: 5 in h.shared_steps(job, 0), 120, "step 5 durable")
         h.wait_job(job, want=("FAILED",), timeout=120)
     finally:
         h.sh("c3", "rm -f /dev/shm/filler")
