@@ -44,9 +44,9 @@ from gpuwarden.ckpt.manifest import (
     from_json,
 )
 from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
+from gpuwarden.core import safefs as safeio
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import Refused, closing
+from gpuwarden.core.safefs import Refused, closing
 
 log = logging.getLogger(__name__)
 

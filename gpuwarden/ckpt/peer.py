@@ -62,7 +62,7 @@ from gpuwarden.ckpt.peerwire import (
     recv_frame,
     send_frame,
 )
-from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core import safefs as safeio
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import xxhash
 from gpuwarden.ckpt.fstier import MANIFEST, MAX_MANIFEST, CorruptStep, FsTier, TierError, TierFull
 from gpuwarden.ckpt.manifest import ALGO, Manifest, ManifestError, Shard, check_identity, from_json
 from gpuwarden.ckpt.names import step_dir
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import Refused, closing
+from gpuwarden.core import safefs as safeio
+from gpuwarden.core.safefs import Refused, closing
 
 CHUNK = 1 << 20  # the most of a step held in memory at once, besides its manifest
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

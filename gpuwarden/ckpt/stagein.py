@@ -303,7 +303,7 @@ def _discover(req: Request) -> tuple[int, list[int]] | None:
     """World size from the newest manifest of the lowest rank that has one, and the ranks with a
     directory on the shared tier; None when there is no checkpoint at all."""
     from gpuwarden.ckpt.fstier import CorruptStep, FsTier  # noqa: PLC0415
-    from gpuwarden.core.safefs import spool as safeio  # noqa: PLC0415 - prolog stays light
+    from gpuwarden.core import safefs as safeio  # noqa: PLC0415 - prolog stays light
 
     try:
         with safeio.closing(safeio.walk(req.shared_root, [req.job], os.geteuid())) as fd:

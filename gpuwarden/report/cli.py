@@ -14,7 +14,7 @@ import click
 from gpuwarden.ckpt import restorelog
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
-from gpuwarden.core.safefs.spool import Refused
+from gpuwarden.core.safefs import Refused
 from gpuwarden.fleet.cli import parse_cost
 from gpuwarden.health.gatingstate import of_node
 from gpuwarden.lemon.cli import DEFAULT_SINCE, load_history, parse_since

@@ -28,7 +28,7 @@ from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
 from gpuwarden.config import Config
 from gpuwarden.config.ckpt import CkptConfig
-from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core import safefs as safeio
 from gpuwarden.slurm.models import Job
 
 from .test_ckpt_s3tier import FakeS3
