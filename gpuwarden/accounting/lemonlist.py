@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuwarden.core.errors import GpuwardenError, SlurmError
-from gpuwarden.health.store import atomic_write, unsafe_dir_problem
+from gpuwarden.core.safefs import atomic_write, unsafe_dir_problem
 from gpuwarden.slurm.client import check_node_name
 
 VERSION = 1

@@ -44,8 +44,8 @@ from gpuwarden.ckpt.manifest import (
 )
 from gpuwarden.ckpt.names import check_name, job_of, parse_step_dir, step_dir
 from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, TierFull, check_writable
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import Refused, closing
+from gpuwarden.core import safefs as safeio
+from gpuwarden.core.safefs import Refused, closing
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Protocol
 
 from gpuwarden.ckpt.names import PEER_SUFFIX
+from gpuwarden.core import safefs as safeio
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import closing
+from gpuwarden.core.safefs import closing
 from gpuwarden.slurm import jobenv
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from gpuwarden.ckpt.fstier import ANY_JOB_USER, FsTier
 from gpuwarden.ckpt.names import PEER_SUFFIX
 from gpuwarden.ckpt.restore import COPY_ERRORS
 from gpuwarden.ckpt.tier import TierError
-from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core import safefs as safeio
 
 _RANK_DIR = re.compile(r"rank-([0-9]{5,9})")
 # A job's directory is its user's: a million planted rank directories must not make root's

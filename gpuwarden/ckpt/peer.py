@@ -63,7 +63,7 @@ from gpuwarden.ckpt.peerwire import (
     send_frame,
 )
 from gpuwarden.ckpt.tier import CorruptStep, TierError, check_shard
-from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core import safefs as safeio
 
 log = logging.getLogger(__name__)
 

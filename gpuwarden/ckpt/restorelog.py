@@ -21,9 +21,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuwarden.core import safefs as safeio
 from gpuwarden.core import safejson
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import Refused, closing
+from gpuwarden.core.safefs import Refused, closing
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import closing
+from gpuwarden.core import safefs as safeio
+from gpuwarden.core.safefs import closing
 from gpuwarden.slurm.models import Job
 
 log = logging.getLogger(__name__)

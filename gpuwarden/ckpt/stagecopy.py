@@ -23,8 +23,8 @@ from gpuwarden.ckpt.fstier import MAX_MANIFEST, FsTier
 from gpuwarden.ckpt.manifest import ALGO, Manifest, ManifestError, Shard, check_identity, from_json
 from gpuwarden.ckpt.names import step_dir
 from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, TierFull
-from gpuwarden.core.safefs import spool as safeio
-from gpuwarden.core.safefs.spool import Refused, closing
+from gpuwarden.core import safefs as safeio
+from gpuwarden.core.safefs import Refused, closing
 
 CHUNK = 1 << 20  # the most of a step held in memory at once, besides its manifest
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -306,7 +306,7 @@ def _discover(req: Request) -> tuple[int, list[int]] | None:
     directory on the shared tier; None when there is no checkpoint at all."""
     from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
     from gpuwarden.ckpt.tier import CorruptStep  # noqa: PLC0415
-    from gpuwarden.core.safefs import spool as safeio  # noqa: PLC0415 - prolog stays light
+    from gpuwarden.core import safefs as safeio  # noqa: PLC0415 - prolog stays light
 
     try:
         with safeio.closing(safeio.walk(req.shared_root, [req.job], os.geteuid())) as fd:

@@ -32,3 +32,10 @@ class SlurmParseError(SlurmError):
 
 class NotOurDrainError(SlurmError):
     """Refused: the node's drain/down reason was not set by gpuwarden."""
+
+
+class InstallError(GpuwardenError):
+    """Refused: installing would be unsafe or would change what the site chose.
+
+    Here, not in gpuwarden.install, because safefs's walk to a directory root writes in
+    (`opened_dir`, also `health inject`'s) raises it."""

@@ -36,7 +36,7 @@ import stat
 import time
 
 from gpuwarden import __version__
-from gpuwarden.core.safefs.privfile import StateDirError, read_private
+from gpuwarden.core.safefs import StateDirError, read_private
 from gpuwarden.core.stdio import quiet_stdio
 from gpuwarden.health import mountprobe
 from gpuwarden.slurm import jobenv
@@ -435,7 +435,7 @@ def remember(environ: Mapping[str, str]) -> str:
     # Imported here: the slow path pays for them, the fast one never does.
     from gpuwarden import config as configmod  # noqa: PLC0415
     from gpuwarden.core.errors import GpuwardenError  # noqa: PLC0415
-    from gpuwarden.health.store import atomic_write, ensure_private_dir  # noqa: PLC0415
+    from gpuwarden.core.safefs import atomic_write, ensure_private_dir  # noqa: PLC0415
 
     try:
         before = fingerprint(config_file(environ))

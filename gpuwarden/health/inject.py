@@ -9,8 +9,9 @@ record format, so the same parser and policy that judge a real one drain the nod
 
 Root only; the files are replaced atomically, never written through a link, and only in a
 directory that root alone can write, reached from / without links through directories only root
-can change (install.safewrite's walk), then read and written through its descriptor. A file is
-replaced only when it is absent or is a test file: /dev/kmsg-format records, a fake GPU file.
+can change (safefs.opened_dir, install-files' walk), then read and written through its
+descriptor. A file is replaced only when it is absent or is a test file: /dev/kmsg-format
+records, a fake GPU file.
 """
 
 from __future__ import annotations
@@ -24,16 +25,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuwarden.config.health import Expected, HealthConfig
-from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs.installwrite import opened_dir
-from gpuwarden.core.safefs.privfile import StateDirError, read_own_at
+from gpuwarden.core.errors import GpuwardenError, InstallError
+from gpuwarden.core.safefs import StateDirError, opened_dir, read_own_at, write_at
 from gpuwarden.health import kernlog
 from gpuwarden.health.model import GpuObs
 from gpuwarden.health.probe import ProbeError, healthy_fake, parse_fake
-from gpuwarden.health.store import write_at
 from gpuwarden.health.xidcatalog import CATALOG
 from gpuwarden.health.xidpolicy import DRAINS, SUFFIX, Rule, xid_rule
-from gpuwarden.install.plan import InstallError
 
 KMSG = "/dev/kmsg"
 MAX_BYTES = 16 << 20
@@ -188,7 +186,7 @@ def _test_dir(path: str) -> Iterator[int]:
         try:
             fd = stack.enter_context(opened_dir(directory, os.geteuid(), create=False))
         except InstallError as exc:
-            # safewrite words its refusal for install-files: keep the finding, say ours.
+            # opened_dir words its refusal for install-files: keep the finding, say ours.
             problem = str(exc).split(": refusing to install", 1)[0]
             raise InjectError(f"{path}: {problem}; the test files must be in a directory only "
                               f"root can write, below directories only root can change (see "

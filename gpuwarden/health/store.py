@@ -9,24 +9,26 @@ import json
 import logging
 import marshal
 import os
-import secrets
-import stat
 import time
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from gpuwarden.core.errors import GpuwardenError
 
-# Reads are shared with the prolog's fast gate, which cannot afford this module's imports;
-# the names stay importable from here.
-from gpuwarden.core.safefs.privfile import StateDirError, check_private_dir, read_private, unsafe_dir_problem
+# The files themselves are safefs's (shared with the prolog's fast gate and every other root
+# writer); the names are looked up here at each call, so tests can fail a write.
+from gpuwarden.core.safefs import (
+    StateDirError,
+    atomic_write,
+    discard,
+    ensure_private_dir,
+    read_plain,
+    read_private,
+)
 from gpuwarden.health.model import Status, Verdict
-
-__all__ = ["StateDirError", "check_private_dir", "read_private", "unsafe_dir_problem"]
 
 log = logging.getLogger(__name__)
 
-_MAX_STATE_BYTES = 1 << 20
 # The stored verdict's flag: true only for one that covered every check and GPU (the prolog's
 # fast path, gpuwarden.health.fastgate, reads it by this name).
 COMPLETE = "complete"
@@ -64,60 +66,6 @@ def fast_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "at": doc["at"], MONO: doc[MONO], BOOT_ID: doc[BOOT_ID], "status": doc["status"],
             "results": [r["status"] for r in doc["results"]],
             FAKE_GPU_FP: doc.get(FAKE_GPU_FP)}
-
-
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` 0700, or accept it only if it is a real directory we alone can write."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    problem = unsafe_dir_problem(path, os.lstat(path))
-    if problem:
-        raise StateDirError(f"{problem}: refusing to use it")
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """os.write may write less than asked (a disk filling up): loop until all of it is down."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``name`` in the directory ``dir_fd``: an exclusive temp file beside it (never
-    through a link), fsync, rename, fsync the directory.
-
-    The file is complete or absent: any failure before the rename removes the temp file and
-    raises, leaving the previous file (if any) as it was."""
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                 dir_fd=dir_fd)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    os.fsync(dir_fd)
-
-
-def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
-    """`write_at` in the directory at ``directory``."""
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        write_at(dfd, name, data, mode)
-    finally:
-        os.close(dfd)
-
-
-def _discard(directory: str, name: str) -> None:
-    """Remove ``name`` (a link itself, never its target) if it is there."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, name))
 
 
 @dataclass(frozen=True)
@@ -207,7 +155,7 @@ class Store:
         # another writer's summary only sends prologs the full way.
         name = self.FAST
         try:
-            _discard(self.dir, self.FAST)
+            discard(self.dir, self.FAST)
             name = self.LOCK
             lock = os.open(os.path.join(self.dir, self.LOCK),
                            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -273,14 +221,14 @@ class Store:
     def _write_pair(self, doc: dict[str, Any]) -> None:
         name = self.FAST
         try:
-            _discard(self.dir, self.FAST)
+            discard(self.dir, self.FAST)
             name = self.VERDICT
             atomic_write(self.dir, self.VERDICT, json.dumps(doc, indent=1).encode())
             name = self.FAST
             atomic_write(self.dir, self.FAST, marshal.dumps(fast_summary(doc)))
         except OSError as exc:
             with contextlib.suppress(OSError):  # best effort: the error is reported anyway
-                _discard(self.dir, self.FAST)
+                discard(self.dir, self.FAST)
             raise StateWriteError(f"{os.path.join(self.dir, name)}: {exc}") from None
 
     def _write_prom(self, name: str, text: str) -> None:
@@ -340,16 +288,6 @@ class Store:
         except OSError as exc:
             raise StateWriteError(f"cannot save {os.path.join(self.dir, self.COUNTERS)}: "
                                   f"{exc}") from None
-
-
-def read_plain(path: str) -> bytes:
-    """A small regular file's bytes (b"" when absent or not a regular file); never a link."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as f:
-        return f.read(_MAX_STATE_BYTES) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
 
 
 # What gpuwarden's own failures are filed under: a fixed set, so the series stay few.

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, replace
 
 from gpuwarden.config import Config
 from gpuwarden.core.errors import GpuwardenError, SlurmError
+from gpuwarden.core.safefs import StateDirError
 from gpuwarden.health import gate, marker
 from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
-from gpuwarden.health.store import Counters, StateDirError, Store
+from gpuwarden.health.store import Counters, Store
 from gpuwarden.slurm import drain, jobenv, lostnote
 from gpuwarden.slurm.client import SlurmClient, check_node_name, gpuwarden_reason
 from gpuwarden.slurm.models import Job, Node, same_drain

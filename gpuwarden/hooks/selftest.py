@@ -18,7 +18,8 @@ from gpuwarden.config import Config
 from gpuwarden.config.context import Context
 from gpuwarden.core.deadline import run_all as run_with_deadline
 from gpuwarden.core.errors import GpuwardenError, SlurmError
-from gpuwarden.health.store import Store, atomic_write, ensure_private_dir
+from gpuwarden.core.safefs import atomic_write, ensure_private_dir
+from gpuwarden.health.store import Store
 from gpuwarden.hooks import entry
 from gpuwarden.slurm import bindir, jobenv
 from gpuwarden.slurm.client import SlurmClient

@@ -1,5 +1,5 @@
 """What `install-files` writes, as pure functions: the file list, the rendered files and the
-defaults file the hooks read. The side effects are in gpuwarden.core.safefs.installwrite."""
+defaults file the hooks read. The side effects are in gpuwarden.core.safefs (installwrite)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpuwarden.core.errors import GpuwardenError
+# Defined in core, where safefs's walk raises it; install's own refusals are the same error,
+# named here too (plan.InstallError).
+from gpuwarden.core.errors import InstallError as InstallError  # noqa: PLC0414 - re-exported
 
 # What the shell hooks read: the wrappers (prolog/gpuwarden-*) name this path.
 DEFAULTS_FILE = "/etc/default/gpuwarden"
@@ -16,10 +18,6 @@ UNIT_PLACEHOLDER = "@GPUWARDEN@"
 # Rendered into shell scripts and systemd units, which split on blanks and expand $, ` and
 # quotes: a path must be plain to mean the same thing in both.
 _PLAIN_PATH = re.compile(r"(/[A-Za-z0-9._+@-]+)+")
-
-
-class InstallError(GpuwardenError):
-    """Refused: installing would be unsafe or would change what the site chose."""
 
 
 @dataclass(frozen=True)

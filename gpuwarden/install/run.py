@@ -11,9 +11,8 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 
+from gpuwarden.core import safefs
 from gpuwarden.core.extras import EXTRAS
-from gpuwarden.core.safefs import installwrite as safewrite
-from gpuwarden.health.store import write_at
 from gpuwarden.install import hookrule, plan, trust
 from gpuwarden.install.plan import InstallError, Target
 
@@ -191,9 +190,9 @@ def _defaults_step(req: Request) -> tuple[Step, bytes | None]:
     plan.check_plain_path("the defaults file", path)
     where, name = posixpath.split(path)
     try:
-        with safewrite.opened_dir(where, req.owner, create=False) as fd:
+        with safefs.opened_dir(where, req.owner, create=False) as fd:
             found = fd is not None
-            existing = safewrite.read_existing(fd, name, path)
+            existing = safefs.read_existing(fd, name, path)
     except InstallError as exc:
         raise InstallError(f"{exc}; {_NO_DEFAULTS}") from exc
     if not found:
@@ -228,15 +227,15 @@ def install(req: Request) -> Outcome:
     """Check this install, every file and directory, then (unless a dry run) write what
     differs."""
     unreachable = check_runtime(req)
-    sources = {sf.rel: safewrite.read_source(req.source_dir, sf.rel) for sf in plan.MANIFEST}
+    sources = {sf.rel: safefs.read_source(req.source_dir, sf.rel) for sf in plan.MANIFEST}
     outputs = plan.outputs(sources, req.target)
     steps: list[tuple[Step, bytes | None]] = []
     for out in outputs:
         path = f"{req.target.prefix}/{out.rel}"
         where, name = posixpath.split(path)
-        with safewrite.opened_dir(where, req.owner, create=False) as fd:
-            existing = safewrite.read_existing(fd, name, path)
-        if safewrite.same(existing, out.data, out.mode, req.owner):
+        with safefs.opened_dir(where, req.owner, create=False) as fd:
+            existing = safefs.read_existing(fd, name, path)
+        if safefs.already_installed(existing, out.data, out.mode, req.owner):
             steps.append((Step(path, "keep", out.mode), None))
         else:
             steps.append((Step(path, "create" if existing is None else "update", out.mode),
@@ -247,8 +246,8 @@ def install(req: Request) -> Outcome:
         for step, data in steps:
             if data is not None:
                 where, name = posixpath.split(step.path)
-                with safewrite.opened_dir(where, req.owner, create=True) as fd:
+                with safefs.opened_dir(where, req.owner, create=True) as fd:
                     assert fd is not None
-                    write_at(fd, name, data, step.mode)
+                    safefs.write_at(fd, name, data, step.mode)
     unreachable += [u for u in kit_unreachable(req) if u not in unreachable]
     return Outcome([step for step, _ in steps], unreachable)

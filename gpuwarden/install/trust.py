@@ -2,7 +2,7 @@
 the hooks, units and train.sbatch, which start them as root on every node: whoever could change
 the venv, its site-packages or the interpreter would choose what root runs. So every directory
 on the way to them and everything in them must be root's (or the installer's) alone, as
-gpuwarden.core.safefs.installwrite requires of where it writes.
+gpuwarden.core.safefs (opened_dir) requires of where it writes.
 
 Also what job users can reach: train.sbatch runs the interpreter and the kit as the job's user.
 

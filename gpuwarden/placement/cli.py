@@ -9,8 +9,8 @@ import click
 
 from gpuwarden import config as configmod
 from gpuwarden.config.context import Context
+from gpuwarden.core import safefs
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs import adminfile as safefile
 from gpuwarden.placement import daemon, reload
 from gpuwarden.placement.advice import advise
 from gpuwarden.placement.decide import JobRequest, decide
@@ -18,12 +18,12 @@ from gpuwarden.placement.decide import JobRequest, decide
 
 def _snapshot_age(path: str, stale_after_s: int) -> str:
     """What the filter itself sees now: explain decides on fresh state, the filter on the file."""
-    unsafe = safefile.problem(path)
+    unsafe = safefs.admin_file_problem(path)
     if unsafe and not unsafe.endswith(" is missing"):
         return (f"the filter refuses its snapshot: {unsafe}; it lets every job through "
                 "unchanged")
     try:
-        lines = safefile.read_head(path, 1024).decode("utf-8", "replace").split("\n")
+        lines = safefs.read_head(path, 1024).decode("utf-8", "replace").split("\n")
         written = int(lines[0].rsplit(" written ", 1)[1])
     except (OSError, IndexError, ValueError):
         return (f"the filter's snapshot {path} is missing or unreadable: it lets every job "

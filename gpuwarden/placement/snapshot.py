@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
+from gpuwarden.core import safefs
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs import adminfile as safefile
 from gpuwarden.slurm import hostlist
 from gpuwarden.slurm.drain import CLAIM, WOULD
 from gpuwarden.slurm.models import REASON_PREFIX, Job, Node
@@ -299,6 +299,6 @@ def write(path: str, text: str) -> None:
     """Atomically, world-readable (slurmctld's SlurmUser reads it), and only into a directory
     no one but us can write: the filter trusts whatever is there."""
     try:
-        safefile.write(path, text.encode())
-    except safefile.UnsafePathError as exc:
+        safefs.write_admin_file(path, text.encode())
+    except safefs.UnsafePathError as exc:
         raise SnapshotError(str(exc)) from None

@@ -22,7 +22,7 @@ from gpuwarden.ckpt import restorelog
 from gpuwarden.config.context import Context
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
-from gpuwarden.core.safefs.spool import Refused
+from gpuwarden.core.safefs import Refused
 from gpuwarden.health.gatingstate import of_node
 from gpuwarden.report.output import OutputError, check_distinct, write_all
 from gpuwarden.slurm.models import NodeEvent

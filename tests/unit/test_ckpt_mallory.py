@@ -29,10 +29,11 @@ from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
 from gpuwarden.ckpt.tier import CorruptStep, TierError
 from gpuwarden.config import Config
 from gpuwarden.config.ckpt import CkptConfig
-from gpuwarden.core.safefs import spool as safeio
+from gpuwarden.core import safefs as safeio
 from gpuwarden.slurm.models import Job
 
 from .test_ckpt_s3tier import FakeS3
+from .test_safefs import deep_tree
 
 ALICE, MALLORY = 23456, 12345
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, another uid)")
@@ -129,49 +130,7 @@ def test_a_legacy_manifest_is_warned_about_once_per_process(
 
 
 # ---- 2: a deep tree planted where the epilog removes -------------------------------------------
-def deep_tree(parent: Path, name: str, depth: int) -> None:
-    with safeio.closing(os.open(parent, os.O_RDONLY)) as fd:
-        os.mkdir(name, dir_fd=fd)
-        cur = os.open(name, os.O_RDONLY, dir_fd=fd)
-    for _ in range(depth):
-        os.mkdir("d", dir_fd=cur)
-        (Path(f"/proc/self/fd/{cur}") / "f").write_bytes(b"x")
-        nxt = os.open("d", os.O_RDONLY, dir_fd=cur)
-        os.close(cur)
-        cur = nxt
-    os.close(cur)
-
-
-@pytest.fixture
-def deep_scratch() -> Iterator[Path]:
-    """Not tmp_path: pytest's own cleanup of old temp dirs recurses, and a tree left behind by a
-    failing run would crash every later pytest session with RecursionError. rm(1) does not."""
-    base = Path(tempfile.mkdtemp(prefix="gpuwarden-deep-"))
-    try:
-        yield base
-    finally:
-        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
-
-
-def test_removal_takes_a_tree_deeper_than_python_recurses_with_few_descriptors(
-        deep_scratch: Path) -> None:
-    tmp_path = deep_scratch
-    deep_tree(tmp_path, "deep", 1500)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 200), hard))
-    try:
-        with safeio.closing(os.open(tmp_path, os.O_RDONLY)) as fd:
-            assert safeio.remove_at(fd, "deep")
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert not (tmp_path / "deep").exists()
-
-
-def test_removal_stops_at_its_bound_and_says_what_it_left(tmp_path: Path) -> None:
-    deep_tree(tmp_path, "wide", 50)
-    with safeio.closing(os.open(tmp_path, os.O_RDONLY)) as fd, \
-            pytest.raises(safeio.Refused, match="left in place"):
-        safeio.remove_at(fd, "wide", max_entries=20)
+# (The removal itself, deep and bounded: test_safefs.py.)
 
 
 class Finished:

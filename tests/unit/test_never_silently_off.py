@@ -65,23 +65,7 @@ def test_a_full_disk_in_the_prolog_and_epilog_still_drains(node, monkeypatch) ->
     assert entry.epilog(failed) == 0 and slurm.log[-1] == "drain c3"
 
 
-def test_a_short_write_still_gives_a_complete_file(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    real = os.write
-    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data[:7])))
-    data = b"x" * 1000
-    store.atomic_write(str(tmp_path), "v.json", data)
-    monkeypatch.undo()
-    assert (tmp_path / "v.json").read_bytes() == data
-
-
-def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    (tmp_path / "v.json").write_bytes(b"old")
-    monkeypatch.setattr(os, "fsync", enospc)
-    with pytest.raises(OSError):
-        store.atomic_write(str(tmp_path), "v.json", b"new")
-    monkeypatch.undo()
-    assert [p.name for p in tmp_path.iterdir()] == ["v.json"]
-    assert (tmp_path / "v.json").read_bytes() == b"old"
+# (A short or failed write of a state file itself: test_safefs.py.)
 
 
 # ---- a kill at any point keeps the node able to come back ----------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.config.placement import PartitionPolicy
-from gpuwarden.core.safefs import adminfile as safefile
+from gpuwarden.core import safefs
 from gpuwarden.placement import daemon, snapshot
 from gpuwarden.placement.cli import _snapshot_age
 from gpuwarden.placement.decide import JobRequest, count_names, decide
@@ -206,7 +206,7 @@ def test_explain_reports_a_snapshot_the_filter_refuses(tmp_path: Path) -> None:
     f = tmp_path / "snap.lua"
     os.mkfifo(f)  # explain must not hang on it either
     assert "the filter refuses its snapshot" in _snapshot_age(str(f), 120)
-    assert "not a regular file" in safefile.problem(str(f))
+    assert "not a regular file" in safefs.admin_file_problem(str(f))
 
 
 # ---- never make a runnable job unrunnable ----------------------------------------------------

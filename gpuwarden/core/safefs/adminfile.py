@@ -13,7 +13,8 @@ import os
 import stat
 
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.health.store import atomic_write
+from gpuwarden.core.safefs._checks import FILE_FLAGS, dir_problem, owned_by_other
+from gpuwarden.core.safefs.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -22,58 +23,56 @@ class UnsafePathError(GpuwardenError):
     """The snapshot's directory or file could be written by someone other than root or us."""
 
 
-def _trusted(uid: int) -> bool:
-    return uid in (0, os.geteuid())
+def _trusted() -> tuple[int, ...]:
+    return (0, os.geteuid())
 
 
-def dir_problem(directory: str) -> str:
+_WHO = "root or us"
+
+
+def _dir_problem(directory: str) -> str:
     """Why the filter must not trust files in ``directory``; "" when it may."""
     try:
         st = os.lstat(directory)
     except OSError as exc:
         return f"{directory}: cannot stat ({exc.strerror})"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{directory} is not a directory (a link?)"
-    if not _trusted(st.st_uid):
-        return f"{directory} is owned by uid {st.st_uid}, not by root or us"
-    if st.st_mode & 0o022:
-        return f"{directory} is writable by group or others: chmod go-w {directory}"
-    return ""
+    return dir_problem(directory, st, _trusted(), _WHO)
 
 
-def file_problem(path: str, st: os.stat_result) -> str:
+def _file_problem(path: str, st: os.stat_result) -> str:
     """Why a file (lstat ``st``) is not one only root or we could have written; "" when it is."""
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file (a link, FIFO or directory?)"
-    if not _trusted(st.st_uid):
-        return f"{path} is owned by uid {st.st_uid}, not by root or us"
+    found = owned_by_other(path, st, _trusted(), _WHO)
+    if found:
+        return found
     if st.st_mode & 0o022:
         return f"{path} is writable by group or others (mode {st.st_mode & 0o7777:o})"
     return ""
 
 
-def problem(path: str) -> str:
+def admin_file_problem(path: str) -> str:
     """What the filter would refuse about ``path`` and its directory; "" when nothing."""
-    found = dir_problem(os.path.dirname(path) or ".")
+    found = _dir_problem(os.path.dirname(path) or ".")
     if found:
         return found
     try:
-        return file_problem(path, os.lstat(path))
+        return _file_problem(path, os.lstat(path))
     except FileNotFoundError:
         return f"{path} is missing"
     except OSError as exc:
         return f"{path}: cannot stat ({exc.strerror})"
 
 
-def write(path: str, data: bytes) -> None:
+def write_admin_file(path: str, data: bytes) -> None:
     """Replace ``path`` atomically (0644), refusing an unsafe directory (UnsafePathError)."""
     directory, name = os.path.split(path)
-    found = dir_problem(directory)
+    found = _dir_problem(directory)
     if found:
         raise UnsafePathError(f"{found}: refusing to write the placement snapshot there "
                               "(job_submit.lua would trust whoever can write it)")
     try:
-        old = file_problem(path, os.lstat(path))
+        old = _file_problem(path, os.lstat(path))
     except FileNotFoundError:
         old = ""
     if old:
@@ -84,7 +83,7 @@ def write(path: str, data: bytes) -> None:
 
 def read_head(path: str, size: int) -> bytes:
     """Up to ``size`` bytes of a regular file: never through a link, never blocking on a FIFO."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd = os.open(path, FILE_FLAGS)
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             raise OSError(0, "not a regular file")

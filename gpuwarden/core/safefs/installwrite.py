@@ -13,33 +13,30 @@ import os
 import stat
 from collections.abc import Iterator
 
-from gpuwarden.install.plan import InstallError
+from gpuwarden.core.errors import InstallError
+from gpuwarden.core.safefs._checks import DIR_FLAGS, FILE_FLAGS, owned_by_other, writable_by_others
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 MAX_EXISTING_BYTES = 16 << 20
 
 
 def _ancestor_problem(path: str, st: os.stat_result, owner: int) -> str:
     """A directory above the one we write in: whoever could rename its entries could swap ours."""
-    if st.st_uid not in (0, owner):
-        who = "root" if owner == 0 else f"root or uid {owner}"
-        return (f"{path} is owned by uid {st.st_uid}, not by {who}: chown root {path}, or pick "
-                "a place whose directories only root can change")
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"{path} is writable by group or others: chmod go-w {path}"
-    return ""
+    found = owned_by_other(path, st, (0, owner), "root" if owner == 0 else f"root or uid {owner}")
+    if found:
+        return (f"{found}: chown root {path}, or pick a place whose directories only root can "
+                "change")
+    return writable_by_others(path, st, sticky_ok=True)
 
 
 def _dir_problem(path: str, st: os.stat_result, owner: int) -> str:
     """A directory we write in: ours alone."""
-    if st.st_uid != owner:
+    found = owned_by_other(path, st, (owner,), f"uid {owner} (who installs)")
+    if found:
         # Run as someone else, the hooks' own files would be that user's: root's hooks must
         # be written by root.
         fix = "run install-files as root" if owner != 0 else f"chown root {path}"
-        return f"{path} is owned by uid {st.st_uid}, not by uid {owner} (who installs): {fix}"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by group or others: chmod go-w {path}"
-    return ""
+        return f"{found}: {fix}"
+    return writable_by_others(path, st)
 
 
 @contextlib.contextmanager
@@ -47,7 +44,7 @@ def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
     """An fd of directory ``path`` (absolute, plain), or None when it is missing and ``create``
     is false. Missing components are made 0755 when ``create``. Raises InstallError for a
     link, a non-directory, or a directory someone other than root or ``owner`` could change."""
-    fd = os.open("/", _DIR_FLAGS)
+    fd = os.open("/", DIR_FLAGS)
     shown = ""
     try:
         parts = [p for p in path.split("/") if p]
@@ -58,7 +55,7 @@ def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
                 raise InstallError(f"refusing to install below {shown or '/'}: {problem}")
             shown = f"{shown}/{name}"
             try:
-                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                nxt = os.open(name, DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     os.close(fd)
@@ -66,7 +63,7 @@ def opened_dir(path: str, owner: int, create: bool) -> Iterator[int | None]:
                     yield None
                     return
                 os.mkdir(name, 0o755, dir_fd=fd)
-                nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                nxt = os.open(name, DIR_FLAGS, dir_fd=fd)
                 # The umask may have taken r-x from others: job users must read the kit.
                 os.fchmod(nxt, 0o755)
             except OSError as exc:
@@ -91,7 +88,7 @@ def read_existing(dir_fd: int | None, name: str, shown: str) -> tuple[bytes, os.
     if dir_fd is None:
         return None
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -108,8 +105,9 @@ def read_existing(dir_fd: int | None, name: str, shown: str) -> tuple[bytes, os.
         return f.read(MAX_EXISTING_BYTES), st
 
 
-def same(existing: tuple[bytes, os.stat_result] | None, data: bytes, mode: int,
-         owner: int) -> bool:
+def already_installed(existing: tuple[bytes, os.stat_result] | None, data: bytes, mode: int,
+                      owner: int) -> bool:
+    """Whether the file `read_existing` found is ``data`` already, with that mode and owner."""
     if existing is None:
         return False
     old, st = existing
@@ -120,7 +118,7 @@ def read_source(root: str, rel: str) -> bytes:
     """A shipped file from the installed package: a regular file, never through a link."""
     path = os.path.join(root, rel)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, FILE_FLAGS)
     except OSError as exc:
         raise InstallError(f"cannot read {path} ({exc.strerror}): this gpuwarden install is "
                            "incomplete; reinstall it (pip install --force-reinstall)") from exc

@@ -11,6 +11,7 @@ import os
 import stat
 
 from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs._checks import FILE_FLAGS, dir_problem
 
 MAX_STATE_BYTES = 1 << 20
 
@@ -23,13 +24,7 @@ def unsafe_dir_problem(path: str, st: os.stat_result) -> str:
     """Why ``path`` (lstat ``st``) is not a directory for root's state alone; "" when it is.
 
     A planted symlink or a directory others can write would let users steer root."""
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory (a link?)"
-    if st.st_uid != os.geteuid():
-        return f"{path} is owned by uid {st.st_uid}, not by us"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by group or others: chmod go-w {path}"
-    return ""
+    return dir_problem(path, st, (os.geteuid(),), "us")
 
 
 def check_private_dir(path: str) -> bool:
@@ -60,8 +55,7 @@ def read_own_at(dir_fd: int | None, name: str, path: str,
     StateDirError (``path`` names it) when it is anything else; OSError when it cannot be
     opened (ELOOP: a link)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:

@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 
 from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.safefs._checks import DIR_FLAGS, FILE_FLAGS, not_a_directory, writable_by_others
 
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LINKISH = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
 
 
@@ -79,12 +78,14 @@ def ensure_spool(path: str) -> int:
 
 
 def check_dir(where: str, st: os.stat_result, owner: int | None) -> None:
-    if not stat.S_ISDIR(st.st_mode):
-        raise Refused(f"{where} is not a directory (a link?)")
+    found = not_a_directory(where, st)
+    if found:
+        raise Refused(found)
     if owner is not None and st.st_uid != owner:
         raise Refused(f"{where} belongs to uid {st.st_uid}, not to the job's user (uid {owner})")
-    if st.st_mode & 0o022:
-        raise Refused(f"{where} is writable by group or others: chmod go-w {where}")
+    found = writable_by_others(where, st)
+    if found:
+        raise Refused(found)
 
 
 def open_dir(parent: int, name: str, owner: int | None, where: str) -> tuple[int, os.stat_result]:
