@@ -324,5 +324,5 @@ class Cluster:
 
     def _s3_ok(self) -> str:
         node = self.spec.node_names[0]
-        res = self.exec(node, [VENV_PYTHON, "-m", "devcluster.s3probe"], timeout=30)
+        res = self.exec(node, [VENV_PYTHON, f"{SRC}/devcluster/s3probe.py"], timeout=30)
         return "" if res.rc == 0 else (res.err.strip().splitlines() or [f"exit {res.rc}"])[-1]

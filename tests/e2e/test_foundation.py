@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from devcluster.cluster import VENV_PYTHON
+from devcluster.cluster import SRC, VENV_PYTHON
 from devcluster.harness import JOBS_DIR, Harness
 
 # Every test here but the fault one runs on every Slurm release (`versions`): killing, pausing
@@ -96,7 +96,7 @@ def test_shared_filesystem_is_the_same_on_every_node(cluster: Harness) -> None:
 
 @pytest.mark.versions
 def test_s3_server_round_trips_an_object(cluster: Harness) -> None:
-    cluster.exec("c5", [VENV_PYTHON, "-m", "devcluster.s3probe"], timeout=30).check("s3")
+    cluster.exec("c5", [VENV_PYTHON, f"{SRC}/devcluster/s3probe.py"], timeout=30).check("s3")
 
 
 @pytest.mark.versions
