@@ -44,6 +44,14 @@ def test_the_wheel_carries_every_site_file(wheel: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_the_wheel_ships_no_test_harness(wheel: Path) -> None:
+    """The Docker test cluster (devcluster/) is developer tooling: it imports the docker SDK
+    and drives containers; a site's nodes never need it."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if "devcluster" in n], names
+    assert any(n.startswith("gpuwarden/core/safefs/") for n in names)  # the layers are packaged
+
+
 def test_install_files_works_from_the_installed_wheel(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site-packages"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
