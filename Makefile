@@ -115,8 +115,8 @@ test-serial: $(STAMP)
 # $(E2E_LOGS)/slurm-<release>.log and shown when it ends.
 E2E_LOGS ?= .e2e-logs
 test-parallel: $(STAMP)
-	@echo "make test: unit tests"
-	@status=0; $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 || status=$$?; \
+	@echo "make test: unit tests and the base install (a fresh venv from the built wheel)"
+	@status=0; $(PY) -m pytest tests/unit tests/install -q -n $(UNIT_WORKERS) --durations=10 || status=$$?; \
 	mkdir -p $(E2E_LOGS); pids=""; set -- v w x y; \
 	for v in $(MORE_SLURM); do \
 	    [ $$# -gt 0 ] || { echo "make test: at most 4 releases in MORE_SLURM" >&2; exit 2; }; \

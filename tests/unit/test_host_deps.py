@@ -188,11 +188,21 @@ XDIST = "--dist loadfile --no-loadscope-reorder"
 def _parallel(ran: list[str]) -> tuple[list[str], list[str]]:
     """The parallel run's lines: (the 24.11 session's, the versions session's with its env line)
     apart, since the two run at once and their lines interleave."""
-    i = ran.index("python -m pytest tests/unit -q -n 2 --durations=10")
+    i = ran.index("python -m pytest tests/unit tests/install -q -n 2 --durations=10")
     rest = ran[i + 1:]
     v = next(j for j, line in enumerate(rest) if "-m versions" in line)
     versions = rest[v:v + 2]
     return [ran[i], *rest[:v], *rest[v + 2:]], versions
+
+
+def test_the_parallel_run_drops_no_test_directory(tmp_path: Path) -> None:
+    """Every directory of tests runs in `make test` (the base install's once fell out when
+    the e2e tests went side by side)."""
+    code, _, ran = _make(tmp_path, "test")
+    assert code == 0
+    dirs = {p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    run = " ".join(line for line in ran if "-m pytest" in line).split()
+    assert dirs and all(d in run for d in dirs), (sorted(dirs), ran)
 
 
 def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
@@ -200,7 +210,7 @@ def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
     code, out, ran = _make(tmp_path, "test", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
     main, versions = _parallel(ran)
-    assert main == ["python -m pytest tests/unit -q -n 2 --durations=10",
+    assert main == ["python -m pytest tests/unit tests/install -q -n 2 --durations=10",
                     f"python -m pytest tests/e2e -q -n 4 {XDIST} --durations=20",
                     "docker info", "python -m devcluster down --workers"], ran
     # The other release's versions tests at the same time, on clusters of their own.
