@@ -9,7 +9,10 @@ for every task. `exits` is what srun prints per task ("task N: Exited with exit 
 that ended non-zero by themselves. What it copies from a lost node:
 `kill_node` SIGKILLs the rank there and srun hears nothing of it (a dead node reports
 nothing), so the step keeps "running" until it is cancelled; a step started on a lost node is
-refused. For unit tests and a demo without Slurm.
+refused. `end`: srun ends the step by itself (a launch that timed out on a node); as srun exits
+only once every task's end is in, the status is there only after the tasks it killed are
+gone, so what `poll` and `exits` say together never depends on how fast a kill lands. For unit
+tests and a demo without Slurm.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class LocalStep:
     cancelled: bool = False
     code: int | None = None
     killed_bad: bool = False  # --kill-on-bad-exit has ended the others
+    ended: set[str] = field(default_factory=set)  # nodes whose task `end` killed
 
 
 class LocalSteps:
@@ -100,9 +104,27 @@ class LocalSteps:
         for rank, node in enumerate(step.nodes):
             p = step.procs.get(node)
             code = None if p is None or node in self.dead else p.poll()
+            if node in step.ended:  # srun's own doing, not the task's end
+                continue
             if code is not None and code != 0:  # a signal as srun names it: 128 + its number
                 out[rank] = code if code > 0 else 128 - code
         return out
+
+    def end(self, step: LocalStep, code: int) -> None:
+        """srun ends the step by itself with status ``code``: it kills the tasks still running
+        and exits only once their ends are in, so they are gone before the status is set (set
+        first, `poll` then `exits` saw each task dead or alive as its kill happened to land).
+        Those tasks did not end by themselves: `exits` leaves them out (a signal death srun
+        reported would also have been its status, not ``code``)."""
+        running = [n for n, p in step.procs.items() if p.poll() is None]
+        for n in running:
+            with contextlib.suppress(ProcessLookupError):
+                step.procs[n].kill()
+        for p in step.procs.values():
+            p.wait()
+        # One that ended by itself before the kill keeps its own status.
+        step.ended = {n for n in running if step.procs[n].returncode == -signal.SIGKILL}
+        step.code = code
 
     def cancel(self, step: Step, step_id: str | None) -> None:
         assert isinstance(step, LocalStep)

@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from gpuwarden.launch import launcher
 from gpuwarden.launch.decide import Lost
+from gpuwarden.launch.heartbeat import BeatTable
 from gpuwarden.launch.launcher import launch
 from gpuwarden.launch.localsteps import LocalStep, LocalSteps
 from gpuwarden.launch.report import Events, JobComment, Recorded
@@ -301,15 +303,30 @@ def test_survivors_whose_collective_fails_on_the_lost_peer_get_a_spare(rank: lis
     assert not ev.named("failed")
 
 
+@pytest.fixture
+def tables(monkeypatch: pytest.MonkeyPatch) -> list[BeatTable]:
+    """The beat tables the launcher makes: what it has heard of each rank."""
+    made: list[BeatTable] = []
+
+    class Kept(BeatTable):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+    monkeypatch.setattr(launcher, "BeatTable", Kept)
+    return made
+
+
 class LaunchTimesOut(LocalSteps):
     """A spare that is dead but not yet DOWN in slurmctld: the step is created, the other
     nodes' tasks start and beat, the launch RPC to the dead one times out and srun ends the
-    step with exit 1."""
+    step with exit ``code`` (1). Ended once the launcher has heard every other rank of the
+    step (``tables``), not after a fixed time: whether they had beaten by then must not
+    depend on how fast they start."""
 
-    def __init__(self, job_id: str, down: str, after_s: float = 1.5, code: int = 1) -> None:
+    def __init__(self, job_id: str, down: str, tables: list[BeatTable], code: int = 1) -> None:
         super().__init__(job_id)
-        self.down, self.after_s, self.code = down, after_s, code
-        self.t0: dict[str, float] = {}
+        self.down, self.tables, self.code = down, tables, code
+        self.timing_out: set[str] = set()  # steps with the dead node
 
     def start(self, nodes: Any, env: Any, argv: Any) -> LocalStep:
         step = super().start(nodes, env, argv)
@@ -317,16 +334,15 @@ class LaunchTimesOut(LocalSteps):
             p = step.procs.pop(self.down)
             p.kill()
             p.wait()
-            self.t0[step.step_id] = time.monotonic()
+            self.timing_out.add(step.step_id)
         return step
 
     def poll(self, step: Step) -> int | None:
         assert isinstance(step, LocalStep)
-        if step.step_id in self.t0 and step.code is None:
-            if time.monotonic() - self.t0[step.step_id] > self.after_s:
-                for p in step.procs.values():
-                    p.kill()
-                step.code = self.code
+        if step.step_id in self.timing_out and step.code is None:
+            if all(v.last is not None for v in self.tables[-1].views()
+                   if step.nodes[v.rank] != self.down):
+                self.end(step, self.code)  # the others gone before the status: as srun
             return step.code
         return super().poll(step)
 
@@ -357,9 +373,9 @@ def lose_n1_with_two_spares(steps: LocalSteps, rank: list[str]) -> tuple[int, Ev
 
 
 def test_a_dead_spare_whose_launch_times_out_is_passed_over_for_the_next(
-        rank: list[str]) -> None:
+        rank: list[str], tables: list[BeatTable]) -> None:
     # R2: the survivors beat, srun failed on the dead spare: rc 1 with a spare still left.
-    rc, ev, rep = lose_n1_with_two_spares(LaunchTimesOut("9310", "n3"), rank)
+    rc, ev, rep = lose_n1_with_two_spares(LaunchTimesOut("9310", "n3", tables), rank)
     assert rc == 0, ev.seen
     assert [x.node for x in rep.so_far] == ["n1", "n3"]
     assert [e["nodes"] for e in ev.named("step_started")][-1] == ["n0", "n4", "n2"]
@@ -399,12 +415,12 @@ def test_a_rank_killed_by_a_signal_on_a_live_node_is_the_programs_failure(
 
 
 def test_a_time_limit_save_right_after_a_relaunch_requeues_and_spends_no_spare(
-        rank: list[str]) -> None:
+        rank: list[str], tables: list[BeatTable]) -> None:
     # R4: srun's 75 was taken for a failed launch on the fresh node: a spare spent seconds
     # before the kill, and the 75 the template requeues on was lost. Here the time-limit
     # warning comes right after the relaunch onto n3: the beating ranks save and exit 75, n3's
     # rank, still starting, dies of the signal; srun exits 75.
     rc, ev, rep = lose_n1_with_two_spares(
-        LaunchTimesOut("9320", "n3", after_s=1.0, code=EXIT_REQUEUE), rank)
+        LaunchTimesOut("9320", "n3", tables, code=EXIT_REQUEUE), rank)
     assert rc == EXIT_REQUEUE, ev.seen
     assert [x.node for x in rep.so_far] == ["n1"]
