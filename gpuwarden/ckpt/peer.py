@@ -37,7 +37,7 @@ import socketserver
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -427,11 +427,18 @@ class PeerTier:
         lock = threading.Lock()
 
         def ask(addr: Address) -> None:
+            def refused(why: str) -> None:
+                # Recorded at once, not when the retries end: a peer still refusing at the
+                # deadline is named busy, not "no answer", however late this thread runs.
+                with lock:
+                    errors.setdefault(addr, why)
             try:
-                got = self._list(addr, deadline)
+                got = self._list(addr, deadline, refused)
             except PeerError as exc:
                 with lock:
-                    errors[addr] = str(exc)
+                    busy = errors.get(addr)
+                    errors[addr] = (str(exc) if busy is None or isinstance(exc, PeerBusy)
+                                    else f"{busy}; then {exc}")
                 return
             with lock:
                 answers[addr] = got
@@ -457,8 +464,10 @@ class PeerTier:
                       self.name, self.rank, len(failed), len(self.everyone), _summary(failed))
         return sorted(self._where)
 
-    def _list(self, addr: Address, deadline: float) -> list[int]:
-        """One peer's steps of this rank; a busy peer is asked again until the deadline."""
+    def _list(self, addr: Address, deadline: float, refused: Callable[[str], None]
+              ) -> list[int]:
+        """One peer's steps of this rank; a busy peer is asked again until the deadline (each
+        refusal told to ``refused``)."""
         pause = 0.02
         while True:
             try:
@@ -466,7 +475,8 @@ class PeerTier:
                                            timeout=self.list_timeout, deadline=deadline)
                 _finish(addr, sock, mac, deadline)
                 break
-            except PeerBusy:
+            except PeerBusy as exc:
+                refused(str(exc))
                 if time.monotonic() + pause >= deadline:
                     raise
                 time.sleep(pause)  # backoff against a peer at its limits, within the deadline

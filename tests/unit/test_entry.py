@@ -30,9 +30,11 @@ def node_env(tmp_path: Path) -> tuple[entry.Env, FakeSlurm, Path]:
     gpus.write_text(healthy_fake(8))
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")
+    # A generous check deadline: no test of this fixture is about one firing (those that are
+    # set their own), and a loaded machine must not turn a slow check into a timeout.
     health = HealthConfig(
         state_dir=str(tmp_path / "state"), gpu_probe="fake", fake_gpu_file=str(gpus),
-        kernel_log=str(kmsg), check_timeout_s=2.0, resume_after_passes=2,
+        kernel_log=str(kmsg), check_timeout_s=30.0, resume_after_passes=2,
         expected=Expected(gpu_count=8, nvlink_links=18, scratch_path=str(tmp_path)),
         blast_radius=BlastRadius(max_drained_pct=25.0, settle_s=0))
     slurm = FakeSlurm({n.name: n for n in fleet()})
