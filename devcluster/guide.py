@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _MARK = re.compile(r"^<!-- e2e: ([a-z0-9-]+) -->$")
-# Comma lists the guide says to combine (slurmconfneeds reads them as lists too).
+# Comma lists the guide says to combine (gpuwarden.slurmconf.needs reads them as lists too).
 LIST_KEYS = frozenset({"schedulerparameters", "jobsubmitplugins", "clifilterplugins",
                        "prologflags", "grestypes"})
 # Keys whose every line counts: gpuwarden's line goes beside the site's.

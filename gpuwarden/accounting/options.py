@@ -139,8 +139,8 @@ def expand_paths(items: tuple[str, ...]) -> list[str]:
 
 
 class HistoryContext(Protocol):
-    """What reading the history needs of the command's context object (`gpuwarden.cli.Context`,
-    which sits above the features)."""
+    """What reading the history needs of the command's context object
+    (`gpuwarden.config.context.Context`); a Protocol, so tests pass a small stand-in."""
 
     @property
     def client_factory(self) -> Callable[[Config], SlurmClient] | None: ...

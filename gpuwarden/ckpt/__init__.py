@@ -40,8 +40,10 @@ if TYPE_CHECKING:
     from gpuwarden.ckpt.nested import Later
     from gpuwarden.ckpt.restore import Restored, TiersUnavailable
     from gpuwarden.ckpt.tier import CorruptStep, Tier, TierError, TierFull
+    from gpuwarden.slurm.hostlist import expand as expand_hostlist
 
-# Each public name and the module that defines it (the imports above, for type checkers).
+# Each public name and the module that defines it (the imports above, for type checkers); a
+# name from outside this package is "module:attribute".
 _HOME = {
     # The job's runtime: one per rank.
     "EXIT_REQUEUE": "job",
@@ -65,6 +67,8 @@ _HOME = {
     "Buf": "codec",
     "Tier": "tier",
     "checksum": "codec",
+    # SLURM_JOB_NODELIST to node names (the rendezvous host of a torch job), as Slurm expands it.
+    "expand_hostlist": "gpuwarden.slurm.hostlist:expand",
 }
 
 __all__ = [
@@ -86,6 +90,7 @@ __all__ = [
     "TierFull",
     "TiersUnavailable",
     "checksum",
+    "expand_hostlist",
 ]
 
 
@@ -93,7 +98,9 @@ def __getattr__(name: str) -> Any:
     home = _HOME.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    module, _, attr = home.partition(":")
+    value = getattr(importlib.import_module(module if attr else f"{__name__}.{home}"),
+                    attr or name)
     globals()[name] = value  # imported once; later lookups do not come here
     return value
 

@@ -18,7 +18,7 @@ REFRESH_S = 1800.0
 # A marker older than this means the periodic check has not run (or could not post) since.
 STALE_S = 2 * REFRESH_S + 600.0
 _MAX_OFF = 40
-# What slurmd runs (slurmconfneeds.HOOKS, the admin guide's path); a test holds them equal.
+# What slurmd runs (gpuwarden.slurmconf.needs.HOOKS, the admin guide's path); a test holds them equal.
 HEALTHCHECK = "/opt/gpuwarden/prolog/gpuwarden-healthcheck"
 NO_MARKER_HEAD = "no health marker: gating has never reported from this node"
 # Right after the slurm.conf step every node is here until its first HealthCheckInterval:

@@ -25,8 +25,11 @@ from gpuwarden.slurm import bindir, jobenv
 from gpuwarden.slurm.client import SlurmClient
 from gpuwarden.slurm.models import AcctJob, Job, Node, NodeEvent, NodeView
 
-_MODULES = ("gpuwarden.cli", "gpuwarden.hooks.entry", "gpuwarden.health.gather",
-            "gpuwarden.health.gate", "gpuwarden.health.xid", "gpuwarden.ckpt.stagein")
+# What the hooks import on their way: the command tree, the health group and the hooks'
+# commands it attaches, the entry points and what they check with.
+_MODULES = ("gpuwarden.cli", "gpuwarden.health.cli", "gpuwarden.hooks.cli",
+            "gpuwarden.hooks.entry", "gpuwarden.health.gather", "gpuwarden.health.gate",
+            "gpuwarden.slurm.drain", "gpuwarden.health.xid", "gpuwarden.ckpt.stagein")
 _SLURM_LIMIT_S = 15.0
 DEFAULTS_FILE = "/etc/default/gpuwarden"  # what the shipped hooks read (gpuwarden.install.plan)
 

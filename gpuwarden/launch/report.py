@@ -5,7 +5,7 @@ The launcher runs as the job's user and never drains a node: a user must not be 
 nodes out of service. It writes what it saw into its own job's Comment, which the job's owner
 may set (`scontrol update JobId=N Comment=...`); health gating's epilog, as root, reads it
 back as a hint to run every check on that node, never as a drain by itself (the user
-writes it): see gpuwarden.slurm.lostnote and health.entry.epilog_gate.
+writes it): see gpuwarden.slurm.lostnote and hooks.entry.epilog_gate.
 """
 
 from __future__ import annotations

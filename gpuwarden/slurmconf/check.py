@@ -1,9 +1,9 @@
 """`gpuwarden slurm-conf --check FILE` and `--part gpuwarden`: a site's slurm.conf against what
-each gpuwarden feature needs (slurmconfneeds.NEEDS), and the merged block of those lines.
+each gpuwarden feature needs (gpuwarden.slurmconf.needs.NEEDS), and the merged block of those lines.
 
 One finding per line: ``ok``, ``missing`` or ``conflict`` (and ``unread`` for a file we could
 not read), the feature, what was found, and after ``->`` the exact line to write. Every key is
-also checked against the keys of the Slurm release at hand (slurmconfkeys): one it does not know
+also checked against the keys of the Slurm release at hand (gpuwarden.slurmconf.keys): one it does not know
 stops slurmctld. Exit 0 when everything the checked features need is there, 1 when something is
 missing or conflicts, 2 when a file could not be read (the findings may then be incomplete).
 """

@@ -44,7 +44,8 @@ def _public() -> dict[str, set[str]]:
 def _sources() -> list[tuple[str, str]]:
     """The job kit's scripts, and every python block of the docs, README and the kit's README."""
     found = [(str(p.relative_to(REPO)), p.read_text())
-             for p in sorted((REPO / "gpuwarden" / "sitefiles").rglob("*.py"))]
+             for p in sorted((REPO / "gpuwarden" / "sitefiles").rglob("*.py"))
+             if p.name != "gpuwarden_pystart.py"]  # the hooks' start: the next test
     docs = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md",
             *sorted((REPO / "gpuwarden" / "sitefiles").rglob("*.md"))]
     for doc in docs:
@@ -64,9 +65,13 @@ def _private_imports(where: str, source: str, public: dict[str, set[str]]) -> li
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             bad += [f"{where}: import {a.name}" for a in node.names
-                    if a.name.startswith("gpuwarden.ckpt.") and a.name not in public]
+                    if a.name.startswith("gpuwarden.") and a.name not in public]
         elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
             mod = node.module
+            if mod.startswith("gpuwarden.") and not (mod == "gpuwarden.ckpt"
+                                                    or mod.startswith("gpuwarden.ckpt.")):
+                bad += [f"{where}: from {mod} import {a.name}" for a in node.names]
+                continue  # the job kit has one public API: gpuwarden.ckpt's
             if mod == "gpuwarden":
                 continue  # `from gpuwarden import ckpt`: the package itself
             if mod == "gpuwarden.ckpt":
@@ -88,16 +93,36 @@ def test_the_examples_and_docs_import_only_the_public_api() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_the_hooks_start_imports_only_the_hooks_entry_point() -> None:
+    """gpuwarden_pystart.py is copied next to the hooks and imports the package as root; the
+    package's own modules import it for the hooks' rule. It reaches the package at one name
+    (import-linter does not see sitefiles/, which is data, not a package)."""
+    start = REPO / "gpuwarden" / "sitefiles" / "prolog" / "gpuwarden_pystart.py"
+    found = set()
+    for node in ast.walk(ast.parse(start.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuwarden"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("gpuwarden")}
+    assert found == {"gpuwarden.hooks.run"}
+    # A site that upgraded the wheel but not the copied-out start still gets the entry point.
+    from gpuwarden.health.hooks import main as old_name
+    from gpuwarden.hooks.run import main
+    assert old_name is main
+
+
 def test_the_check_catches_a_private_import() -> None:
     public = _public()
     src = ("from gpuwarden.ckpt.job import JobCheckpointer\nimport gpuwarden.ckpt.fstier\n"
            "from gpuwarden.ckpt import fstier, JobCheckpointer, dcp\n"
-           "from gpuwarden.ckpt.dcp import dcp_writer, ITEMS\n")
+           "from gpuwarden.ckpt.dcp import dcp_writer, ITEMS\n"
+           "from gpuwarden.slurm.hostlist import expand\n")
     assert _private_imports("x", src, public) == [
         "x: from gpuwarden.ckpt.job import JobCheckpointer",
         "x: import gpuwarden.ckpt.fstier",
         "x: from gpuwarden.ckpt import fstier",
         "x: from gpuwarden.ckpt.dcp import ITEMS",
+        "x: from gpuwarden.slurm.hostlist import expand",
     ]
 
 
@@ -105,8 +130,9 @@ def test_every_public_name_resolves_to_its_module_s_own_object() -> None:
     assert set(gpuwarden.ckpt.__all__) == set(gpuwarden.ckpt._HOME)
     assert len(gpuwarden.ckpt.__all__) == len(set(gpuwarden.ckpt.__all__))
     for name in gpuwarden.ckpt.__all__:
-        home = importlib.import_module(f"gpuwarden.ckpt.{gpuwarden.ckpt._HOME[name]}")
-        assert getattr(gpuwarden.ckpt, name) is getattr(home, name), name
+        module, _, attr = gpuwarden.ckpt._HOME[name].partition(":")
+        home = importlib.import_module(module if attr else f"gpuwarden.ckpt.{module}")
+        assert getattr(gpuwarden.ckpt, name) is getattr(home, attr or name), name
     assert set(gpuwarden.ckpt.__all__) <= set(dir(gpuwarden.ckpt))
     with pytest.raises(AttributeError, match="no attribute 'fsTier'"):
         _ = gpuwarden.ckpt.fsTier

@@ -1,10 +1,14 @@
 """safefs: every file root opens, reads or writes next to what users control. Import from here,
 not from the submodules.
 
-Each opens by name without following a link (``O_NOFOLLOW``; by directory descriptor where a
-walk matters), never waits on a FIFO (``O_NONBLOCK``, then ``fstat``: regular files only), and
-checks the owner and mode of the directory (and, on reads, of the file) before trusting it. The
-submodules differ in whose files they are and what a refusal tells the operator to do:
+Each opens the file itself without following a link (``O_NOFOLLOW``; by directory descriptor
+where a walk matters) and never waits on a FIFO (``O_NONBLOCK``, then ``fstat``: regular files
+only). What each entry point checks beyond that (the directory's owner and mode, the file's
+owner on reads, links above the directory) differs, and is one table:
+tests/unit/test_safefs_refusals.py, whose expected failures are the known gaps (a link above a
+checked directory is followed by the path-based entry points; `atomic_write` trusts the
+directory its caller vetted; `read_plain` checks no owner). The submodules differ in whose
+files they are and what a refusal tells the operator to do:
 
 - privfile: root's own state read back (the verdict, the prolog's settings): `read_private`,
   `read_own_at`, `check_private_dir`, `unsafe_dir_problem`; raises `StateDirError`.

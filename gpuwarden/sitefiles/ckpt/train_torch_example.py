@@ -31,8 +31,7 @@ from torch import nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
 
-from gpuwarden.ckpt import EXIT_REQUEUE, JobCheckpointer
-from gpuwarden.slurm.hostlist import expand
+from gpuwarden.ckpt import EXIT_REQUEUE, JobCheckpointer, expand_hostlist
 
 
 def device(gpus: bool) -> torch.device:
@@ -134,7 +133,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     ck = JobCheckpointer.from_slurm(args.config)  # also handles SIGUSR1: save now, requeue
     env = ck.env
-    first_node = expand(os.environ["SLURM_JOB_NODELIST"])[0]
+    first_node = expand_hostlist(os.environ["SLURM_JOB_NODELIST"])[0]
     # A fresh port per run of the job: the last run's may still be in TIME_WAIT.
     job_id = int(os.environ["SLURM_JOB_ID"])
     gpus = torch.cuda.is_available()
