@@ -95,21 +95,31 @@ def test_a_gang_job_waits_for_one_leaf_where_slurm_alone_would_split_it(
     h = placement
     busy(h, "c5")
     set_shadow(h, True)
-    # Its time limit (1 min) tells the filter that leaf1 frees within the policy's 60 s:
-    # without one, waiting would have no promise to rest on (next test).
-    short = h.sbatch("-w", "c1", "--exclusive", "--time=1", name="busy", wrap="sleep 1000")
-    h.wait_job(short, want=("RUNNING",), timeout=60)
+    first = h.sbatch("-w", "c1", "--exclusive", "--time=30", name="busy", wrap="sleep 1000")
+    h.wait_job(first, want=("RUNNING",), timeout=60)
     t0 = time.time() - 1
     split = gang(h, 4)
     assert leaves_of(h, split["NodeList"]) == {"leaf1", "leaf2"}
     assert split.get("AdminComment", "") in ("", "(null)")
     assert "gpuwarden placement (shadow)" in h.ctld_log(t0)
-    h.exec("slurmctld", ["scancel", split["JobId"]])
+    h.exec("slurmctld", ["scancel", split["JobId"], str(first)])
+    # Gone from the queue, so no later snapshot shows their nodes held by their time limits.
+    wait_for(lambda: not {split["JobId"], str(first)} & set(
+        h.exec("slurmctld", ["squeue", "-h", "-o", "%i"]).out.split()), 60,
+        "the split job and c1's job to leave the queue")
 
     set_shadow(h, False)
     busy(h, "c6", "c7", "c8")  # leaf2 full: leaf1's c2-c4 are the only free nodes
+    # Its time limit (1 min) tells the filter that leaf1 frees within the policy's 60 s:
+    # without one, waiting would have no promise to rest on (next test). Started last, so
+    # its minute runs from here, and the filter decides on a snapshot that shows it.
+    short = h.sbatch("-w", "c1", "--exclusive", "--time=1", name="busy", wrap="sleep 1000")
+    h.wait_job(short, want=("RUNNING",), timeout=60)
+    fresh_snapshot(h)
+    submitted = time.time()
     job = h.sbatch("-N4", "--gpus-per-node=8", name="gang", wrap="srun hostname")
-    time.sleep(5)
+    wait_for(lambda: backfilled_since(h) > submitted + 1, 90,
+             "a backfill cycle that saw the gang job")
     pending = h.job_fields(job)
     assert pending["JobState"] == "PENDING" and pending["Switches"].startswith("1@")
     assert "switches=1 wait=60s" in pending["AdminComment"]

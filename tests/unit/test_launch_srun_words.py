@@ -240,8 +240,11 @@ def test_the_step_runs_with_the_tasks_stderr_apart_from_sruns(tmp_path: Path,
                                                               srun: str) -> None:
     err = io.StringIO()
     steps = SrunSteps("9", NoScancel(), srun, stderr=err)  # type: ignore[arg-type]
+    # One write(2) per line, as a pipe keeps each whole: print() to a non-tty stderr writes
+    # "err" and "\n" apart, so the two tasks' lines could interleave ("errerr\n\n").
     step = steps.start(["n0", "n1"], {}, [sys.executable, "-c",
-                                          "import sys; print('out'); print('err', file=sys.stderr)"])
+                                          "import os; os.write(1, b'out\\n'); "
+                                          "os.write(2, b'err\\n')"])
     while steps.poll(step) is None:
         time.sleep(0.01)
     assert err.getvalue() == "err\nerr\n"
