@@ -5,6 +5,7 @@ lets every job through unchanged when anything is wrong."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 
@@ -18,16 +19,25 @@ pytestmark = pytest.mark.timeout(420)
 SNAPSHOT = "/etc/slurm/gpuwarden-placement.lua"
 LEMONS = "/var/lib/gpuwarden-lemons/lemons.json"
 CONFIG = "/etc/gpuwarden/gpuwarden.toml"
+WHY = ("JobState", "Reason", "AdminComment", "ExcNodeList", "Switches", "ReqNodeList")
 
 
 def header(h: Harness) -> str:
     return h.exec("slurmctld", ["head", "-n1", SNAPSHOT]).out
 
 
+def written_at(h: Harness) -> int:
+    """When the snapshot's round began (epoch seconds, from its header), before it read Slurm."""
+    m = re.search(r" written (\d+)$", header(h).strip())
+    return int(m.group(1)) if m else 0
+
+
 def fresh_snapshot(h: Harness) -> None:
-    """Wait for the daemon to write the snapshot again, then for the filter to look again."""
-    before = header(h)
-    wait_for(lambda: header(h) not in (before, ""), 20, "a new placement snapshot")
+    """Wait for a snapshot whose round began after now, so it read Slurm's state as the test
+    has made it (a round begun earlier can be written later on a loaded host), then for the
+    filter to look again."""
+    since = time.time()
+    wait_for(lambda: written_at(h) > since, 30, "a placement snapshot read after this point")
     time.sleep(2.5)  # the filter reads the header at most every 2 s
 
 
@@ -40,8 +50,13 @@ def busy(h: Harness, *names: str) -> list[int]:
 
 def gang(h: Harness, n: int, *args: str, wrap: str = "srun hostname") -> dict[str, str]:
     job = h.sbatch(f"-N{n}", "--gpus-per-node=8", *args, name="gang", wrap=wrap)
-    wait_for(lambda: h.job_fields(job).get("JobState") in ("RUNNING", "COMPLETED"), 90,
-             f"job {job} to start")
+    try:
+        wait_for(lambda: h.job_fields(job).get("JobState") in ("RUNNING", "COMPLETED"), 90,
+                 f"job {job} to start")
+    except AssertionError as exc:  # say why it waits: the filter's decision, Slurm's reason
+        f = h.job_fields(job)
+        nodes_now = h.exec("slurmctld", ["sinfo", "-h", "-N", "-o", "%N %T"]).out.split("\n")
+        raise AssertionError(f"{exc}: {[f.get(k) for k in WHY]}; nodes {nodes_now}") from None
     return h.job_fields(job)
 
 
