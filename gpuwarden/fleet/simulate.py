@@ -427,6 +427,7 @@ class Written:
     truth: Path
     records: int  # distinct runs (a run that crossed midnight is listed in both days' files)
     lemons: tuple[str, ...]
+    busy: str = ""  # the busy node (`Fleet.busy`), "" for none
 
 
 def write_history(p: SimParams, fleet: Fleet, out: Path,
@@ -460,4 +461,4 @@ def write_history(p: SimParams, fleet: Fleet, out: Path,
                                      "nodes": fleet.nodes, "days": fleet.days,
                                      "seed": fleet.seed, "exclude": sorted(fleet.exclude)}},
                                 indent=1) + "\n", encoding="utf-8")
-    return Written(tuple(files), events, truth, records, lemons)
+    return Written(tuple(files), events, truth, records, lemons, gen.busy_node)
