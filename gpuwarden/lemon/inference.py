@@ -274,6 +274,22 @@ def evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
                     None if f.weight is None else f.weight[rows])
 
 
+# A source keeps up to the upper (1 - CHANCE) quantile of what its share predicts: taken as
+# the point, chance alone (3 of a lemon's 6 failures on one user's jobs) counted as excess
+# and cost lemons near the limit their verdict.
+CHANCE = 0.05
+
+
+def poisson_upper(mean: float) -> float:
+    """The smallest k with P(Poisson(mean) > k) <= CHANCE (infinite for an infinite mean)."""
+    if not math.isfinite(mean):
+        return math.inf
+    k = math.floor(mean)
+    while gamma_p(k + 1, mean) > CHANCE:
+        k += 1
+    return float(k)
+
+
 @dataclass(frozen=True)
 class SourceKeep:
     """One source's failures on one node, against its share of the fleet's runs."""
@@ -301,7 +317,8 @@ def source_keep(inc: Incidence, ev: Evidence, rate: float, label: str) -> list[S
 
     Under "the node fails every source's runs alike, and each source runs on it as it runs on
     the fleet", a source with a share p of the fleet's node-hours holds p of the node's
-    failures (of every kind). A user could have made her own failures, so hers are measured
+    failures (of every kind), give or take chance (`poisson_upper`). A user could have made
+    her own failures, so hers are measured
     against what the others show: p / (1 - p) times their failures; one user alone can then
     at most match the rest (p <= 1/2), however many jobs she fails, and one who runs across the
     fleet loses only a lucky concentration. A script does not choose nodes (its users do, and
@@ -328,7 +345,7 @@ def source_keep(inc: Incidence, ev: Evidence, rate: float, label: str) -> list[S
         else:
             expected = p * total
         named = float(every[k] - mine[k])
-        kept = min(float(mine[k]), max(0.0, expected - named))
+        kept = min(float(mine[k]), max(0.0, poisson_upper(expected) - named))
         out.append(SourceKeep(label, int(k), float(mine[k]), float(mine[k]) - kept, p))
     out.sort(key=lambda x: (-x.excess, x.index))
     return out
