@@ -39,7 +39,9 @@ no event does.
 
 Exposure: every run with nodes and start/end times adds one job and its hours to each node,
 filed by the run's size (node count, in powers of two), because big runs fail more often and a
-node's expected failures depend on the sizes of the runs it took part in. A run lasts at least
+node's expected failures depend on the sizes of the runs it took part in. Its node-hours also go
+to its user and its job script (`IncidenceBuilder.add_source_hours`): a source's share of the
+fleet's runs is what its share of a node's failures is measured against. A run lasts at least
 a second (`MIN_RUN_S`, sacct's resolution), so one that failed at launch still counts.
 Records that are malformed or partial are counted as skipped, with why, and never stop the scan.
 Partial results from separate files merge (`Attribution.merge`), so a long history can be read
@@ -349,18 +351,20 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
     `shape` does not read or with a node whose lemon drain was cleared (rule 7)."""
     by_list: dict[str, list[int]] = {}
     by_gpus: dict[int, list[int]] = {}
+    by_source: dict[tuple[str, str], int] = {}  # node-seconds per (user, submit line)
     others: list[int] = []
     first, first_end, last = result.first_start, result.first_end, result.last_end
     blamable, other = _BLAMABLE, _OTHER
-    for i, (text, shaped, state, start, end, gpus) in enumerate(zip(
+    for i, (text, shaped, state, start, end, gpus, user, line) in enumerate(zip(
             cols.nodes, cols.shaped, cols.states, cols.starts, cols.ends, cols.gpus,
-            strict=True)):
+            cols.users, cols.submits, strict=True)):
         if not shaped or state in blamable or not (start and end) or end < start:
             others.append(i)
             continue
         acc = by_list.get(text)
         if acc is None:
-            acc = by_list[text] = other if clears and _meets(text, clears) else [0, 0]
+            acc = by_list[text] = other if clears and _meets(text, clears) else [
+                0, 0, _count(text)]
         if acc is other:
             others.append(i)
             continue
@@ -376,6 +380,8 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
             first_end = end
         acc[0] += 1
         acc[1] += secs
+        key = (user, line)
+        by_source[key] = by_source.get(key, 0) + secs * acc[2]
         g = by_gpus.get(gpus)
         if g is None:
             by_gpus[gpus] = [1, secs]
@@ -386,11 +392,9 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
     for text, acc in by_list.items():
         if acc is other:
             continue
-        runs, secs = acc
-        known = shape(text)
-        assert known is not None  # cols.shaped said so
-        size = size_bucket(known[1])
-        result.runs_by_size[size] += known[1] * runs
+        runs, secs, count = acc
+        size = size_bucket(count)
+        result.runs_by_size[size] += count * runs
         result.incidence.add_hours(size, secs / 3600)
         ranged.add_list(text, size, secs, runs)
     for gpus, (runs, secs) in by_gpus.items():
@@ -398,7 +402,15 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
         result.gpu_runs[gclass] += runs
         result.gpu_hours[gclass] += hours
         result.class_gpu_hours[gclass] += hours * max(0, gpus)
+    for (user, line), node_secs in by_source.items():
+        result.incidence.add_source_hours(user, _submit_facts(line)[1], node_secs / 3600)
     return others
+
+
+def _count(text: str) -> int:
+    known = shape(text)
+    assert known is not None  # cols.shaped said so
+    return known[1]
 
 
 _OTHER: list[int] = []  # a node list with a cleared node: each of its runs on its own
@@ -436,6 +448,8 @@ def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
     result.last_end = max(result.last_end, end)
     result.runs_by_size[size] += len(nodes) if cleared else count
     result.incidence.add_hours(size, hours)
+    result.incidence.add_source_hours(job.user, _submit_facts(job.submit_line)[1],
+                                      hours * (len(nodes) if cleared else count))
     if cleared:
         _expose_each(result.exposure, nodes, size, hours)
     elif known is not None:

@@ -19,7 +19,7 @@ from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.slurm.hostranges import shape
 
 _COLUMNS = ("nodes", "states", "starts", "ends", "gpus", "restarts", "job_ids", "partitions",
-            "shaped")
+            "shaped", "users", "submits")
 
 
 class Columns:
@@ -61,6 +61,15 @@ class Columns:
     @cached_property
     def job_ids(self) -> list[int]:
         return [r.job_id for r in self.records]
+
+    @cached_property
+    def users(self) -> list[str]:
+        return [r.user for r in self.records]
+
+    @cached_property
+    def submits(self) -> list[str]:
+        """`submit_line`s ("" where accounting has none)."""
+        return [r.submit_line for r in self.records]
 
     @cached_property
     def partitions(self) -> list[str]:

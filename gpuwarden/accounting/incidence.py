@@ -7,6 +7,8 @@ did not fail):
   and handed to `IncidenceBuilder.freeze`;
 * per size bucket: job-hours of every run (`add_hours`), the exposure of the background
   hazard (the fabric, the user's own gang failures) that grows with job size;
+* per user and per job script: node-hours of every run (`add_source_hours`), so that a source
+  is measured against its share of the fleet's runs (`Incidence.user_share`);
 * per failed run (`add_failure`): its node indices, hours, size bucket, user, job script,
   and per node two flags: `CULPRIT` (an event or sacct's `failed_node` names the node as the
   one that failed) and `NAMED` (the job asked for the node by name, -w/--nodelist); and whether
@@ -60,9 +62,19 @@ class IncidenceBuilder:
     size: array[int] = field(default_factory=lambda: array("b"))
     gameable: array[int] = field(default_factory=lambda: array("b"))
     bucket_hours: dict[int, float] = field(default_factory=dict)
+    user_hours: dict[int, float] = field(default_factory=dict)  # node-hours, by user index
+    script_hours: dict[int, float] = field(default_factory=dict)  # by script index
 
     def add_hours(self, size: int, hours: float) -> None:
         self.bucket_hours[size] = self.bucket_hours.get(size, 0.0) + hours
+
+    def add_source_hours(self, user: str, script: str, node_hours: float) -> None:
+        """Node-hours of runs by ``user`` of ``script`` ("" when unknown: no script)."""
+        u = _ix(self.users, user)
+        self.user_hours[u] = self.user_hours.get(u, 0.0) + node_hours
+        if script:
+            k = _ix(self.scripts, script)
+            self.script_hours[k] = self.script_hours.get(k, 0.0) + node_hours
 
     def add_failure(self, job_id: int | None, end: float, hours: float, size: int,
                     nodes: Iterable[str], culprits: Iterable[str] = (),
@@ -98,6 +110,10 @@ class IncidenceBuilder:
         self.gameable.extend(other.gameable)
         for b, h in other.bucket_hours.items():
             self.add_hours(b, h)
+        for u, h in other.user_hours.items():
+            self.user_hours[umap[u]] = self.user_hours.get(umap[u], 0.0) + h
+        for k, h in other.script_hours.items():
+            self.script_hours[smap[k]] = self.script_hours.get(smap[k], 0.0) + h
         return self
 
     def freeze(self, node_hours: Mapping[str, float]) -> Incidence:
@@ -123,7 +139,23 @@ class IncidenceBuilder:
             script=np.asarray(self.script, dtype=np.int64),
             size=np.asarray(self.size, dtype=np.int64),
             gameable=np.asarray(self.gameable, dtype=bool),
-            users=tuple(self.users), scripts=tuple(self.scripts))
+            users=tuple(self.users), scripts=tuple(self.scripts),
+            user_hours=_dense(self.user_hours, len(self.users)),
+            script_hours=_dense(self.script_hours, len(self.scripts)))
+
+
+def _dense(by_index: Mapping[int, float], n: int) -> FloatArray:
+    out = np.zeros(n)
+    for i, h in by_index.items():
+        out[i] = h
+    return out
+
+
+def _share(hours: FloatArray, n: int, total: float) -> FloatArray:
+    out = np.zeros(n)
+    if total > 0:
+        out[:len(hours)] = hours[:n] / total
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,10 +177,23 @@ class Incidence:
     gameable: npt.NDArray[np.bool_]
     users: tuple[str, ...]
     scripts: tuple[str, ...]
+    # Node-hours of every run, by user and by script (the exposure the sources' shares of the
+    # fleet's runs come from); empty arrays read as no runs known.
+    user_hours: FloatArray = field(default_factory=lambda: np.zeros(0))
+    script_hours: FloatArray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def rows(self) -> int:
         return len(self.hours)
+
+    def user_share(self) -> FloatArray:
+        """Per user: its share of the fleet's node-hours (0 where none are known)."""
+        return _share(self.user_hours, len(self.users), float(self.user_hours.sum()))
+
+    def script_share(self) -> FloatArray:
+        """Per script: its share of the fleet's node-hours (runs of no known script count
+        in the whole)."""
+        return _share(self.script_hours, len(self.scripts), float(self.user_hours.sum()))
 
     def entry_row(self) -> IntArray:
         """Per entry, its row (read-only; built once: every per-node step reads it)."""

@@ -25,6 +25,7 @@ from gpuwarden.slurm.reasons import health_reason
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 CLUSTER = "sim"
 USERS = ("alice", "bob", "carol", "dave", "erin", "frank")
+STYLES = ("own", "train.sh")
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,23 @@ class Fleet:
     framing: int = 0
     frame_target: str = ""
     broken: int = 0
+    # How jobs name their script: "own" (each user has scripts of their own, `alice/train2.sbatch`)
+    # or "train.sh" (everyone submits `sbatch train.sh`, the commonest name there is). There the
+    # decoys use it too: the framer's pins are `#SBATCH -w` lines inside it, which sacct's
+    # submit_line does not show, and the broken partition's script is one more `train.sh`.
+    style: str = "own"
+    # A busy node (the fleet's 9th): this many times an ordinary node's runs, at ordinary rates.
+    busy: float = 0.0
 
     def __post_init__(self) -> None:
         if self.placement not in ("contiguous", "gang", "random"):
             raise ValueError(f"placement {self.placement!r}: contiguous, gang or random")
         if not 0 <= self.lemon_silent <= 1:
             raise ValueError(f"lemon_silent {self.lemon_silent}: a share between 0 and 1")
+        if self.style not in STYLES:
+            raise ValueError(f"style {self.style!r}: one of {', '.join(STYLES)}")
+        if self.busy and self.busy < 1:
+            raise ValueError(f"busy {self.busy}: 0 (none) or a factor of at least 1")
 
     def names(self) -> list[str]:
         width = max(4, len(str(self.nodes)))
@@ -115,6 +127,9 @@ class Generator:
         self.cum = list(accumulate(c.share for c in p.mix))
         self.events: list[Event] = []
         self.next_id = 1
+        # The busy node: the first after the 8th that is neither a lemon nor a decoy's.
+        self.busy_node = next((n for n in self.avail[8:-4] if n not in self.lemons),
+                              "") if fleet.busy else ""
 
     def runs(self) -> Iterator[tuple[int, list[Run]]]:
         """(day, that day's runs), day by day."""
@@ -125,8 +140,26 @@ class Generator:
             made += want
             t0 = self.fleet.start + day * 86_400
             runs = [self._run(t0) for _ in range(want)]
-            yield day, runs + self._gaming(day, t0)
+            yield day, runs + self._busy(runs, t0) + self._gaming(day, t0)
         self._maintenance()
+
+    def _busy(self, runs: list[Run], t0: int) -> list[Run]:
+        """Runs the busy node takes beyond an ordinary node's: for each run of n nodes, with
+        probability (busy - 1) n / N one more of its size with the busy node in it, so the
+        busy node sees `busy` times an ordinary node's runs, of the same sizes."""
+        if not self.busy_node:
+            return []
+        extra = []
+        for r in runs:
+            if self.rng.random() < (self.fleet.busy - 1) * r.num_nodes / len(self.avail):
+                extra.append(self._run(t0, r.gpus, self.busy_node))
+        return extra
+
+    def _submit(self, n: int, user: str, jid: int) -> str:
+        gpn = self.p.gpus_per_node
+        if self.fleet.style == "train.sh":
+            return f"sbatch -N{n} --gpus-per-node={gpn} train.sh"
+        return f"sbatch -N{n} --gpus-per-node={gpn} {user}/train{jid % 4}.sbatch"
 
     def _gaming(self, day: int, t0: int) -> list[Run]:
         """Runs that fail by the user's hand, spread evenly over the days."""
@@ -136,13 +169,16 @@ class Generator:
         others = [n for n in self.avail if n != target]
         for _ in range(f.framing * (day + 1) // days - f.framing * day // days):
             x = self.rng.choice(others)
-            out.append(self._user_run(t0, [target, x], "mallory",
-                                      f"sbatch -N2 -w {target},{x} --wrap exit 1"))
+            # train.sh: her `#SBATCH -w` lines are inside the script, which sacct does not show.
+            line = ("sbatch -N2 train.sh" if f.style == "train.sh"
+                    else f"sbatch -N2 -w {target},{x} --wrap exit 1")
+            out.append(self._user_run(t0, [target, x], "mallory", line))
         part = self.avail[-4:]
+        broken = "train.sh" if f.style == "train.sh" else "broken.sbatch"
         for _ in range(f.broken * (day + 1) // days - f.broken * day // days):
             pair = self.rng.sample(part, 2)
             out.append(self._user_run(t0, pair, "oscar",
-                                      "sbatch -p small -N2 --gpus-per-node=8 broken.sbatch"))
+                                      f"sbatch -p small -N2 --gpus-per-node=8 {broken}"))
         return out
 
     def _user_run(self, t0: int, nodes: list[str], user: str, submit: str) -> Run:
@@ -160,13 +196,17 @@ class Generator:
             self.events.append(Event(node, t, t + 4 * 3600, "DRAIN", "maintenance: firmware",
                                      "admin"))
 
-    def _run(self, day_start: int) -> Run:
+    def _run(self, day_start: int, gpus: int = 0, on: str = "") -> Run:
+        """A run of the job mix; ``gpus``: of that class; ``on``: with that node in it."""
         p, rng = self.p, self.rng
-        cls = p.mix[min(bisect(self.cum, rng.random() * self.cum[-1]), len(p.mix) - 1)]
+        if gpus:
+            cls = next(c for c in p.mix if c.gpus == gpus)
+        else:
+            cls = p.mix[min(bisect(self.cum, rng.random() * self.cum[-1]), len(p.mix) - 1)]
         n = max(1, cls.gpus // p.gpus_per_node)
         dur = cls.mean_hours * self.scale * (0.5 + rng.random()) * 3600
         start = day_start + int(rng.random() * 86_400)
-        block = self._place(n)
+        block = self._place(n, on)
         lemons = sum(1 for x in block if x in self.lemons)
         normal_w = (n - lemons) * p.normal_rate
         transient_w = n * p.transient_rate
@@ -179,7 +219,7 @@ class Generator:
         self.next_id += 1
         user = USERS[jid % len(USERS)]
         nodes = self._nodelist(block)
-        submit = f"sbatch -N{n} --gpus-per-node={p.gpus_per_node} {user}/train{jid % 4}.sbatch"
+        submit = self._submit(n, user, jid)
         failed = ""
         if t_fail < min(dur, t_user):
             end = start + max(1, int(t_fail))
@@ -193,8 +233,22 @@ class Generator:
                          "TIMEOUT": (0, 0)}.get(state, (0, 0))
         return Run(jid, cls.gpus, nodes, n, state, code, sig, start, end, user, submit, failed)
 
-    def _place(self, n: int) -> list[str]:
+    def _place(self, n: int, on: str = "") -> list[str]:
+        """``on``: the block must hold that node (its aligned block, or one of its nodes
+        swapped for it)."""
         avail, rng = self.avail, self.rng
+        if on:
+            if n == 1:
+                return [on]
+            width = 1 << (n - 1).bit_length()
+            if self.fleet.placement == "gang" and width <= len(avail):
+                i = min(self.position[on] // width * width, len(avail) - n)
+                if on in avail[i:i + n]:
+                    return avail[i:i + n]
+            block = self._place(n)
+            if on not in block:
+                block[rng.randrange(n)] = on
+            return sorted(block, key=self.position.__getitem__)
         if self.fleet.placement == "random":
             return sorted(rng.sample(avail, n), key=self.position.__getitem__)
         if self.fleet.placement == "gang" and n > 1:
@@ -224,7 +278,8 @@ class Generator:
     def _nodelist(self, block: list[str]) -> str:
         if len(block) == 1:
             return block[0]
-        if self.contiguous:
+        # A run placed to hold the busy node may not be one range.
+        if self.contiguous and self.position[block[-1]] - self.position[block[0]] == len(block) - 1:
             pre = self.fleet.prefix
             a, b = block[0][len(pre):], block[-1][len(pre):]
             return f"{pre}[{a}-{b}]"
@@ -372,6 +427,7 @@ class Written:
     truth: Path
     records: int  # distinct runs (a run that crossed midnight is listed in both days' files)
     lemons: tuple[str, ...]
+    busy: str = ""  # the busy node (`Fleet.busy`), "" for none
 
 
 def write_history(p: SimParams, fleet: Fleet, out: Path,
@@ -405,4 +461,4 @@ def write_history(p: SimParams, fleet: Fleet, out: Path,
                                      "nodes": fleet.nodes, "days": fleet.days,
                                      "seed": fleet.seed, "exclude": sorted(fleet.exclude)}},
                                 indent=1) + "\n", encoding="utf-8")
-    return Written(tuple(files), events, truth, records, lemons)
+    return Written(tuple(files), events, truth, records, lemons, gen.busy_node)

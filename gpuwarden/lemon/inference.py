@@ -20,16 +20,16 @@ evidence against "node i fails like the fleet (rate lam0)" is the one-sided like
 and, for few failures, the Poisson tail of its attributed failures (lam[i] E[i]); the larger
 p-value counts. What one source could have made is left out: failures the user's exit code
 decided (FAILED, no node named by an event) of jobs that named the node (-w) never count
-against it, and when the node's most incriminating user or job script carries at least
-`DOMINANT` of its excess over the fleet, the test is repeated without that source's
-failures; the largest p-value stands. Leaving a source out when none dominates (six users
-each holding a sixth) discards real evidence: a lemon then loses a fifth of its failures.
-Where such a source would make a lemon, the scorer refits without its failures on that node
-(`drop`), which then count against none of the runs' nodes nor the background: kept in, it made
-the node explain its neighbours' failures and raised the fleet's rate; moved onto the rest of
-the runs, it raised the background that then explained the node's other failures. That is the
-one source the node's test leaves out: leaving out a second (two users, each half) left a
-flaky node seen by two users with no evidence at all.
+against it, and a user or job script is left out of the node's test for what it holds beyond
+its share of the fleet's runs (`source_keep`), no more; the largest p-value stands. A source
+holding its share loses nothing: a script every job runs (`sbatch train.sh`) is the fleet's
+own background, not evidence of framing, and leaving all of it out left real lemons with
+nothing. Where such a source would make a lemon, the scorer refits with only the kept part of
+its failures on that node (`keep`); the rest count against none of the runs' nodes nor the
+background: kept in, they made the node explain its neighbours' failures and raised the
+fleet's rate; moved onto the rest of the runs, they raised the background that then explained
+the node's other failures. That is the one source the node's test leaves out: leaving out a
+second (two users, each half) left a flaky node seen by two users with no evidence at all.
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ from gpuwarden.accounting.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray
 
 ITERATIONS = 400
 TOLERANCE = 1e-7
-# A user or job script is left out of a node's test when its failures carry at least this share
-# of the node's excess over the fleet: one source alone can then at most double the evidence.
-DOMINANT = 0.5
+# A source's excess below this (in failures) is not worth a test without it.
+EXCESS_MIN = 0.25
 
 
 @dataclass(frozen=True, eq=False)
@@ -57,14 +56,16 @@ class Fit:
     row_rate: FloatArray  # per row: the hazard that failed it, at the fit
     iterations: int
     bg_use: FloatArray | None = None  # per row: 1 where the background counts in its hazard
+    weight: FloatArray | None = None  # per row: how much of its failure counts (`keep`)
 
     def loglik(self, inc: Incidence) -> float:
         """The log-likelihood of the fit: what a profile likelihood ratio compares."""
         counted = np.bincount(inc.entry_row(), weights=self.use, minlength=inc.rows) > 0
         if self.bg_use is not None:
             counted |= self.bg_use > 0
+        w = np.ones(inc.rows) if self.weight is None else self.weight
         with np.errstate(divide="ignore"):
-            logs = float(np.sum(np.log(self.row_rate[counted])))
+            logs = float(np.dot(w[counted], np.log(self.row_rate[counted])))
         return (logs - float(np.dot(self.rate, inc.node_hours))
                 - float(np.dot(self.background, inc.bucket_hours)))
 
@@ -76,19 +77,34 @@ class Fit:
         return np.nan_to_num(s)
 
 
-def _design(inc: Incidence, drop: npt.NDArray[np.bool_] | None
-            ) -> tuple[IntArray, FloatArray, FloatArray]:
-    """Per entry its row and whether its rate counts; per row whether the background does."""
+def row_weights(inc: Incidence, keep: FloatArray | None) -> FloatArray:
+    """Per row: the least ``keep`` of its entries, for failures the user decided (1 for the
+    rest: no source decides a failure events name)."""
+    w = np.ones(inc.rows)
+    if keep is None or not inc.rows:
+        return w
+    starts = inc.ptr[:-1]
+    full = inc.ptr[1:] > starts
+    if full.any():
+        w[full] = np.minimum.reduceat(keep, starts[full])
+    return np.where(inc.gameable, np.clip(w, 0.0, 1.0), 1.0)
+
+
+def _design(inc: Incidence, keep: FloatArray | None
+            ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+    """Per entry its row and whether its rate counts; per row whether the background does,
+    and how much of its failure counts."""
     row = inc.entry_row()
     named = (inc.flags & NAMED) > 0
     # A failure the user decided does not count against a node the job chose by name.
     active = ~(named & inc.gameable[row])
-    if drop is not None:
-        # Nor, where one user or script dominates a node's evidence (`drop`), against any
-        # node of those runs: moved onto the neighbours or the background of the job size,
-        # that source's failures made the background explain the node's other failures.
-        out = np.bincount(row, weights=drop & inc.gameable[row], minlength=inc.rows) > 0
-        active &= ~out[row]
+    weight = row_weights(inc, keep)
+    if keep is not None:
+        # Nor, for the part of one user's or script's failures on a node beyond its share
+        # (`keep`), against any node of those runs: moved onto the neighbours or the
+        # background of the job size, that source's failures made the background explain the
+        # node's other failures.
+        active &= (weight > 0)[row]
     culprit = ((inc.flags & CULPRIT) > 0) & active
     has_culprit = np.bincount(row, weights=culprit, minlength=inc.rows) > 0
     use = (active & (culprit | ~has_culprit[row])).astype(np.float64)
@@ -96,17 +112,18 @@ def _design(inc: Incidence, drop: npt.NDArray[np.bool_] | None
     # fit: in the background of its job size, one user's failures would hide every node's.
     live = (np.bincount(row, weights=active, minlength=inc.rows) > 0) | ~inc.gameable
     bg = (~has_culprit & live).astype(np.float64)
-    return row, use, bg
+    return row, use, bg, weight
 
 
 def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERANCE,
-        drop: npt.NDArray[np.bool_] | None = None, fixed: tuple[int, float] | None = None,
+        keep: FloatArray | None = None, fixed: tuple[int, float] | None = None,
         start: Fit | None = None) -> Fit:
-    """``drop``: per entry, the gameable failures the node is not to be held for.
+    """``keep``: per entry, how much of a gameable failure the node may be held for (1 all,
+    0 none: the run then counts for no node; a row counts at the least of its entries').
     ``fixed``: (node, rate) held at that rate, every other rate re-optimised (the null of a
     profile likelihood-ratio test). ``start``: a fit to start from (fewer iterations)."""
     n, rows = len(inc.names), inc.rows
-    row, use, bg_use = _design(inc, drop)
+    row, use, bg_use, weight = _design(inc, keep)
     exposure = inc.node_hours
     total = float(exposure.sum()) or 1.0
     bhours = inc.bucket_hours
@@ -132,7 +149,7 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
     for done in range(1, iterations + 1):  # noqa: B007 - the count is reported
         on_node = rate[node_c]
         lam_row = np.bincount(row_c, weights=on_node, minlength=rows) + bg[size] * bg_use
-        inv = np.divide(1.0, lam_row, out=np.zeros(rows), where=lam_row > 0)
+        inv = np.divide(weight, lam_row, out=np.zeros(rows), where=lam_row > 0)
         shares = np.bincount(node_c, weights=on_node * inv[row_c], minlength=n)
         new_rate = np.divide(shares, exposure, out=np.zeros(n), where=exposure > 0)
         if fixed is not None:
@@ -144,7 +161,7 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
         if change < tolerance:
             break
     lam_row = np.bincount(row_c, weights=rate[node_c], minlength=rows) + bg[size] * bg_use
-    return Fit(rate, bg, use, lam_row, done, bg_use)
+    return Fit(rate, bg, use, lam_row, done, bg_use, weight)
 
 
 @dataclass(frozen=True)
@@ -155,6 +172,7 @@ class NodeTest:
     left_out: str  # which source was left out to get this p-value ("" for none)
     source: tuple[str, int] | None = None  # that source: ("user" or "script", its index)
     full_p: float = 1.0  # the p-value on all of the node's evidence
+    kept: float = 1.0  # the part of that source's failures on the node that stood
 
 
 @dataclass(frozen=True)
@@ -166,27 +184,33 @@ class Evidence:
     script: IntArray
     gameable: npt.NDArray[np.bool_]
     exposure: float
+    weight: FloatArray | None = None  # per failure: how much of it counts (1: all)
+
+    def weights(self) -> FloatArray:
+        return np.ones(len(self.rest)) if self.weight is None else self.weight
 
 
-def node_rate(rest: FloatArray, exposure: float) -> float:
-    """The rate maximising -r E + sum log(r + rest): where sum 1/(r + rest) = E."""
-    if exposure <= 0 or len(rest) == 0:
+def node_rate(rest: FloatArray, exposure: float, weight: FloatArray | None = None) -> float:
+    """The rate maximising -r E + sum w log(r + rest): where sum w / (r + rest) = E."""
+    w = np.ones(len(rest)) if weight is None else weight
+    if exposure <= 0 or len(rest) == 0 or float(w.sum()) <= 0:
         return 0.0
-    if np.all(rest > 0) and float(np.sum(1.0 / rest)) <= exposure:
+    if np.all(rest[w > 0] > 0) and float(np.sum(w[w > 0] / rest[w > 0])) <= exposure:
         return 0.0
-    lo, hi = 0.0, len(rest) / exposure
+    lo, hi = 0.0, float(w.sum()) / exposure
     for _ in range(80):
         mid = (lo + hi) / 2
-        if float(np.sum(1.0 / (mid + rest))) > exposure:
+        if float(np.sum(w / (mid + rest))) > exposure:
             lo = mid
         else:
             hi = mid
     return (lo + hi) / 2
 
 
-def _loglik(r: float, rest: FloatArray, exposure: float) -> float:
+def _loglik(r: float, rest: FloatArray, exposure: float, w: FloatArray) -> float:
+    on = w > 0
     with np.errstate(divide="ignore"):
-        return float(-r * exposure + np.sum(np.log(r + rest)))
+        return float(-r * exposure + np.dot(w[on], np.log(r + rest[on])))
 
 
 def gamma_p(a: float, x: float) -> float:
@@ -223,12 +247,15 @@ def gamma_p(a: float, x: float) -> float:
     return max(0.0, 1.0 - math.exp(log_front) * h)
 
 
-def test_rate(rest: FloatArray, exposure: float, null: float) -> tuple[float, float]:
-    """(p-value, rate) for "the node's rate is above `null`"."""
-    r = node_rate(rest, exposure)
+def test_rate(rest: FloatArray, exposure: float, null: float,
+              weight: FloatArray | None = None) -> tuple[float, float]:
+    """(p-value, rate) for "the node's rate is above `null`"; ``weight``: how much of each
+    failure counts (a source's failures beyond its share count for none)."""
+    w = np.ones(len(rest)) if weight is None else weight
+    r = node_rate(rest, exposure, w)
     if r <= null or exposure <= 0:
         return 1.0, r
-    d = max(0.0, 2 * (_loglik(r, rest, exposure) - _loglik(null, rest, exposure)))
+    d = max(0.0, 2 * (_loglik(r, rest, exposure, w) - _loglik(null, rest, exposure, w)))
     p_lrt = 0.5 * math.erfc(math.sqrt(d / 2))
     # The likelihood ratio is too bold on a handful of failures: the Poisson tail of the
     # failures the fit attributes to the node is exact when events name it in each.
@@ -243,36 +270,111 @@ def evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
     rows = row[mask]
     rest = np.maximum(f.row_rate[rows] - f.rate[node], 0.0)
     return Evidence(rest, inc.user[rows], inc.script[rows], inc.gameable[rows],
-                    float(inc.node_hours[node]))
+                    float(inc.node_hours[node]),
+                    None if f.weight is None else f.weight[rows])
+
+
+# A source keeps up to the upper (1 - CHANCE) quantile of what its share predicts: taken as
+# the point, chance alone (3 of a lemon's 6 failures on one user's jobs) counted as excess
+# and cost lemons near the limit their verdict.
+CHANCE = 0.05
+
+
+def poisson_upper(mean: float) -> float:
+    """The smallest k with P(Poisson(mean) > k) <= CHANCE (infinite for an infinite mean)."""
+    if not math.isfinite(mean):
+        return math.inf
+    k = math.floor(mean)
+    while gamma_p(k + 1, mean) > CHANCE:
+        k += 1
+    return float(k)
+
+
+@dataclass(frozen=True)
+class SourceKeep:
+    """One source's failures on one node, against its share of the fleet's runs."""
+
+    label: str  # "user" or "script"
+    index: int  # in `Incidence.users` / `scripts`
+    failures: float  # its failures the user decided there, as the node's shares of them
+    excess: float  # of those, what it holds beyond its share
+    share: float  # its share of the fleet's node-hours
+
+    @property
+    def kept(self) -> float:
+        """The part of its failures that stands."""
+        return 1.0 - self.excess / self.failures if self.failures > 0 else 1.0
+
+    def words(self, names: tuple[str, ...]) -> str:
+        return (f"{self.excess:.1f} of {self.failures:.1f} failure(s) of {self.label} "
+                f"{names[self.index]!s} left out (beyond its {self.share:.1%} of the fleet's "
+                "node-hours)")
+
+
+def source_keep(inc: Incidence, ev: Evidence, rate: float, label: str) -> list[SourceKeep]:
+    """Per user (``label`` "user") or job script ("script") among the node's failures the user
+    decided: what it holds on the node beyond its share of the fleet's runs, largest first.
+
+    Under "the node fails every source's runs alike, and each source runs on it as it runs on
+    the fleet", a source with a share p of the fleet's node-hours holds p of the node's
+    failures (of every kind), give or take chance (`poisson_upper`). A user could have made
+    her own failures, so hers are measured
+    against what the others show: p / (1 - p) times their failures; one user alone can then
+    at most match the rest (p <= 1/2), however many jobs she fails, and one who runs across the
+    fleet loses only a lucky concentration. A script does not choose nodes (its users do, and
+    are tested as users), so its failures are measured against all of the node's: a script
+    every job runs is the fleet's own background and loses nothing, while one that fails for
+    its own reasons on a few nodes (a broken partition's) holds little of the fleet's runs and
+    loses nearly all. A source's failures events name are never left out."""
+    key, share_of = (ev.user, inc.user_share()) if label == "user" else (ev.script,
+                                                                         inc.script_share())
+    if not ev.gameable.any() or rate <= 0:
+        return []
+    s = ev.weights() * rate / (rate + ev.rest)  # the node's part of each failure
+    total = float(s.sum())
+    size = max(int(key.max(initial=-1)) + 1, 0)
+    ok = key != NO_SCRIPT
+    every = np.bincount(key[ok], weights=s[ok], minlength=size)
+    g = ok & ev.gameable
+    mine = np.bincount(key[g], weights=s[g], minlength=size)
+    out = []
+    for k in np.flatnonzero(mine > 0):
+        p = float(share_of[k]) if k < len(share_of) else 0.0
+        if label == "user":
+            expected = math.inf if p >= 1 else (total - float(every[k])) * p / (1 - p)
+        else:
+            expected = p * total
+        named = float(every[k] - mine[k])
+        kept = min(float(mine[k]), max(0.0, poisson_upper(expected) - named))
+        out.append(SourceKeep(label, int(k), float(mine[k]), float(mine[k]) - kept, p))
+    out.sort(key=lambda x: (-x.excess, x.index))
+    return out
 
 
 def robust_test(inc: Incidence, ev: Evidence, null: float, spent: bool = False) -> NodeTest:
-    """The node's test on all its evidence, then without the failures (the user decided) of
-    its most incriminating user and job script, when that source dominates its excess; the
-    weakest result stands. ``spent``: the fit already left one source out of this node's
-    evidence; one is all a node's test leaves out (with two users each holding half, leaving
-    out the second after the first left nothing, and a flaky node was missed)."""
-    p, r = test_rate(ev.rest, ev.exposure, null)
+    """The node's test on all its evidence, then without what its user and its job script
+    holding the most beyond their shares of the fleet's runs hold beyond them
+    (`source_keep`); the weakest result stands. ``spent``: the fit already left one source
+    out of this node's evidence; one is all a node's test leaves out (with two users each
+    holding half, leaving out the second after the first left nothing, and a flaky node was
+    missed)."""
+    w = ev.weights()
+    p, r = test_rate(ev.rest, ev.exposure, null, w)
     worst = NodeTest(p, r, r * ev.exposure, "", full_p=p)
     if spent or p >= 1.0 or not ev.gameable.any():
         return worst
-    share = r / (r + ev.rest) if r > 0 else np.zeros(len(ev.rest))
-    excess = (r - null) * ev.exposure
-    for key, names, label in ((ev.user, inc.users, "user"), (ev.script, inc.scripts, "script")):
-        g = ev.gameable & (key != NO_SCRIPT)
-        if not g.any():
-            continue
-        weight = np.bincount(key[g], weights=share[g])
-        top = int(np.argmax(weight))
-        if weight[top] < DOMINANT * excess:
-            continue  # many sources agree: leaving one out would only discard real evidence
-        drop = g & (key == top)
-        p2, r2 = test_rate(ev.rest[~drop], ev.exposure, null)
+    for label in ("user", "script"):
+        found = source_keep(inc, ev, r, label)
+        if not found or found[0].excess < EXCESS_MIN:
+            continue  # every source holds its share: leaving one out would only discard
+        top = found[0]
+        key = ev.user if label == "user" else ev.script
+        w2 = np.where(ev.gameable & (key == top.index), w * top.kept, w)
+        p2, r2 = test_rate(ev.rest, ev.exposure, null, w2)
         if p2 > worst.p_value:
-            n = int(drop.sum())
-            worst = NodeTest(p2, r2, r2 * ev.exposure,
-                             f"{n} failure(s) of {label} {names[top]!s} left out", (label, top),
-                             p)
+            names = inc.users if label == "user" else inc.scripts
+            worst = NodeTest(p2, r2, r2 * ev.exposure, top.words(names), (label, top.index),
+                             p, top.kept)
     return worst
 
 

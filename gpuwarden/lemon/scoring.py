@@ -19,10 +19,9 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
-import numpy.typing as npt
 
 from gpuwarden.accounting.attribution import Attribution, Blame, Exposure
-from gpuwarden.accounting.incidence import Incidence, IntArray
+from gpuwarden.accounting.incidence import FloatArray, Incidence, IntArray
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
 from gpuwarden.lemon.inference import (
     Fit,
@@ -132,8 +131,9 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     The rates come from the joint fit (`gpuwarden.lemon.inference`): every failed run is
     explained by all of its nodes at once, so a node that only fails alongside a lemon is not
     blamed for it. Each testable node is tested against the fleet's rate (pooled over the nodes
-    not found to be lemons, refitted until the set holds), with its most incriminating user
-    and job script left out in turn where one dominates its evidence; Benjamini-Hochberg runs
+    not found to be lemons, refitted until the set holds), with what its user and its job
+    script holding the most beyond their shares of the fleet's runs hold beyond them left out
+    in turn; Benjamini-Hochberg runs
     across the fleet.
     """
     per_node: dict[str, list[Blame]] = defaultdict(list)
@@ -206,13 +206,14 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
             entries: dict[str, IntArray], testable: list[str]) -> _Rounds:
     """Fit, test, and again until the lemons and the left-out sources hold.
 
-    A source found to dominate the evidence of a node that it would make a lemon is left out
-    of the fit as well as of the node's test (sticky, so the rounds end): kept in the fit, a
-    broken partition's failures made its nodes explain their neighbours' failures in every big
-    job they shared, and raised the fleet's rate that every node is tested against. It is the
-    one source that node's test leaves out (`robust_test`'s ``spent``).
+    What a source holds beyond its share on a node that it would make a lemon is left out of
+    the fit as well as of the node's test (sticky, only ever less kept, so the rounds end):
+    kept in the fit, a broken partition's failures made its nodes explain their neighbours'
+    failures in every big job they shared, and raised the fleet's rate that every node is
+    tested against. It is the one source that node's test leaves out (`robust_test`'s
+    ``spent``).
     """
-    drop = np.zeros(len(inc.node), dtype=bool)
+    keep = np.ones(len(inc.node))
     left_out: dict[str, str] = {}
     own: dict[str, IntArray] = {}  # per node: the entries of the source left out for it
     f = fit(inc)
@@ -238,8 +239,9 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
             source = tests[n].source
             if source is not None and q <= cfg.fdr:
                 hit = source_entries(inc, entries[n], source)
-                if not drop[hit].all():
-                    drop[hit] = True
+                kept = tests[n].kept
+                if (keep[hit] > kept + 1e-6).any():
+                    keep[hit] = np.minimum(keep[hit], kept)
                     left_out[n] = tests[n].left_out
                     own[n] = hit
                     grown = True
@@ -247,15 +249,15 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
             break
         flagged = now
         if grown:
-            f = fit(inc, drop=drop)
-    tests, q_values, flagged = _confirm(inc, cfg, index, entries, testable, f, drop, own, null,
+            f = fit(inc, keep=keep)
+    tests, q_values, flagged = _confirm(inc, cfg, index, entries, testable, f, keep, own, null,
                                         tests, flagged)
     return _Rounds(f, tests, q_values, flagged, null, left_out)
 
 
 def _confirm(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
              entries: dict[str, IntArray], testable: list[str], f: Fit,
-             drop: npt.NDArray[np.bool_], own: dict[str, IntArray], null: float,
+             weights: FloatArray, own: dict[str, IntArray], null: float,
              tests: dict[str, NodeTest], flagged: set[str]
              ) -> tuple[dict[str, NodeTest], dict[str, float], set[str]]:
     """Only what the profile test, and the same with any one user or job script left out,
@@ -271,11 +273,11 @@ def _confirm(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     tests = dict(tests)
     for n in sorted(flagged):
         t = tests[n]
-        base, start = drop, f
+        base, start = weights, f
         if n in own:
-            base = drop.copy()
-            base[own[n]] = False
-            start = fit(inc, drop=base, start=f)
+            base = weights.copy()
+            base[own[n]] = 1.0
+            start = fit(inc, keep=base, start=f)
         v = confirm(inc, start, base, index[n], entries[n], _null_rate(start, inc, keep),
                     partial(_null_rate, inc=inc, keep=keep), bar, t.p_value,
                     (float(counts[index[n]]), named_rate))

@@ -12,26 +12,40 @@ test would flag is confirmed here, and only what holds here makes a lemon:
    other rate and the background re-optimised. Failures the node shares with neighbours it
    cannot be told apart from then move onto them at almost no cost in likelihood: only what
    identifies the node (failures events name it in, runs without its block) stays as evidence.
-2. Leave one source out. For each user and each job script whose failures (ones the user
-   decided: FAILED, no node named by an event) are among the node's evidence, the fit is
-   refitted without all of that source's such failures, and (1) repeated on that fit against
-   that fit's fleet rate. Measuring a source's weight on the contaminated fit is not enough: a
-   user's failures raise the node's rate, the fit then hands it its block's ordinary failures,
-   and the user's own share looks small. The largest p-value stands, so a verdict that one
-   source's failures tip does not stand.
+2. Leave one source's excess out. For each user and each job script that holds more of the
+   node's failures (ones the user decided: FAILED, no node named by an event) than its share
+   of the fleet's runs predicts (`inference.source_keep`), the fit is refitted with only the
+   part within its share of that source's failures on the node, and (1) repeated on that fit
+   against that fit's fleet rate. The part is measured again on the refit until it holds:
+   measured on the contaminated fit alone, a user's failures raise the node's rate, the fit
+   then hands it its block's ordinary failures, and the others' failures the user is measured
+   against look larger. The largest p-value stands, so a verdict that one source's failures
+   beyond its share tip does not stand; a source holding its share (a script every job runs)
+   is not left out at all.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
-import numpy.typing as npt
 
-from gpuwarden.accounting.incidence import CULPRIT, NO_SCRIPT, FloatArray, Incidence, IntArray
-from gpuwarden.lemon.inference import Fit, fit, gamma_p
+from gpuwarden.accounting.incidence import CULPRIT, FloatArray, Incidence, IntArray
+from gpuwarden.lemon.inference import (
+    EXCESS_MIN,
+    Evidence,
+    Fit,
+    SourceKeep,
+    evidence,
+    fit,
+    gamma_p,
+    source_keep,
+)
+
+# How often a source's kept part is measured again on the refit it gave.
+SETTLE = 3
 
 
 @dataclass(frozen=True)
@@ -41,12 +55,12 @@ class Verdict:
 
 
 def profile_p(inc: Incidence, f: Fit, node: int, null: float,
-              drop: npt.NDArray[np.bool_] | None) -> float:
+              keep: FloatArray | None) -> float:
     """One-sided profile likelihood-ratio p-value for "node's rate is above `null`"; ``f``: the
-    unconstrained fit with the same ``drop``."""
+    unconstrained fit with the same ``keep``."""
     if float(f.rate[node]) <= null or inc.node_hours[node] <= 0:
         return 1.0
-    g = fit(inc, drop=drop, fixed=(node, null), start=f)
+    g = fit(inc, keep=keep, fixed=(node, null), start=f)
     d = max(0.0, 2 * (f.loglik(inc) - g.loglik(inc)))
     return 0.5 * math.erfc(math.sqrt(d / 2))
 
@@ -74,10 +88,10 @@ def named_null(inc: Incidence, counts: FloatArray, keep: list[int]) -> float:
     return float(counts[keep].sum()) / e if e > 0 else 0.0
 
 
-def confirm(inc: Incidence, f: Fit, drop: npt.NDArray[np.bool_], node: int,
+def confirm(inc: Incidence, f: Fit, keep: FloatArray, node: int,
             entries: IntArray, null: float, null_of: Callable[[Fit], float],
             bar: Bar, p_first: float, named: tuple[float, float]) -> Verdict:
-    """``f``: the fit on ``drop``; ``null``: its fleet rate; ``null_of``: the fleet rate of a
+    """``f``: the fit on ``keep``; ``null``: its fleet rate; ``null_of``: the fleet rate of a
     refit; ``p_first``: the conditional test's p-value (the profile one is never smaller in
     theory; the larger stands, so a poorly converged refit cannot make a node look worse).
 
@@ -90,37 +104,62 @@ def confirm(inc: Incidence, f: Fit, drop: npt.NDArray[np.bool_], node: int,
     p_named = gamma_p(named[0], named[1] * float(inc.node_hours[node]))
     if 2 * p_named <= bar.alpha:
         return Verdict(2 * p_named, "")
-    v = _refits(inc, f, drop, node, entries, null, null_of, bar, p_first)
+    v = _refits(inc, f, keep, node, entries, null, null_of, bar, p_first)
     return Verdict(min(1.0, 2 * min(p_named, v.p_value)), v.weakest)
 
 
-def _refits(inc: Incidence, f: Fit, drop: npt.NDArray[np.bool_], node: int,
+def _refits(inc: Incidence, f: Fit, keep: FloatArray, node: int,
             entries: IntArray, null: float, null_of: Callable[[Fit], float],
             bar: Bar, p_first: float) -> Verdict:
-    p = max(p_first, profile_p(inc, f, node, null, drop))
+    p = max(p_first, profile_p(inc, f, node, null, keep))
     weakest = ""
     if p > bar.alpha / 2:
         return Verdict(p, weakest)
-    all_rows = inc.entry_row()
-    rows = all_rows[entries][f.use[entries] > 0]
-    rows = rows[inc.gameable[rows]]
-    for key, names, label in ((inc.user, inc.users, "user"), (inc.script, inc.scripts, "script")):
-        values, counts = np.unique(key[rows], return_counts=True)
-        for i in np.argsort(-counts, kind="stable"):
-            value = int(values[i])
-            if value == NO_SCRIPT:
-                continue
-            out = inc.gameable[all_rows] & (key[all_rows] == value)
-            d2 = drop | out
-            g = fit(inc, drop=d2, start=f)
+    ev = evidence(inc, f, node, entries)
+    rate = float(f.rate[node])
+    for label in ("user", "script"):
+        for first in source_keep(inc, ev, rate, label):
+            if first.excess < EXCESS_MIN:
+                break  # sorted: the rest hold their shares
+            g, k2, found = _without(inc, f, keep, node, entries, first)
             null2 = null_of(g)
-            rate = float(g.rate[node])
-            if rate * inc.node_hours[node] < bar.min_failures or rate < bar.min_ratio * null2:
+            r = float(g.rate[node])
+            if r * inc.node_hours[node] < bar.min_failures or r < bar.min_ratio * null2:
                 p2 = 1.0
             else:
-                p2 = profile_p(inc, g, node, null2, d2)
+                p2 = profile_p(inc, g, node, null2, k2)
             if p2 > p:
-                p, weakest = p2, f"{label} {names[value]!s} ({int(counts[i])} failure(s)) left out"
+                names = inc.users if label == "user" else inc.scripts
+                p, weakest = p2, found.words(names)
             if p > bar.alpha / 2:
                 return Verdict(p, weakest)
     return Verdict(p, weakest)
+
+
+def _without(inc: Incidence, f: Fit, keep: FloatArray, node: int, entries: IntArray,
+             first: SourceKeep) -> tuple[Fit, FloatArray, SourceKeep]:
+    """The refit with only the kept part of ``first``'s failures on the node, that part
+    measured again on the refit until it holds (`SETTLE` times at most)."""
+    row = inc.entry_row()[entries]
+    key = inc.user if first.label == "user" else inc.script
+    mine = entries[inc.gameable[row] & (key[row] == first.index)]
+    found, k2, g = first, keep, f
+    for _ in range(SETTLE):
+        k2 = keep.copy()
+        k2[mine] = np.minimum(k2[mine], found.kept)
+        g = fit(inc, keep=k2, start=g)
+        # Measured with the source's failures counted in full, as `first` was.
+        ev = evidence(inc, g, node, entries)
+        again = [s for s in source_keep(inc, _whole(ev, first), float(g.rate[node]),
+                                        first.label) if s.index == first.index]
+        if not again or again[0].kept >= found.kept - 0.01:
+            break
+        found = again[0]
+    return g, k2, found
+
+
+def _whole(ev: Evidence, source: SourceKeep) -> Evidence:
+    """``ev`` with ``source``'s failures the user decided counted in full."""
+    key = ev.user if source.label == "user" else ev.script
+    mine = ev.gameable & (key == source.index)
+    return replace(ev, weight=np.where(mine, 1.0, ev.weights()))
