@@ -332,6 +332,12 @@ def attribute_runs(jobs: Iterable[AcctRecord] | Columns,
     return result
 
 
+def meets_cleared(text: str, clears: Mapping[str, float]) -> bool:
+    """Whether a node list names a node whose lemon drain was cleared (rule 7: its runs are
+    judged one by one); True for a list too long to expand."""
+    return _meets(text, clears)
+
+
 def _meets(text: str, clears: Mapping[str, float]) -> bool:
     """Whether a node list names a node whose lemon drain was cleared; True for a list too
     long to expand, so the record goes the one-by-one way (skipped as unreadable)."""
@@ -383,22 +389,30 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
             g[0] += 1
             g[1] += secs
     result.first_start, result.first_end, result.last_end = first, first_end, last
-    for text, acc in by_list.items():
-        if acc is other:
-            continue
-        runs, secs = acc
+    add_plain_groups(result, ((t, a) for t, a in by_list.items() if a is not other),
+                     by_gpus.items(), ranged)
+    return others
+
+
+def add_plain_groups(result: Attribution, by_list: Iterable[tuple[str, Sequence[int]]],
+                     by_gpus: Iterable[tuple[int, Sequence[int]]], ranged: RangeTally) -> None:
+    """Runs no rule blames, tallied by group: ``by_list`` (node list `shape` reads, no node
+    with a cleared lemon drain) and ``by_gpus`` (GPU count) each with [runs, run-seconds]
+    (`run_seconds` summed). What `_attribute_one` adds for each of those runs; the caller
+    keeps first_start/first_end/last_end. The accounting store's reader tallies the groups on
+    columns and hands them here (`accounting.store.scan`)."""
+    for text, (runs, secs) in by_list:
         known = shape(text)
-        assert known is not None  # cols.shaped said so
+        assert known is not None, text  # the caller checked
         size = size_bucket(known[1])
         result.runs_by_size[size] += known[1] * runs
         result.incidence.add_hours(size, secs / 3600)
         ranged.add_list(text, size, secs, runs)
-    for gpus, (runs, secs) in by_gpus.items():
+    for gpus, (runs, secs) in by_gpus:
         gclass, hours = gpu_class(gpus), secs / 3600
         result.gpu_runs[gclass] += runs
         result.gpu_hours[gclass] += hours
         result.class_gpu_hours[gclass] += hours * max(0, gpus)
-    return others
 
 
 _OTHER: list[int] = []  # a node list with a cleared node: each of its runs on its own
