@@ -98,8 +98,14 @@ class Blame:
 @dataclass
 class Exposure:
     jobs: int = 0
-    hours: float = 0.0
+    # Whole seconds (sacct's resolution), so the total does not depend on the order runs
+    # were added in (files, workers, the accounting store's groups): `hours` is exact.
+    seconds: int = 0
     by_size: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def hours(self) -> float:
+        return self.seconds / 3600
 
 
 @dataclass
@@ -136,7 +142,7 @@ class Attribution:
         for node, e in other.exposure.items():
             mine = self.exposure[node]
             mine.jobs += e.jobs
-            mine.hours += e.hours
+            mine.seconds += e.seconds
             mine.by_size.update(e.by_size)
         self.skipped.update(other.skipped)
         self.runs_by_size.update(other.runs_by_size)
@@ -451,7 +457,7 @@ def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
     result.runs_by_size[size] += len(nodes) if cleared else count
     result.incidence.add_hours(size, hours)
     if cleared:
-        _expose_each(result.exposure, nodes, size, hours)
+        _expose_each(result.exposure, nodes, size, secs)
     elif known is not None:
         ranged.add_list(text, size, secs)
     else:
@@ -483,11 +489,11 @@ def _named(job: AcctRecord, state: str, result: Attribution) -> tuple[str, ...]:
 
 
 def _expose_each(exposure: dict[str, Exposure], nodes: Sequence[str], size: int,
-                 hours: float) -> None:
+                 secs: int) -> None:
     for n in nodes:
         e = exposure[n]
         e.jobs += 1
-        e.hours += hours
+        e.seconds += secs
         e.by_size[size] += 1
 
 
@@ -578,7 +584,7 @@ def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
     for n, size, runs, secs in tally.spread():
         e = exposure[n]
         e.jobs += runs
-        e.hours += secs / 3600
+        e.seconds += secs
         e.by_size[size] += runs
 
 

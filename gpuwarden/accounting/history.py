@@ -501,7 +501,8 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     `from_files` gives for the exports ingested into it. ``events``: None reads the store's
     own; ``since`` (epoch seconds): only the runs that ended from then on."""
     # polars: the store's engine, loaded only by the commands that read one.
-    from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
+    import polars as pl  # noqa: PLC0415
+
     from gpuwarden.accounting.store import manifest, scan  # noqa: PLC0415
 
     root = Path(store)
@@ -510,18 +511,23 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
         raise HistoryError(f"{store}: an empty accounting store (nothing ingested yet: "
                            "gpuwarden accounting ingest --from EXPORTS --store DIR)")
     if events is None:
-        events = eventstore.read(root / m.events) if m.events else []
+        events = store_events(store)
     clusters = {e.cluster for e in m.exports if e.cluster}
     events = same_cluster(events, clusters)
     known = _Known.of(events, grace_s)
     att, tally = Attribution(), RangeTally()
-    lf = scan.rows(root, m, since)
-    runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s, tally)
-    spread_exposure(att.exposure, tally)
-    collected = collector() if collector is not None else None
-    if collected is not None:
-        collected.add_store(runs)
-    total = sum(e.rows for e in m.exports) if since is None else scan.count(lf)
+    try:
+        lf = scan.rows(root, m, since)
+        runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,
+                              tally)
+        spread_exposure(att.exposure, tally)
+        collected = collector() if collector is not None else None
+        if collected is not None:
+            collected.add_store(runs)
+        total = sum(e.rows for e in m.exports) if since is None else scan.count(lf)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise HistoryError(f"{store}: a file of the store cannot be read ({exc}); ingest "
+                           "the exports again into a new store") from None
     bad = 0
     for e in m.exports:
         if e.malformed:
@@ -534,3 +540,12 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     return _history(known, att, total + bad, events, collected,
                     _read_spans(windows, att.last_end))
 
+
+
+def store_events(store: str) -> list[NodeEvent]:
+    """The node events an accounting store keeps ([] where none were ingested)."""
+    from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
+    from gpuwarden.accounting.store import manifest  # noqa: PLC0415
+
+    m = manifest.load(store)
+    return eventstore.read(Path(store) / m.events) if m.events else []

@@ -131,7 +131,7 @@ def _read_export(store: str, path: str, window: Window) -> _Read:
                  len(bad), bad[0] if bad else "", tuple(written))
 
 
-def _plan(paths: Sequence[str], named: Sequence[Window]) -> exportwindows.Planned:
+def plan(paths: Sequence[str], named: Sequence[Window]) -> exportwindows.Planned:
     try:
         return exportwindows.plan(paths, named)
     except exportwindows.OverlapError as exc:
@@ -193,13 +193,13 @@ def _ingest(root: Path, paths: list[str], events: Sequence[NodeEvent] | None,
     # Planned with the store's exports, by the windows each names, before anything is read.
     _, named, _ = history.plan_windows(todo)
     everything = [e.path for e in kept] + todo
-    planned = _plan(everything, [e.named for e in kept] + named)
+    planned = plan(everything, [e.named for e in kept] + named)
     reads = _read_all(root, todo, planned.windows[len(kept):], workers, progress)
     written = [f for r in reads for f in r.files]
     try:
         if any(r.named != n for r, n in zip(reads, named, strict=True)):
             # A "meta" found only at an export's end names its window now: planned again.
-            planned = _plan(everything, [e.named for e in kept] + [r.named for r in reads])
+            planned = plan(everything, [e.named for e in kept] + [r.named for r in reads])
             if planned.windows[len(kept):] != [r.window for r in reads]:
                 raise StoreError("an export's window was found only at its end and changes "
                                  "the plan: ingest it again (it is read with its window now)")
