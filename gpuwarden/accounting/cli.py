@@ -15,9 +15,10 @@ from gpuwarden.core.errors import ConfigError, GpuwardenError, SlurmError
 from gpuwarden.core.extras import Needs
 from gpuwarden.slurm.models import AcctJob
 
-# msgspec and polars (the `lemon` extra): --help works on the base install.
+# numpy and msgspec (the `lemon` extra), polars (`store`): --help works on the base install.
 with Needs("lemon") as LEMON:
     from gpuwarden.accounting.history import read_events
+with Needs("store") as STORE:
     from gpuwarden.accounting.store.ingest import ingest as ingest_exports
     from gpuwarden.accounting.store.sync import sync as sync_store
 
@@ -39,6 +40,7 @@ def accounting() -> None:
 
 @accounting.command("ingest")
 @LEMON.required
+@STORE.required
 @click.option("--from", "from_files", multiple=True, required=True,
               type=click.Path(exists=True),
               help="exported `sacct --json` output (a file, or a directory of *.json; "
@@ -68,6 +70,7 @@ def ingest(obj: Context, from_files: tuple[str, ...], events_file: str | None,
 
 @accounting.command("sync")
 @LEMON.required
+@STORE.required
 @click.option("--store", default=None, type=click.Path(file_okay=False), help=STORE_HELP)
 @click.option("--since", default=None,
               help="a first sync reads this far back [default: [accounting] sync_since]")

@@ -501,8 +501,11 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     `from_files` gives for the exports ingested into it. ``events``: None reads the store's
     own; ``since`` (epoch seconds): only the runs that ended from then on."""
     # polars: the store's engine, loaded only by the commands that read one.
-    import polars as pl  # noqa: PLC0415
-
+    try:
+        import polars as pl  # noqa: PLC0415
+    except ModuleNotFoundError:
+        raise HistoryError("reading an accounting store needs polars: pip install "
+                           "'gpuwarden[store]'") from None
     from gpuwarden.accounting.store import manifest, scan  # noqa: PLC0415
 
     root = Path(store)
