@@ -77,19 +77,19 @@ def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.LazyFrame:
 
 
 def _plain(lf: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
-           grace_s: float) -> pl.LazyFrame:
-    """Runs no rule blames, before the node lists are checked (`attribute`)."""
+           grace_s: float) -> pl.Expr:
+    """Runs no rule blames, before the node lists are checked (`attribute`): a predicate on
+    the store's rows (the one-node FAILED runs a health drain of the node may explain, rule 4,
+    are found first: they are few)."""
     start, end, state, nodes = (pl.col(c) for c in ("start_time", "end_time", "state", "nodes"))
     timed = start.is_not_null() & end.is_not_null() & (end >= start)
     one = (state == "FAILED") & ~nodes.str.contains(r"[\[,]") & ~nodes.is_in(NO_NODES)
-    # One-node FAILED runs a health drain of the node may explain (rule 4): not plain.
     drained = (lf.filter(timed & one).select("rid", "nodes", "start_time", "end_time")
                .join(_drain_frame(drains), left_on="nodes", right_on="node")
                .filter((pl.col("at") >= pl.col("start_time"))
                        & (pl.col("at") <= pl.col("end_time") + grace_s))
-               .select("rid").unique())
-    return (lf.filter(timed & (~state.is_in(BLAMABLE) | one))
-            .join(drained, on="rid", how="anti"))
+               .select("rid").unique().collect().get_column("rid"))
+    return timed & (~state.is_in(BLAMABLE) | one) & ~pl.col("rid").is_in(drained.implode())
 
 
 def _odd(texts: Sequence[str], clears: Mapping[str, float]) -> list[str]:
@@ -103,8 +103,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
               grace_s: float, tally: RangeTally) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads."""
-    plain = _plain(lf, drains, grace_s)
-    groups = (plain.group_by("nodes", "gpus")
+    keep = _plain(lf, drains, grace_s)
+    groups = (lf.filter(keep).group_by("nodes", "gpus")
               .agg(pl.len().alias("runs"), SECS.sum(), pl.col("start_time").min().alias("lo"),
                    pl.col("end_time").min().alias("first_end"),
                    pl.col("end_time").max().alias("hi"))
@@ -112,7 +112,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     odd = _odd(groups.get_column("nodes").unique().to_list(), clears)
     if odd:
         groups = groups.filter(~pl.col("nodes").is_in(odd))
-        plain = plain.filter(~pl.col("nodes").is_in(odd))
+        keep &= ~pl.col("nodes").is_in(pl.Series(odd, dtype=pl.String).implode())
+    plain = lf.filter(keep)
     by_list = (groups.group_by("nodes").agg(pl.col("runs").sum(), pl.col("secs").sum())
                .sort("nodes"))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
@@ -124,8 +125,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
         att.first_start = min(att.first_start, lo)
         att.first_end = min(att.first_end, first_end)
         att.last_end = max(att.last_end, hi)
-    rest = (lf.join(plain.select("rid"), on="rid", how="anti").sort("rid").drop("rid")
-            .collect(engine="streaming"))
+    rest = lf.filter(~keep).sort("rid").drop("rid").collect(engine="streaming")
     others = schema.jobs(rest)
     attribute_runs(Columns(others), drains, grace_s, clears, failures, into=att, tally=tally)
     log.debug("store: %d node lists tallied on columns, %d runs one by one", by_list.height,
