@@ -28,6 +28,7 @@ EXIT_REFUSED = 3
 _LAZY = {
     "health": ("gpuwarden.health.cli", "health"),
     "lemon": ("gpuwarden.lemon.cli", "lemon"),
+    "accounting": ("gpuwarden.accounting.cli", "accounting"),
     "fleet": ("gpuwarden.fleet.cli", "fleet"),
     "simulate": ("gpuwarden.fleet.cli", "simulate"),
     "report": ("gpuwarden.report.cli", "report"),

@@ -100,8 +100,14 @@ class Blame:
 @dataclass
 class Exposure:
     jobs: int = 0
-    hours: float = 0.0
+    # Whole seconds (sacct's resolution), so the total does not depend on the order runs
+    # were added in (files, workers, the accounting store's groups): `hours` is exact.
+    seconds: int = 0
     by_size: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def hours(self) -> float:
+        return self.seconds / 3600
 
 
 @dataclass
@@ -138,7 +144,7 @@ class Attribution:
         for node, e in other.exposure.items():
             mine = self.exposure[node]
             mine.jobs += e.jobs
-            mine.hours += e.hours
+            mine.seconds += e.seconds
             mine.by_size.update(e.by_size)
         self.skipped.update(other.skipped)
         self.runs_by_size.update(other.runs_by_size)
@@ -334,6 +340,12 @@ def attribute_runs(jobs: Iterable[AcctRecord] | Columns,
     return result
 
 
+def meets_cleared(text: str, clears: Mapping[str, float]) -> bool:
+    """Whether a node list names a node whose lemon drain was cleared (rule 7: its runs are
+    judged one by one); True for a list too long to expand."""
+    return _meets(text, clears)
+
+
 def _meets(text: str, clears: Mapping[str, float]) -> bool:
     """Whether a node list names a node whose lemon drain was cleared; True for a list too
     long to expand, so the record goes the one-by-one way (skipped as unreadable)."""
@@ -389,27 +401,40 @@ def _add_plain(result: Attribution, cols: Columns, clears: Mapping[str, float],
             g[0] += 1
             g[1] += secs
     result.first_start, result.first_end, result.last_end = first, first_end, last
-    for text, acc in by_list.items():
-        if acc is other:
-            continue
-        runs, secs, count = acc
+    add_plain_groups(result, ((t, a) for t, a in by_list.items() if a is not other),
+                     by_gpus.items(), ranged, by_source.items())
+    return others
+
+
+def add_plain_groups(result: Attribution, by_list: Iterable[tuple[str, Sequence[int]]],
+                     by_gpus: Iterable[tuple[int, Sequence[int]]], ranged: RangeTally,
+                     by_source: Iterable[tuple[tuple[str, str], int]] = ()) -> None:
+    """Runs no rule blames, tallied by group: ``by_list`` (node list `shape` reads, no node
+    with a cleared lemon drain) and ``by_gpus`` (GPU count) each with [runs, run-seconds]
+    (`run_seconds` summed; a third item in ``by_list``'s, where the caller has it: the
+    list's node count), ``by_source`` node-seconds per (user, submit line). What
+    `_attribute_one` adds for each of those runs; the caller keeps first_start/first_end/
+    last_end. The accounting store's reader tallies the groups on columns and hands them here
+    (`accounting.store.scan`)."""
+    for text, acc in by_list:
+        runs, secs = acc[0], acc[1]
+        count = acc[2] if len(acc) > 2 else _count(text)
         size = size_bucket(count)
         result.runs_by_size[size] += count * runs
         result.incidence.add_hours(size, secs / 3600)
         ranged.add_list(text, size, secs, runs)
-    for gpus, (runs, secs) in by_gpus.items():
+    for gpus, (runs, secs) in by_gpus:
         gclass, hours = gpu_class(gpus), secs / 3600
         result.gpu_runs[gclass] += runs
         result.gpu_hours[gclass] += hours
         result.class_gpu_hours[gclass] += hours * max(0, gpus)
-    for (user, line), node_secs in by_source.items():
+    for (user, line), node_secs in by_source:
         result.incidence.add_source_hours(user, _submit_facts(line)[1], node_secs / 3600)
-    return others
 
 
 def _count(text: str) -> int:
     known = shape(text)
-    assert known is not None  # cols.shaped said so
+    assert known is not None, text  # the caller checked
     return known[1]
 
 
@@ -451,7 +476,7 @@ def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
     result.incidence.add_source_hours(job.user, _submit_facts(job.submit_line)[1],
                                       hours * (len(nodes) if cleared else count))
     if cleared:
-        _expose_each(result.exposure, nodes, size, hours)
+        _expose_each(result.exposure, nodes, size, secs)
     elif known is not None:
         ranged.add_list(text, size, secs)
     else:
@@ -483,11 +508,11 @@ def _named(job: AcctRecord, state: str, result: Attribution) -> tuple[str, ...]:
 
 
 def _expose_each(exposure: dict[str, Exposure], nodes: Sequence[str], size: int,
-                 hours: float) -> None:
+                 secs: int) -> None:
     for n in nodes:
         e = exposure[n]
         e.jobs += 1
-        e.hours += hours
+        e.seconds += secs
         e.by_size[size] += 1
 
 
@@ -578,7 +603,7 @@ def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
     for n, size, runs, secs in tally.spread():
         e = exposure[n]
         e.jobs += runs
-        e.hours += secs / 3600
+        e.seconds += secs
         e.by_size[size] += runs
 
 

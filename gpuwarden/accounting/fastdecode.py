@@ -321,3 +321,41 @@ def decoder_for(version: str | None) -> Decoder | None:
     def strict(text: str, record: Callable[[Any], Any], lazy: bool) -> list[Any] | None:
         return _decode(text, record, lazy, typed)
     return strict
+
+
+def rows_of(records: list[Any]) -> list[tuple[Any, ...]]:
+    """Each record as the fields of an AcctJob, in order (the accounting store's row), read
+    from a Run in one step where its values are plain, else through ``job()``/the AcctJob."""
+    if msgspec is None:
+        return [_row(r) for r in records]
+    out: list[tuple[Any, ...]] = []
+    add = out.append
+    for r in records:
+        if type(r) not in _RUNS:
+            add(_row(r))
+            continue
+        tm, st, ex = r.time, r.state_, r.exit_
+        cur = st.current if st is not None else None
+        if type(cur) is not list or len(cur) != 1 or tm is None or ex is None \
+                or type(r.id_) is not int:
+            add(_row(r.job()))
+            continue
+        sub, start, end = tm.submission, tm.start, tm.end
+        rc, sig = ex.return_code, ex.signal
+        sig = sig.id if sig is not None else None
+        add((r.id_, r.name_ or "", r.user_ or "", cur[0],
+             st.reason or "", r.partition_ or "", r.nodes_ or "",
+             _num(r.allocation_nodes) or 0, _gpus(r), _num(rc), _num(sig),
+             (sub if type(sub) is int and 0 < sub < PLACEHOLDER else _num(sub) or None)
+             if sub is not None else None,
+             start if type(start) is int and 0 < start < PLACEHOLDER else r.start_time,
+             end if type(end) is int and 0 < end < PLACEHOLDER else r.end_time,
+             _num(r.restart_cnt), r.failed_node_ or "", r.submit_line_ or ""))
+    return out
+
+
+def _row(r: Any) -> tuple[Any, ...]:
+    job = r if isinstance(r, AcctJob) else r.job()
+    return (job.job_id, job.name, job.user, job.state, job.state_reason, job.partition,
+            job.nodes, job.num_nodes, job.gpus, job.exit_code, job.signal, job.submit_time,
+            job.start_time, job.end_time, job.restart_count, job.failed_node, job.submit_line)

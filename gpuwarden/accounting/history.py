@@ -59,6 +59,9 @@ class Collector(Protocol):
 
     def add(self, records: Columns) -> None: ...
     def merge(self, other: Any) -> None: ...
+    # The same tallies from the accounting store (`accounting.store.scan.StoreRuns`): its
+    # plain runs on columns, the others as records.
+    def add_store(self, runs: Any) -> None: ...
 
 
 CollectorFactory = Callable[[], Collector]
@@ -489,3 +492,63 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         if progress and done:
             progress(done, days)
     return _history(known, att, total, events, collected, (span,))
+
+
+def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: float = GRACE_S,
+               collector: CollectorFactory | None = None,
+               since: float | None = None) -> History:
+    """The history an accounting store holds (`gpuwarden accounting ingest`), the same as
+    `from_files` gives for the exports ingested into it. ``events``: None reads the store's
+    own; ``since`` (epoch seconds): only the runs that ended from then on."""
+    # polars: the store's engine, loaded only by the commands that read one.
+    try:
+        import polars as pl  # noqa: PLC0415
+    except ModuleNotFoundError:
+        raise HistoryError("reading an accounting store needs polars: pip install "
+                           "'gpuwarden[store]'") from None
+    from gpuwarden.accounting.store import manifest, scan  # noqa: PLC0415
+
+    root = Path(store)
+    m = manifest.load(root)
+    if not m.exports:
+        raise HistoryError(f"{store}: an empty accounting store (nothing ingested yet: "
+                           "gpuwarden accounting ingest --from EXPORTS --store DIR)")
+    if events is None:
+        events = store_events(store)
+    clusters = {e.cluster for e in m.exports if e.cluster}
+    events = same_cluster(events, clusters)
+    known = _Known.of(events, grace_s)
+    att, tally = Attribution(), RangeTally()
+    try:
+        lf = scan.rows(root, m, since)
+        runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,
+                              tally)
+        spread_exposure(att.exposure, tally)
+        collected = collector() if collector is not None else None
+        if collected is not None:
+            collected.add_store(runs)
+        total = sum(e.rows for e in m.exports) if since is None else scan.count(lf)
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise HistoryError(f"{store}: a file of the store cannot be read ({exc}); ingest "
+                           "the exports again into a new store") from None
+    bad = 0
+    for e in m.exports:
+        if e.malformed:
+            att.skipped[f"{e.path}: malformed record"] += e.malformed
+            bad += e.malformed
+    windows: list[Window] = [e.window for e in m.exports]
+    if since is not None:
+        windows = [(max(lo, since), hi) for lo, hi in windows if lo is not None
+                   and (hi is None or hi > since)] or [(since, None)]
+    return _history(known, att, total + bad, events, collected,
+                    _read_spans(windows, att.last_end))
+
+
+
+def store_events(store: str) -> list[NodeEvent]:
+    """The node events an accounting store keeps ([] where none were ingested)."""
+    from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
+    from gpuwarden.accounting.store import manifest  # noqa: PLC0415
+
+    m = manifest.load(store)
+    return eventstore.read(Path(store) / m.events) if m.events else []

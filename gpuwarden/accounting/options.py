@@ -39,6 +39,10 @@ _COST = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 SINCE_HELP = "how far back to read: 30d, 12h, or a time (UTC) [default: 30d]"
 FROM_HELP = ("exported `sacct --json` output (a file, or a directory of *.json) instead "
              "of the cluster (repeatable)")
+STORE_HELP = ("read the accounting store (`gpuwarden accounting ingest`/`sync`) instead of the "
+              "cluster; with --since only the runs that ended since [default: [accounting] "
+              "store]")
+LIVE_HELP = "read slurmdbd (sacct) even where [accounting] store is set"
 
 
 def since_option(help: str | None = SINCE_HELP, default: str | None = None,
@@ -51,8 +55,9 @@ def since_option(help: str | None = SINCE_HELP, default: str | None = None,
 
 def history_options(*, events_help: str, since_help: str = SINCE_HELP,
                     from_help: str = FROM_HELP) -> Callable[[F], F]:
-    """`--since`, `--from` and `--events`: the command's parameters ``since``, ``from_files``
-    and ``events_file``, as `load_history` takes them. ``events_help`` says what the command
+    """`--since`, `--from`, `--events`, `--store` and `--live`: the command's parameters
+    ``since``, ``from_files``, ``events_file``, ``store`` and ``live``, as `load_history`
+    takes them. ``events_help`` says what the command
     reads the events for."""
     # In the order --help lists them; applied last first, as stacked decorators are.
     added = [
@@ -61,6 +66,9 @@ def history_options(*, events_help: str, since_help: str = SINCE_HELP,
                      help=from_help),
         click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
                      help=events_help),
+        click.option("--store", "store", type=click.Path(file_okay=False), default=None,
+                     help=STORE_HELP),
+        click.option("--live", is_flag=True, help=LIVE_HELP),
     ]
 
     def add(fn: F) -> F:
@@ -150,15 +158,44 @@ class HistoryContext(Protocol):
     def client(self) -> SlurmClient: ...
 
 
+def store_of(obj: HistoryContext, store: str | None, from_files: tuple[str, ...],
+             live: bool = False) -> str | None:
+    """The store to read: --store, else [accounting] store unless --from or --live; None
+    for none."""
+    given = sum(bool(x) for x in (store, from_files, live))
+    if given > 1:
+        raise click.UsageError("--store, --from and --live each name the history: give one")
+    if from_files or live:
+        return None
+    if store:
+        return store
+    try:
+        return obj.config().accounting.store or None
+    except ConfigError as exc:
+        click.echo(f"gpuwarden: {exc}", err=True)
+        sys.exit(2)
+
+
 def load_history(obj: HistoryContext, since: str | None, from_files: tuple[str, ...],
                  events_file: str | None, grace_s: float,
-                 collector: history.CollectorFactory | None = None) -> history.History:
-    """The history from files or the live cluster; errors exit with what to do.
-    ``collector``: more tallies filled in the same pass (`gpuwarden report`)."""
+                 collector: history.CollectorFactory | None = None,
+                 store: str | None = None, live: bool = False) -> history.History:
+    """The history from files, the accounting store or the live cluster; errors exit with
+    what to do. ``collector``: more tallies filled in the same pass (`gpuwarden report`)."""
     now = datetime.now(UTC)
     if from_files and since:
         raise click.UsageError("--since reads the live cluster; with --from the files are the "
                                "history (export the window you want)")
+    where = store_of(obj, store, from_files, live)
+    if where is not None:
+        if events_file:
+            raise click.UsageError("--events goes with --from (a store keeps the events "
+                                   "ingested with it)")
+        at = None if since is None else (now - parse_since(since, now)).timestamp()
+        try:
+            return history.from_store(where, grace_s=grace_s, collector=collector, since=at)
+        except (GpuwardenError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
     span = parse_since(since or DEFAULT_SINCE, now)
     try:
         if from_files:

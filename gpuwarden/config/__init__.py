@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.config.accounting import AccountingConfig
 from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.config.health import HealthConfig
 from gpuwarden.config.lemon import LemonConfig
@@ -77,6 +78,7 @@ class Config:
     lemon: LemonConfig = field(default_factory=LemonConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     ckpt: CkptConfig = field(default_factory=CkptConfig)
+    accounting: AccountingConfig = field(default_factory=AccountingConfig)
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:

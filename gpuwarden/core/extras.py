@@ -25,6 +25,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "nvml": ("pynvml",),
     "report": ("matplotlib",),
     "s3": ("boto3", "botocore"),
+    "store": ("polars",),
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

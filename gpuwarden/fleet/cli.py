@@ -54,6 +54,7 @@ def fleet() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def mttf(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+         store: str | None, live: bool,
          ckpt_cost: str, project_to: str, gpus_per_node: int, spares: int, restart_cost: str,
          spare_swap: str, as_json: bool) -> None:
     """MTTF by job size, its 1/N projection, the Young/Daly checkpoint interval, and whether
@@ -62,7 +63,8 @@ def mttf(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
     sizes = parse_sizes(project_to)
     restart, swap = parse_cost(restart_cost), parse_cost(spare_swap)
     grace = obj.config_or_exit().lemon.grace_s
-    hist = load_history(obj, since, from_files, events_file, grace)
+    hist = load_history(obj, since, from_files, events_file, grace,
+                        store=store, live=live)
     rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, windows=hist.windows,
                  grace_s=grace)
     pays = spare_rows(rep, spares, gpus_per_node, restart, swap)

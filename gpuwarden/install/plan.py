@@ -48,6 +48,8 @@ MANIFEST: tuple[SiteFile, ...] = (
     SiteFile("systemd/gpuwarden-placement.service", 0o644, "unit"),
     SiteFile("systemd/gpuwarden-lemon-scan.service", 0o644, "unit"),
     SiteFile("systemd/gpuwarden-lemon-scan.timer", 0o644),
+    SiteFile("systemd/gpuwarden-accounting-sync.service", 0o644, "unit"),
+    SiteFile("systemd/gpuwarden-accounting-sync.timer", 0o644),
     SiteFile("systemd/gpuwarden-ckpt-tidy.service", 0o644, "unit"),
     SiteFile("systemd/gpuwarden-ckpt-tidy.timer", 0o644),
 )

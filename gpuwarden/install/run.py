@@ -23,6 +23,7 @@ NEEDED_ON: dict[str, str] = {
     "lemon": "the host running `lemon scan` and `fleet mttf`",
     "s3": "compute nodes, when [ckpt] s3_bucket is set",
     "report": "the host running `gpuwarden report`",
+    "store": "the host keeping the accounting store (`accounting ingest/sync`, `--store`)",
 }
 _NO_DEFAULTS = "or pass --no-defaults-file (a host that runs no Slurm hooks)"
 

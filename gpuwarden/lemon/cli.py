@@ -61,6 +61,7 @@ def lemon() -> None:
 @click.option("--all", "show_all", is_flag=True, help="list every node, not only suspects")
 @click.pass_obj
 def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+         store: str | None, live: bool,
          as_json: bool, drain: bool, write_list: bool, fdr: float | None,
          min_failures: int | None, min_jobs: int | None, show_all: bool) -> None:
     """Rank nodes by failures against what the fleet's rate predicts for their exposure."""
@@ -68,7 +69,8 @@ def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
     if (drain or write_list) and from_files:
         raise click.UsageError("--drain and --write-list act on the live cluster: not with --from")
     lc = cfg.lemon
-    hist = load_history(obj, since, from_files, events_file, lc.grace_s)
+    hist = load_history(obj, since, from_files, events_file, lc.grace_s,
+                        store=store, live=live)
     att = hist.attribution
     sc = ScoreConfig(fdr=fdr if fdr is not None else lc.fdr,
                      min_failures=min_failures if min_failures is not None else lc.min_failures,

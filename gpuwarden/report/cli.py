@@ -17,6 +17,7 @@ from gpuwarden.accounting.options import (
     load_history,
     parse_cost,
     parse_since,
+    store_of,
 )
 from gpuwarden.ckpt import restorelog
 from gpuwarden.config.context import Context
@@ -31,7 +32,7 @@ from gpuwarden.slurm.topology import parse as parse_topology
 # numpy (the attribution and lemon scoring), then matplotlib (the charts): the base install
 # still lists and explains the command.
 with Needs("lemon") as LEMON:
-    from gpuwarden.accounting.history import read_events
+    from gpuwarden.accounting.history import read_events, store_events
     from gpuwarden.lemon.scoring import ScoreConfig
     from gpuwarden.report.build import GATING, Gating, Options, as_json, build, gating_of
     from gpuwarden.report.collect import Blamable, RunTally
@@ -83,6 +84,14 @@ def _events_first(obj: Context, since: str | None, from_files: tuple[str, ...],
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)
+    except (GpuwardenError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _store_events(store: str) -> list[NodeEvent]:
+    """The node events a store keeps (as `_events_first` reads them for files)."""
+    try:
+        return store_events(store)
     except (GpuwardenError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -179,6 +188,7 @@ def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
                    "[default: [ckpt] shared_root, where it is mounted]")
 @click.pass_obj
 def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
+           store: str | None, live: bool,
            output: str, json_out: str | None, ckpt_cost: str, ckpt_interval: str,
            restart_cost: str, restore_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
            topology: str | None, ckpt_root: str | None) -> None:
@@ -197,20 +207,25 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
     cfg = obj.config_or_exit()
     leaves = _leaves(topology)
     lc = cfg.lemon
-    blamable = Blamable.of(_events_first(obj, since, from_files, events_file), lc.grace_s)
+    where = store_of(obj, store, from_files, live)
+    blamable = Blamable.of(_store_events(where) if where is not None
+                           else _events_first(obj, since, from_files, events_file), lc.grace_s)
     read = _read_restores(ckpt_root, cfg.ckpt.shared_root)
     watch = frozenset(r.job_id for r in (read[1] if read else ()) if r.restarts > 0)
     hist = load_history(obj, since, from_files, events_file, lc.grace_s,
-                        collector=RunTally.factory(leaves, blamable, watch))
+                        collector=RunTally.factory(leaves, blamable, watch), store=where,
+                        live=live)
     opts = Options(
         source=("files: " + ", ".join(from_files)) if from_files
+        else (f"the accounting store {where}" + (f", {since} back" if since else ""))
+        if where is not None
         else f"the cluster's accounting, {since or DEFAULT_SINCE} back",
         gpus_per_node=gpus_per_node, ckpt_cost_s=cost, interval_s=interval,
         restart_s=restart, restore_s=restore, spares=spares, swap_s=swap, grace_s=lc.grace_s,
         have_topology=leaves is not None)
     rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
                                         min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
-                gating=GATING if from_files else _gating(obj),
+                gating=GATING if from_files or where is not None else _gating(obj),
                 restores=_restores(read, hist),
                 uid_of=_uid)
     # Both rendered before either is written; the JSON lands first.

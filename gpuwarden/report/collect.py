@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from gpuwarden.accounting.attribution import (
     GRACE_S,
@@ -39,6 +39,9 @@ from gpuwarden.report.fields import partition, submitted
 from gpuwarden.slurm.hostlist import HostlistError, expand
 from gpuwarden.slurm.hostranges import shape
 from gpuwarden.slurm.models import NodeEvent
+
+if TYPE_CHECKING:  # polars, the store's engine, is loaded only when a store is read
+    from gpuwarden.accounting.store.scan import StoreRuns
 
 DAY = 86_400
 BLAMABLE = frozenset({"NODE_FAIL", "BOOT_FAIL", "REQUEUED", "FAILED"})
@@ -180,13 +183,75 @@ class RunTally:
                 self._requeued(recs[i], start, restarts[i])
             if leaf_of is not None and ("[" in text or "," in text):
                 self._gang(recs[i], text, start)
-        for (day, part, state, gpus), (runs, secs) in groups.items():
+        self._add_groups(groups.items())
+        return others
+
+    def _add_groups(self, groups: Iterable[tuple[tuple[int, str, str, int], Sequence[int]]]
+                    ) -> None:
+        """Runs no rule blames, by (day of the end, partition, state, GPUs): [runs, seconds]
+        (each at least 1)."""
+        for (day, part, state, gpus), (runs, secs) in groups:
             if gpus > 0:
                 self.cells[self._cell((day, part, state))] += runs
                 self.gpu_seconds[gpu_class(gpus)] += gpus * secs
             else:
                 self.cpu_runs += runs
-        return others
+
+    def add_store(self, runs: StoreRuns) -> None:
+        """The same tallies from the accounting store: its plain runs (never blamed: see
+        `accounting.store.scan`) grouped on columns, the others one by one (`add`)."""
+        import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        from gpuwarden.accounting.store import schema as store_schema  # noqa: PLC0415
+
+        f = self.filter
+        same = f is not None and f.grace_s == runs.grace_s and f.drains == runs.drains
+        state = pl.col("state")
+        # Plain one-node FAILED runs were judged with the scan's health drains: with other
+        # ones (or none: every such run kept), this tally reads them itself.
+        lf = runs.plain if same else runs.plain.filter(state != "FAILED")
+        extra = [] if same else store_schema.jobs(
+            runs.plain.filter(state == "FAILED").sort("rid").drop("rid").collect())
+        start, end = pl.col("start_time"), pl.col("end_time")
+        secs = pl.max_horizontal(end - start, pl.lit(1))
+        cells = (lf.group_by((end // DAY).alias("day"), "partition", "state", "gpus")
+                 .agg(pl.len(), secs.sum().alias("secs")).sort("day", "partition", "state", "gpus")
+                 .collect(engine="streaming"))
+        self._add_groups(((d, p, st, g), (r, sc)) for d, p, st, g, r, sc in cells.iter_rows())
+        if self.watch:
+            got = (lf.filter(pl.col("job_id").is_in(list(self.watch))).sort("rid")
+                   .select("job_id", "start_time", "end_time").collect())
+            for job, a, b in got.iter_rows():
+                self.watched.setdefault(job, []).append((a, b))
+        again = (lf.filter(pl.col("restart_count") > 0).sort("rid")
+                 .select("job_id", "start_time", "restart_count", "user").collect())
+        for job, a, n, user in again.iter_rows():
+            self.requeued.setdefault(job, []).append((a, n, self._users.setdefault(user, user)))
+        if self.leaf_of is not None:
+            sub = pl.col("submit_time")
+            waited = sub.is_not_null() & (sub <= start)
+            gangs = (lf.filter(pl.col("nodes").str.contains(r"[\[,]"))
+                     .group_by("nodes", "gpus")
+                     .agg(pl.len(), pl.when(waited).then(start - sub).otherwise(0).sum()
+                          .alias("wait"), waited.sum().alias("waited"))
+                     .sort("nodes", "gpus").collect(engine="streaming"))
+            for nodes, gpus, n, wait, w in gangs.iter_rows():
+                self._gangs(nodes, gpus, n, wait, w)
+        self.add(Columns([*runs.others, *extra]))
+
+    def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
+        """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
+        submit time, queued ``wait_s`` in all."""
+        names = _names(nodes) or ()
+        if len(names) < 2 or self.leaf_of is None:
+            return
+        leaves = {self.leaf_of.get(n) for n in names}
+        where = "unknown" if None in leaves else "one leaf" if len(leaves) == 1 \
+            else "several leaves"
+        key = (gpu_class(gpus), where)
+        self.gang_runs[key] += runs
+        self.gang_wait_s[key] += wait_s
+        self.gang_waited[key] += waited
 
     def _cell(self, cell: Cell) -> Cell:
         # One tuple per distinct cell: a million failed runs share a few hundred.

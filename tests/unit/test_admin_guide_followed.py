@@ -227,6 +227,7 @@ def test_without_systemd_the_lemon_scan_is_the_services_command_at_the_timers_mi
 
 # ---- item 8: every extra's Debian packages ----------------------------------------------------
 DEBIAN_NAME = {"nvidia-ml-py": "python3-pynvml"}
+NOT_IN_DEBIAN = {"store"}  # polars: no Debian package; its row says to carry the wheels
 
 
 def package_table() -> dict[str, list[str]]:
@@ -241,6 +242,9 @@ def test_every_extra_has_its_debian_packages_in_the_guide() -> None:
               if name not in ("test", "test-torch", "dev")}
     wanted["(base)"] = project["dependencies"]
     table = package_table()
+    for extra in NOT_IN_DEBIAN:
+        del wanted[extra]
+        assert re.search(rf"^\| `{extra}` \| none: carry the", GUIDE, flags=re.MULTILINE)
     assert set(table) == set(wanted), table
     for extra, deps in wanted.items():
         names = {re.split(r"[<>=\[ ;]", d)[0] for d in deps}

@@ -1,0 +1,231 @@
+"""The accounting store at fleet scale (issue 36): each goal measured in one run on this host,
+printed beside its goal.
+
+    .venv/bin/python benchmarks/accounting_store.py [--records 10000000] [--nodes 12500]
+        [--days 30] [--year-records 120000000 | --no-year] [--workdir DIR]
+
+- floor: the exports read and parsed as JSON, nothing kept (msgspec into an empty struct, as
+  many worker processes as the ingest uses): no reader of these files can be faster;
+- cold ingest of every day but the last into a new store: / floor (goal <= 1.5x), peak RSS of
+  any one process (goal <= 1 GiB);
+- from the store: the report (HTML and JSON, every figure), the lemon scan, fleet mttf: seconds
+  and peak RSS (goals 10 / 10 / 5 s, <= 1 GiB each);
+- the last day ingested into the store and the report rendered again (goal <= 15 s);
+- a year of the same fleet (the simulator writes the store directly, no JSON): the report
+  (goal <= 60 s, <= 2 GiB).
+Each step runs in a fresh child process (`spawn`); the exports are cached under
+/tmp/gpuwarden-bench (shared with benchmarks/report_scale.py and lemon_scale.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
+GIB = 1 << 30
+
+
+class _Nothing(msgspec.Struct):
+    """Every field skipped: the parse, no objects."""
+
+
+def _parse(path: str) -> int:
+    data = Path(path).read_bytes()
+    msgspec.json.decode(data, type=_Nothing)
+    return len(data)
+
+
+def _rss() -> float:
+    """Peak RSS in bytes of this process and of any one of its children."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, kids) * 1024.0
+
+
+def floor(files: list[str]) -> dict[str, float]:
+    from gpuwarden.accounting.store.ingest import _workers  # noqa: PLC0415
+    n = _workers(len(files), None)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(n, mp_context=get_context("fork")) as pool:
+        list(pool.map(_parse, files))
+    return {"s": time.perf_counter() - t0, "workers": n, "rss": _rss()}
+
+
+def cold_ingest(store: str, files: list[str], events: str) -> dict[str, float]:
+    from gpuwarden.accounting.history import read_events  # noqa: PLC0415
+    from gpuwarden.accounting.store.ingest import ingest  # noqa: PLC0415
+    t0 = time.perf_counter()
+    got = ingest(store, files, read_events(events))
+    return {"s": time.perf_counter() - t0, "rows": got.rows, "rss": _rss()}
+
+
+def report(store: str, out: str) -> dict[str, float]:
+    from gpuwarden.accounting.history import from_store, store_events  # noqa: PLC0415
+    from gpuwarden.lemon.scoring import ScoreConfig  # noqa: PLC0415
+    from gpuwarden.report.build import Options, as_json, build  # noqa: PLC0415
+    from gpuwarden.report.collect import Blamable, RunTally  # noqa: PLC0415
+    from gpuwarden.report.render import render  # noqa: PLC0415
+    t0 = time.perf_counter()
+    hist = from_store(store, collector=RunTally.factory(None, Blamable.of(store_events(store))))
+    rep = build(hist, Options(f"the store {store}"), ScoreConfig())
+    Path(out).write_text(render(rep), encoding="utf-8")
+    Path(out).with_suffix(".json").write_text(as_json(rep), encoding="utf-8")
+    return {"s": time.perf_counter() - t0, "records": hist.records, "rss": _rss()}
+
+
+def lemon_scan(store: str) -> dict[str, float]:
+    from gpuwarden.accounting.history import from_store  # noqa: PLC0415
+    from gpuwarden.lemon.scoring import ScoreConfig, score  # noqa: PLC0415
+    t0 = time.perf_counter()
+    hist = from_store(store)
+    lemons = sum(s.lemon for s in score(hist.attribution, ScoreConfig()))
+    return {"s": time.perf_counter() - t0, "lemons": lemons, "rss": _rss()}
+
+
+def fleet_mttf(store: str) -> dict[str, float]:
+    from gpuwarden.accounting.history import from_store  # noqa: PLC0415
+    from gpuwarden.accounting.mttf import report as mttf  # noqa: PLC0415
+    t0 = time.perf_counter()
+    hist = from_store(store)
+    rep = mttf(hist.attribution, hist.events, 8, 30.0, (16384, 131072), windows=hist.windows)
+    return {"s": time.perf_counter() - t0, "failures": rep.failures, "rss": _rss()}
+
+
+def new_day(store: str, day: str, out: str) -> dict[str, float]:
+    from gpuwarden.accounting.store.ingest import ingest  # noqa: PLC0415
+    t0 = time.perf_counter()
+    got = ingest(store, [day])
+    t1 = time.perf_counter()
+    rep = report(store, out)
+    return {"s": time.perf_counter() - t0, "ingest": t1 - t0, "rows": got.rows,
+            "rss": max(_rss(), rep["rss"])}
+
+
+def year_store(store: str, nodes: int, days: int, records: int) -> dict[str, float]:
+    """The simulator's runs written into the store directly, a day's file at a time."""
+    import polars as pl  # noqa: PLC0415
+
+    from gpuwarden.accounting.calibrate import solve  # noqa: PLC0415
+    from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
+    from gpuwarden.accounting.store import files, manifest, schema  # noqa: PLC0415
+    from gpuwarden.fleet.simulate import CLUSTER, Fleet, Generator, events_text  # noqa: PLC0415
+    from gpuwarden.slurm import parse  # noqa: PLC0415
+    root = Path(store)
+    root.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(nodes=nodes, days=days, records=records)
+    gen = Generator(solve(), fleet)
+    exports, going = [], []
+    t0 = time.perf_counter()
+    for day, runs in gen.runs():
+        lo = fleet.start + day * 86_400
+        hi = lo + 86_400
+        listed = going + runs
+        ended = [r for r in listed if lo <= r.end < hi]
+        going = [r for r in listed if r.end >= hi]
+        df = pl.DataFrame([(r.job_id, "train", r.user, r.state, "None", "gpu", r.nodes,
+                            r.num_nodes, r.gpus, r.exit_code, r.signal or None, r.start - 60,
+                            r.start, r.end, 0, r.failed_node, r.submit) for r in ended],
+                          schema=schema.SCHEMA, orient="row")
+        name = f"sim:day{day + 1:03d}"
+        written = files.write_days(root, f"y{day:03d}", df)
+        exports.append(manifest.Export(name, 0, 0, "", lo, hi, (lo, hi), CLUSTER, df.height,
+                                       0, "", tuple(written)))
+        print(f"\ryear store: day {day + 1}/{days}", end="", file=sys.stderr, flush=True)
+    evs = parse.parse_events(events_text(gen.events, fleet.start))
+    eventstore.write(root / "events-year.parquet", evs)
+    manifest.save(root, manifest.Manifest(tuple(exports), "events-year.parquet"))
+    print(file=sys.stderr)
+    return {"s": time.perf_counter() - t0, "rows": sum(e.rows for e in exports)}
+
+
+def in_child(fn: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _line(what: str, got: str, goal: str, ok: bool) -> str:
+    return f"{what:<46} {got:>26}   goal {goal:<18} {'PASS' if ok else 'FAIL'}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--nodes", type=int, default=12_500)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--year-records", type=int, default=120_000_000)
+    ap.add_argument("--no-year", action="store_true", help="leave the year case out")
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    from gpuwarden.accounting.calibrate import solve  # noqa: PLC0415
+    from gpuwarden.fleet.simulate import Fleet, write_history  # noqa: PLC0415
+    work = Path(args.workdir) if args.workdir else \
+        CACHE / f"lemon-scale-{args.nodes}n-{args.days}d-{args.records}r"
+    truth = work / "truth.json"
+    if not (truth.exists() and json.loads(truth.read_text())["records"] == args.records):
+        t0 = time.perf_counter()
+        write_history(solve(), Fleet(nodes=args.nodes, days=args.days, records=args.records),
+                      work, lambda d, n: print(f"\rgenerating day {d}/{n}", end="",
+                                                 file=sys.stderr, flush=True))
+        print(f"\ngenerated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    files = [str(f) for f in sorted((work / "sacct").glob("*.json"))]
+    events = str(work / "events.txt")
+    store = work / "store"
+    shutil.rmtree(store, ignore_errors=True)
+    size = sum(Path(f).stat().st_size for f in files[:-1]) / 1e9
+    print(f"history: {args.records:,} records, {args.nodes} nodes, {len(files)} daily exports "
+          f"({size:.1f} GB before the last day)", flush=True)
+    low = in_child(floor, files[:-1])
+    cold = in_child(cold_ingest, str(store), files[:-1], events)
+    ratio = cold["s"] / low["s"]
+    rows = [
+        _line(f"cold ingest ({len(files) - 1} days) / JSON floor",
+              f"{cold['s']:.1f} s / {low['s']:.1f} s = {ratio:.2f}x", "<= 1.5x", ratio <= 1.5),
+        _line("cold ingest peak RSS (any one process)", f"{cold['rss'] / GIB:.2f} GiB",
+              "<= 1 GiB", cold["rss"] <= GIB)]
+    print("\n".join(rows), flush=True)
+    html = str(work / "store-report.html")
+    for name, fn, fargs, goal_s, goal_rss in (
+            ("report from the store", report, (str(store), html), 10.0, GIB),
+            ("lemon scan from the store", lemon_scan, (str(store),), 10.0, GIB),
+            ("fleet mttf from the store", fleet_mttf, (str(store),), 5.0, GIB)):
+        got = in_child(fn, *fargs)
+        rows += [_line(name, f"{got['s']:.1f} s, {got['rss'] / GIB:.2f} GiB",
+                       f"<= {goal_s:g} s, 1 GiB", got["s"] <= goal_s and got["rss"] <= goal_rss)]
+        print(rows[-1], flush=True)
+    day = in_child(new_day, str(store), files[-1], html)
+    rows += [_line("one new day ingested + the report again",
+                   f"{day['s']:.1f} s ({day['ingest']:.1f} s ingest)", "<= 15 s",
+                   day["s"] <= 15)]
+    print(rows[-1], flush=True)
+    if not args.no_year:
+        year = CACHE / f"store-year-{args.nodes}n-{args.year_records}r"
+        if not (year / "manifest.json").exists():
+            shutil.rmtree(year, ignore_errors=True)
+            made = in_child(year_store, str(year), args.nodes, 365, args.year_records)
+            print(f"year store written in {made['s']:.0f} s ({made['rows']:,} rows)",
+                  file=sys.stderr)
+        got = in_child(report, str(year), str(year / "report.html"))
+        rows += [_line(f"a year ({got['records']:,.0f} records): report",
+                       f"{got['s']:.1f} s, {got['rss'] / GIB:.2f} GiB", "<= 60 s, 2 GiB",
+                       got["s"] <= 60 and got["rss"] <= 2 * GIB)]
+        print(rows[-1], flush=True)
+    print("\nsummary (this host, " + f"{len(__import__('os').sched_getaffinity(0))} cores):")
+    print("\n".join(rows))
+    return 0 if all(r.endswith("PASS") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The store's columns: one row per job record, the fields of `slurm.models.AcctJob` as the
+readers read them (a time or count Slurm left unset is null). Pure.
+
+Bump `VERSION` when a column changes meaning, type or name: a store of another version is
+refused (`manifest.load`), never read half-right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import polars as pl
+
+from gpuwarden.accounting import fastdecode as acctfast
+from gpuwarden.accounting.stream import AcctRecord
+from gpuwarden.slurm.models import AcctJob
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: Any  # a polars data type
+    meaning: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("job_id", pl.Int64, "the job id (a requeued job has one row per run)"),
+    Column("name", pl.String, "the job name"),
+    Column("user", pl.String, "the user who ran it"),
+    Column("state", pl.String, "the run's state as gpuwarden reads it: REQUEUED when Slurm "
+           "lists it, else the first state (COMPLETED, FAILED, NODE_FAIL, ...)"),
+    Column("state_reason", pl.String, "Slurm's state reason"),
+    Column("partition", pl.String, "the partition"),
+    Column("nodes", pl.String, "the node list as sacct prints it (a hostlist, n[0001-0004])"),
+    Column("num_nodes", pl.Int32, "nodes allocated (allocation_nodes)"),
+    Column("gpus", pl.Int32, "GPUs allocated (tres.allocated gres/gpu; 0 without)"),
+    Column("exit_code", pl.Int32, "the return code; null when unset"),
+    Column("signal", pl.Int32, "the signal that ended it; null when none"),
+    Column("submit_time", pl.Int64, "submitted, epoch seconds UTC; null when unset"),
+    Column("start_time", pl.Int64, "started, epoch seconds UTC; null when it never started"),
+    Column("end_time", pl.Int64, "ended, epoch seconds UTC; null while running"),
+    Column("restart_count", pl.Int32, "requeues before this run (restart_cnt); null where "
+           "accounting does not say (data_parser before v0.0.42)"),
+    Column("failed_node", pl.String, "the node Slurm recorded as failed (NODE_FAIL)"),
+    Column("submit_line", pl.String, "the submit command (sbatch -w ... train.sh)"),
+)
+SCHEMA = pl.Schema({c.name: c.dtype for c in COLUMNS})
+NAMES = tuple(c.name for c in COLUMNS)
+assert tuple(f.name for f in fields(AcctJob)) == NAMES, "the store's row is an AcctJob"
+
+
+def frame(records: Sequence[AcctRecord]) -> pl.DataFrame:
+    """``records`` as rows of the store (the fast decoder's structs read without building an
+    AcctJob each)."""
+    return pl.DataFrame(acctfast.rows_of(list(records)), schema=SCHEMA, orient="row")
+
+
+def jobs(df: pl.DataFrame) -> list[AcctJob]:
+    """Rows back as the records the attribution reads (for the few runs judged one by one)."""
+    if df.is_empty():
+        return []
+    cols = [df.get_column(n).to_list() for n in NAMES]
+    return [AcctJob(*row) for row in zip(*cols, strict=True)]

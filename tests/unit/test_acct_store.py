@@ -1,0 +1,104 @@
+"""The accounting store's own promises: a store of another schema version is refused, exports
+whose windows overlap are refused with nothing written, a changed export is replaced, an
+unchanged one skipped, and a crash before the manifest leaves the previous store readable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.accounting.history import HistoryError, from_store
+from gpuwarden.accounting.store import manifest
+from gpuwarden.accounting.store.ingest import ingest
+from gpuwarden.accounting.store.manifest import StoreError
+from gpuwarden.fleet.simulate import sacct_meta
+
+T0 = 1_767_225_600
+DAY = 86_400
+
+
+def _job(i: int, end: int, state: str = "COMPLETED") -> dict[str, object]:
+    return {"job_id": i, "name": "j", "user": "ann", "partition": "gpu",
+            "state": {"current": [state], "reason": "None"}, "nodes": "n[01-02]",
+            "allocation_nodes": 2, "failed_node": "", "submit_line": "sbatch a.sh",
+            "restart_cnt": 0, "time": {"submission": end - 700, "start": end - 600, "end": end},
+            "exit_code": {"return_code": {"set": True, "infinite": False, "number": 0},
+                          "signal": {"id": {"set": False, "infinite": False, "number": 0}}},
+            "tres": {"allocated": [{"type": "gres", "name": "gpu", "id": 1001, "count": 16}]}}
+
+
+def export(path: Path, lo: int, hi: int, ends: list[int]) -> str:
+    path.write_text(json.dumps({"jobs": [_job(i + 1, e) for i, e in enumerate(ends)],
+                                "meta": sacct_meta(lo, hi), "errors": [], "warnings": []}))
+    return str(path)
+
+
+def test_a_run_is_stored_once_in_the_day_it_ended(tmp_path: Path) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100, T0 + DAY + 50])  # 2nd: next day's
+    b = export(tmp_path / "b.json", T0 + DAY, T0 + 2 * DAY, [T0 + DAY + 50])
+    got = ingest(tmp_path / "s", [a, b])
+    assert got.rows == 2
+    days = sorted(p.parent.name for p in (tmp_path / "s").glob("day=*/*.parquet"))
+    assert days == ["day=2026-01-01", "day=2026-01-02"]
+    assert from_store(str(tmp_path / "s")).records == 2
+
+
+def test_unchanged_is_skipped_and_changed_is_replaced(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100])
+    ingest(tmp_path / "s", [a])
+    assert ingest(tmp_path / "s", [a]).unchanged == (str(tmp_path / "a.json"),)
+    export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100, T0 + 200, T0 + 300])  # re-exported
+    got = ingest(tmp_path / "s", [a])
+    assert got.replaced == (str(tmp_path / "a.json"),)
+    assert "changed since it was ingested: its rows are replaced" in caplog.text
+    assert from_store(str(tmp_path / "s")).records == 3
+    assert len(list((tmp_path / "s").glob("day=*/*.parquet"))) == 1  # the old file went
+
+
+def test_overlapping_exports_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100])
+    ingest(tmp_path / "s", [a])
+    before = (tmp_path / "s" / "manifest.json").read_bytes()
+    week = export(tmp_path / "week.json", T0, T0 + 7 * DAY, [T0 + 100, T0 + 2 * DAY])
+    with pytest.raises(StoreError, match="overlap.*nothing was ingested"):
+        ingest(tmp_path / "s", [week])
+    assert (tmp_path / "s" / "manifest.json").read_bytes() == before
+    assert len(list((tmp_path / "s").glob("day=*/*.parquet"))) == 1
+
+
+def test_another_schema_version_is_refused(tmp_path: Path) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100])
+    ingest(tmp_path / "s", [a])
+    doc = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    doc["schema"] = manifest.VERSION + 1
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match=f"schema version {manifest.VERSION + 1}; this "
+                                         f"gpuwarden reads version {manifest.VERSION}"):
+        from_store(str(tmp_path / "s"))
+    with pytest.raises(StoreError, match="schema version"):
+        ingest(tmp_path / "s", [a])
+
+
+def test_a_crash_before_the_manifest_leaves_the_previous_store(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100])
+    ingest(tmp_path / "s", [a])
+    b = export(tmp_path / "b.json", T0 + DAY, T0 + 2 * DAY, [T0 + DAY + 5, T0 + DAY + 9])
+
+    def crash(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(manifest, "atomic_write", crash)
+    with pytest.raises(OSError):
+        ingest(tmp_path / "s", [b])
+    monkeypatch.undo()
+    assert from_store(str(tmp_path / "s")).records == 1  # b's files are not read
+    assert ingest(tmp_path / "s", [a, b]).added == (str(tmp_path / "b.json"),)
+    assert from_store(str(tmp_path / "s")).records == 3
+
+
+def test_an_empty_store_says_how_to_fill_it(tmp_path: Path) -> None:
+    with pytest.raises(HistoryError, match="accounting ingest --from EXPORTS"):
+        from_store(str(tmp_path / "none"))
