@@ -72,23 +72,28 @@ def test_a_killed_node_costs_a_requeue_and_nothing_else(cluster: Harness) -> Non
 
 
 def test_the_time_limit_warning_saves_requeues_and_loses_nothing(cluster: Harness) -> None:
-    """Slurm signals USR1 up to a minute before `--signal`'s 60 s (so 0-60 s into a 2-minute
-    job; the template forwards it no earlier than 15 s in); 70 s of training always outlives
-    the first warning."""
+    """Slurm signals USR1 up to a minute before `--signal`'s 60 s (so 60-120 s into a 3-minute
+    job); 140 s of training always outlives that first warning. One warning is what this test
+    is about: once the job is requeued its time limit is raised, so the resumed run finishes
+    (on a loaded host a second warning could come before a resumed run got anywhere, and the
+    job went round again and again: 5 requeues in 420 s)."""
     h = cluster
-    args = ["--steps", "100", "--every", "100", "--mb", "4", "--step-s", "0.7"]
+    # No regular checkpoint (--every is past the last step): what is restored can only be
+    # what the warning saved.
+    args = ["--steps", "200", "--every", "1000", "--mb", "4", "--step-s", "0.7"]
     expected = h.train_reference(4, args)
-    job = h.sbatch("-N4", "--gpus-per-node=8", "--time=2", "--signal=B:USR1@60", name="train",
+    job = h.sbatch("-N4", "--gpus-per-node=8", "--time=3", "--signal=B:USR1@60", name="train",
                    script=[TRAIN_SBATCH, *args])
-    wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 240,
+    wait_for(lambda: h.job_fields(job).get("Restarts", "0") != "0", 300,
              "the time-limit warning to requeue the job")
+    h.exec("slurmctld", ["scontrol", "update", f"jobid={job}", "TimeLimit=20"]).check("limit")
     h.wait_job(job, timeout=420)
     log = output(h, job)
     saved = re.findall(r"rank (\d): emergency save of step (\d+) durable", log)
     assert len(saved) >= 4, log[-2000:]
     step = int(saved[0][1])
     assert {int(s) for _, s in saved[:4]} == {step}, "the ranks agreed on one step to stop at"
-    assert step % 100 != 0, "saved on the warning, not at a regular checkpoint"
+    assert 0 < step < 200, "saved on the warning, mid-run"
     assert f"restored step {step} from" in log
     assert "requeueing job" in log
     assert h.train_finals(job, 4) == expected
