@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpuwarden.core.errors import GpuwardenError, SlurmError
-from gpuwarden.core.safefs import atomic_write, unsafe_dir_problem
+from gpuwarden.core.safefs import StateDirError, atomic_write, ensure_private_dir
 from gpuwarden.slurm.client import check_node_name
 
 VERSION = 1
@@ -49,10 +49,10 @@ def write(path: str, entries: list[LemonEntry], now: float | None = None) -> Non
     doc = {"version": VERSION, "generated_at": now if now is not None else time.time(),
            "nodes": [asdict(e) for e in entries]}
     directory, name = os.path.split(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    problem = unsafe_dir_problem(directory, os.lstat(directory))
-    if problem:
-        raise LemonListError(f"{problem}: refusing to write the lemon list there")
+    try:
+        ensure_private_dir(directory, mode=0o755)  # made if missing; reached by safefs's walk
+    except StateDirError as exc:
+        raise LemonListError(f"{exc}: refusing to write the lemon list there") from None
     atomic_write(directory, name, (json.dumps(doc, indent=1) + "\n").encode(), mode=0o644)
 
 

@@ -16,7 +16,6 @@ import pwd
 import re
 import signal
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -210,31 +209,24 @@ def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None
 def prepare_memory_root(path: str, owner: int | None = None) -> str:
     """Create ``path`` (sticky, world-writable, like /tmp) or check it; "" when usable, else why.
 
-    Only the last component is created. Checks and chmod go through one descriptor opened
-    without following links, so a planted link or directory is refused, never changed."""
+    safefs's spool (`ensure_spool`): only the last component is created, reached from / by
+    safefs's walk (no user's link on the way, the directories above root's); checks and chmod
+    go through one descriptor opened without following links, so a planted link or directory
+    is refused, never changed. ``owner`` (tests): whose it must be, checked before any chmod."""
+    from gpuwarden.core import safefs  # noqa: PLC0415 - prolog stays light
+
     owner = os.geteuid() if owner is None else owner
     try:
-        os.mkdir(path, 0o700)  # 0700 until the chmod below: never briefly open and unsticky
-    except FileExistsError:
-        pass
+        # Only ours is created or chmod'ed; anyone else's is opened to say why it is refused.
+        fd = safefs.ensure_spool(path) if owner == os.geteuid() else safefs.open_spool(path)
+    except safefs.Refused as exc:
+        return str(exc)
     except OSError as exc:
         return f"cannot create {path} ({exc.strerror})"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:
-        return f"{path} is not a directory (a link?) ({exc.strerror})"
-    try:
+    with safefs.closing(fd):
         st = os.fstat(fd)
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{path} is not a directory"
         if st.st_uid != owner:
             return f"{path} is owned by uid {st.st_uid}, not {owner}: someone else made it"
-        if stat.S_IMODE(st.st_mode) != 0o1777:
-            os.fchmod(fd, 0o1777)
-    except OSError as exc:
-        return f"cannot set the mode of {path} ({exc.strerror})"
-    finally:
-        os.close(fd)
     return ""
 
 

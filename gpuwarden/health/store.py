@@ -138,7 +138,7 @@ class Store:
         if self.prom_dir and complete:
             try:
                 self._write_prom(self.PROM, prometheus(verdict))
-            except OSError as exc:
+            except (OSError, StateDirError) as exc:
                 errors.append(f"{os.path.join(self.prom_dir, self.PROM)}: {exc}")
         if errors:
             raise StateWriteError("cannot save the verdict: " + "; ".join(errors))
@@ -159,7 +159,7 @@ class Store:
             name = self.LOCK
             lock = os.open(os.path.join(self.dir, self.LOCK),
                            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
+        except (OSError, StateDirError) as exc:
             raise StateWriteError(f"{os.path.join(self.dir, name)}: {exc}") from None
         try:
             try:
@@ -215,7 +215,7 @@ class Store:
     def _restore_summary(self, stored: dict[str, Any]) -> None:
         """Put back the fast summary removed before the lock, of the verdict that stays; when
         that fails, prologs only go the full way."""
-        with contextlib.suppress(OSError, KeyError, TypeError, ValueError):
+        with contextlib.suppress(OSError, StateDirError, KeyError, TypeError, ValueError):
             atomic_write(self.dir, self.FAST, marshal.dumps(fast_summary(stored)))
 
     def _write_pair(self, doc: dict[str, Any]) -> None:
@@ -226,13 +226,16 @@ class Store:
             atomic_write(self.dir, self.VERDICT, json.dumps(doc, indent=1).encode())
             name = self.FAST
             atomic_write(self.dir, self.FAST, marshal.dumps(fast_summary(doc)))
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # best effort: the error is reported anyway
+        except (OSError, StateDirError) as exc:
+            # best effort: the error is reported anyway
+            with contextlib.suppress(OSError, StateDirError):
                 discard(self.dir, self.FAST)
             raise StateWriteError(f"{os.path.join(self.dir, name)}: {exc}") from None
 
     def _write_prom(self, name: str, text: str) -> None:
-        os.makedirs(self.prom_dir, mode=0o755, exist_ok=True)
+        """node_exporter's textfile: root writes it, node_exporter only reads it, so its
+        directory (made 0755 if missing) is root's alone, reached without a user's link."""
+        ensure_private_dir(self.prom_dir, mode=0o755)
         atomic_write(self.prom_dir, name, text.encode(), 0o644)
 
     def save_self(self, problems: dict[str, str], now: float) -> None:
@@ -240,11 +243,11 @@ class Store:
         if not self.prom_dir:
             return
         last = 0.0 if problems else now
-        if problems:
-            last = _last_success(read_plain(os.path.join(self.prom_dir, self.SELF_PROM)))
         try:
+            if problems:
+                last = _last_success(read_plain(os.path.join(self.prom_dir, self.SELF_PROM)))
             self._write_prom(self.SELF_PROM, self_prometheus(problems, last))
-        except OSError as exc:
+        except (OSError, StateDirError) as exc:
             raise StateWriteError(f"cannot write {os.path.join(self.prom_dir, self.SELF_PROM)}: "
                                   f"{exc}") from None
 

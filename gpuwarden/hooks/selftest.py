@@ -18,7 +18,7 @@ from gpuwarden.config import Config
 from gpuwarden.config.context import Context
 from gpuwarden.core.deadline import run_all as run_with_deadline
 from gpuwarden.core.errors import GpuwardenError, SlurmError
-from gpuwarden.core.safefs import atomic_write, ensure_private_dir
+from gpuwarden.core.safefs import atomic_write, discard, ensure_private_dir
 from gpuwarden.health.store import Store
 from gpuwarden.hooks import entry
 from gpuwarden.slurm import bindir, jobenv
@@ -138,12 +138,10 @@ def _imports(cfg: Config | None) -> str:
 
 
 def _writable(directory: str, private: bool) -> str:
-    if private:
-        ensure_private_dir(directory)
-    else:
-        os.makedirs(directory, mode=0o755, exist_ok=True)
+    # As the hooks write there: made if missing, reached by safefs's walk, ours alone.
+    ensure_private_dir(directory, mode=0o700 if private else 0o755)
     atomic_write(directory, ".selftest", b"ok\n")
-    os.unlink(os.path.join(directory, ".selftest"))
+    discard(directory, ".selftest")
     return f"{directory} writable"
 
 

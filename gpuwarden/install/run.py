@@ -193,7 +193,7 @@ def _defaults_step(req: Request) -> tuple[Step, bytes | None]:
     try:
         with safefs.opened_dir(where, req.owner, create=False) as fd:
             found = fd is not None
-            existing = safefs.read_existing(fd, name, path)
+            existing = safefs.read_existing(fd, name, path, req.owner)
     except InstallError as exc:
         raise InstallError(f"{exc}; {_NO_DEFAULTS}") from exc
     if not found:
@@ -228,14 +228,14 @@ def install(req: Request) -> Outcome:
     """Check this install, every file and directory, then (unless a dry run) write what
     differs."""
     unreachable = check_runtime(req)
-    sources = {sf.rel: safefs.read_source(req.source_dir, sf.rel) for sf in plan.MANIFEST}
+    sources = {sf.rel: safefs.read_source(req.source_dir, sf.rel, req.owner) for sf in plan.MANIFEST}
     outputs = plan.outputs(sources, req.target)
     steps: list[tuple[Step, bytes | None]] = []
     for out in outputs:
         path = f"{req.target.prefix}/{out.rel}"
         where, name = posixpath.split(path)
         with safefs.opened_dir(where, req.owner, create=False) as fd:
-            existing = safefs.read_existing(fd, name, path)
+            existing = safefs.read_existing(fd, name, path, req.owner)
         if safefs.already_installed(existing, out.data, out.mode, req.owner):
             steps.append((Step(path, "keep", out.mode), None))
         else:

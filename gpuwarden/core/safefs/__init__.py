@@ -1,14 +1,15 @@
 """safefs: every file root opens, reads or writes next to what users control. Import from here,
 not from the submodules.
 
-Each opens the file itself without following a link (``O_NOFOLLOW``; by directory descriptor
-where a walk matters) and never waits on a FIFO (``O_NONBLOCK``, then ``fstat``: regular files
-only). What each entry point checks beyond that (the directory's owner and mode, the file's
-owner on reads, links above the directory) differs, and is one table:
-tests/unit/test_safefs_refusals.py, whose expected failures are the known gaps (a link above a
-checked directory is followed by the path-based entry points; `atomic_write` trusts the
-directory its caller vetted; `read_plain` checks no owner). The submodules differ in whose
-files they are and what a refusal tells the operator to do:
+Every entry point given a path reaches its directory by one walk from / (_walk: each
+component by its parent's descriptor, ``O_DIRECTORY|O_NOFOLLOW``; every directory on the way
+root's or the expected owner's and writable by nobody else, a sticky one only when root's; a
+link on the way followed only when root's in a directory of root's, at most 40 hops; the named
+directory never a link). The file is then opened by that descriptor without following a link
+(``O_NOFOLLOW``), never waiting on a FIFO (``O_NONBLOCK``, then ``fstat``: regular files only),
+and its owner checked on reads as on writes. What each entry point refuses is one table:
+tests/unit/test_safefs_refusals.py (a strict xfail there is a known gap; there are none). The
+submodules differ in whose files they are and what a refusal tells the operator to do:
 
 - privfile: root's own state read back (the verdict, the prolog's settings): `read_private`,
   `read_own_at`, `check_private_dir`, `unsafe_dir_problem`; raises `StateDirError`.
@@ -23,6 +24,7 @@ files they are and what a refusal tells the operator to do:
   `open_dir`, `read_file`, `copy_file`, `map_file`, `stream_file`, `remove_at`, `lstat_at`;
   raises `Refused`.
 - _checks: the checks those share (the open flags, a directory's type, owner and mode).
+- _walk: the walk from / those share (`walk_dir`), raising `Unsafe`, which each re-raises.
 
 The submodules load on first use of one of their names: the prolog's fast gate imports
 `read_private` and must not pay for the spool's (or contextlib's) imports.

@@ -40,3 +40,20 @@ def dir_problem(path: str, st: os.stat_result, owners: tuple[int, ...], who: str
     "" when it is. A planted link or a directory others can write would let users steer root."""
     return (not_a_directory(path, st) or owned_by_other(path, st, owners, who)
             or writable_by_others(path, st))
+
+
+def open_file_at(dir_fd: int | None, name: str, path: str) -> int:
+    """``name`` in the directory ``dir_fd`` (None: a path) opened with `FILE_FLAGS`; an OSError
+    (ELOOP: a link) names ``path``, not the bare name the directory holds."""
+    try:
+        return os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.filename == path:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from None
+
+
+def trusted_who(owners: tuple[int, ...]) -> str:
+    """How a message names root and ``owners``."""
+    others = [str(uid) for uid in owners if uid != 0]
+    return f"root or uid {', '.join(others)}" if others else "root"

@@ -7,20 +7,45 @@ prolog's settings, install-files and `health inject` write with them too."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
 
-from gpuwarden.core.safefs._checks import FILE_FLAGS
-from gpuwarden.core.safefs.privfile import MAX_STATE_BYTES, StateDirError, unsafe_dir_problem
+from gpuwarden.core.safefs._checks import dir_problem, open_file_at, owned_by_other, trusted_who
+from gpuwarden.core.safefs._walk import Unsafe, walk_dir
+from gpuwarden.core.safefs.privfile import MAX_STATE_BYTES, StateDirError, open_private_dir
 
 
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` 0700, or accept it only if it is a real directory we alone can write."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    problem = unsafe_dir_problem(path, os.lstat(path))
+def ensure_private_dir(path: str, mode: int = 0o700) -> None:
+    """Create ``path`` (``mode``; what is missing above it 0755), or accept it only if it is a
+    real directory we alone can write, reached from / by the one walk (see _walk). 0755 suits
+    a directory others read from (node_exporter's textfiles) that only we may write."""
+    fd = open_private_dir(path, "refusing to use it", create=mode)
+    if fd is not None:
+        os.close(fd)
+
+
+def _trusted() -> tuple[int, ...]:
+    return (0, os.geteuid())
+
+
+def open_trusted_dir(directory: str) -> int | None:
+    """A descriptor of ``directory``, reached from / by the one walk, when it is a real
+    directory of root's (or ours) that nobody else can write; None when absent. Raises
+    StateDirError naming what is wrong."""
+    who = trusted_who(_trusted())
+    try:
+        fd = walk_dir(directory, _trusted(), who)
+    except Unsafe as exc:
+        raise StateDirError(f"{exc}: refusing to use {directory}") from None
+    if fd is None:
+        return None
+    problem = dir_problem(directory, os.fstat(fd), _trusted(), who)
     if problem:
+        os.close(fd)
         raise StateDirError(f"{problem}: refusing to use it")
+    return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -56,8 +81,11 @@ def write_at(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
 
 
 def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> None:
-    """`write_at` in the directory at ``directory``."""
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    """`write_at` in the directory at ``directory``, once `open_trusted_dir` has vetted it
+    (StateDirError; FileNotFoundError when it is absent)."""
+    dfd = open_trusted_dir(directory)
+    if dfd is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), directory)
     try:
         write_at(dfd, name, data, mode)
     finally:
@@ -65,16 +93,39 @@ def atomic_write(directory: str, name: str, data: bytes, mode: int = 0o600) -> N
 
 
 def discard(directory: str, name: str) -> None:
-    """Remove ``name`` (a link itself, never its target) if it is there."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, name))
+    """Remove ``name`` (a link itself, never its target) if it is there, in a directory
+    `open_trusted_dir` accepts (StateDirError otherwise)."""
+    dfd = open_trusted_dir(directory)
+    if dfd is None:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dfd)
+    finally:
+        os.close(dfd)
 
 
 def read_plain(path: str) -> bytes:
-    """A small regular file's bytes (b"" when absent or not a regular file); never a link."""
+    """A small regular file's bytes (b"" when it or its directory is absent, or it is not a
+    regular file); never a link. Raises StateDirError when its directory is not one
+    `open_trusted_dir` accepts, or it is not root's (or ours) alone: what root's metrics
+    writer reads back, only root (or we) may have written."""
+    directory, name = os.path.split(path)
+    dfd = open_trusted_dir(directory or ".")
+    if dfd is None:
+        return b""
     try:
-        fd = os.open(path, FILE_FLAGS)
+        fd = open_file_at(dfd, name, path)
     except OSError:
         return b""
+    finally:
+        os.close(dfd)
     with os.fdopen(fd, "rb") as f:
-        return f.read(MAX_STATE_BYTES) if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else b""
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return b""
+        found = owned_by_other(path, st, _trusted(), trusted_who(_trusted()))
+        if found or st.st_mode & 0o022:
+            raise StateDirError(f"{found or f'{path} is writable by group or others'}: "
+                                "refusing to read it")
+        return f.read(MAX_STATE_BYTES)

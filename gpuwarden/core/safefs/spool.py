@@ -21,7 +21,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs._checks import DIR_FLAGS, FILE_FLAGS, not_a_directory, writable_by_others
+from gpuwarden.core.safefs._checks import (
+    DIR_FLAGS,
+    FILE_FLAGS,
+    not_a_directory,
+    trusted_who,
+    writable_by_others,
+)
+from gpuwarden.core.safefs._walk import Unsafe, walk_dir
 
 _LINKISH = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK)
 
@@ -45,15 +52,15 @@ def spool_problem(path: str, st: os.stat_result) -> str:
     return ""
 
 
-def open_spool(path: str) -> int:
-    """A descriptor of the spool ``path`` (its last component never a link); FileNotFoundError
-    when it is not there, Refused when it is not fit."""
+def _spool_fd(path: str, create: bool) -> int:
+    us = os.geteuid()
     try:
-        fd = os.open(path, DIR_FLAGS)
-    except OSError as exc:
-        if exc.errno in _LINKISH:
-            raise Refused(f"{path} is not a directory (a link?): refusing it") from None
-        raise
+        fd = walk_dir(path, (us,), trusted_who((us,)), create=0o700 if create else None,
+                      parents=False)
+    except Unsafe as exc:
+        raise Refused(f"{exc}: refusing the spool {path}") from None
+    if fd is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
     problem = spool_problem(path, os.fstat(fd))
     if problem:
         os.close(fd)
@@ -61,12 +68,18 @@ def open_spool(path: str) -> int:
     return fd
 
 
+def open_spool(path: str) -> int:
+    """A descriptor of the spool ``path``, reached from / by the one walk (_walk: the
+    directories above root's or ours, writable by nobody else unless root's and sticky, a
+    link on the way followed only when root's in a directory of root's; the last component
+    never a link); FileNotFoundError when it is not there, Refused when it is not fit."""
+    return _spool_fd(path, create=False)
+
+
 def ensure_spool(path: str) -> int:
     """Root's: create the spool's last component (never briefly open: 0700, then 1777) or
     check it; its descriptor. Refused when it is not root's directory."""
-    with suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    fd = open_spool(path)
+    fd = _spool_fd(path, create=True)
     try:
         st = os.fstat(fd)
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o1777:
