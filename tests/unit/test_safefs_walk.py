@@ -18,6 +18,8 @@ from gpuwarden.health.store import StateWriteError, Store
 from .test_safefs_refusals import ENTRIES, NEW, OTHER_UID, Site, build
 
 ME = os.geteuid()
+SYSTEM_UID = 101  # a service's account, as Debian's prometheus user
+PERSON_UID = 4242  # a person's: at or above login.defs UID_MIN (1000 here and by default)
 as_root = pytest.mark.skipif(ME != 0, reason="needs root (a link of root's, chown)")
 
 
@@ -112,6 +114,13 @@ def test_the_named_directory_itself_is_never_followed_even_when_roots(tmp_path: 
     (0, 0o777, "writable by group or others"),
     (0, 0o2775, "writable by group or others"),  # Debian's /var/local (root:staff)
     (OTHER_UID, 0o755, f"owned by uid {OTHER_UID}"),
+    # Debian's node_exporter textfile directory, /var/lib/prometheus/node-exporter (root's),
+    # is in the prometheus user's home: a system account's is fine above, a person's is not.
+    (SYSTEM_UID, 0o755, ""),
+    (SYSTEM_UID, 0o1777, "sticky, but not root's"),
+    (PERSON_UID, 0o755, f"owned by uid {PERSON_UID}, not by root or a system account "
+                        f"\\(uid below 1000\\), as a directory above one root uses must be: "
+                        "chown root"),
 ])
 def test_what_a_directory_above_may_be(tmp_path: Path, owner: int, mode: int,
                                        refused: str) -> None:
@@ -187,3 +196,15 @@ def test_the_textfile_directory_is_made_readable_by_node_exporter(tmp_path: Path
     Store(str(tmp_path / "state"), str(prom)).save_self({}, 5.0)
     assert stat.S_IMODE(prom.stat().st_mode) == 0o755
     assert stat.S_IMODE((prom / Store.SELF_PROM).stat().st_mode) == 0o644
+
+
+@as_root
+def test_the_textfile_goes_into_debians_node_exporter_directory(tmp_path: Path) -> None:
+    """Debian's prometheus-node-exporter: /var/lib/prometheus is the prometheus user's home
+    (chowned by its postinst), /var/lib/prometheus/node-exporter root's 0755."""
+    home = tmp_path / "var" / "lib" / "prometheus"
+    prom = home / "node-exporter"
+    prom.mkdir(parents=True)
+    os.chown(home, SYSTEM_UID, SYSTEM_UID)
+    Store(str(tmp_path / "state"), str(prom)).save_self({"state": "ok"}, 5.0)
+    assert (prom / Store.SELF_PROM).stat().st_uid == 0

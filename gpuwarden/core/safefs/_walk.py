@@ -2,8 +2,9 @@
 descriptor (``O_DIRECTORY|O_NOFOLLOW``), every directory a name is looked up in checked, and a
 link on the way followed only when nobody but root can have made or changed it.
 
-The checks on the way (`ancestor_problem`): a directory above the one used must be root's or
-the expected owner's (the caller's ``owners``), and writable by nobody else, except a sticky
+The checks on the way (`ancestor_problem`): a directory above the one used must be root's, the
+expected owner's (the caller's ``owners``) or a system account's (`system_account`), and
+writable by nobody else, except a sticky
 directory of root's (/tmp, /dev/shm: others can add entries there but never rename or remove
 ours). A link on the way is followed (the hooks' rule in gpuwarden_pystart.py: hop by hop, at
 most `MAX_HOPS`) only when it is root's and sits in a directory of root's that nobody else can
@@ -36,12 +37,46 @@ def ancestor_problem(path: str, st: os.stat_result, owners: tuple[int, ...], who
     "" when it cannot. Root and ``owners`` (named ``who``) may own it; others may write it only
     when it is root's and sticky."""
     found = owned_by_other(path, st, (0, *owners), who)
-    if found:
-        return found
+    if found and not system_account(st.st_uid):
+        return (f"{found} or a system account (uid below {uid_min()}), as a directory above one "
+                f"root uses must be: chown root {path}, or choose a path whose parents are root's")
     if st.st_mode & 0o022 and not (st.st_mode & stat.S_ISVTX and st.st_uid == 0):
         sticky = " (sticky, but not root's)" if st.st_mode & stat.S_ISVTX else ""
         return f"{path} is writable by group or others{sticky}: chmod go-w {path}"
     return ""
+
+
+_UID_MIN: list[int] = []
+
+
+def uid_min() -> int:
+    """The first uid of a person's account (login.defs UID_MIN, 1000 where it does not say);
+    read once, and only when a directory on the way is not root's (never on the fast path)."""
+    if not _UID_MIN:
+        value = 1000
+        try:
+            fd = os.open("/etc/login.defs", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                text = os.read(fd, 1 << 16).decode("utf-8", "replace")
+            finally:
+                os.close(fd)
+            for line in text.splitlines():
+                words = line.split()
+                if len(words) >= 2 and words[0] == "UID_MIN" and words[1].isdigit():
+                    value = int(words[1])
+        except OSError:
+            pass
+        _UID_MIN.append(value)
+    return _UID_MIN[0]
+
+
+def system_account(uid: int) -> bool:
+    """A service's account (Debian's prometheus, whose home /var/lib/prometheus holds
+    node_exporter's textfile directory): no person logs in as it. One may own a directory
+    above: it can move the directories below, never make one of root's, and the directory
+    used is vetted from its own descriptor. nobody (65534) is not one: NFS maps squashed
+    root and others to it."""
+    return 0 < uid < min(uid_min(), 65534)
 
 
 def _join(shown: list[str]) -> str:
