@@ -116,6 +116,12 @@ def new_day(store: str, day: str, out: str) -> dict[str, float]:
 
 def year_store(store: str, nodes: int, days: int, records: int) -> dict[str, float]:
     """The simulator's runs written into the store directly, a day's file at a time."""
+    from gpuwarden.accounting.store import storedir  # noqa: PLC0415
+    with storedir.writing(store) as root:
+        return _write_year(root, nodes, days, records)
+
+
+def _write_year(root: Any, nodes: int, days: int, records: int) -> dict[str, float]:
     import polars as pl  # noqa: PLC0415
 
     from gpuwarden.accounting.calibrate import solve  # noqa: PLC0415
@@ -123,8 +129,6 @@ def year_store(store: str, nodes: int, days: int, records: int) -> dict[str, flo
     from gpuwarden.accounting.store import files, manifest, schema  # noqa: PLC0415
     from gpuwarden.fleet.simulate import CLUSTER, Fleet, Generator, events_text  # noqa: PLC0415
     from gpuwarden.slurm import parse  # noqa: PLC0415
-    root = Path(store)
-    root.mkdir(parents=True, exist_ok=True)
     fleet = Fleet(nodes=nodes, days=days, records=records)
     gen = Generator(solve(), fleet)
     exports, going = [], []
@@ -145,7 +149,7 @@ def year_store(store: str, nodes: int, days: int, records: int) -> dict[str, flo
                                        0, "", tuple(written)))
         print(f"\ryear store: day {day + 1}/{days}", end="", file=sys.stderr, flush=True)
     evs = parse.parse_events(events_text(gen.events, fleet.start))
-    eventstore.write(root / "events-year.parquet", evs)
+    eventstore.write(root, "events-year.parquet", evs)
     manifest.save(root, manifest.Manifest(tuple(exports), "events-year.parquet"))
     print(file=sys.stderr)
     return {"s": time.perf_counter() - t0, "rows": sum(e.rows for e in exports)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import click
 
@@ -76,14 +76,16 @@ def ingest(obj: Context, from_files: tuple[str, ...], events_file: str | None,
               help="a first sync reads this far back [default: [accounting] sync_since]")
 @click.pass_obj
 def sync(obj: Context, store: str | None, since: str | None) -> None:
-    """Pull what slurmdbd recorded since the last sync (sacct --json, a day per call) and the
-    node events into the store (run by gpuwarden-accounting-sync.timer)."""
+    """Pull what slurmdbd recorded since the last sync, up to [accounting] sync_settle_s ago
+    (sacct --json, a day per call), and the node events into the store (run by
+    gpuwarden-accounting-sync.timer)."""
     where = _store(obj, store)
     cfg = obj.config_or_exit()
     span = parse_span(since or cfg.accounting.sync_since)
     try:
         got = sync_store(where, obj.client(), acct_reader(obj) or _ClientReader(obj),
-                         span, datetime.now(UTC), progress("syncing day"))
+                         span, datetime.now(UTC), progress("syncing day"),
+                         settle=timedelta(seconds=cfg.accounting.sync_settle_s))
     except ConfigError as exc:
         click.echo(f"gpuwarden: {exc}", err=True)
         sys.exit(2)

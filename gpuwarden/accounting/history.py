@@ -506,21 +506,21 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     except ModuleNotFoundError:
         raise HistoryError("reading an accounting store needs polars: pip install "
                            "'gpuwarden[store]'") from None
-    from gpuwarden.accounting.store import manifest, scan  # noqa: PLC0415
+    from gpuwarden.accounting.store import scan, snapshot  # noqa: PLC0415
 
-    root = Path(store)
-    m = manifest.load(root)
+    snap = snapshot.opened(store)
+    m = snap.manifest
     if not m.exports:
         raise HistoryError(f"{store}: an empty accounting store (nothing ingested yet: "
                            "gpuwarden accounting ingest --from EXPORTS --store DIR)")
     if events is None:
-        events = store_events(store)
+        events = snapshot.events(snap)
     clusters = {e.cluster for e in m.exports if e.cluster}
     events = same_cluster(events, clusters)
     known = _Known.of(events, grace_s)
     att, tally = Attribution(), RangeTally()
     try:
-        lf = scan.rows(root, m, since)
+        lf = scan.rows(snap.files, since)
         runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,
                               tally)
         spread_exposure(att.exposure, tally)
@@ -546,9 +546,8 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
 
 
 def store_events(store: str) -> list[NodeEvent]:
-    """The node events an accounting store keeps ([] where none were ingested)."""
-    from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
-    from gpuwarden.accounting.store import manifest  # noqa: PLC0415
+    """The node events an accounting store keeps ([] where none were ingested); StoreError
+    for a store or file that cannot be trusted or read."""
+    from gpuwarden.accounting.store import snapshot  # noqa: PLC0415
 
-    m = manifest.load(store)
-    return eventstore.read(Path(store) / m.events) if m.events else []
+    return snapshot.events(snapshot.opened(store))

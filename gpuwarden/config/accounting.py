@@ -16,6 +16,10 @@ class AccountingConfig:
     store: str = ""
     # `accounting sync`: how far back a store's first sync reads.
     sync_since: str = "30d"
+    # `accounting sync` reads up to this long before now: slurmctld hands a finished run to
+    # slurmdbd through its agent queue, and a run recorded after its window was synced would
+    # be missed for good.
+    sync_settle_s: int = 900
 
     def __post_init__(self) -> None:
         require(self.store == "" or (bool(re.fullmatch(r"(/[A-Za-z0-9._@+-]+)+", self.store))
@@ -23,3 +27,6 @@ class AccountingConfig:
                 "an absolute directory path without '..', or \"\" for none")
         require(bool(re.fullmatch(r"\d+[mhdw]", self.sync_since)), "sync_since",
                 "a span like 30d, 12h or 2w")
+        require(isinstance(self.sync_settle_s, int) and not isinstance(self.sync_settle_s, bool)
+                and 0 <= self.sync_settle_s <= 7 * 86_400, "sync_settle_s",
+                "whole seconds from 0 to 604800 (a week)")

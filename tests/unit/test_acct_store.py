@@ -90,7 +90,7 @@ def test_a_crash_before_the_manifest_leaves_the_previous_store(
 
     def crash(*_: object) -> None:
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(manifest, "atomic_write", crash)
+    monkeypatch.setattr(manifest, "write_at", crash)
     with pytest.raises(OSError):
         ingest(tmp_path / "s", [b])
     monkeypatch.undo()

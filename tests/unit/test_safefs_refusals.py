@@ -147,6 +147,20 @@ def read_own_at(s: Site) -> object:
         return safefs.read_own_at(fd, s.target.name, str(s.target))
 
 
+def open_private_dir(s: Site) -> object:
+    fd = safefs.open_private_dir(str(s.target), "refusing it")  # as the accounting store writes
+    assert fd is not None
+    os.close(fd)
+    return None
+
+
+def open_trusted_dir(s: Site) -> object:
+    fd = safefs.open_trusted_dir(str(s.target))  # as the accounting store is read
+    assert fd is not None
+    os.close(fd)
+    return None
+
+
 def ensure_private_dir(s: Site) -> object:
     safefs.ensure_private_dir(str(s.target))
     return None
@@ -308,6 +322,10 @@ ENTRIES: dict[str, Entry] = {
         "symlink": Refuses(StateDir, LINK), "fifo": Refuses(StateDir, LINK),
         "other_owner": Refuses(StateDir, OTHER), "group_writable": Refuses(StateDir, GW),
         "parent_link": Refuses(StateDir, LINK), "ancestor_link": Refuses(StateDir, LINK)}),
+    "open_private_dir": Entry(open_private_dir, "dir", "write", {
+        "symlink": Refuses(StateDir, LINK), "fifo": Refuses(StateDir, LINK),
+        "other_owner": Refuses(StateDir, OTHER), "group_writable": Refuses(StateDir, GW),
+        "parent_link": Refuses(StateDir, LINK), "ancestor_link": Refuses(StateDir, LINK)}),
     "opened_dir + read_own_at": Entry(read_own_at, "file", "read", {
         "symlink": Refuses(OSError, LINK), "fifo": Refuses(StateDir, NOT_REG),
         "other_owner": Refuses(StateDir, OTHER), "group_writable": Refuses(Inst, GW),
@@ -329,6 +347,10 @@ ENTRIES: dict[str, Entry] = {
         "symlink": Replaces(), "fifo": Replaces(), "other_owner": Replaces(),
         "group_writable": Refuses(Inst, GW), "parent_link": Refuses(Inst, LINK),
         "ancestor_link": Refuses(Inst, LINK)}),
+    "open_trusted_dir": Entry(open_trusted_dir, "dir", "read", {
+        "symlink": Refuses(StateDir, LINK), "fifo": Refuses(StateDir, LINK),
+        "other_owner": Refuses(StateDir, OTHER), "group_writable": Refuses(StateDir, GW),
+        "parent_link": Refuses(StateDir, LINK), "ancestor_link": Refuses(StateDir, LINK)}),
     "read_plain": Entry(read_plain, "file", "read", {
         "symlink": Refuses(NothingRead, "read nothing"), "fifo": Refuses(NothingRead, "read nothing"),
         "other_owner": Refuses(StateDir, OTHER), "group_writable": Refuses(StateDir, GW),

@@ -14,6 +14,6 @@ scan, `fleet mttf` and `report` read it (`--store`) instead of parsing the expor
 docs/report.md ("The accounting store") documents the layout and the columns.
 """
 
-from gpuwarden.accounting.store.manifest import StoreError
+from gpuwarden.accounting.store.storedir import StoreError
 
 __all__ = ["StoreError"]

@@ -1,7 +1,8 @@
 """The node events (`sacctmgr show events`) kept in the store beside the runs, one Parquet
 file at its root. Events ingested again (a later export of the same span) replace the ones
 with the same node, start, state and reason: an event still open then (end "Unknown") gets its
-end. Pure apart from `read` and `write`."""
+end. Pure apart from `read` and `write`; a file that is not one (corrupt, forged) is a
+StoreError, not polars' own."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuwarden.accounting.store.files import write_file
+from gpuwarden.accounting.store.storedir import Dir, StoreError
 from gpuwarden.slurm.models import NodeEvent
 
 NAMES = tuple(f.name for f in fields(NodeEvent))
@@ -26,10 +29,21 @@ def merged(old: Iterable[NodeEvent], new: Iterable[NodeEvent]) -> list[NodeEvent
     return sorted(out.values(), key=lambda e: (e.start, e.node, e.state, e.reason))
 
 
-def read(path: Path) -> list[NodeEvent]:
-    df = pl.read_parquet(path)
-    return [NodeEvent(*row) for row in df.select(NAMES).iter_rows()]
+def read(path: str | Path) -> list[NodeEvent]:
+    """The events file ``path`` (vetted: `storedir.vetted`)."""
+    try:
+        df = pl.read_parquet(path)
+        wrong = [n for n in NAMES if df.schema.get(n) != pl.String]
+        if wrong:
+            raise StoreError(f"{path}: the node events file cannot be read (column "
+                             f"{wrong[0]} missing or not text); ingest the exports again "
+                             "into a new store")
+        return [NodeEvent(*row) for row in df.select(NAMES).iter_rows()]
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise StoreError(f"{path}: the node events file cannot be read ({exc}); ingest the "
+                         "exports again into a new store") from None
 
 
-def write(path: Path, events: Sequence[NodeEvent]) -> None:
-    pl.DataFrame([astuple(e) for e in events], schema=SCHEMA, orient="row").write_parquet(path)
+def write(store: Dir, name: str, events: Sequence[NodeEvent]) -> None:
+    write_file(store.fd, name, pl.DataFrame([astuple(e) for e in events], schema=SCHEMA,
+                                            orient="row"))

@@ -12,7 +12,6 @@ replaced files removed.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
@@ -22,7 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from multiprocessing import get_context
-from pathlib import Path
 
 import polars as pl
 
@@ -30,8 +28,9 @@ from gpuwarden.accounting import history
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting import windows as exportwindows
 from gpuwarden.accounting.store import events as eventstore
-from gpuwarden.accounting.store import files, manifest, schema
-from gpuwarden.accounting.store.manifest import Export, Manifest, StoreError
+from gpuwarden.accounting.store import files, manifest, schema, storedir
+from gpuwarden.accounting.store.manifest import Export, Manifest
+from gpuwarden.accounting.store.storedir import Dir, StoreError
 from gpuwarden.core.errors import SlurmError
 from gpuwarden.slurm import dataparser, parse
 from gpuwarden.slurm.models import AcctJob, NodeEvent
@@ -53,12 +52,11 @@ class Ingested:
 
 
 @contextmanager
-def locked(store: Path) -> Iterator[None]:
-    """One writer at a time (a timer's sync and a hand ingest)."""
-    store.mkdir(parents=True, exist_ok=True)
-    with open(store / ".lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
+def locked(store: str | os.PathLike[str]) -> Iterator[Dir]:
+    """The store open to write (made 0750 when missing, refused unless ours alone: `storedir`),
+    one writer at a time (a timer's sync and a hand ingest)."""
+    with storedir.writing(store) as d, storedir.locked(d):
+        yield d
 
 
 def key_of(path: str) -> str:
@@ -106,7 +104,7 @@ def in_window(df: pl.DataFrame, window: Window) -> pl.DataFrame:
     return df.filter(keep)
 
 
-def _read_export(store: str, path: str, window: Window) -> _Read:
+def _read_export(store: Dir, path: str, window: Window) -> _Read:
     with history.gc_paused():
         try:
             with acctstream.open_regular(path) as fh:
@@ -126,7 +124,7 @@ def _read_export(store: str, path: str, window: Window) -> _Read:
     slurm = top_meta.get("slurm") if isinstance(top_meta, dict) else None
     cluster = slurm.get("cluster") if isinstance(slurm, dict) else None
     df = in_window(pl.concat(parts) if parts else schema.SCHEMA.to_frame(), used)
-    written = files.write_days(Path(store), key_of(path), df)
+    written = files.write_days(store, key_of(path), df)
     return _Read(path, used, named, cluster if isinstance(cluster, str) else "", df.height,
                  len(bad), bad[0] if bad else "", tuple(written))
 
@@ -146,12 +144,12 @@ def _stat(path: str) -> tuple[int, int, str]:
         raise StoreError(f"{path}: cannot read ({exc.strerror})") from None
 
 
-def _restrict(store: Path, e: Export, window: Window) -> Export:
+def _restrict(store: Dir, e: Export, window: Window) -> Export:
     """An export in the store whose window shrank (its lost end is now the next export's
     start): its rows past the new end dropped, its files rewritten."""
     if not e.files:
         return replace(e, lo=window[0], hi=window[1])
-    df = in_window(pl.read_parquet([str(store / f) for f in e.files]), window)
+    df = in_window(pl.read_parquet(storedir.vetted(store, e.files)), window)
     written = files.write_days(store, key_of(e.path), df)
     log.warning("%s: its window now ends at the next export's start: %d of its %d rows "
                 "dropped", e.path, e.rows - df.height, e.rows)
@@ -162,14 +160,13 @@ def ingest(store: str | os.PathLike[str], paths: Sequence[str],
            events: Sequence[NodeEvent] | None = None, workers: int | None = None,
            progress: Callable[[int, int], None] | None = None) -> Ingested:
     """``paths``: export files; ``events``: node events to merge into the store's."""
-    root = Path(store)
-    with locked(root):
+    with locked(store) as root:
         return _ingest(root, [os.path.realpath(p) for p in paths], events, workers, progress)
 
 
-def _ingest(root: Path, paths: list[str], events: Sequence[NodeEvent] | None,
+def _ingest(root: Dir, paths: list[str], events: Sequence[NodeEvent] | None,
             workers: int | None, progress: Callable[[int, int], None] | None) -> Ingested:
-    m = manifest.load(root)
+    m = manifest.load_at(root)
     if len(set(paths)) < len(paths):
         raise StoreError("an export named twice (a repeated --from, overlapping globs): give "
                          "each export once")
@@ -217,10 +214,10 @@ def _ingest(root: Path, paths: list[str], events: Sequence[NodeEvent] | None,
                             r.first_bad)
         ev_name, n_events = m.events, 0
         if events is not None:
-            old = eventstore.read(root / m.events) if m.events else []
+            old = eventstore.read(*storedir.vetted(root, [m.events])) if m.events else []
             merged = eventstore.merged(old, events)
             ev_name = f"events-{os.urandom(4).hex()}.parquet"
-            eventstore.write(root / ev_name, merged)
+            eventstore.write(root, ev_name, merged)
             n_events = len(merged)
         new = replace(m, exports=tuple(now) + tuple(entries), events=ev_name)
         manifest.save(root, new)
@@ -247,14 +244,14 @@ def _workers(n: int, workers: int | None) -> int:
     return workers or max(1, min(n, len(os.sched_getaffinity(0))))
 
 
-def _read_all(root: Path, paths: list[str], windows: Sequence[Window], workers: int | None,
+def _read_all(root: Dir, paths: list[str], windows: Sequence[Window], workers: int | None,
               progress: Callable[[int, int], None] | None) -> list[_Read]:
     out: list[_Read] = []
     n = _workers(len(paths), workers)
     try:
         if n > 1 and len(paths) > 1:
             with ProcessPoolExecutor(n, mp_context=get_context("fork")) as pool:
-                futures = [pool.submit(_read_export, str(root), p, w)
+                futures = [pool.submit(_read_export, root, p, w)
                            for p, w in zip(paths, windows, strict=True)]
                 try:
                     for fut in futures:
@@ -266,7 +263,7 @@ def _read_all(root: Path, paths: list[str], windows: Sequence[Window], workers: 
                     raise
         else:
             for p, w in zip(paths, windows, strict=True):
-                out.append(_read_export(str(root), p, w))
+                out.append(_read_export(root, p, w))
                 if progress:
                     progress(len(out), len(paths))
     except BaseException:

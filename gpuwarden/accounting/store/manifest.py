@@ -4,7 +4,8 @@ It names the schema version, every export ingested (its path, size, mtime and a 
 of its content, the window its runs were counted in, the cluster it names, its malformed
 records) with the Parquet files that hold its rows, and the node events file. Readers read
 only the files it names, so a crash mid-ingest (files written, manifest not yet) leaves the
-previous store as it was; the next ingest removes what no manifest names.
+previous store as it was; the next ingest removes what no manifest names. Its file entries
+are store names, checked when read (`storedir.file_problem`): never a path that leads out.
 """
 
 from __future__ import annotations
@@ -13,20 +14,19 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from gpuwarden.accounting.store import storedir
 from gpuwarden.accounting.store.schema import VERSION
-from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.core.safefs import atomic_write
+from gpuwarden.accounting.store.storedir import Dir, StoreError
+from gpuwarden.core.safefs import write_at
+
+# StoreError too: callers import it from here, as before it moved to storedir.
+__all__ = ["NAME", "Export", "Manifest", "StoreError", "fingerprint", "load", "load_at", "parse",
+           "save"]
 
 NAME = "manifest.json"
 SAMPLE = 1 << 20  # bytes hashed at each end of an export for its fingerprint
-
-
-class StoreError(GpuwardenError):
-    """A store that cannot be read or written as asked (another schema version, a bad
-    manifest, exports that overlap)."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,21 @@ def fingerprint(path: str, size: int) -> str:
 
 
 def load(store: str | os.PathLike[str]) -> Manifest:
-    """The store's manifest; an empty one for a store not made yet (no manifest)."""
-    p = Path(store) / NAME
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        return Manifest()
-    except OSError as exc:
-        raise StoreError(f"{p}: cannot read ({exc.strerror})") from None
+    """The store's manifest, read as a reader reads it (`storedir.reading`); an empty one for
+    a store not made yet."""
+    with storedir.reading(store) as d:
+        return Manifest() if d is None else load_at(d)
+
+
+def load_at(d: Dir) -> Manifest:
+    """The manifest of the open store ``d``; an empty one when there is none yet."""
+    raw = storedir.read_manifest(d, NAME)
+    return Manifest() if raw is None else parse(raw, f"{d.path}/{NAME}", str(d.path))
+
+
+def parse(raw: bytes, p: str, store: str) -> Manifest:
+    """A manifest's bytes (``p``: where they were read) checked: the version, every field,
+    every file it names a store name."""
     try:
         doc = json.loads(raw)
         version = doc["schema"]
@@ -105,14 +112,24 @@ def load(store: str | os.PathLike[str]) -> Manifest:
     try:
         exports = tuple(Export(**{**e, "named": tuple(e["named"]), "files": tuple(e["files"])})
                         for e in doc["exports"])
-        return Manifest(exports, doc.get("events", ""), doc.get("synced_to"), version,
-                        doc.get("extra", {}))
+        m = Manifest(exports, doc.get("events", ""), doc.get("synced_to"), version,
+                     doc.get("extra", {}))
     except (KeyError, TypeError) as exc:
         raise StoreError(f"{p}: a malformed manifest ({exc})") from None
+    names = [(f, storedir.file_problem(f) if isinstance(f, str) else "not a name")
+             for f in m.files]
+    if m.events:
+        names.append((m.events, storedir.events_problem(m.events) if isinstance(m.events, str)
+                      else "not a name"))
+    for name, problem in names:
+        if problem:
+            raise StoreError(f"{p} names {name!r}, {problem}: a manifest gpuwarden did not "
+                             "write; ingest the exports again into a new store")
+    return m
 
 
-def save(store: str | os.PathLike[str], m: Manifest) -> None:
+def save(d: Dir, m: Manifest) -> None:
     """The manifest replaced atomically (temp file, fsync, rename): the store's commit."""
     doc = {"schema": m.version, "exports": [asdict(e) for e in m.exports],
            "events": m.events, "synced_to": m.synced_to, "extra": m.extra}
-    atomic_write(str(store), NAME, (json.dumps(doc, indent=1) + "\n").encode(), 0o644)
+    write_at(d.fd, NAME, (json.dumps(doc, indent=1) + "\n").encode(), storedir.FILE_MODE)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import polars as pl
 
@@ -30,7 +29,6 @@ from gpuwarden.accounting.attribution import (
 from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.store import schema
-from gpuwarden.accounting.store.manifest import Manifest
 from gpuwarden.slurm.hostranges import shape
 from gpuwarden.slurm.models import AcctJob
 
@@ -54,12 +52,12 @@ class StoreRuns:
     grace_s: float
 
 
-def rows(store: Path, m: Manifest, since: float | None = None) -> pl.LazyFrame:
-    """Every stored row, in ingest order (``since``: only runs that ended at or after it)."""
-    paths = [str(store / f) for f in m.files]
+def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
+    """Every row of the store files ``paths`` (`snapshot.Snapshot.files`: vetted), in ingest
+    order (``since``: only runs that ended at or after it)."""
     if not paths:
         return schema.SCHEMA.to_frame().lazy().with_row_index("rid")
-    lf = pl.scan_parquet(paths, schema=schema.SCHEMA, hive_partitioning=False)
+    lf = pl.scan_parquet(list(paths), schema=schema.SCHEMA, hive_partitioning=False)
     lf = lf.with_row_index("rid")
     if since is not None:
         lf = lf.filter(pl.col("end_time") >= since)

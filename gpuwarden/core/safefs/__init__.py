@@ -12,9 +12,12 @@ tests/unit/test_safefs_refusals.py (a strict xfail there is a known gap; there a
 submodules differ in whose files they are and what a refusal tells the operator to do:
 
 - privfile: root's own state read back (the verdict, the prolog's settings): `read_private`,
-  `read_own_at`, `check_private_dir`, `unsafe_dir_problem`; raises `StateDirError`.
+  `read_own_at`, `check_private_dir`, `open_private_dir` (its descriptor, for a writer that
+  works in it by descriptor: the accounting store), `unsafe_dir_problem`; raises
+  `StateDirError`.
 - atomic: root's state and metrics written (complete or absent, never through a link):
-  `ensure_private_dir`, `atomic_write`, `write_at`, `discard`, `read_plain`.
+  `ensure_private_dir`, `atomic_write`, `write_at`, `discard`, `read_plain`,
+  `open_trusted_dir` (root's or ours, for readers by descriptor: the accounting store).
 - adminfile: a file a root-run filter trusts (the placement snapshot job_submit.lua reads):
   `write_admin_file`, `admin_file_problem`, `read_head`; raises `UnsafePathError`.
 - installwrite: install-files (and `health inject`) walking from / to where root writes:
@@ -45,6 +48,7 @@ if TYPE_CHECKING:
         atomic_write,
         discard,
         ensure_private_dir,
+        open_trusted_dir,
         read_plain,
         write_at,
     )
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
         MAX_STATE_BYTES,
         StateDirError,
         check_private_dir,
+        open_private_dir,
         read_own_at,
         read_private,
         unsafe_dir_problem,
@@ -83,10 +88,10 @@ if TYPE_CHECKING:
 _HOME = {
     "DIR_FLAGS": "_checks", "FILE_FLAGS": "_checks",
     "MAX_STATE_BYTES": "privfile", "StateDirError": "privfile",
-    "check_private_dir": "privfile", "read_own_at": "privfile", "read_private": "privfile",
-    "unsafe_dir_problem": "privfile",
+    "check_private_dir": "privfile", "open_private_dir": "privfile", "read_own_at": "privfile",
+    "read_private": "privfile", "unsafe_dir_problem": "privfile",
     "atomic_write": "atomic", "discard": "atomic", "ensure_private_dir": "atomic",
-    "read_plain": "atomic", "write_at": "atomic",
+    "open_trusted_dir": "atomic", "read_plain": "atomic", "write_at": "atomic",
     "UnsafePathError": "adminfile", "admin_file_problem": "adminfile", "read_head": "adminfile",
     "write_admin_file": "adminfile",
     "already_installed": "installwrite", "opened_dir": "installwrite",
@@ -117,7 +122,9 @@ __all__ = [
     "map_file",
     "mappable",
     "open_dir",
+    "open_private_dir",
     "open_spool",
+    "open_trusted_dir",
     "opened_dir",
     "read_existing",
     "read_file",
