@@ -5,6 +5,9 @@ unchanged one skipped, and a crash before the manifest leaves the previous store
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,31 @@ def test_a_crash_before_the_manifest_leaves_the_previous_store(
 def test_an_empty_store_says_how_to_fill_it(tmp_path: Path) -> None:
     with pytest.raises(HistoryError, match="accounting ingest --from EXPORTS"):
         from_store(str(tmp_path / "none"))
+
+
+BUSY_POLARS = """
+import sys, threading, time
+import polars as pl
+from gpuwarden.accounting.store.ingest import ingest
+
+def busy():
+    df = pl.DataFrame({"a": list(range(1_000_000)), "b": list(range(1_000_000))})
+    while True:
+        df.group_by(pl.col("a") % 1000).agg(pl.col("b").sum())
+
+threading.Thread(target=busy, daemon=True).start()
+time.sleep(0.5)
+print(ingest(sys.argv[1], sys.argv[2:], workers=2).rows)
+"""
+
+
+def test_ingest_with_workers_in_a_process_already_running_polars(tmp_path: Path) -> None:
+    """Forked while polars' threads were busy, the workers hung for good (CI, the golden
+    test's fixture after other store tests in one worker): they are spawned, not forked."""
+    paths = [export(tmp_path / f"d{i}.json", T0 + i * DAY, T0 + (i + 1) * DAY,
+                    [T0 + i * DAY + 100]) for i in range(3)]
+    res = subprocess.run([sys.executable, "-c", BUSY_POLARS, str(tmp_path / "st"), *paths],
+                         capture_output=True, text=True, timeout=50,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-1] == "3"

@@ -104,6 +104,12 @@ def in_window(df: pl.DataFrame, window: Window) -> pl.DataFrame:
     return df.filter(keep)
 
 
+def _read_export_at(store: str, path: str, window: Window) -> _Read:
+    """`_read_export` in a worker process: the store reopened through safefs's walk."""
+    with storedir.writing(store) as d:
+        return _read_export(d, path, window)
+
+
 def _read_export(store: Dir, path: str, window: Window) -> _Read:
     with history.gc_paused():
         try:
@@ -250,8 +256,12 @@ def _read_all(root: Dir, paths: list[str], windows: Sequence[Window], workers: i
     n = _workers(len(paths), workers)
     try:
         if n > 1 and len(paths) > 1:
-            with ProcessPoolExecutor(n, mp_context=get_context("fork")) as pool:
-                futures = [pool.submit(_read_export, root, p, w)
+            # Spawned, not forked: a child forked while polars' threads run (the parent read
+            # the store, or a test did) inherits their locks held and hangs for good. A spawned
+            # child cannot inherit the store's descriptor: it reopens the store the same vetted
+            # way (`_read_export_at`).
+            with ProcessPoolExecutor(n, mp_context=get_context("spawn")) as pool:
+                futures = [pool.submit(_read_export_at, str(root.path), p, w)
                            for p, w in zip(paths, windows, strict=True)]
                 try:
                     for fut in futures:
