@@ -20,11 +20,9 @@ Each step runs in a fresh child process (`spawn`); the exports are cached under
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -32,9 +30,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import fleetcache
 import msgspec
 
-CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
 GIB = 1 << 30
 
 
@@ -173,17 +171,7 @@ def main() -> int:
     ap.add_argument("--no-year", action="store_true", help="leave the year case out")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
-    from gpuwarden.accounting.calibrate import solve  # noqa: PLC0415
-    from gpuwarden.fleet.simulate import Fleet, write_history  # noqa: PLC0415
-    work = Path(args.workdir) if args.workdir else \
-        CACHE / f"lemon-scale-{args.nodes}n-{args.days}d-{args.records}r"
-    truth = work / "truth.json"
-    if not (truth.exists() and json.loads(truth.read_text())["records"] == args.records):
-        t0 = time.perf_counter()
-        write_history(solve(), Fleet(nodes=args.nodes, days=args.days, records=args.records),
-                      work, lambda d, n: print(f"\rgenerating day {d}/{n}", end="",
-                                                 file=sys.stderr, flush=True))
-        print(f"\ngenerated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    work = fleetcache.history(args.nodes, args.days, args.records, args.workdir)
     files = [str(f) for f in sorted((work / "sacct").glob("*.json"))]
     events = str(work / "events.txt")
     store = work / "store"
@@ -215,7 +203,7 @@ def main() -> int:
                    day["s"] <= 15)]
     print(rows[-1], flush=True)
     if not args.no_year:
-        year = CACHE / f"store-year-{args.nodes}n-{args.year_records}r"
+        year = fleetcache.CACHE / f"store-year-{args.nodes}n-{args.year_records}r"
         if not (year / "manifest.json").exists():
             shutil.rmtree(year, ignore_errors=True)
             made = in_child(year_store, str(year), args.nodes, 365, args.year_records)

@@ -23,7 +23,6 @@ import argparse
 import json
 import resource
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,15 +31,13 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import fleetcache
+
 from gpuwarden.accounting import stream as acctstream
-from gpuwarden.accounting.calibrate import solve
 from gpuwarden.accounting.history import from_files, gc_paused, read_events
-from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import score
 from gpuwarden.slurm.hostlist import expand
 from gpuwarden.slurm.models import AcctJob
-
-CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
 
 
 def baseline(files: list[Path]) -> tuple[int, int]:
@@ -80,29 +77,15 @@ def scan(files: list[Path], events: str) -> tuple[int, list[str], float]:
     return hist.records, [s.node for s in score(hist.attribution) if s.lemon], t_read
 
 
-def _workdir(args: argparse.Namespace) -> Path:
-    """Generated histories are kept (5.9 GB for 10M records) and reused by later runs."""
-    if args.workdir:
-        return Path(args.workdir)
-    return CACHE / f"lemon-scale-{args.nodes}n-{args.days}d-{args.records}r"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=12_500)
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--workdir", default=None,
-                    help=f"where the generated history is kept (default: under {CACHE})")
+                    help=f"where the generated history is kept (default: under {fleetcache.CACHE})")
     args = ap.parse_args()
-    work = _workdir(args)
-    truth = work / "truth.json"
-    if not (truth.exists() and json.loads(truth.read_text())["records"] == args.records):
-        t0 = time.perf_counter()
-        write_history(solve(), Fleet(nodes=args.nodes, days=args.days, records=args.records),
-                      work, lambda d, n: print(f"\rgenerating day {d}/{n}", end="",
-                                                 file=sys.stderr, flush=True))
-        print(f"\ngenerated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    work = fleetcache.history(args.nodes, args.days, args.records, args.workdir)
     files = sorted((work / "sacct").glob("*.json"))
     size = sum(f.stat().st_size for f in files) / 1e9
     print(f"history: {args.records:,} records, {args.nodes} nodes, {len(files)} files, "
@@ -113,7 +96,7 @@ def main() -> int:
           f"peak RSS {rss_base:.2f} GiB ({nodes} nodes, {node_runs:,} node-runs)", flush=True)
     t_scan, (records, lemons, t_read), rss_main, rss_worker = in_child(
         scan, files, str(work / "events.txt"))
-    truth_set = set(json.loads(truth.read_text())["lemons"])
+    truth_set = set(json.loads((work / "truth.json").read_text())["lemons"])
     found = set(lemons)
     print(f"gpuwarden lemon scan:    {t_scan:6.1f} s, {records / t_scan:,.0f} records/s, peak "
           f"RSS {rss_main:.2f} GiB (main), {rss_worker:.2f} GiB (largest worker) "

@@ -19,25 +19,21 @@ Prints seconds, where they go, the HTML size and the ratio report / baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import fleetcache
 import msgspec
 
-from gpuwarden.accounting.calibrate import solve
 from gpuwarden.accounting.history import _workers, from_files, read_events
-from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally
 from gpuwarden.report.render import render
 
-CACHE = Path(tempfile.gettempdir()) / "gpuwarden-bench"
 GOAL_S, GOAL_MB = 60.0, 20.0
 
 
@@ -92,15 +88,7 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
-    work = Path(args.workdir) if args.workdir else \
-        CACHE / f"lemon-scale-{args.nodes}n-{args.days}d-{args.records}r"
-    truth = work / "truth.json"
-    if not (truth.exists() and json.loads(truth.read_text())["records"] == args.records):
-        t0 = time.perf_counter()
-        write_history(solve(), Fleet(nodes=args.nodes, days=args.days, records=args.records),
-                      work, lambda d, n: print(f"\rgenerating day {d}/{n}", end="",
-                                                 file=sys.stderr, flush=True))
-        print(f"\ngenerated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    work = fleetcache.history(args.nodes, args.days, args.records, args.workdir)
     files = [str(f) for f in sorted((work / "sacct").glob("*.json"))]
     events = str(work / "events.txt")
     size = sum(Path(f).stat().st_size for f in files) / 1e9

@@ -181,8 +181,9 @@ def _count(att: Attribution, batches: Iterable[Sequence[AcctRecord | SlurmError]
     return att, n + bad
 
 
-def _chunks(items: Iterable[AcctJob | SlurmError],
-            size: int = 1000) -> Iterator[list[AcctJob | SlurmError]]:
+def chunks(items: Iterable[AcctJob | SlurmError],
+           size: int = 1000) -> Iterator[list[AcctJob | SlurmError]]:
+    """``items`` in lists of ``size`` (the last one shorter): what the batch readers take."""
     chunk: list[AcctJob | SlurmError] = []
     for item in items:
         chunk.append(item)
@@ -470,7 +471,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         try:
             more = collector() if collector is not None else None
             with gc_paused():
-                part, n = _count(Attribution(), _chunks(
+                part, n = _count(Attribution(), chunks(
                     source.window(_slurm_time(lo), _slurm_time(hi))), "", known, more,
                     (lo.timestamp(), hi.timestamp()))
         except CommandTimeoutError as exc:

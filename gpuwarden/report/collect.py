@@ -242,16 +242,23 @@ class RunTally:
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
         submit time, queued ``wait_s`` in all."""
-        names = _names(nodes) or ()
-        if len(names) < 2 or self.leaf_of is None:
+        where = self._leaves(nodes)
+        if where is None:
             return
-        leaves = {self.leaf_of.get(n) for n in names}
-        where = "unknown" if None in leaves else "one leaf" if len(leaves) == 1 \
-            else "several leaves"
         key = (gpu_class(gpus), where)
         self.gang_runs[key] += runs
         self.gang_wait_s[key] += wait_s
         self.gang_waited[key] += waited
+
+    def _leaves(self, nodes: str) -> str | None:
+        """Where a gang run of ``nodes`` ran ("one leaf", "several leaves", "unknown"); None
+        for one node or with no topology."""
+        names = _names(nodes) or ()
+        if len(names) < 2 or self.leaf_of is None:
+            return None
+        leaves = {self.leaf_of.get(n) for n in names}
+        return "unknown" if None in leaves else "one leaf" if len(leaves) == 1 \
+            else "several leaves"
 
     def _cell(self, cell: Cell) -> Cell:
         # One tuple per distinct cell: a million failed runs share a few hundred.
@@ -292,12 +299,9 @@ class RunTally:
                 self._gang(r, nodes, start)
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
-        names = _names(nodes) or ()
-        if len(names) < 2 or self.leaf_of is None:
+        where = self._leaves(nodes)
+        if where is None:
             return
-        leaves = {self.leaf_of.get(n) for n in names}
-        where = "unknown" if None in leaves else "one leaf" if len(leaves) == 1 \
-            else "several leaves"
         key = (gpu_class(r.gpus), where)
         self.gang_runs[key] += 1
         sub = submitted(r)

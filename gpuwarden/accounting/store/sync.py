@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -27,9 +27,7 @@ from gpuwarden.accounting.store import files, manifest, schema, storedir
 from gpuwarden.accounting.store.ingest import frames, in_window, key_of, locked
 from gpuwarden.accounting.store.manifest import Export
 from gpuwarden.accounting.store.storedir import Dir, StoreError
-from gpuwarden.core.errors import SlurmError
 from gpuwarden.slurm.client import SlurmClient
-from gpuwarden.slurm.models import AcctJob
 from gpuwarden.slurm.runner import CommandTimeoutError
 
 log = logging.getLogger(__name__)
@@ -49,24 +47,12 @@ class Synced:
     end: datetime
 
 
-def _chunks(items: Iterable[AcctJob | SlurmError],
-            size: int = 10_000) -> Iterator[list[AcctJob | SlurmError]]:
-    chunk: list[AcctJob | SlurmError] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _pull(reader: acctstream.AcctReader, lo: datetime, hi: datetime,
           store: Dir) -> Export:
     bad: list[str] = []
     name = f"slurmdbd:{lo.strftime(FMT)}..{hi.strftime(FMT)}"
     with history.gc_paused():
-        got = list(frames(_chunks(reader.window(lo.strftime(FMT), hi.strftime(FMT))), bad))
+        got = list(frames(history.chunks(reader.window(lo.strftime(FMT), hi.strftime(FMT)), 10_000), bad))
     import polars as pl  # noqa: PLC0415 - the store's engine
 
     window = (lo.timestamp(), hi.timestamp())
