@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,15 @@ def test_ingest_with_workers_in_a_process_already_running_polars(tmp_path: Path)
     test's fixture after other store tests in one worker): they are spawned, not forked."""
     paths = [export(tmp_path / f"d{i}.json", T0 + i * DAY, T0 + (i + 1) * DAY,
                     [T0 + i * DAY + 100]) for i in range(3)]
-    res = subprocess.run([sys.executable, "-c", BUSY_POLARS, str(tmp_path / "st"), *paths],
-                         capture_output=True, text=True, timeout=50,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split()[-1] == "3"
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_POLARS, str(tmp_path / "st"), *paths],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    try:
+        out, err = proc.communicate(timeout=50)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # its hung workers too
+        proc.communicate()
+        pytest.fail("ingest's workers hung")
+    assert proc.returncode == 0, err[-2000:]
+    assert out.split()[-1] == "3"
