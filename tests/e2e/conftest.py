@@ -108,8 +108,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             # (devcluster.harness: every call has one); counted in, a DDP test's 600 s ran out
             # with 145 s of them charged to it. Unit tests' fixtures stay under their timeout.
             mark = item.get_closest_marker("timeout")
-            seconds = mark.args[0] if mark and mark.args else item.config.getini("timeout")
-            item.add_marker(pytest.mark.timeout(float(seconds), func_only=True), append=False)
+            seconds: object = item.config.getini("timeout")
+            if mark is not None:
+                seconds = mark.args[0] if mark.args else mark.kwargs.get("timeout", seconds)
+            item.add_marker(pytest.mark.timeout(float(str(seconds)), func_only=True),
+                            append=False)
     # Only workers reorder (a serial run keeps file order). Stable: the tests of a module
     # keep their order, and every worker sorts alike (xdist checks that they collect alike).
     if not os.environ.get("PYTEST_XDIST_WORKER"):

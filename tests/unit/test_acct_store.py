@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.accounting.history import HistoryError, from_store
-from gpuwarden.accounting.store import manifest
+from gpuwarden.accounting.store import files, manifest
 from gpuwarden.accounting.store.ingest import ingest
 from gpuwarden.accounting.store.manifest import StoreError
 from gpuwarden.fleet.simulate import sacct_meta
@@ -95,9 +95,12 @@ def test_a_crash_before_the_manifest_leaves_the_previous_store(
     def crash(*_: object) -> None:
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(manifest, "write_at", crash)
+    # A crash, not an error ingest cleans up after: b's data files stay on disk.
+    monkeypatch.setattr(files, "remove", lambda *_: None)
     with pytest.raises(OSError):
         ingest(tmp_path / "s", [b])
     monkeypatch.undo()
+    assert len(list((tmp_path / "s").glob("day=*/*.parquet"))) == 2  # a's and b's
     assert from_store(str(tmp_path / "s")).records == 1  # b's files are not read
     assert ingest(tmp_path / "s", [a, b]).added == (str(tmp_path / "b.json"),)
     assert from_store(str(tmp_path / "s")).records == 3
