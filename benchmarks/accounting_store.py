@@ -54,8 +54,8 @@ def _rss() -> float:
 
 
 def floor(files: list[str]) -> dict[str, float]:
-    from gpuwarden.accounting.store.ingest import _workers  # noqa: PLC0415
-    n = _workers(len(files), None)
+    from gpuwarden.accounting.history import workers_for  # noqa: PLC0415
+    n = workers_for(len(files))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(n, mp_context=get_context("fork")) as pool:
         list(pool.map(_parse, files))

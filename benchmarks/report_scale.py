@@ -28,7 +28,7 @@ from pathlib import Path
 import fleetcache
 import msgspec
 
-from gpuwarden.accounting.history import _workers, from_files, read_events
+from gpuwarden.accounting.history import from_files, read_events, workers_for
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally
@@ -49,9 +49,9 @@ def _parse(path: str) -> int:
 
 def floor(files: list[str]) -> dict[str, float]:
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(_workers(len(files)), mp_context=get_context("fork")) as pool:
+    with ProcessPoolExecutor(workers_for(len(files)), mp_context=get_context("fork")) as pool:
         list(pool.map(_parse, files))
-    return {"read": time.perf_counter() - t0, "workers": _workers(len(files))}
+    return {"read": time.perf_counter() - t0, "workers": workers_for(len(files))}
 
 
 def baseline(files: list[str], events: str) -> dict[str, float]:

@@ -324,7 +324,8 @@ def same_cluster(events: Sequence[NodeEvent], clusters: set[str]) -> list[NodeEv
         "export one cluster's events (sacctmgr show events cluster=NAME) and its accounting")
 
 
-def _workers(n_files: int) -> int:
+def workers_for(n_files: int) -> int:
+    """Reader processes for ``n_files`` exports: one per file, at most one per usable core."""
     return max(1, min(n_files, len(os.sched_getaffinity(0))))
 
 
@@ -389,7 +390,7 @@ def _read_all(paths: Sequence[str], windows: Sequence[Window], known: _Known,
         if progress:
             progress(i, len(paths))
 
-    workers = workers or _workers(len(paths))
+    workers = workers or workers_for(len(paths))
     if workers > 1 and len(paths) > 1:
         # fork: workers start without re-importing gpuwarden.
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:

@@ -246,14 +246,10 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _workers(n: int, workers: int | None) -> int:
-    return workers or max(1, min(n, len(os.sched_getaffinity(0))))
-
-
 def _read_all(root: Dir, paths: list[str], windows: Sequence[Window], workers: int | None,
               progress: Callable[[int, int], None] | None) -> list[_Read]:
     out: list[_Read] = []
-    n = _workers(len(paths), workers)
+    n = workers or history.workers_for(len(paths))
     try:
         if n > 1 and len(paths) > 1:
             # Spawned, not forked: a child forked while polars' threads run (the parent read
