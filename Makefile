@@ -1,6 +1,6 @@
 # gpuwarden task runner. `make demo` and `make test` do all set-up on a fresh Debian/Ubuntu
-# machine with Docker: scripts/host-deps.sh installs python3-venv, debootstrap (and lua5.1 for
-# the tests) with apt-get when missing, saying so in one line; that needs root once, as does
+# machine with Docker: scripts/host-deps.sh installs python3-venv, debootstrap (and lua5.1,
+# chromium and promtool for the tests) with apt-get when missing, saying so in one line; that needs root once, as does
 # building the cluster image with debootstrap (not root: it prints the command to run).
 # `make test` removes its test clusters at the end; KEEP_CLUSTER=1 make test leaves them running;
 # E2E_WORKERS=1 make test runs the e2e tests serially on one cluster.
@@ -85,7 +85,7 @@ XDIST = --dist loadfile --no-loadscope-reorder
 # inside the first e2e test's fixture counted against that test's timeout.
 test: lint $(STAMP)
 	@echo "make test: host dependencies and cluster images"
-	@$(HOST_DEPS) debootstrap lua chromium
+	@$(HOST_DEPS) debootstrap lua chromium promtool
 	@if docker info >/dev/null 2>&1; then \
 	    $(PY) -m devcluster image || exit $$?; \
 	    for v in $(MORE_SLURM); do \

@@ -7,6 +7,6 @@
 set -euo pipefail
 apt-get purge -qq -y --auto-remove python3-venv 'python3.*-venv' python3-pip-whl \
     python3-setuptools-whl python3-click python3-jinja2 python3-markupsafe python3-numpy \
-    python3-xxhash lua-filesystem >/dev/null
+    python3-xxhash python3-prometheus-client lua-filesystem >/dev/null
 apt-get clean
 echo "plain site image ready"

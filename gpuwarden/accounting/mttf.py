@@ -104,6 +104,14 @@ def history_needed(failures: int, span_days: float) -> str:
             "at this rate")
 
 
+def class_mttf_h(att: Attribution) -> dict[int, float]:
+    """MTTF (hours) of each size class with a failure, by its GPUs (a class holds runs of
+    gpus/2 < n <= gpus GPUs): its job-hours / its failures. A class with none has no estimate
+    and is left out."""
+    return {g: att.gpu_hours.get(g, 0.0) / att.gpu_failures[g]
+            for g in sorted(att.gpu_runs) if g > 0 and att.gpu_failures.get(g, 0) > 0}
+
+
 def young(cost_h: float, mttf_h: float) -> float:
     return math.sqrt(2 * cost_h * mttf_h)
 
@@ -207,9 +215,10 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     cost_h = ckpt_cost_s / 3600
     fig = paper or PaperFigures()
     classes = []
+    mttfs = class_mttf_h(att)
     for g in sorted(k for k in att.gpu_runs if k > 0):
         hours, fails = att.gpu_hours.get(g, 0.0), att.gpu_failures.get(g, 0)
-        m = hours / fails if fails else None
+        m = mttfs.get(g)
         classes.append(SizeClass(g, att.gpu_runs[g], hours, fails, m,
                                  young(cost_h, m) if m else None,
                                  daly(cost_h, m) if m else None, paper_mttf_h(g, fig),

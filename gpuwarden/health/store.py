@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from gpuwarden.core import metrics
 from gpuwarden.core.errors import GpuwardenError
 
 # The files themselves are safefs's (shared with the prolog's fast gate and every other root
@@ -85,7 +86,7 @@ class Store:
     FAST = FAST_SUMMARY
     LOCK = "verdict.lock"  # held while the verdict and its summary are written
     COUNTERS = "counters.json"
-    PROM = "gpuwarden.prom"
+    PROM = "gpuwarden.prom"  # the names are gpuwarden.core.metrics.FILES'
     SELF_PROM = "gpuwarden_self.prom"
 
     def __init__(self, state_dir: str, prom_dir: str = "") -> None:
@@ -138,7 +139,7 @@ class Store:
         if self.prom_dir and complete:
             try:
                 self._write_prom(self.PROM, prometheus(verdict))
-            except (OSError, StateDirError) as exc:
+            except (OSError, GpuwardenError) as exc:
                 errors.append(f"{os.path.join(self.prom_dir, self.PROM)}: {exc}")
         if errors:
             raise StateWriteError("cannot save the verdict: " + "; ".join(errors))
@@ -234,7 +235,8 @@ class Store:
 
     def _write_prom(self, name: str, text: str) -> None:
         """node_exporter's textfile: root writes it, node_exporter only reads it, so its
-        directory (made 0755 if missing) is root's alone, reached without a user's link."""
+        directory (made 0755 if missing) is root's alone, reached without a user's link
+        (metrics.write_textfile, with this module's names, which tests can fail)."""
         ensure_private_dir(self.prom_dir, mode=0o755)
         atomic_write(self.prom_dir, name, text.encode(), 0o644)
 
@@ -247,7 +249,7 @@ class Store:
             if problems:
                 last = _last_success(read_plain(os.path.join(self.prom_dir, self.SELF_PROM)))
             self._write_prom(self.SELF_PROM, self_prometheus(problems, last))
-        except (OSError, StateDirError) as exc:
+        except (OSError, GpuwardenError) as exc:
             raise StateWriteError(f"cannot write {os.path.join(self.prom_dir, self.SELF_PROM)}: "
                                   f"{exc}") from None
 
@@ -294,60 +296,27 @@ class Store:
 
 
 # What gpuwarden's own failures are filed under: a fixed set, so the series stay few.
-SELF_REASONS = ("config", "slurm", "state", "internal", "deadline")
-_LAST_SUCCESS = "gpuwarden_health_last_success_timestamp_seconds"
+SELF_REASONS = metrics.SELF_REASONS
 
 
 def self_prometheus(problems: dict[str, str], last_success: float) -> str:
     """1 per reason gpuwarden itself failed on in its last run (0 otherwise), and when a run
     last ended without any such failure (0: never seen)."""
-    lines = [
-        "# HELP gpuwarden_health_self_error 1 when gpuwarden itself failed in its last run "
-        "(the reason label says where), else 0.",
-        "# TYPE gpuwarden_health_self_error gauge",
-    ]
-    lines += [f'gpuwarden_health_self_error{{reason="{r}"}} {1 if r in problems else 0}'
-              for r in SELF_REASONS]
-    lines += [
-        f"# HELP {_LAST_SUCCESS} When a gpuwarden health run last ended without a self error.",
-        f"# TYPE {_LAST_SUCCESS} gauge",
-        f"{_LAST_SUCCESS} {last_success:.0f}",
-        "",
-    ]
-    return "\n".join(lines)
+    return metrics.render(Store.SELF_PROM, {
+        metrics.SELF_ERROR: [((r,), 1 if r in problems else 0) for r in SELF_REASONS],
+        metrics.LAST_SUCCESS: [((), last_success)],
+    }).decode()
 
 
 def _last_success(text: bytes) -> float:
-    for line in text.decode(errors="replace").splitlines():
-        if line.startswith(_LAST_SUCCESS + " "):
-            try:
-                return float(line.split()[1])
-            except (IndexError, ValueError):
-                return 0.0
-    return 0.0
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+    return metrics.value_of(text, metrics.LAST_SUCCESS) or 0.0
 
 
 def prometheus(v: Verdict) -> str:
     """node_exporter textfile: overall status, one gauge per check, and when it ran."""
-    lines = [
-        "# HELP gpuwarden_health_status Node verdict: 0 ok, 1 warning, 2 critical, 3 unknown.",
-        "# TYPE gpuwarden_health_status gauge",
-        f'gpuwarden_health_status{{node="{_label(v.node)}"}} {v.status.exit_code}',
-        "# HELP gpuwarden_check_status Per-check status (same scale).",
-        "# TYPE gpuwarden_check_status gauge",
-    ]
-    for r in v.results:
-        gpu = "" if r.gpu is None else str(r.gpu)
-        lines.append(f'gpuwarden_check_status{{check="{_label(r.check)}",gpu="{gpu}"}} '
-                     f"{r.status.exit_code}")
-    lines += [
-        "# HELP gpuwarden_health_timestamp_seconds When the verdict was made.",
-        "# TYPE gpuwarden_health_timestamp_seconds gauge",
-        f"gpuwarden_health_timestamp_seconds {v.at:.0f}",
-        "",
-    ]
-    return "\n".join(lines)
+    return metrics.render(Store.PROM, {
+        metrics.HEALTH_STATUS: [((v.node,), v.status.exit_code)],
+        metrics.CHECK_STATUS: [((r.check, "" if r.gpu is None else str(r.gpu)),
+                                r.status.exit_code) for r in v.results],
+        metrics.HEALTH_TIMESTAMP: [((), v.at)],
+    }).decode()

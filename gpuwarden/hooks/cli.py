@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 import time
 import tomllib
@@ -22,12 +23,15 @@ import click
 
 from gpuwarden.config import Config
 from gpuwarden.config.context import Context
+from gpuwarden.config.health import HealthConfig
 from gpuwarden.core.errors import ConfigError, GpuwardenError
+from gpuwarden.health import gatingmetrics
 from gpuwarden.health.cli import print_verdict
 from gpuwarden.health.model import Status
 from gpuwarden.health.store import Store
 from gpuwarden.hooks import entry
 from gpuwarden.slurm import jobenv
+from gpuwarden.slurm.client import check_node_name
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +94,12 @@ def _slurm_entry(obj: Context, what: str, fn: Any, budget_key: str) -> int:
     return entry.run(env, fn, what, watchdog_s=end - time.monotonic() + WATCHDOG_GRACE_S)
 
 
-def salvage_prom_dir(path: str) -> str:
-    """`[health] prom_dir` from a config that failed validation elsewhere, if it can be read:
-    the self-error metric should reach node_exporter even then."""
+def salvage_prom_dir(path: str, key: str = "prom_dir") -> str:
+    """`[health] prom_dir` (or ``key``) from a config that failed validation elsewhere, if it
+    can be read: the self-error metric should reach node_exporter even then."""
     try:
         with open(path, "rb") as f:
-            value = tomllib.load(f).get("health", {}).get("prom_dir", "")
+            value = tomllib.load(f).get("health", {}).get(key, "")
     except (OSError, ValueError, AttributeError):
         return ""
     return value if isinstance(value, str) and os.path.isabs(value) else ""
@@ -111,8 +115,24 @@ def _config_failed(obj: Context, what: str, exc: ConfigError) -> int:
         except GpuwardenError as err:
             log.error("%s", err)
     if what == "health check":
+        if prom:
+            _gating_off(prom, salvage_prom_dir(exc.path, "state_dir"))
         _mark_config_off(obj, exc)
     return 0
+
+
+def _gating_off(prom_dir: str, state_dir: str) -> None:
+    """Gating is off here: say so in its textfile (`gpuwarden_health_gating_enabled` 0), with
+    the counts kept in the state directory (the config's, if it can be read, else the
+    default), never reset by a broken config."""
+    state_dir = state_dir or HealthConfig().state_dir
+    try:
+        with entry.watchdog(CONFIG_OFF_LIMIT_S):
+            node = check_node_name(jobenv.node_name(entry.environ(), socket.gethostname))
+            counts, _ = gatingmetrics.stored(state_dir)
+            gatingmetrics.write(prom_dir, node, counts, enabled=False)
+    except (GpuwardenError, OSError, entry.DeadlineExceeded) as err:
+        log.error("%s not written: %s", gatingmetrics.FILE, err)
 
 
 def _mark_config_off(obj: Context, exc: ConfigError) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from gpuwarden.config import Config
 from gpuwarden.core.errors import GpuwardenError, SlurmError
 from gpuwarden.core.safefs import StateDirError
-from gpuwarden.health import gate, marker
+from gpuwarden.health import gate, gatingmetrics, marker
 from gpuwarden.health.gather import gather, gating_gaps
 from gpuwarden.health.model import CheckResult, Status, Verdict
 from gpuwarden.health.probe import GpuProbe
@@ -55,6 +55,8 @@ class Env:
     mono: Callable[[], float] = time.monotonic
     # gpuwarden's own failures in this run, by reason (store.SELF_REASONS).
     problems: dict[str, str] = field(default_factory=dict)
+    # Health gating drained, resumed or was held in this run: its textfile is due.
+    gating_changed: bool = False
 
     def fail(self, reason: str, message: str) -> None:
         """Record a failure of gpuwarden itself: error level (syslog), and the metric."""
@@ -144,7 +146,49 @@ def _act(env: Env, verdict: Verdict, resume_allowed: bool) -> tuple[drain.Applie
     except GpuwardenError as exc:
         env.fail("state", f"{verdict.context} {env.node}: {exc} (the action stands; the drain "
                           "is still recognised from its Slurm reason)")
+    count(env, verdict.context, applied, node.reason)
     return applied, node
+
+
+# What recording the gating metrics may take of a run (a lock, a small file; the textfile's
+# render imports prometheus_client, 0.1-0.3 s): never more, and never the time the run's
+# own Slurm calls need.
+METRICS_S = 2.0
+
+
+def count(env: Env, context: str, applied: drain.Applied, reason: str) -> None:
+    """Add what health gating did to the node's persisted counts (gatingmetrics). Never
+    fails the run: a failure is a self error "state", logged; the action stands."""
+    hook = origin_of(context)
+    if not hook:
+        return
+    ev = gatingmetrics.event(applied, hook, reason)
+    try:
+        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)):
+            gatingmetrics.record(env.config.health.state_dir, ev, wait_s=METRICS_S / 2)
+    except (Exception, DeadlineExceeded) as exc:  # metrics never fail the hook
+        env.fail("state", f"{context} {env.node}: gating metrics not counted "
+                          f"({type(exc).__name__}: {exc}); the action stands")
+        return
+    env.gating_changed = True
+
+
+def report_gating(env: Env, always: bool) -> None:
+    """Health gating's textfile (gatingmetrics), from the persisted counts: every periodic
+    run, else only after a drain, resume or cap hold. Is gating on: no self error so far in
+    this run (the marker's rule, `off_reason`). Never fails the run (a self error "state")."""
+    h = env.config.health
+    if not h.prom_dir or not (always or env.gating_changed):
+        return
+    try:
+        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)):
+            counts, reset = gatingmetrics.stored(h.state_dir)
+            if reset:
+                env.fail("state", f"{env.node}: gating metrics reset: {reset}")
+            gatingmetrics.write(h.prom_dir, env.node, counts, enabled=not off_reason(env))
+    except (Exception, DeadlineExceeded) as exc:  # metrics never fail the hook
+        env.fail("state", f"{env.node}: {gatingmetrics.FILE} not written "
+                          f"({type(exc).__name__}: {exc})")
 
 
 def _act_or_report(env: Env, verdict: Verdict, resume_allowed: bool
@@ -215,6 +259,7 @@ def periodic(env: Env) -> int:
     _save(env, verdict, started, fake_fp=fake_fp)
     if acted is not None:
         publish_marker(env, acted[1], verdict.status.name, verdict.at)
+    report_gating(env, always=True)
     report_self(env, always=True)
     return 0
 
@@ -300,6 +345,7 @@ def prolog_gate(env: Env) -> int:
         # A verdict on the job's GPUs only is not the node's: stored marked partial (neither
         # the fast path nor the next prolog trusts it), kept out of the textfile.
         _save(env, verdict, started, complete=gpus is None, gpus=gpus, fake_fp=fake_fp)
+    report_gating(env, always=False)
     report_self(env, always=False)
     if acted is None:
         return 0
@@ -519,6 +565,7 @@ def epilog_gate(env: Env, source: JobOnce | None = None) -> int:
     # Results held back are stored as needing a full check: the fast path refuses the verdict
     # and the next prolog runs every check again.
     _save(env, verdict, started, complete=not needs_full_check(verdict), fake_fp=fake_fp)
+    report_gating(env, always=False)
     report_self(env, always=False)
     return 0
 
@@ -552,6 +599,32 @@ def watchdog(seconds: float) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Raise DeadlineExceeded after ``seconds`` in the block (at once when <= 0), inside the
+    run's own `watchdog`, which goes on afterwards with what was left of it (or any other
+    ITIMER_REAL user's: pytest-timeout's). Main thread only."""
+    if seconds <= 0:
+        raise DeadlineExceeded("no time left for it in this run")
+    outer, _ = signal.getitimer(signal.ITIMER_REAL)
+    mine = seconds if not outer else min(seconds, outer)
+    start = time.monotonic()
+
+    def fire(signum: int, frame: object) -> None:
+        raise DeadlineExceeded(f"still running after {mine:g} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, mine)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            # The outer timer goes on; past its time already, it fires at once.
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - start)))
 
 
 def safe(fn: Callable[[], int], what: str, on_error: int) -> int:

@@ -52,10 +52,11 @@ def _warn(req: run.Request, unreachable: list[str]) -> None:
 def install_files(prefix: str, defaults_file: str, no_defaults_file: bool,
                   replace_python: bool, dry_run: bool) -> None:
     """Copy the Slurm hooks (prolog/, epilog/), the Lua plugins (plugins/), the checkpoint kit
-    (ckpt/) and the systemd units (systemd/) from this install into PREFIX (e.g.
-    /opt/gpuwarden), rendered for this install's interpreter and `gpuwarden`, and name the
-    interpreter in the defaults file the hooks read. Safe to rerun: unchanged files are left
-    alone. Refuses (exit 3) links and directories others can write."""
+    (ckpt/), the systemd units (systemd/), and the Prometheus rules and Grafana dashboard
+    (prometheus/, grafana/) from this install into PREFIX (e.g. /opt/gpuwarden), rendered for
+    this install's interpreter and `gpuwarden`, and name the interpreter in the defaults file
+    the hooks read. Safe to rerun: unchanged files are left alone. Refuses (exit 3) links and
+    directories others can write."""
     owner = os.geteuid()
     try:
         req = run.Request(run.this_install(prefix), run.source_dir(),

@@ -52,6 +52,9 @@ MANIFEST: tuple[SiteFile, ...] = (
     SiteFile("systemd/gpuwarden-accounting-sync.timer", 0o644),
     SiteFile("systemd/gpuwarden-ckpt-tidy.service", 0o644, "unit"),
     SiteFile("systemd/gpuwarden-ckpt-tidy.timer", 0o644),
+    # For the site's Prometheus and Grafana (docs/monitoring.md), copied to where they load.
+    SiteFile("prometheus/gpuwarden.rules.yml", 0o644),
+    SiteFile("grafana/gpuwarden.json", 0o644),
 )
 
 

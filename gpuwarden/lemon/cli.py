@@ -16,9 +16,11 @@ from gpuwarden.accounting.options import history_options, load_history
 from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.extras import Needs
+from gpuwarden.lemon import promfile
 
 # numpy (the joint attribution): `lemon list` and every --help work on the base install.
 with Needs("lemon") as LEMON:
+    from gpuwarden.accounting.mttf import class_mttf_h
     from gpuwarden.lemon.drain import Outcome, drain_lemons
     from gpuwarden.lemon.scoring import NodeScore, ScoreConfig, score
 
@@ -96,6 +98,9 @@ def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
                                      and s.failures >= sc.min_failures)]
     skipped = dict(att.skipped)
     failed = [o for o in outcomes.values() if o.action == "error"]
+    if cfg.health.prom_dir and not from_files:
+        _publish(cfg.health.prom_dir, cfg.health.state_dir, not failed, len(lemons),
+                 [o.action for o in outcomes.values()], class_mttf_h(att))
     if as_json:
         click.echo(json.dumps({
             "records": hist.records, "skipped": skipped, "nodes": [_row(s) for s in shown],
@@ -116,6 +121,21 @@ def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
         click.echo(f"gpuwarden: {len(failed)} lemon drain(s) failed: "
                    + "; ".join(f"{o.node}: {o.detail}" for o in failed), err=True)
         sys.exit(1)
+
+
+def _publish(prom_dir: str, state_dir: str, clean: bool, flagged: int, actions: list[str],
+             mttf_h: dict[int, float]) -> None:
+    """The scan's textfile (a scan of the live cluster's accounting, not of exported files):
+    a failure to write it is said on stderr, and the scan's result stands."""
+    try:
+        reset = promfile.publish(prom_dir, state_dir, time.time(), clean, flagged, actions,
+                                 mttf_h)
+    except (GpuwardenError, OSError) as exc:
+        click.echo(f"gpuwarden: {promfile.FILE} not written: {exc}", err=True)
+        return
+    if reset:
+        click.echo(f"gpuwarden: {promfile.COUNTS}: {reset}: the lemon drain count starts "
+                   "again from 0", err=True)
 
 
 def _table(shown: list[NodeScore], outcomes: dict[str, Outcome]) -> None:

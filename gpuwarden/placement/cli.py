@@ -61,13 +61,16 @@ def daemon_cmd(obj: Context, once: bool) -> None:
     file is re-read when it changes and on SIGHUP (`systemctl reload gpuwarden-placement`);
     a change that does not validate is refused and logged, and the running settings stay."""
     cfg = obj.config_or_exit()
+    # Its metrics go where node_exporter reads this host's: `[health] prom_dir`.
+    prom = cfg.health.prom_dir
     if once:
-        sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=True))
+        sys.exit(daemon.run(cfg.placement, obj.client, cfg.lemon.list_file, once=True,
+                            prom_dir=prom))
     reloader = reload.Reloader(configmod.config_path(obj.config_path), cfg)
     reload.install_sighup(reloader)
     # A new client each round, from the config now running ([slurm] changes apply too).
     sys.exit(daemon.run(cfg.placement, lambda: obj.client_for(reloader.running),
-                        cfg.lemon.list_file, reload=reloader))
+                        cfg.lemon.list_file, reload=reloader, prom_dir=prom))
 
 
 @placement.command("explain")

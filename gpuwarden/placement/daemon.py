@@ -11,6 +11,10 @@ logged with what to fix.
 After each snapshot, a pending gang job that Slurm requeued has the switch wait the filter
 gave it set to 0 (requeue.py says which and why), once, logged.
 
+With `[health] prom_dir` set, every round ends by writing `gpuwarden_placement.prom` there
+(promfile.py): the snapshot's time, the rounds, the jobs by what the filter did, the nodes by
+state. A failure to write it is logged (once until it works again) and changes nothing else.
+
 Settings change without a restart: `reload` (reload.Reloader in production) is asked before
 each round after the first. A valid new config runs from the next snapshot; an invalid one is
 refused, logged as an error naming the key, and noted in the snapshot's second line, while
@@ -28,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from gpuwarden.accounting import lemonlist as listfile
 from gpuwarden.config.placement import PlacementConfig
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.placement import requeue, snapshot
+from gpuwarden.placement import promfile, requeue, snapshot
 from gpuwarden.placement.reload import Reloaded
 from gpuwarden.slurm import topology
 from gpuwarden.slurm.client import SlurmClient
@@ -53,6 +57,12 @@ class State:
     # Jobs whose switch wait this daemon relaxed or tried to (requeue.py), pruned to the jobs
     # Slurm still lists.
     relaxed: set[int] = field(default_factory=set)
+    # The textfile: where ("" = none), the rounds by outcome, the nodes last read and when.
+    prom_dir: str = ""
+    rounds: dict[str, int] = field(default_factory=dict)
+    nodes: list[Node] | None = None
+    nodes_at: float = 0.0
+    prom_failed: bool = False
 
 
 JOBS_MAX_AGE_S = 60.0
@@ -109,12 +119,13 @@ def build_once(cfg: PlacementConfig, client: SlurmClient, lemon_file: str, state
             log.warning("%s; keeping the last lemons read (%s)", exc,
                         ",".join(state.lemons) or "none")
     nodes = client.nodes()
+    state.nodes, state.nodes_at = nodes, now
     policies = (cfg.default, *cfg.partitions.values())
     # The jobs where a "preferred" policy waits: for their ends (wait_by = "limits") and for
-    # the requeued ones (requeue.py).
+    # the requeued ones (requeue.py); and for the textfile's jobs by outcome.
     preferred = any(p.mode == "preferred" for p in policies)
     by_limits = any(p.mode == "preferred" and p.wait_by == "limits" for p in policies)
-    jobs = running_jobs(client, nodes, state, now) if preferred else []
+    jobs = running_jobs(client, nodes, state, now) if preferred or state.prom_dir else []
     return snapshot.build(cfg, topo, nodes, client.partitions(), state.lemons,
                           state.generation, now, jobs if by_limits else [])
 
@@ -218,11 +229,34 @@ def apply_reload(r: Reloaded, cfg: PlacementConfig, lemon_file: str,
     return r.placement, r.lemon_file
 
 
+def publish(cfg: PlacementConfig, state: State, ok: bool, now: float) -> None:
+    """Count the round and write the textfile (with `[health] prom_dir`). Never raises: a
+    failure is logged once, and again only after the file was written in between."""
+    outcome = "ok" if ok else "failed"
+    state.rounds[outcome] = state.rounds.get(outcome, 0) + 1
+    if not state.prom_dir:
+        return
+    # Nodes read too long ago are left out rather than shown as they were.
+    nodes = state.nodes if 0 <= now - state.nodes_at <= cfg.stale_after_s else None
+    try:
+        promfile.write(state.prom_dir, promfile.samples(
+            snapshot.written_at(cfg.snapshot_file), state.rounds, state.jobs, nodes, cfg))
+    except Exception as exc:  # the metrics never stop the daemon
+        if not state.prom_failed:
+            log.error("%s/%s not written: %s (the snapshot is not affected; said once until "
+                      "it is written again)", state.prom_dir, promfile.FILE, exc)
+        state.prom_failed = True
+        return
+    if state.prom_failed:
+        log.info("%s/%s written again", state.prom_dir, promfile.FILE)
+    state.prom_failed = False
+
+
 def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_file: str,
         once: bool = False, clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
-        reload: Callable[[], Reloaded | None] | None = None) -> int:
-    state = State()
+        reload: Callable[[], Reloaded | None] | None = None, prom_dir: str = "") -> int:
+    state = State(prom_dir=prom_dir)
     _starting(cfg)
     while True:
         try:
@@ -231,6 +265,7 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
             log.exception("placement snapshot not updated; the last good one stays, and goes "
                           "stale after %d s", cfg.stale_after_s)
             snap = None
+        publish(cfg, state, snap is not None, clock())
         if once:
             return 0 if snap is not None else 1
         sleep(cfg.interval_s)
@@ -242,3 +277,7 @@ def run(cfg: PlacementConfig, client_factory: Callable[[], SlurmClient], lemon_f
                 r = None
             if r is not None:
                 cfg, lemon_file = apply_reload(r, cfg, lemon_file, state)
+                if r.placement is not None and r.prom_dir != state.prom_dir:
+                    log.info("metrics now written to %s", r.prom_dir or "nowhere "
+                             "([health] prom_dir unset)")
+                    state.prom_dir, state.prom_failed = r.prom_dir, False

@@ -33,6 +33,7 @@ class Reloaded:
     elsewhere: tuple[str, ...] = ()  # changed keys this daemon does not use
     refused: str = ""  # the error, naming the file and the key
     cause: str = "the file changed"
+    prom_dir: str = ""  # [health] prom_dir: where its textfile goes ("" = none)
 
 
 def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -52,7 +53,8 @@ def _short(value: Any) -> str:
 
 def _used(key: str) -> bool:
     """Keys the placement daemon reads: the others need their own command restarted, if any."""
-    return key.startswith(("placement.", "slurm.")) or key == "lemon.list_file"
+    return key.startswith(("placement.", "slurm.")) or key in ("lemon.list_file",
+                                                               "health.prom_dir")
 
 
 def diff(old: configmod.Config, new: configmod.Config) -> tuple[list[str], list[str]]:
@@ -115,7 +117,7 @@ class Reloader:
             return None  # touched, or rewritten as it was
         self.running, self._refused = new, False
         return Reloaded(new.placement, new.lemon.list_file, tuple(used), tuple(elsewhere),
-                        cause=cause)
+                        cause=cause, prom_dir=new.health.prom_dir)
 
     def _refuse(self, why: str, cause: str) -> Reloaded:
         self._refused = True

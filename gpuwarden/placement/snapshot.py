@@ -302,3 +302,17 @@ def write(path: str, text: str) -> None:
         safefs.write_admin_file(path, text.encode())
     except safefs.UnsafePathError as exc:
         raise SnapshotError(str(exc)) from None
+
+
+def written_at(path: str) -> float | None:
+    """When the snapshot at ``path`` was written, from its first line, as the filter reads
+    it; None when it is missing, unreadable, or where the filter refuses it (a link, a
+    directory others can write)."""
+    unsafe = safefs.admin_file_problem(path)
+    if unsafe:
+        return None
+    try:
+        first = safefs.read_head(path, 1024).decode("utf-8", "replace").split("\n", 1)[0]
+        return float(int(first.rsplit(" written ", 1)[1]))
+    except (OSError, IndexError, ValueError):
+        return None

@@ -78,6 +78,8 @@ class Applied:
     # cap), "none" (nothing done, e.g. already out)
     action: str
     detail: str
+    # "held" by the blast-radius cap itself (not by drain = false or a run short of time).
+    by_cap: bool = False
 
 
 def apply(decision: Decision, node: Node, client: SlurmClient, cap: BlastRadius,
@@ -142,7 +144,7 @@ def _find(view: NodeView, me: str) -> Node:
     return node
 
 
-def _hold(client: SlurmClient, me: str, reason: str, why: str) -> Applied:
+def _hold(client: SlurmClient, me: str, reason: str, why: str, by_cap: bool) -> Applied:
     log.warning("%s would drain (%s) but %s", me, reason, why)
     detail = f"{WOULD}: {reason} ({why})"
     try:
@@ -150,7 +152,7 @@ def _hold(client: SlurmClient, me: str, reason: str, why: str) -> Applied:
         client.set_comment(me, detail)
     except SlurmError as exc:
         log.warning("%s: not saying \"would drain\" in the node comment: %s", me, exc)
-    return Applied("held", detail)
+    return Applied("held", detail, by_cap)
 
 
 def _short_of_time(left: Callable[[], float] | None) -> str:
@@ -179,7 +181,7 @@ def drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius
     sizes = client.partition_sizes()
     ok, why = cap_allows(me, node.partitions, view.nodes, sizes, cap, controller_now(view))
     if not ok:
-        return _hold(client, me, reason, why)
+        return _hold(client, me, reason, why, by_cap=True)
     try:
         client.drain(me, full, in_service_only=True)
     except NodeBusyError as exc:
@@ -191,7 +193,7 @@ def drain_within_cap(reason: str, me: str, client: SlurmClient, cap: BlastRadius
     try:
         short = _short_of_time(left)
         if short:
-            return _undo(client, me, reason, full, short)
+            return _undo(client, me, reason, full, short, by_cap=False)
         wait = max(cap.settle_s, TIE_S)
         sleep(wait if left is None else min(wait, left() - CALLS_S))
         return _keep_or_undo(reason, full, me, client, cap, sizes)
@@ -215,13 +217,13 @@ def _undone(client: SlurmClient, me: str, full: str, exc: SlurmError) -> SlurmEr
 
 
 def _undo(client: SlurmClient, me: str, reason: str, full: str, why: str,
-          note: str = "drained for a moment and undone") -> Applied:
+          note: str = "drained for a moment and undone", by_cap: bool = True) -> Applied:
     try:
         client.resume(me, expect_reason=full)
     except NotOurDrainError as exc:
         log.warning("%s", exc)
         return Applied("none", str(exc))
-    return _hold(client, me, reason, f"{why}; {note}")
+    return _hold(client, me, reason, f"{why}; {note}", by_cap)
 
 
 def _keep_or_undo(reason: str, full: str, me: str, client: SlurmClient, cap: BlastRadius,

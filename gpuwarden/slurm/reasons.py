@@ -8,6 +8,8 @@ health gating writes it (`gpuwarden drain` refuses it, the lemon scanner never u
 
 from __future__ import annotations
 
+import re
+
 from gpuwarden.slurm.models import REASON_PREFIX, own_part
 
 HEALTH_TAG = "[health]"
@@ -65,3 +67,25 @@ def health_drain_reason(reason: str) -> str:
 def names_the_tag(text: str) -> bool:
     """True when a reason given by hand would pass for health gating's own."""
     return HEALTH_TAG in text
+
+
+# The lemon scanner's drain reason (gpuwarden.lemon.scoring.NodeScore.summary, a test holds
+# them together): "lemon, 3 of 40 jobs failed, fleet rate 1.2%".
+_LEMON = re.compile(r"lemon, \d{1,12} of \d{1,12} jobs failed\b")
+OWNERS = ("health", "lemon")
+
+
+def is_lemon_drain(reason: str) -> bool:
+    """True for a Slurm reason the lemon scanner wrote (`gpuwarden lemon scan --drain`)."""
+    if not reason.startswith(REASON_PREFIX) or is_health_drain(reason):
+        return False
+    return bool(_LEMON.match(own_part(reason)[len(REASON_PREFIX):].lstrip()))
+
+
+def drain_owner(reason: str) -> str:
+    """Which part of gpuwarden drained a node with this reason: "health" (health gating),
+    "lemon" (the lemon scanner), or "" (anyone else: an operator, Slurm, `gpuwarden drain` by
+    hand)."""
+    if is_health_drain(reason):
+        return "health"
+    return "lemon" if is_lemon_drain(reason) else ""

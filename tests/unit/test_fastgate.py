@@ -206,7 +206,7 @@ def test_the_fast_path_imports_almost_nothing() -> None:
                          capture_output=True, text=True, check=True, timeout=30)
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()}
     for heavy in ("click", "tomllib", "dataclasses", "gpuwarden.config", "logging", "pickle",
-                  "gpuwarden.health.model", "typing"):
+                  "gpuwarden.health.model", "typing", "prometheus_client"):
         assert heavy not in loaded, f"the fast path imports {heavy}"
 
 
@@ -233,7 +233,8 @@ def test_the_fast_path_imports_neither_json_nor_re_nor_contextlib(site: Site) ->
     assert why == "''"  # the whole fast path ran, and let the job start
     loaded = set(modules.split())
     for heavy in ("json", "re", "contextlib", "enum", "signal", "functools", "collections",
-                  "typing", "dataclasses", "tomllib", "click", "encodings.unicode_escape"):
+                  "typing", "dataclasses", "tomllib", "click", "encodings.unicode_escape",
+                  "prometheus_client", "gpuwarden.core.metrics"):
         assert heavy not in loaded, f"the fast path imports {heavy}"
 
 

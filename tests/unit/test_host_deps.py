@@ -89,6 +89,28 @@ def test_lua_filesystem_alone_when_lua_is_there_without_it(host: Path) -> None:
     assert _apt(host)[-1] == "install -y -qq lua-filesystem"
 
 
+def test_promtool_comes_without_prometheus_recommends_in_its_own_call(host: Path) -> None:
+    """Debian's prometheus recommends node_exporter, a second daemon: only promtool is wanted."""
+    proc = _run(host, "lua", "promtool")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (
+        "host-deps: installing lua5.1 lua-filesystem prometheus with apt-get (the unit tests run "
+        "plugins/job_submit.lua under Lua 5.1; the unit tests check the alert rules and the "
+        "dashboard with promtool)\n")
+    assert _apt(host) == ["update -qq", "install -y -qq lua5.1 lua-filesystem",
+                          "install -y -qq --no-install-recommends prometheus"]
+
+
+def test_promtool_not_root_names_both_commands(host: Path) -> None:
+    proc = _run(host, "lua", "promtool", FAKE_UID="1000")
+    assert proc.returncode == 1
+    assert proc.stderr.endswith(
+        "run as root: sudo apt-get install -y lua5.1 lua-filesystem && sudo apt-get install -y "
+        "--no-install-recommends prometheus\n")
+    _stub(host / "bin", "promtool", "exit 0")
+    assert _run(host, "promtool", FAKE_UID="1000").returncode == 0  # there: nothing to do
+
+
 def test_debootstrap_is_not_needed_without_docker(host: Path) -> None:
     # Nothing could be built: `make demo` then says Docker is unreachable, e2e tests skip.
     proc = _run(host, "debootstrap", FAKE_DOCKER="1")
@@ -164,7 +186,7 @@ def test_make_test_serial_removes_its_cluster_and_keeps_the_tests_status(tmp_pat
     # E2E_WORKERS=1: the serial run exactly as it was before clusters ran side by side.
     code, out, ran = _make(tmp_path, "test", "E2E_WORKERS=1", pytest_status=3)
     assert code != 0 and "Error 3" in out, out
-    assert "host-deps debootstrap lua chromium" in ran
+    assert "host-deps debootstrap lua chromium promtool" in ran
     i = ran.index("python -m pytest tests -q --durations=20")
     # Each release's image is built before the tests' timers start.
     assert ran[i - 3:i] == ["docker info", "python -m devcluster image",

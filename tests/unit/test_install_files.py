@@ -4,6 +4,7 @@ what root will run."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -55,8 +56,12 @@ def test_every_site_file_lands_with_its_mode_and_this_installs_paths(site: Path)
         assert f"created {' ' * 15}{got} ({sf.mode:04o})" in res.output
         if sf.kind == "copy":
             assert got.read_bytes() == (SITEFILES / sf.rel).read_bytes()
-    for d in ("prolog", "epilog", "plugins", "ckpt", "systemd"):
+    for d in ("prolog", "epilog", "plugins", "ckpt", "systemd", "prometheus", "grafana"):
         assert stat.S_IMODE((prefix / d).stat().st_mode) == 0o755
+    # The monitoring files, as docs/monitoring.md loads them from PREFIX.
+    assert (prefix / "prometheus" / "gpuwarden.rules.yml").read_text().startswith(
+        "# gpuwarden's alerting rules for Prometheus")
+    assert json.loads((prefix / "grafana" / "gpuwarden.json").read_text())["uid"] == "gpuwarden"
     unit = (prefix / "systemd" / "gpuwarden-placement.service").read_text()
     assert f"ExecStart={_this_gpuwarden()} placement daemon\n" in unit
     assert "/usr/local/bin" not in unit and plan.UNIT_PLACEHOLDER not in unit

@@ -151,12 +151,22 @@ def self_prom(tmp: Path) -> str:
     return (tmp / "prom" / "gpuwarden_self.prom").read_text()
 
 
+def last_success(text: str) -> float:
+    # The value as Prometheus reads it (prometheus_client writes 1.8e+09 for 1800000000).
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "gpuwarden_health_last_success_timestamp_seconds"]
+    assert len(found) == 1, text
+    return found[0]
+
+
 def test_self_error_metric_and_last_success(node, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     env, _, tmp = node
     entry.periodic(with_prom(env, tmp))
     text = self_prom(tmp)
     assert 'gpuwarden_health_self_error{reason="state"} 0' in text
-    assert f"gpuwarden_health_last_success_timestamp_seconds {NOW:.0f}" in text
+    assert last_success(text) == NOW
     real = store.atomic_write
     monkeypatch.setattr(store, "atomic_write", lambda d, n, *a: enospc() if n.endswith(".json")
                         else real(d, n, *a))
@@ -164,7 +174,7 @@ def test_self_error_metric_and_last_success(node, monkeypatch) -> None:  # type:
     entry.periodic(later)
     text = self_prom(tmp)
     assert 'gpuwarden_health_self_error{reason="state"} 1' in text
-    assert f"gpuwarden_health_last_success_timestamp_seconds {NOW:.0f}" in text
+    assert last_success(text) == NOW
 
 
 def test_the_marker_in_slurm_says_when_the_node_last_checked(node) -> None:  # type: ignore[no-untyped-def]
