@@ -1,0 +1,172 @@
+"""Issue 38's proof in the real cluster: what gpuwarden writes reaches a real Prometheus through
+node_exporter's textfile collector, its shipped alerts fire in a real Alertmanager with the node
+and the evidence, and resolve; every dashboard panel's query returns series.
+
+The rules are the shipped ones with their waits cut for tests (devcluster/monitor.py,
+`test_rules`); `promtool test rules` (tests/unit/test_alert_rules.py) checks the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster import monitor
+from devcluster.harness import Harness
+from tests.e2e.test_foundation import node_state, sinfo_reasons, wait_for
+
+pytestmark = [pytest.mark.timeout(420), pytest.mark.versions]
+DASHBOARD = Path(__file__).resolve().parents[2] / "gpuwarden/sitefiles/grafana/gpuwarden.json"
+CONFIG = "/etc/gpuwarden/gpuwarden.toml"
+
+
+def periodic(h: Harness, node: str) -> None:
+    h.exec(node, ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60).check("healthcheck")
+
+
+def value(mon: monitor.Monitor, expr: str) -> float | None:
+    got = mon.query(expr)
+    return float(got[0]["value"][1]) if got else None
+
+
+@pytest.fixture(scope="module")
+def mon(cluster: Harness) -> Iterator[monitor.Monitor]:
+    h = cluster
+    for node in h.cluster.spec.node_names:  # every node's verdict and gating series
+        periodic(h, node)
+    m = monitor.start(h)
+    yield m
+    h.exec("slurmctld", ["pkill", "-x", "prometheus"])
+    h.exec("slurmctld", ["pkill", "-f", "[p]rometheus-alertmanager"])
+    for host in [*h.cluster.spec.node_names, "slurmctld"]:
+        h.exec(host, ["pkill", "-f", "[p]rometheus-node-exporter"])
+
+
+@pytest.fixture
+def clean(cluster: Harness, mon: monitor.Monitor) -> Iterator[monitor.Monitor]:
+    yield mon
+    h = cluster
+    for node in h.cluster.spec.node_names:
+        h.clear_gpu_faults(node)
+        h.sh(node, f"test -f /tmp/good.toml && cp /tmp/good.toml {CONFIG}; true")
+        h.sh(node, "rm -f /var/lib/gpuwarden/*.json")
+    for node, reason in sinfo_reasons(h).items():
+        if reason.startswith("gpuwarden"):
+            h.exec("slurmctld", ["scontrol", "update", f"nodename={node}", "state=resume"])
+    h.exec("slurmctld", ["scancel", "--user=alice"])
+    h.start_placement_daemon()
+
+
+def test_an_xid_drain_reaches_prometheus_and_pages_with_the_node_and_evidence(
+        clean: monitor.Monitor) -> None:
+    mon, h = clean, clean.h
+    h.inject_xid("c3", 5, 79)
+    periodic(h, "c3")
+    wait_for(lambda: "xid 79" in sinfo_reasons(h).get("c3", ""), 60, "c3 drained for xid 79")
+    # The drain as Prometheus sees it: the node's own counter and verdict, the admin host's view.
+    mon.wait(lambda: value(mon, 'gpuwarden_health_drains_total{node="c3",hook="periodic"}'),
+             60, "c3's periodic drain counted")
+    assert value(mon, 'gpuwarden_health_status{node="c3"}') == 2
+    assert value(mon, 'gpuwarden_check_status{check="xid",gpu="5"} * on (instance) '
+                      'group_left (node) gpuwarden:instance_node:info{node="c3"}') == 2
+    mon.wait(lambda: mon.query('gpuwarden_node_drained_since_timestamp_seconds'
+                               '{node="c3",owner="health"}'), 60, "the daemon lists c3's drain")
+    (alert,) = mon.wait(lambda: mon.firing("GpuwardenNodeDrainedTooLong", node="c3"), 90,
+                        "Alertmanager has GpuwardenNodeDrainedTooLong for c3")
+    assert alert["labels"]["owner"] == "health" and alert["labels"]["severity"] == "warning"
+    text = alert["annotations"]["description"]
+    assert "c3" in text and "xid/gpu5" in text, text
+    assert alert["annotations"]["runbook_url"].endswith("#gpuwardennodedrainedtoolong")
+    # Nobody else's drain pages: an operator's drain of c4 has no series and no alert.
+    h.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=drain",
+                         "reason=maintenance"]).check("operator drain")
+    try:
+        mon.wait(lambda: value(mon, 'gpuwarden_slurm_nodes{state="drained_other"}') == 1, 60,
+                 "the daemon counts c4 as drained by someone else")
+        assert not mon.query('gpuwarden_node_drained_since_timestamp_seconds{node="c4"}')
+        assert not mon.firing("GpuwardenNodeDrainedTooLong", node="c4")
+    finally:
+        h.exec("slurmctld", ["scontrol", "update", "nodename=c4", "state=resume"])
+    # Fixed: two passing checks resume c3 and the alert resolves.
+    h.clear_gpu_faults("c3")
+    for _ in range(2):
+        periodic(h, "c3")
+    wait_for(lambda: "drain" not in node_state(h, "c3"), 60, "c3 back in service")
+    mon.wait(lambda: value(mon, 'gpuwarden_health_resumes_total{node="c3"}'), 60,
+             "c3's resume counted")
+    mon.wait(lambda: not mon.firing("GpuwardenNodeDrainedTooLong", node="c3"), 90,
+             "the alert for c3 resolves")
+
+
+def test_gating_off_on_a_node_pages_until_its_config_is_fixed(clean: monitor.Monitor) -> None:
+    mon, h = clean, clean.h
+    h.sh("c5", f"cp {CONFIG} /tmp/good.toml && "
+               f"printf '[health]\\ndrian = true\\n' > {CONFIG}").check("break the config")
+    h.exec("c5", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)  # fails open
+    (alert,) = mon.wait(lambda: mon.firing("GpuwardenGatingOff", node="c5"), 90,
+                        "Alertmanager has GpuwardenGatingOff for c5")
+    assert alert["labels"]["reason"] == "config" and alert["labels"]["severity"] == "critical"
+    assert "c5" in alert["annotations"]["summary"]
+    assert not [a for a in mon.alerts() if a["labels"].get("alertname") == "GpuwardenGatingOff"
+                and a["labels"].get("node") != "c5"]
+    h.sh("c5", f"cp /tmp/good.toml {CONFIG}").check("fix the config")
+    periodic(h, "c5")
+    mon.wait(lambda: not mon.firing("GpuwardenGatingOff", node="c5"), 90,
+             "GpuwardenGatingOff for c5 resolves")
+
+
+def test_a_stopped_placement_daemon_pages_as_a_stale_snapshot(clean: monitor.Monitor) -> None:
+    mon, h = clean, clean.h
+    mon.wait(lambda: mon.query("gpuwarden_placement_snapshot_timestamp_seconds"), 60,
+             "the daemon's snapshot time in Prometheus")
+    assert not mon.firing("GpuwardenPlacementSnapshotStale")
+    h.stop_placement_daemon()
+    (alert,) = mon.wait(lambda: mon.firing("GpuwardenPlacementSnapshotStale"), 120,
+                        "Alertmanager has GpuwardenPlacementSnapshotStale")
+    assert "fails open" in alert["annotations"]["summary"]
+    h.start_placement_daemon()
+    mon.wait(lambda: not mon.firing("GpuwardenPlacementSnapshotStale"), 90,
+             "GpuwardenPlacementSnapshotStale resolves once the daemon writes again")
+
+
+def _panels() -> list[tuple[str, list[str]]]:
+    doc = json.loads(DASHBOARD.read_text())
+    out = []
+    for p in doc["panels"]:
+        exprs = [re.sub(r"\$__rate_interval", "1m", t["expr"]) for t in p.get("targets", [])
+                 if t.get("expr")]
+        if exprs:
+            out.append((p.get("title", "?"), exprs))
+    return out
+
+
+def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
+        clean: monitor.Monitor) -> None:
+    mon, h = clean, clean.h
+    # What the panels show in a working fleet with something wrong: a drained node, a node
+    # with gating off, a job running, and a lemon scan over the accounting so far.
+    h.inject_xid("c6", 1, 79)
+    periodic(h, "c6")
+    h.sh("c7", f"cp {CONFIG} /tmp/good.toml && "
+               f"printf '[health]\\ndrian = true\\n' > {CONFIG}").check("break the config")
+    h.exec("c7", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)
+    job = h.sbatch("-N1", name="panel", wrap="sleep 120")
+    h.wait_job(job, want=("RUNNING",), timeout=60)
+    h.gpuwarden("slurmctld", "lemon", "scan", "--since", "1d", timeout=120).check("lemon scan")
+    empty: dict[str, list[str]] = {}
+
+    def all_show() -> bool:
+        empty.clear()
+        for title, exprs in _panels():
+            if not any(mon.query(e) for e in exprs):
+                empty[title] = exprs
+        return not empty
+
+    try:
+        mon.wait(all_show, 90, "every panel to have series")
+    except AssertionError as exc:
+        raise AssertionError(f"panels without series: {empty}") from exc
