@@ -15,7 +15,7 @@ fast path and the hooks' import path never load it (about 0.1-0.3 s: http.server
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -224,9 +224,3 @@ def value_of(text: bytes, metric: Metric) -> float | None:
                 return None
     return None
 
-
-def families_of(sequence: Sequence[Metric]) -> tuple[str, ...]:
-    """The names as prometheus_client's parser names the families (a counter without
-    _total): what a test compares a parsed file with."""
-    return tuple(m.name.removesuffix("_total") if m.kind == COUNTER else m.name
-                 for m in sequence)
