@@ -171,7 +171,9 @@ def start(h: Harness, timeout: float = 90.0) -> Monitor:
            f"--web.listen-address=:{AM_PORT} >> /var/log/alertmanager.log 2>&1")
     _start(h, "slurmctld", f"exec prometheus --config.file={CONF_DIR}/prometheus.yml "
            f"--storage.tsdb.path=/var/lib/gpuwarden-prometheus --web.listen-address=:{PROM_PORT} "
-           ">> /var/log/prometheus.log 2>&1")
+           # Alerts re-sent every 2 s (1 min by default): their annotations, re-rendered at
+           # each evaluation, reach Alertmanager as the evidence arrives.
+           f"--rules.alert.resend-delay={INTERVAL} >> /var/log/prometheus.log 2>&1")
     mon = Monitor(h, addresses["slurmctld"])
     mon.wait(lambda: len([t for t in mon._get(PROM_PORT, "/api/v1/targets")["data"]
                           ["activeTargets"] if t.get("health") == "up"]) == len(targets),
