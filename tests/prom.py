@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.core import metrics
 from tests.conftest import in_ci
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,24 +21,9 @@ RULES = REPO / "gpuwarden" / "sitefiles" / "prometheus" / "gpuwarden.rules.yml"
 DASHBOARD = REPO / "gpuwarden" / "sitefiles" / "grafana" / "gpuwarden.json"
 UNIT_TESTS = sorted((REPO / "tests" / "promtool").glob("*.test.yml"))
 
-# The metric catalogue (/work/briefs/metrics-catalogue.md, issue 38), held here until the
-# producers' own list can be imported. "Later" metrics (checkpointing, launcher) are not in it.
-CATALOGUE = frozenset({
-    # node side, gpuwarden.prom and gpuwarden_self.prom
-    "gpuwarden_health_status", "gpuwarden_check_status", "gpuwarden_health_timestamp_seconds",
-    "gpuwarden_health_self_error", "gpuwarden_health_last_success_timestamp_seconds",
-    # node side, gpuwarden_gating.prom
-    "gpuwarden_health_gating_enabled", "gpuwarden_health_drains_total",
-    "gpuwarden_health_resumes_total", "gpuwarden_health_drains_held_total",
-    "gpuwarden_health_drain_held",
-    # admin host, gpuwarden_placement.prom
-    "gpuwarden_placement_snapshot_timestamp_seconds", "gpuwarden_placement_rounds_total",
-    "gpuwarden_placement_jobs", "gpuwarden_slurm_nodes",
-    "gpuwarden_node_drained_since_timestamp_seconds", "gpuwarden_slurm_node_info",
-    # admin host, gpuwarden_lemon.prom
-    "gpuwarden_lemon_scan_last_success_timestamp_seconds", "gpuwarden_lemon_nodes_flagged",
-    "gpuwarden_lemon_nodes_held", "gpuwarden_lemon_drains_total", "gpuwarden_fleet_mttf_hours",
-})
+# The metric catalogue: every series gpuwarden writes (gpuwarden.core.metrics, the producers'
+# own list); the rules and the dashboard may read only these.
+CATALOGUE = frozenset(m.name for m in metrics.CATALOGUE)
 
 _KEYWORDS = frozenset({"and", "or", "unless", "by", "without", "on", "ignoring", "group_left",
                        "group_right", "offset", "bool", "inf", "nan", "atan2"})

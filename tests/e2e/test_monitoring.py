@@ -28,6 +28,14 @@ def periodic(h: Harness, node: str) -> None:
     h.exec(node, ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60).check("healthcheck")
 
 
+def break_config(h: Harness, node: str) -> None:
+    """A typo in the node's config (an unknown key): gating is off there, and the file still
+    names the textfile directory, so the node says so (docs/health.md)."""
+    h.sh(node, f"cp {CONFIG} /tmp/good.toml && "
+               f"sed -i 's/^\\[health\\]$/[health]\\ndrian = true/' {CONFIG} && "
+               f"grep -q '^drian = true$' {CONFIG}").check("break the config")
+
+
 def value(mon: monitor.Monitor, expr: str) -> float | None:
     got = mon.query(expr)
     return float(got[0]["value"][1]) if got else None
@@ -52,7 +60,7 @@ def clean(cluster: Harness, mon: monitor.Monitor) -> Iterator[monitor.Monitor]:
     h = cluster
     for node in h.cluster.spec.node_names:
         h.clear_gpu_faults(node)
-        h.sh(node, f"test -f /tmp/good.toml && cp /tmp/good.toml {CONFIG}; true")
+        h.sh(node, f"test -f /tmp/good.toml && mv /tmp/good.toml {CONFIG}; true")
         h.sh(node, "rm -f /var/lib/gpuwarden/*.json")
     for node, reason in sinfo_reasons(h).items():
         if reason.startswith("gpuwarden"):
@@ -110,8 +118,7 @@ def test_an_xid_drain_reaches_prometheus_and_pages_with_the_node_and_evidence(
 
 def test_gating_off_on_a_node_pages_until_its_config_is_fixed(clean: monitor.Monitor) -> None:
     mon, h = clean, clean.h
-    h.sh("c5", f"cp {CONFIG} /tmp/good.toml && "
-               f"printf '[health]\\ndrian = true\\n' > {CONFIG}").check("break the config")
+    break_config(h, "c5")
     h.exec("c5", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)  # fails open
     (alert,) = mon.wait(lambda: mon.firing("GpuwardenGatingOff", node="c5"), 90,
                         "Alertmanager has GpuwardenGatingOff for c5")
@@ -157,11 +164,13 @@ def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
     # with gating off, a job running, and a lemon scan over the accounting so far.
     h.inject_xid("c6", 1, 79)
     periodic(h, "c6")
-    h.sh("c7", f"cp {CONFIG} /tmp/good.toml && "
-               f"printf '[health]\\ndrian = true\\n' > {CONFIG}").check("break the config")
+    break_config(h, "c7")
     h.exec("c7", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)
     job = h.sbatch("-N1", name="panel", wrap="sleep 120")
     h.wait_job(job, want=("RUNNING",), timeout=60)
+    # A gang job that died (rule 3: blamed on its nodes), so the scan has an MTTF to give.
+    died = h.sbatch("-N2", "--gpus-per-node=1", name="died", wrap="exit 1")
+    h.wait_acct(died, "FAILED", timeout=60)
     h.gpuwarden("slurmctld", "lemon", "scan", "--since", "1d", timeout=120).check("lemon scan")
     empty: dict[str, list[str]] = {}
 
