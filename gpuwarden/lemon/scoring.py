@@ -267,7 +267,7 @@ def _confirm(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     confirmation leaves out in turn, and leaving out two (each user of two, half each) left a
     flaky node with no evidence."""
     keep = [index[n] for n in index if n not in flagged]
-    bar = Bar(cfg.fdr, cfg.min_failures, cfg.min_ratio)
+    bar = Bar(cfg.fdr, cfg.min_failures, cfg.min_ratio, cfg.fdr / max(len(testable), 1))
     counts = named_counts(inc, f)
     named_rate = named_null(inc, counts, keep)
     tests = dict(tests)
