@@ -76,20 +76,30 @@ def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.LazyFrame:
                         orient="row").lazy()
 
 
-def _plain(lf: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
-           grace_s: float) -> pl.Expr:
+_one_node = ~pl.col("nodes").str.contains(r"[\[,]") & ~pl.col("nodes").is_in(NO_NODES)
+_timed = (pl.col("start_time").is_not_null() & pl.col("end_time").is_not_null()
+          & (pl.col("end_time") >= pl.col("start_time")))
+
+
+def _drained(rows: pl.DataFrame, drains: Mapping[str, list[HealthDrain]],
+             grace_s: float) -> pl.Series:
+    """The ``rid`` of each one-node FAILED run of ``rows`` a health drain of its node may
+    explain (rule 4: a drain while it ran or within the grace after): the few such runs that
+    are not plain."""
+    return (rows.lazy().filter(_timed & (pl.col("state") == "FAILED") & _one_node)
+            .select("rid", "nodes", "start_time", "end_time")
+            .join(_drain_frame(drains), left_on="nodes", right_on="node")
+            .filter((pl.col("at") >= pl.col("start_time"))
+                    & (pl.col("at") <= pl.col("end_time") + grace_s))
+            .select("rid").unique().collect().get_column("rid"))
+
+
+def _plain(drained: pl.Series) -> pl.Expr:
     """Runs no rule blames, before the node lists are checked (`attribute`): a predicate on
-    the store's rows (the one-node FAILED runs a health drain of the node may explain, rule 4,
-    are found first: they are few)."""
-    start, end, state, nodes = (pl.col(c) for c in ("start_time", "end_time", "state", "nodes"))
-    timed = start.is_not_null() & end.is_not_null() & (end >= start)
-    one = (state == "FAILED") & ~nodes.str.contains(r"[\[,]") & ~nodes.is_in(NO_NODES)
-    drained = (lf.filter(timed & one).select("rid", "nodes", "start_time", "end_time")
-               .join(_drain_frame(drains), left_on="nodes", right_on="node")
-               .filter((pl.col("at") >= pl.col("start_time"))
-                       & (pl.col("at") <= pl.col("end_time") + grace_s))
-               .select("rid").unique().collect().get_column("rid"))
-    return timed & (~state.is_in(BLAMABLE) | one) & ~pl.col("rid").is_in(drained.implode())
+    the store's rows; ``drained``: `_drained`'s."""
+    state = pl.col("state")
+    return _timed & (~state.is_in(BLAMABLE) | ((state == "FAILED") & _one_node)) \
+        & ~pl.col("rid").is_in(drained.implode())
 
 
 def _odd(texts: Sequence[str], clears: Mapping[str, float]) -> list[str]:
@@ -104,20 +114,33 @@ def _count(text: str) -> int:
     return known[1]
 
 
-def _by_source(counted: pl.LazyFrame, counts: pl.DataFrame, by_count: bool) -> pl.DataFrame:
-    """Node-seconds of the counted runs per (user, submit line): the sources' shares of the
-    fleet's runs (`Incidence.user_share`). ``by_count``: every run's ``num_nodes`` is its
-    list's node count (``counts``, checked by the caller), so the runs are summed by source
-    alone, without grouping on the node list too (a third of the read at 1M records)."""
+def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame | None:
+    """Node-seconds per (user, submit line) of the runs with times and a node list not in
+    ``odd``: the sources' shares of the fleet's runs (`Incidence.user_share`). Each run's
+    ``num_nodes`` stands for its list's node count, summed by source alone (grouping on the
+    node list too was a third of the read): the caller checks it is that count, else None
+    (`_by_source_listed`). The odd lists' runs, few, are taken off after."""
     who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
-    if by_count:
-        got = counted.group_by(*who).agg(
-            (SECS * pl.col("num_nodes").cast(pl.Int64)).sum().alias("node_secs"))
-    else:
-        got = (counted.select("nodes", "user", "submit_line", SECS)
-               .join(counts.lazy(), on="nodes")
-               .group_by(*who).agg((pl.col("secs") * pl.col("n")).sum().alias("node_secs")))
-    return got.sort("user", "submit_line").collect(engine="streaming")
+    node_secs = (SECS * pl.col("num_nodes").cast(pl.Int64)).sum().alias("node_secs")
+    got = lf.filter(_timed).group_by(*who).agg(node_secs, pl.len()).collect(engine="streaming")
+    if odd.len():
+        off = (lf.filter(_timed & pl.col("nodes").is_in(odd.implode())).group_by(*who)
+               .agg(node_secs, pl.len()).collect(engine="streaming"))
+        got = (got.join(off, on=["user", "submit_line"], how="left", suffix="_off")
+               .filter(pl.col("len") > pl.col("len_off").fill_null(0))  # a source left
+               .select("user", "submit_line", "len", pl.col("node_secs")
+                       - pl.col("node_secs_off").fill_null(0)))
+    return got.drop("len").sort("user", "submit_line")
+
+
+def _by_source_listed(lf: pl.LazyFrame, odd: pl.Series, counts: pl.DataFrame) -> pl.DataFrame:
+    """`_by_source` where ``num_nodes`` is not every list's node count: by node list too."""
+    who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
+    return (lf.filter(_timed & ~pl.col("nodes").is_in(odd.implode()))
+            .select("nodes", "user", "submit_line", SECS)
+            .join(counts.lazy(), on="nodes")
+            .group_by(*who).agg((pl.col("secs") * pl.col("n")).sum().alias("node_secs"))
+            .sort("user", "submit_line").collect(engine="streaming"))
 
 
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
@@ -126,31 +149,27 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads.
 
-    The exposure of the plain runs and of the failed runs with a node list `shape` reads (no
-    cleared node, `counted.countable`) is tallied on columns; those failed runs are then
-    judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules)."""
-    keep = _plain(lf, drains, grace_s)
-    start, end = pl.col("start_time"), pl.col("end_time")
-    timed = start.is_not_null() & end.is_not_null() & (end >= start)
-    failed = timed & ~keep  # a state rules 1-4 may blame (`_plain`)
-    groups = (lf.filter(timed).group_by("nodes", "gpus", failed.alias("failed"))
+    The exposure of every run with times and a node list `shape` reads (no cleared node,
+    `counted.countable`), failed or not, is tallied on columns; the failed ones are then
+    judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
+    Three reads of the store, each with a predicate polars reads cheaply."""
+    start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
+    groups = (lf.filter(_timed).group_by("nodes", "gpus")
               .agg(pl.len().alias("runs"), SECS.sum(), start.min().alias("lo"),
                    end.min().alias("first_end"), end.max().alias("hi"),
                    pl.col("num_nodes").min().alias("nn_lo"),
                    pl.col("num_nodes").max().alias("nn_hi"))
               .collect(engine="streaming"))
-    texts = groups.group_by("failed").agg(pl.col("nodes").unique())
-    listed = {f: ts for f, ts in texts.iter_rows()}
-    odd = pl.Series(_odd(listed.get(False, []), clears), dtype=pl.String)
-    failed_texts = listed.get(True, [])
-    odd_failed = pl.Series(list(set(_odd(failed_texts, clears))
-                                | {t for t in failed_texts if not countable(t)}),
-                           dtype=pl.String)
-    nodes = pl.col("nodes")
-    counted_f = failed & ~nodes.is_in(odd_failed.implode())
-    keep &= ~nodes.is_in(odd.implode())
-    groups = groups.filter(pl.when(pl.col("failed")).then(~nodes.is_in(odd_failed.implode()))
-                           .otherwise(~nodes.is_in(odd.implode())))
+    texts = groups.get_column("nodes").unique().to_list()
+    odd = pl.Series(sorted(set(_odd(texts, clears)) | {t for t in texts if not countable(t)}),
+                    dtype=pl.String)
+    # Failed runs and runs without times (and a few more, one-node FAILED runs no drain
+    # explains, sorted out below), with every column.
+    rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
+            .collect(engine="streaming"))
+    keep = _plain(_drained(rest, drains, grace_s)) & ~nodes.is_in(odd.implode())
+    rest = rest.filter(~keep).sort("rid")
+    groups = groups.filter(~nodes.is_in(odd.implode()))
     by_list = (groups.group_by("nodes").agg(pl.col("runs").sum(), pl.col("secs").sum(),
                                             pl.col("nn_lo").min(), pl.col("nn_hi").max())
                .sort("nodes"))
@@ -158,25 +177,23 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                                              dtype=pl.Int64))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
+    sources = _by_source(lf, odd) if by_count else _by_source_listed(
+        lf, odd, by_list.select("nodes", "n"))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
     add_plain_groups(att, ((t, (r, s, n)) for t, r, s, n in
                            by_list.select("nodes", "runs", "secs", "n").iter_rows()),
                      ((g, (r, s)) for g, r, s in by_gpus.iter_rows()), tally,
-                     (((u, line), secs) for u, line, secs
-                      in _by_source(lf.filter(keep | counted_f), by_list.select("nodes", "n"),
-                                    by_count).iter_rows()))
+                     (((u, line), secs) for u, line, secs in sources.iter_rows()))
     if groups.height:
         lo, first_end, hi = groups.select(pl.col("lo").min(), pl.col("first_end").min(),
                                           pl.col("hi").max()).row(0)
         att.first_start = min(att.first_start, lo)
         att.first_end = min(att.first_end, first_end)
         att.last_end = max(att.last_end, hi)
-    rest = (lf.filter(~keep).with_columns(counted_f.fill_null(False).alias("counted"))
-            .sort("rid").drop("rid").collect(engine="streaming"))
-    others = schema.jobs(rest.drop("counted"))
-    attribute_rest(att, Columns(others), rest.get_column("counted").to_list(), drains,
-                   failures, clears, grace_s, tally)
-    log.debug("store: %d node lists tallied on columns, %d runs one by one, %d failed runs "
-              "judged by node list", by_list.height, len(others) - int(rest["counted"].sum()),
-              int(rest["counted"].sum()))
+    counted = (_timed & ~nodes.is_in(odd.implode())).fill_null(False)  # the rest's: failed
+    flags = rest.select(counted).to_series().to_list()
+    others = schema.jobs(rest.drop("rid"))
+    attribute_rest(att, Columns(others), flags, drains, failures, clears, grace_s, tally)
+    log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
+              "%d runs one by one", by_list.height, sum(flags), len(flags) - sum(flags))
     return StoreRuns(lf.filter(keep), others, drains, grace_s)
