@@ -114,12 +114,12 @@ def _count(text: str) -> int:
     return known[1]
 
 
-def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame | None:
+def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame:
     """Node-seconds per (user, submit line) of the runs with times and a node list not in
     ``odd``: the sources' shares of the fleet's runs (`Incidence.user_share`). Each run's
     ``num_nodes`` stands for its list's node count, summed by source alone (grouping on the
-    node list too was a third of the read): the caller checks it is that count, else None
-    (`_by_source_listed`). The odd lists' runs, few, are taken off after."""
+    node list too was a third of the read): the caller checks it is that count, else reads
+    `_by_source_listed`. The odd lists' runs, few, are taken off after."""
     who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
     node_secs = (SECS * pl.col("num_nodes").cast(pl.Int64)).sum().alias("node_secs")
     got = lf.filter(_timed).group_by(*who).agg(node_secs, pl.len()).collect(engine="streaming")
