@@ -108,7 +108,7 @@ def _both(jobs: list[AcctJob], evs: list[NodeEvent]) -> tuple[Attribution, Attri
     return one, stored
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(records(), max_size=40), events())
 def test_the_store_attributes_as_judging_each_record(jobs: list[AcctJob],
                                                      evs: list[NodeEvent]) -> None:
