@@ -9,7 +9,8 @@ printed beside its goal.
 - cold ingest of every day but the last into a new store: / floor (goal <= 1.5x), peak RSS of
   any one process (goal <= 1 GiB);
 - from the store: the report (HTML and JSON, every figure), the lemon scan, fleet mttf: seconds
-  and peak RSS (goals 10 / 10 / 5 s, <= 1 GiB each);
+  (wall, judged against the goal; and CPU, steadier on a shared core) and peak RSS (goals
+  10 / 10 / 5 s, <= 1 GiB each);
 - the last day ingested into the store and the report rendered again (goal <= 15 s);
 - a year of the same fleet (the simulator writes the store directly, no JSON): the report
   (goal <= 60 s, <= 2 GiB).
@@ -53,6 +54,13 @@ def _rss() -> float:
     return max(own, kids) * 1024.0
 
 
+def _cpu() -> float:
+    """CPU seconds of this process (user + system): on a shared core, steadier than the wall
+    time the goals are judged on."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def floor(files: list[str]) -> dict[str, float]:
     from gpuwarden.accounting.history import workers_for  # noqa: PLC0415
     n = workers_for(len(files))
@@ -76,30 +84,32 @@ def report(store: str, out: str) -> dict[str, float]:
     from gpuwarden.report.build import Options, as_json, build  # noqa: PLC0415
     from gpuwarden.report.collect import Blamable, RunTally  # noqa: PLC0415
     from gpuwarden.report.render import render  # noqa: PLC0415
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     hist = from_store(store, collector=RunTally.factory(None, Blamable.of(store_events(store))))
     rep = build(hist, Options(f"the store {store}"), ScoreConfig())
     Path(out).write_text(render(rep), encoding="utf-8")
     Path(out).with_suffix(".json").write_text(as_json(rep), encoding="utf-8")
-    return {"s": time.perf_counter() - t0, "records": hist.records, "rss": _rss()}
+    return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "records": hist.records,
+            "rss": _rss()}
 
 
 def lemon_scan(store: str) -> dict[str, float]:
     from gpuwarden.accounting.history import from_store  # noqa: PLC0415
     from gpuwarden.lemon.scoring import ScoreConfig, score  # noqa: PLC0415
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     hist = from_store(store)
     lemons = sum(s.lemon for s in score(hist.attribution, ScoreConfig()))
-    return {"s": time.perf_counter() - t0, "lemons": lemons, "rss": _rss()}
+    return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "lemons": lemons, "rss": _rss()}
 
 
 def fleet_mttf(store: str) -> dict[str, float]:
     from gpuwarden.accounting.history import from_store  # noqa: PLC0415
     from gpuwarden.accounting.mttf import report as mttf  # noqa: PLC0415
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     hist = from_store(store)
     rep = mttf(hist.attribution, hist.events, 8, 30.0, (16384, 131072), windows=hist.windows)
-    return {"s": time.perf_counter() - t0, "failures": rep.failures, "rss": _rss()}
+    return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "failures": rep.failures,
+            "rss": _rss()}
 
 
 def new_day(store: str, day: str, out: str) -> dict[str, float]:
@@ -194,7 +204,8 @@ def main() -> int:
             ("lemon scan from the store", lemon_scan, (str(store),), 10.0, GIB),
             ("fleet mttf from the store", fleet_mttf, (str(store),), 5.0, GIB)):
         got = in_child(fn, *fargs)
-        rows += [_line(name, f"{got['s']:.1f} s, {got['rss'] / GIB:.2f} GiB",
+        rows += [_line(name, f"{got['s']:.1f} s ({got['cpu']:.1f} CPU), "
+                       f"{got['rss'] / GIB:.2f} GiB",
                        f"<= {goal_s:g} s, 1 GiB", got["s"] <= goal_s and got["rss"] <= goal_rss)]
         print(rows[-1], flush=True)
     day = in_child(new_day, str(store), files[-1], html)

@@ -617,7 +617,8 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
     clears = clears or {}
     blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for b in att.blames:
-        if b.job_id is not None:
+        # Only a drained node's runs are looked at: a million blames at fleet scale.
+        if b.job_id is not None and b.node in drains:
             blamed[b.node].append((b.started if b.started is not None else b.at, b.at))
     for node, ds in drains.items():
         for d in ds:

@@ -93,6 +93,25 @@ class IncidenceBuilder:
         self.size.append(size)
         self.gameable.append(1 if gameable else 0)
 
+    def node_numbers(self, nodes: Iterable[str]) -> list[int]:
+        """Each node's number in the rows, numbering new ones as `add_failure` would."""
+        return [_ix(self.nodes, n) for n in nodes]
+
+    def add_plain_failure(self, job_id: int, end: float, hours: float, size: int,
+                          numbers: list[int], user: str, script: str, gameable: bool) -> None:
+        """`add_failure` of the nodes numbered ``numbers`` (`node_numbers`), none a culprit
+        nor named: a failed gang run's nodes at once."""
+        self.node.extend(numbers)
+        self.flags.frombytes(bytes(len(numbers)))
+        self.ptr.append(len(self.node))
+        self.hours.append(hours)
+        self.end.append(end)
+        self.job.append(job_id)
+        self.user.append(_ix(self.users, user))
+        self.script.append(_ix(self.scripts, script) if script else NO_SCRIPT)
+        self.size.append(size)
+        self.gameable.append(1 if gameable else 0)
+
     def merge(self, other: IncidenceBuilder) -> IncidenceBuilder:
         nmap = [_ix(self.nodes, n) for n in other.nodes]
         umap = [_ix(self.users, u) for u in other.users]

@@ -159,9 +159,11 @@ def drain_runs(att: Attribution, events: Iterable[NodeEvent],
     from just before that run started to ``grace_s`` after it ended, on one of the nodes the
     run was blamed on: the attribution's test (rules 4 and 5), so that run is the job failure
     and the drain is not counted a second time."""
+    events = list(events)
+    drained = {e.node for e in events if is_health_drain(e.reason)}  # the nodes looked up
     runs: dict[str, list[tuple[float, float, int]]] = {}
     for b in att.blames:
-        if b.job_id is not None:
+        if b.job_id is not None and b.node in drained:
             runs.setdefault(b.node, []).append(
                 (b.started if b.started is not None else b.at, b.at, b.gpus))
     for lo, hi in spans:

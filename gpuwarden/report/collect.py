@@ -214,9 +214,10 @@ class RunTally:
             runs.plain.filter(state == "FAILED").sort("rid").drop("rid").collect())
         start, end = pl.col("start_time"), pl.col("end_time")
         secs = pl.max_horizontal(end - start, pl.lit(1))
-        cells = (lf.group_by((end // DAY).alias("day"), "partition", "state", "gpus")
-                 .agg(pl.len(), secs.sum().alias("secs")).sort("day", "partition", "state", "gpus")
-                 .collect(engine="streaming"))
+        keys = ((end // DAY).alias("day"), pl.col("partition"), state, pl.col("gpus"))
+        cells = (runs.plain_cells(keys, secs.sum().alias("secs")) if same else
+                 lf.group_by(*keys).agg(pl.len(), secs.sum().alias("secs"))
+                 .sort("day", "partition", "state", "gpus").collect(engine="streaming"))
         self._add_groups(((d, p, st, g), (r, sc)) for d, p, st, g, r, sc in cells.iter_rows())
         if self.watch:
             got = (lf.filter(pl.col("job_id").is_in(list(self.watch))).sort("rid")

@@ -4,11 +4,13 @@ Most runs are ones no rule can blame on a node: a state never blamed (COMPLETED,
 or a one-node FAILED run with no health drain of its node while it ran or within the grace
 after (rule 4: the user's). Those ("plain") are tallied by group in polars: runs and
 run-seconds per node list and per GPU count for the attribution (`add_plain_groups`), per
-(day, partition, state, GPUs) for the report (`RunTally.add_store`). The rest (failed runs an
-event or a gang may explain, node lists of another shape, nodes whose lemon drain was cleared,
-runs without times) are read as records, in store order, and go through the same per-record
-rules as an export's (`attribute_runs`), so both paths give the same figures
-(tests/unit/test_acct_store_golden.py).
+(day, partition, state, GPUs) for the report (`RunTally.add_store`). The failed runs an event
+or a gang may explain have their exposure tallied with them when their node list is one
+`shape` reads (`counted.countable`, no node with a cleared lemon drain), and are judged by node
+list (`counted.Judge`). The rest (node lists of another shape, nodes whose lemon drain was
+cleared, runs without times) go through the per-record rules one by one, in store order
+with the failed runs. Both paths give the same figures as an export's
+(tests/unit/test_acct_store_golden.py, test_attribution_counted.py).
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from gpuwarden.accounting.attribution import (
     Attribution,
     HealthDrain,
     add_plain_groups,
-    attribute_runs,
     meets_cleared,
 )
 from gpuwarden.accounting.columns import Columns
+from gpuwarden.accounting.counted import attribute_rest, countable
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.store import schema
 from gpuwarden.slurm.hostranges import shape
@@ -44,12 +46,34 @@ class StoreRuns:
     """What a collector (`history.Collector.add_store`) reads of the store: the plain runs
     as a LazyFrame of store rows, the others as records (in store order, also given to the
     attribution), and the health drains and grace the one-node FAILED runs in ``plain`` were
-    judged with (a collector judging with others reads those runs itself)."""
+    judged with (a collector judging with others reads those runs itself). ``rows``: every
+    row; ``rest``: the others' rows (a plain tally is cheaper over every run with times less
+    the others', `plain_cells`, than over ``plain``'s predicate)."""
 
     plain: pl.LazyFrame
     others: list[AcctJob]
     drains: Mapping[str, list[HealthDrain]]
     grace_s: float
+    rows: pl.LazyFrame | None = None
+    rest: pl.DataFrame | None = None
+
+    def plain_cells(self, keys: Sequence[pl.Expr], *aggs: pl.Expr) -> pl.DataFrame:
+        """``plain`` grouped by ``keys``, each group's ``aggs`` (sums, counts: what can be
+        taken off), sorted by the keys; groups with no plain run left out."""
+        def grouped(lf: pl.LazyFrame) -> pl.LazyFrame:
+            return lf.group_by(*keys).agg(pl.len().alias("runs_"), *aggs)
+
+        if self.rows is None or self.rest is None:
+            got = grouped(self.plain).collect(engine="streaming")
+        else:
+            every = grouped(self.rows.filter(_timed)).collect(engine="streaming")
+            keyed, summed = every.columns[:len(keys)], every.columns[len(keys):]
+            off = grouped(self.rest.lazy().filter(_timed)).collect()
+            got = (every.join(off, on=keyed, how="left", suffix="_off", nulls_equal=True)
+                   .select(*keyed, *[pl.col(c) - pl.col(f"{c}_off").fill_null(0)
+                                     for c in summed])
+                   .filter(pl.col("runs_") > 0))
+        return got.sort(got.columns[:len(keys)])
 
 
 def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
@@ -74,20 +98,30 @@ def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.LazyFrame:
                         orient="row").lazy()
 
 
-def _plain(lf: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
-           grace_s: float) -> pl.Expr:
+_one_node = ~pl.col("nodes").str.contains(r"[\[,]") & ~pl.col("nodes").is_in(NO_NODES)
+_timed = (pl.col("start_time").is_not_null() & pl.col("end_time").is_not_null()
+          & (pl.col("end_time") >= pl.col("start_time")))
+
+
+def _drained(rows: pl.DataFrame, drains: Mapping[str, list[HealthDrain]],
+             grace_s: float) -> pl.Series:
+    """The ``rid`` of each one-node FAILED run of ``rows`` a health drain of its node may
+    explain (rule 4: a drain while it ran or within the grace after): the few such runs that
+    are not plain."""
+    return (rows.lazy().filter(_timed & (pl.col("state") == "FAILED") & _one_node)
+            .select("rid", "nodes", "start_time", "end_time")
+            .join(_drain_frame(drains), left_on="nodes", right_on="node")
+            .filter((pl.col("at") >= pl.col("start_time"))
+                    & (pl.col("at") <= pl.col("end_time") + grace_s))
+            .select("rid").unique().collect().get_column("rid"))
+
+
+def _plain(drained: pl.Series) -> pl.Expr:
     """Runs no rule blames, before the node lists are checked (`attribute`): a predicate on
-    the store's rows (the one-node FAILED runs a health drain of the node may explain, rule 4,
-    are found first: they are few)."""
-    start, end, state, nodes = (pl.col(c) for c in ("start_time", "end_time", "state", "nodes"))
-    timed = start.is_not_null() & end.is_not_null() & (end >= start)
-    one = (state == "FAILED") & ~nodes.str.contains(r"[\[,]") & ~nodes.is_in(NO_NODES)
-    drained = (lf.filter(timed & one).select("rid", "nodes", "start_time", "end_time")
-               .join(_drain_frame(drains), left_on="nodes", right_on="node")
-               .filter((pl.col("at") >= pl.col("start_time"))
-                       & (pl.col("at") <= pl.col("end_time") + grace_s))
-               .select("rid").unique().collect().get_column("rid"))
-    return timed & (~state.is_in(BLAMABLE) | one) & ~pl.col("rid").is_in(drained.implode())
+    the store's rows; ``drained``: `_drained`'s."""
+    state = pl.col("state")
+    return _timed & (~state.is_in(BLAMABLE) | ((state == "FAILED") & _one_node)) \
+        & ~pl.col("rid").is_in(drained.implode())
 
 
 def _odd(texts: Sequence[str], clears: Mapping[str, float]) -> list[str]:
@@ -102,51 +136,86 @@ def _count(text: str) -> int:
     return known[1]
 
 
-def _by_source(plain: pl.LazyFrame, counts: pl.DataFrame) -> pl.DataFrame:
-    """Node-seconds of the plain runs per (user, submit line): the sources' shares of the
-    fleet's runs (`Incidence.user_share`)."""
-    return (plain.group_by("nodes", "user", "submit_line").agg(SECS.sum())
+def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame:
+    """Node-seconds per (user, submit line) of the runs with times and a node list not in
+    ``odd``: the sources' shares of the fleet's runs (`Incidence.user_share`). Each run's
+    ``num_nodes`` stands for its list's node count, summed by source alone (grouping on the
+    node list too was a third of the read): the caller checks it is that count, else reads
+    `_by_source_listed`. The odd lists' runs, few, are taken off after."""
+    who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
+    node_secs = (SECS * pl.col("num_nodes").cast(pl.Int64)).sum().alias("node_secs")
+    got = lf.filter(_timed).group_by(*who).agg(node_secs, pl.len()).collect(engine="streaming")
+    if odd.len():
+        off = (lf.filter(_timed & pl.col("nodes").is_in(odd.implode())).group_by(*who)
+               .agg(node_secs, pl.len()).collect(engine="streaming"))
+        got = (got.join(off, on=["user", "submit_line"], how="left", suffix="_off")
+               .filter(pl.col("len") > pl.col("len_off").fill_null(0))  # a source left
+               .select("user", "submit_line", "len", pl.col("node_secs")
+                       - pl.col("node_secs_off").fill_null(0)))
+    return got.drop("len").sort("user", "submit_line")
+
+
+def _by_source_listed(lf: pl.LazyFrame, odd: pl.Series, counts: pl.DataFrame) -> pl.DataFrame:
+    """`_by_source` where ``num_nodes`` is not every list's node count: by node list too."""
+    who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
+    return (lf.filter(_timed & ~pl.col("nodes").is_in(odd.implode()))
+            .select("nodes", "user", "submit_line", SECS)
             .join(counts.lazy(), on="nodes")
-            .group_by(pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
-            .agg((pl.col("secs") * pl.col("n")).sum().alias("node_secs"))
-            .sort("user", "submit_line")
-            .collect(engine="streaming"))
+            .group_by(*who).agg((pl.col("secs") * pl.col("n")).sum().alias("node_secs"))
+            .sort("user", "submit_line").collect(engine="streaming"))
 
 
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
               grace_s: float, tally: RangeTally) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
-    their exposure into ``tally``. Returns what a collector reads."""
-    keep = _plain(lf, drains, grace_s)
-    groups = (lf.filter(keep).group_by("nodes", "gpus")
-              .agg(pl.len().alias("runs"), SECS.sum(), pl.col("start_time").min().alias("lo"),
-                   pl.col("end_time").min().alias("first_end"),
-                   pl.col("end_time").max().alias("hi"))
+    their exposure into ``tally``. Returns what a collector reads.
+
+    The exposure of every run with times and a node list `shape` reads (no cleared node,
+    `counted.countable`), failed or not, is tallied on columns; the failed ones are then
+    judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
+    Three reads of the store, each with a predicate polars reads cheaply."""
+    start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
+    groups = (lf.filter(_timed).group_by("nodes", "gpus")
+              .agg(pl.len().alias("runs"), SECS.sum(), start.min().alias("lo"),
+                   end.min().alias("first_end"), end.max().alias("hi"),
+                   pl.col("num_nodes").min().alias("nn_lo"),
+                   pl.col("num_nodes").max().alias("nn_hi"))
               .collect(engine="streaming"))
-    odd = _odd(groups.get_column("nodes").unique().to_list(), clears)
-    if odd:
-        groups = groups.filter(~pl.col("nodes").is_in(odd))
-        keep &= ~pl.col("nodes").is_in(pl.Series(odd, dtype=pl.String).implode())
-    plain = lf.filter(keep)
-    by_list = (groups.group_by("nodes").agg(pl.col("runs").sum(), pl.col("secs").sum())
+    texts = groups.get_column("nodes").unique().to_list()
+    odd = pl.Series(sorted(set(_odd(texts, clears)) | {t for t in texts if not countable(t)}),
+                    dtype=pl.String)
+    # Failed runs and runs without times (and a few more, one-node FAILED runs no drain
+    # explains, sorted out below), with every column.
+    rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
+            .collect(engine="streaming"))
+    keep = _plain(_drained(rest, drains, grace_s)) & ~nodes.is_in(odd.implode())
+    rest = rest.filter(~keep).sort("rid")
+    groups = groups.filter(~nodes.is_in(odd.implode()))
+    by_list = (groups.group_by("nodes").agg(pl.col("runs").sum(), pl.col("secs").sum(),
+                                            pl.col("nn_lo").min(), pl.col("nn_hi").max())
                .sort("nodes"))
     by_list = by_list.with_columns(pl.Series("n", [_count(t) for t in by_list["nodes"]],
                                              dtype=pl.Int64))
+    by_count = by_list.height == 0 or bool(by_list.select(
+        ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
+    sources = _by_source(lf, odd) if by_count else _by_source_listed(
+        lf, odd, by_list.select("nodes", "n"))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
-    add_plain_groups(att, ((t, (r, s, n)) for t, r, s, n in by_list.iter_rows()),
+    add_plain_groups(att, ((t, (r, s, n)) for t, r, s, n in
+                           by_list.select("nodes", "runs", "secs", "n").iter_rows()),
                      ((g, (r, s)) for g, r, s in by_gpus.iter_rows()), tally,
-                     (((u, line), secs) for u, line, secs
-                      in _by_source(plain, by_list.select("nodes", "n")).iter_rows()))
+                     (((u, line), secs) for u, line, secs in sources.iter_rows()))
     if groups.height:
         lo, first_end, hi = groups.select(pl.col("lo").min(), pl.col("first_end").min(),
                                           pl.col("hi").max()).row(0)
         att.first_start = min(att.first_start, lo)
         att.first_end = min(att.first_end, first_end)
         att.last_end = max(att.last_end, hi)
-    rest = lf.filter(~keep).sort("rid").drop("rid").collect(engine="streaming")
-    others = schema.jobs(rest)
-    attribute_runs(Columns(others), drains, grace_s, clears, failures, into=att, tally=tally)
-    log.debug("store: %d node lists tallied on columns, %d runs one by one", by_list.height,
-              len(others))
-    return StoreRuns(plain, others, drains, grace_s)
+    counted = (_timed & ~nodes.is_in(odd.implode())).fill_null(False)  # the rest's: failed
+    flags = rest.select(counted).to_series().to_list()
+    others = schema.jobs(rest.drop("rid"))
+    attribute_rest(att, Columns(others), flags, drains, failures, clears, grace_s, tally)
+    log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
+              "%d runs one by one", by_list.height, sum(flags), len(flags) - sum(flags))
+    return StoreRuns(lf.filter(keep), others, drains, grace_s, lf, rest)

@@ -1,0 +1,178 @@
+"""Failed runs whose exposure was tallied with the plain runs, judged without redoing it: the
+accounting store's way (`accounting.store.scan`). Pure.
+
+The store tallies the exposure of every run with start and end times and a node list
+`hostranges.shape` reads (no node with a cleared lemon drain) on columns, failed or not; what is
+left per failed run is its judgement (rules 1-4, and rule 8's claims), which is what
+`attribution._attribute_one` does after the exposure. Here it is done with what repeats per
+node list worked out once (its names, its size, which of its nodes have failure events, their
+rows in the incidence), since a failed gang run's nodes are most of the work: at 10 million
+records, about a million blames. The per-record path stays the reference:
+tests/unit/test_attribution_counted.py checks both give the same Attribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from gpuwarden.accounting.attribution import (
+    LEAD_S,
+    NODE_STATES,
+    Attribution,
+    Blame,
+    HealthDrain,
+    Held,
+    Pending,
+    _attribute_one,
+    _claims,
+    _rule,
+    _submit_facts,
+    gpu_class,
+    run_seconds,
+    size_bucket,
+)
+from gpuwarden.accounting.columns import Columns
+from gpuwarden.accounting.rangetally import RangeTally
+from gpuwarden.accounting.stream import AcctRecord
+from gpuwarden.accounting.submit import ALL_NODES
+from gpuwarden.slurm.hostlist import _MAX_EXPAND
+from gpuwarden.slurm.hostranges import shape
+
+BLAMABLE = frozenset({*NODE_STATES, "REQUEUED", "FAILED"})
+
+
+def countable(text: str) -> bool:
+    """Whether a failed run on ``text`` can be judged here: a list `shape` reads, that
+    `hostlist.expand` names without refusing it (too many names). The caller also leaves out
+    lists with a node whose lemon drain was cleared (rule 7)."""
+    known = shape(text) if text else None
+    return known is not None and known[1] <= _MAX_EXPAND
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``text``'s names from its ranges, as `hostlist.expand` names them (`hostranges`)."""
+    known = shape(text)
+    assert known is not None, text  # `countable`
+    out: list[str] = []
+    for (head, width, tail), lo, hi in known[0]:
+        if width < 0:
+            out.append(head)
+        else:
+            out.extend(f"{head}{str(i).zfill(width)}{tail}" for i in range(lo, hi + 1))
+    return tuple(out)
+
+
+class _List:
+    """What judging a failed run reads of its node list, worked out once per list."""
+
+    __slots__ = ("ixs", "names", "scope", "size", "with_events")
+
+    def __init__(self, text: str, failures: Mapping[str, list[HealthDrain]]) -> None:
+        self.names = _names(text)
+        self.size = size_bucket(len(self.names))
+        self.scope = frozenset(self.names)
+        # In the list's order: `_claims` looks at each node's events in that order.
+        self.with_events = tuple(n for n in self.names if n in failures)
+        self.ixs: list[int] | None = None  # the names' incidence numbers, once one failed
+
+
+def _blames(into: list[Blame], nodes: Sequence[str], weight: float, job_id: int, at: float,
+            reason: str, size: int, pinned: bool, started: float, gpus: int) -> None:
+    """Blame(n, weight, ...) for each n of ``nodes``: the dataclass's __init__ sets each frozen
+    field through object.__setattr__, 3x the cost of filling the instance's dict, and a
+    failed gang run has a Blame per node (tests/unit/test_attribution_counted.py)."""
+    new = object.__new__
+    fields = {"weight": weight, "job_id": job_id, "at": at, "reason": reason, "size": size,
+              "pinned": pinned, "started": started, "gpus": gpus}
+    for n in nodes:
+        b = new(Blame)
+        d = b.__dict__
+        d["node"] = n
+        d.update(fields)
+        into.append(b)
+
+
+class Judge:
+    """Judges the counted failed runs into one Attribution (`add`), in the order given."""
+
+    def __init__(self, result: Attribution, drains: Mapping[str, list[HealthDrain]],
+                 failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
+        self.result, self.drains, self.failures, self.grace_s = result, drains, failures, grace_s
+        self._lists: dict[str, _List] = {}
+
+    def add(self, job: AcctRecord) -> None:
+        """One failed run (state in `BLAMABLE`, start and end times, a `countable` node list
+        with no cleared node): `_attribute_one` after the exposure."""
+        text = job.nodes
+        facts = self._lists.get(text)
+        if facts is None:
+            facts = self._lists[text] = _List(text, self.failures)
+        start, end, state = job.start_time, job.end_time, job.state
+        assert start is not None and end is not None  # the caller's
+        all_nodes, grace_s = facts.names, self.grace_s
+        gclass = gpu_class(job.gpus)
+        if state == "FAILED" and len(all_nodes) == 1:
+            drained, claims = _claims(state, all_nodes, start, end, self.drains, self.failures,
+                                      grace_s)
+        else:
+            found: list[HealthDrain] = []
+            lo, hi = end - LEAD_S, end + grace_s
+            for n in facts.with_events:
+                for d in self.failures[n]:
+                    if lo <= d.at <= hi and d not in found:
+                        found.append(d)
+            drained, claims = (), tuple(found)
+        if claims:  # rule 8: judged once every run that may claim them is in
+            self.result.pending.append(Pending(
+                Held(job.job_id, job.user, state, job.exit_code, job.failed_node,
+                     job.submit_line), all_nodes, all_nodes, start, end, facts.size, gclass,
+                claims, drained))
+            return
+        reason = _rule(job, all_nodes, {}, grace_s, start, end)
+        if reason is None or state == "REQUEUED":
+            return  # the user's (rule 4), or a requeue no node failure explains (rule 2)
+        self.result.gpu_failures[gclass] += 1
+        self._blame(job, facts, start, end, reason, gclass)
+
+    def _blame(self, job: AcctRecord, facts: _List, start: int, end: int, reason: str,
+               gclass: int) -> None:
+        """`attribution._blame` for a run no failure event names a node of (no claims)."""
+        result, all_nodes = self.result, facts.names
+        culprits: list[str] = []
+        if job.state in NODE_STATES and job.failed_node in facts.scope:
+            culprits = [job.failed_node]  # sacct's own record of the node that failed
+            reason += f"; Slurm recorded {job.failed_node} as the node that failed"
+        named, script = _submit_facts(job.submit_line)
+        if named:
+            named = facts.scope if named == ALL_NODES else named & facts.scope
+        hours = run_seconds(start, end) / 3600
+        inc = result.incidence
+        gameable = job.state == "FAILED" and not culprits
+        if culprits or named:
+            inc.add_failure(job.job_id, float(end), hours, facts.size, all_nodes, culprits,
+                            named, job.user, script, gameable=gameable)
+        else:
+            if facts.ixs is None:
+                facts.ixs = inc.node_numbers(all_nodes)
+            inc.add_plain_failure(job.job_id, float(end), hours, facts.size, facts.ixs,
+                                  job.user, script, gameable)
+        targets = culprits or all_nodes
+        pinned = len(all_nodes) == 1 or bool(culprits)
+        (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
+        _blames(result.blames, targets, 1.0 / len(targets), job.job_id, float(end), reason,
+                facts.size, pinned, float(start), gclass)
+
+
+def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
+                   drains: Mapping[str, list[HealthDrain]],
+                   failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
+                   grace_s: float, ranged: RangeTally) -> None:
+    """The runs of ``cols`` in order: the ``counted`` ones judged by a `Judge` (their exposure
+    is the caller's), the others each as `attribute_runs` does one record."""
+    judge = Judge(result, drains, failures, grace_s)
+    records = cols.records
+    for i, (rec, fast) in enumerate(zip(records, counted, strict=True)):
+        if fast:
+            judge.add(rec)
+        else:
+            _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
