@@ -6,6 +6,10 @@ A counter never goes backwards, except that a file that cannot be read as counte
 truncated, not ours) is reset to nothing, loudly (an error in the log, the caller's self
 error): Prometheus takes that as a counter reset. A lock held too long is given up after
 ``wait_s`` (StateDirError): metrics never hang the run that counts.
+
+What is written from the counters (a textfile) is written under the same lock (`locked`,
+`update`'s ``then``): read outside it, a run could write counts older than those another run
+wrote a moment before, and the counter would go backwards in the textfile.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from gpuwarden.core.safefs import StateDirError, atomic_write, ensure_private_dir, read_private
 
@@ -86,24 +91,37 @@ class _Lock:
         os.close(self.fd)
 
 
+@contextmanager
+def locked(directory: str, name: str, wait_s: float = 1.0,
+           mono: Callable[[], float] = time.monotonic,
+           sleep: Callable[[float], None] = time.sleep) -> Iterator[tuple[Numbers, str]]:
+    """The stored counters and why they were reset ("" when they were not), read under the
+    counters' lock, held until the block ends. Raises StateDirError or OSError."""
+    ensure_private_dir(directory)
+    with _Lock(directory, f"{name}.lock", wait_s, mono, sleep):
+        yield read(directory, name)
+
+
 def update(directory: str, name: str, add: Mapping[str, float],
            put: Mapping[str, float] | None = None, wait_s: float = 1.0,
            mono: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep) -> tuple[Numbers, str]:
+           sleep: Callable[[float], None] = time.sleep,
+           then: Callable[[Numbers], None] | None = None) -> tuple[Numbers, str]:
     """Add ``add`` to the stored counters and set the gauges ``put`` (both >= 0), in one
-    locked read-modify-write; returns the numbers now stored and why the old ones were reset
-    ("" when they were not). Raises StateDirError or OSError when the file cannot be
-    written (the numbers are then as they were)."""
+    locked read-modify-write; ``then`` gets the numbers now stored, still under the lock (to
+    write a textfile from them). Returns the numbers now stored and why the old ones were
+    reset ("" when they were not). Raises StateDirError or OSError when the file cannot be
+    written (the numbers are then as they were), or what ``then`` raises."""
     for key, value in {**add, **(put or {})}.items():
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{key}: {value!r} is not a count")
-    ensure_private_dir(directory)
-    with _Lock(directory, f"{name}.lock", wait_s, mono, sleep):
-        numbers, bad = read(directory, name)
+    with locked(directory, name, wait_s, mono, sleep) as (numbers, bad):
         before = dict(numbers)
         for key, value in add.items():
             numbers[key] = numbers.get(key, 0.0) + value
         numbers.update(put or {})
         if numbers != before or bad:  # unchanged: no write (a healthy node's every run)
             atomic_write(directory, name, json.dumps(numbers, sort_keys=True).encode())
+        if then is not None:
+            then(numbers)
     return numbers, bad

@@ -10,6 +10,7 @@ here, purely (`event`); gpuwarden.hooks.entry records it and writes the file.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from gpuwarden.core import counterfile, metrics
@@ -73,6 +74,14 @@ def stored(state_dir: str) -> tuple[dict[str, float], str]:
     """The stored counts (none yet: all 0), and why they were reset ("" when they were not).
     Raises StateDirError."""
     return counterfile.read(state_dir, COUNTS)
+
+
+def held(state_dir: str, wait_s: float = 1.0
+         ) -> AbstractContextManager[tuple[dict[str, float], str]]:
+    """`stored`, under the counts' lock until the block ends: write the textfile in it, so
+    that it never shows counts older than another run (a prolog beside the periodic check)
+    wrote there a moment before. Raises StateDirError or OSError."""
+    return counterfile.locked(state_dir, COUNTS, wait_s)
 
 
 def samples(node: str, counts: dict[str, float], enabled: bool) -> dict[Metric, list[Sample]]:

@@ -129,8 +129,8 @@ def _gating_off(prom_dir: str, state_dir: str) -> None:
     try:
         with entry.watchdog(CONFIG_OFF_LIMIT_S):
             node = check_node_name(jobenv.node_name(entry.environ(), socket.gethostname))
-            counts, _ = gatingmetrics.stored(state_dir)
-            gatingmetrics.write(prom_dir, node, counts, enabled=False)
+            with gatingmetrics.held(state_dir) as (counts, _):
+                gatingmetrics.write(prom_dir, node, counts, enabled=False)
     except (GpuwardenError, OSError, entry.DeadlineExceeded) as err:
         log.error("%s not written: %s", gatingmetrics.FILE, err)
 

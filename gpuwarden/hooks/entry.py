@@ -181,8 +181,8 @@ def report_gating(env: Env, always: bool) -> None:
     if not h.prom_dir or not (always or env.gating_changed):
         return
     try:
-        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)):
-            counts, reset = gatingmetrics.stored(h.state_dir)
+        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)), \
+                gatingmetrics.held(h.state_dir, wait_s=METRICS_S / 2) as (counts, reset):
             if reset:
                 env.fail("state", f"{env.node}: gating metrics reset: {reset}")
             gatingmetrics.write(h.prom_dir, env.node, counts, enabled=not off_reason(env))

@@ -98,7 +98,9 @@ def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
                                      and s.failures >= sc.min_failures)]
     skipped = dict(att.skipped)
     failed = [o for o in outcomes.values() if o.action == "error"]
-    if cfg.health.prom_dir and not from_files:
+    # Only the scan that acts (the timer's `--drain`) is the one the series describe: a look
+    # by hand (the runbooks' own) must not set held back to 0 nor pass for a scan working.
+    if cfg.health.prom_dir and drain:
         _publish(cfg.health.prom_dir, cfg.health.state_dir, not failed, len(lemons),
                  [o.action for o in outcomes.values()], class_mttf_h(att))
     if as_json:
@@ -125,7 +127,7 @@ def scan(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
 
 def _publish(prom_dir: str, state_dir: str, clean: bool, flagged: int, actions: list[str],
              mttf_h: dict[int, float]) -> None:
-    """The scan's textfile (a scan of the live cluster's accounting, not of exported files):
+    """The scan's textfile (a `--drain` scan of the live cluster, never of exported files):
     a failure to write it is said on stderr, and the scan's result stands."""
     try:
         reset = promfile.publish(prom_dir, state_dir, time.time(), clean, flagged, actions,

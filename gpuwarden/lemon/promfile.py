@@ -35,10 +35,14 @@ def publish(prom_dir: str, state_dir: str, now: float, clean: bool, flagged: int
     textfile; ``clean``: the scan ended without a failed drain (else the last clean scan's
     time stays). Returns why the counts were reset ("" when they were not). Raises OSError or
     a GpuwardenError (then the textfile is as it was)."""
-    counts, reset = counterfile.update(state_dir, COUNTS,
-                                       {DRAINS: float(sum(a == "drained" for a in actions))})
-    last = now if clean else (metrics.value_of(read_plain(os.path.join(prom_dir, FILE)),
-                                               metrics.LEMON_LAST_SUCCESS) or 0.0)
-    metrics.write(prom_dir, FILE, samples(last, flagged, sum(a == "held" for a in actions),
-                                          counts.get(DRAINS, 0.0), mttf_h))
+    def write(counts: counterfile.Numbers) -> None:
+        # Under the counts' lock: a scan beside this one never writes an older count last.
+        last = now if clean else (metrics.value_of(read_plain(os.path.join(prom_dir, FILE)),
+                                                   metrics.LEMON_LAST_SUCCESS) or 0.0)
+        metrics.write(prom_dir, FILE, samples(last, flagged, sum(a == "held" for a in actions),
+                                              counts.get(DRAINS, 0.0), mttf_h))
+
+    _, reset = counterfile.update(state_dir, COUNTS,
+                                  {DRAINS: float(sum(a == "drained" for a in actions))},
+                                  then=write)
     return reset

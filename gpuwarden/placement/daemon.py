@@ -238,9 +238,12 @@ def publish(cfg: PlacementConfig, state: State, ok: bool, now: float) -> None:
         return
     # Nodes read too long ago are left out rather than shown as they were.
     nodes = state.nodes if 0 <= now - state.nodes_at <= cfg.stale_after_s else None
+    # So are jobs (kept up to JOBS_MAX_AGE_S between reads): Slurm unreachable, not frozen.
+    fresh = 0 <= now - state.jobs_at <= max(cfg.stale_after_s, JOBS_MAX_AGE_S)
+    jobs = state.jobs if fresh else None
     try:
         promfile.write(state.prom_dir, promfile.samples(
-            snapshot.written_at(cfg.snapshot_file), state.rounds, state.jobs, nodes, cfg))
+            snapshot.written_at(cfg.snapshot_file), state.rounds, jobs, nodes, cfg))
     except Exception as exc:  # the metrics never stop the daemon
         if not state.prom_failed:
             log.error("%s/%s not written: %s (the snapshot is not affected; said once until "

@@ -171,7 +171,9 @@ def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
     # A gang job that died (rule 3: blamed on its nodes), so the scan has an MTTF to give.
     died = h.sbatch("-N2", "--gpus-per-node=1", name="died", wrap="exit 1")
     h.wait_acct(died, "FAILED", timeout=60)
-    h.gpuwarden("slurmctld", "lemon", "scan", "--since", "1d", timeout=120).check("lemon scan")
+    # --drain, as the timer's: only the scan that acts writes gpuwarden_lemon.prom.
+    h.gpuwarden("slurmctld", "lemon", "scan", "--since", "1d", "--drain",
+                timeout=120).check("lemon scan")
     empty: dict[str, list[str]] = {}
 
     def all_show() -> bool:

@@ -257,3 +257,40 @@ def test_events_are_counted_as_the_catalogue_says() -> None:
 def test_the_hooks_of_the_catalogue_are_the_reasons_origins() -> None:
     assert metrics.HOOKS == reasons.ORIGINS
     assert metrics.OWNERS == reasons.OWNERS
+
+
+def test_a_run_beside_another_never_writes_counts_older_than_the_textfile_s(
+        node, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The periodic check writes its textfile while a prolog beside it counts a drain and
+    writes its own: the periodic's must not land last with the counts from before the drain
+    (the counter would go backwards, and Prometheus' increase() takes that as a reset: a spike
+    of every drain ever made)."""
+    env, _, tmp = node
+    state_dir = env.config.health.state_dir
+    entry.periodic(fresh(env))  # the file exists, drains 0
+    real = gatingmetrics.write
+    waiting: list[str] = []
+
+    def prolog_beside() -> None:
+        gatingmetrics.record(state_dir, gatingmetrics.Event(drain_hook="prolog"), wait_s=0)
+        counts, _ = gatingmetrics.stored(state_dir)
+        real(env.config.health.prom_dir, "c3", counts, True)
+
+    def periodic_write(prom_dir: str, node_: str, counts: dict[str, float],
+                       enabled: bool) -> None:
+        if not waiting:
+            waiting.append("prolog")
+            try:  # the prolog runs now, unless it must wait for this run's lock
+                prolog_beside()
+                waiting.pop()
+            except counterfile.StateDirError:
+                pass
+        real(prom_dir, node_, counts, enabled)
+
+    monkeypatch.setattr(gatingmetrics, "write", periodic_write)
+    entry.report_gating(fresh(env), always=True)
+    monkeypatch.setattr(gatingmetrics, "write", real)
+    if waiting:  # the lock is free again: the prolog goes on
+        prolog_beside()
+    assert gatingmetrics.stored(state_dir)[0]["drains.prolog"] == 1
+    assert drains(tmp)["prolog"] == 1

@@ -115,15 +115,38 @@ def test_a_held_lemon_then_its_drain_then_a_failed_scan(site) -> None:  # type: 
 
 def test_a_failed_scan_keeps_the_last_clean_scan_s_time(site, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     client, ctx, _ = site
-    times = iter([1_800_000_000.0, 1_800_000_600.0])
-    monkeypatch.setattr(time, "time", lambda: next(times, 1_800_000_900.0))
-    code, v, _ = scan(ctx)
+    now = [1_800_000_000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    for name in ("n1", "n2", "n3", "n4"):  # the cap is full: n7 is held, the scan is clean
+        client.drain(name, "earlier")
+    code, v, _ = scan(ctx, "--drain")
     assert code == 0
     assert one(v, "gpuwarden_lemon_scan_last_success_timestamp_seconds") == 1_800_000_000.0
+    for name in ("n1", "n2", "n3", "n4"):
+        client.resume(name)
     client.broken = True
+    now[0] += 3600
     code, v, _ = scan(ctx, "--drain")
     assert code == 1
     assert one(v, "gpuwarden_lemon_scan_last_success_timestamp_seconds") == 1_800_000_000.0
+
+
+def test_a_scan_by_hand_without_drain_leaves_the_timer_s_series_alone(site) -> None:  # type: ignore[no-untyped-def]
+    """The runbooks' own `gpuwarden lemon scan --since 30d` (no --drain), or any look at the
+    lemons by hand, must neither resolve GpuwardenLemonHeld (held back to 0: it drained
+    nothing, so it held nothing) nor GpuwardenLemonScanStale (a clean scan that published no
+    lemons and drained none is not the timer's scan working)."""
+    client, ctx, tmp = site
+    for name in ("n1", "n2", "n3", "n4"):  # the cap is full: the timer's scan holds n7
+        client.drain(name, "earlier")
+    code, v, _ = scan(ctx, "--drain")
+    assert code == 0 and one(v, "gpuwarden_lemon_nodes_held") == 1
+    before = (tmp / "prom" / promfile.FILE).read_bytes()
+    res = CliRunner().invoke(cli, ["lemon", "scan", "--since", "7d"], obj=ctx)
+    assert res.exit_code == 0
+    v, _ = parse(tmp / "prom" / promfile.FILE)
+    assert one(v, "gpuwarden_lemon_nodes_held") == 1
+    assert (tmp / "prom" / promfile.FILE).read_bytes() == before
 
 
 def test_a_scan_of_exported_files_writes_no_metrics(site) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import pytest
 from gpuwarden import config as configmod
 from gpuwarden.config.placement import PartitionPolicy, PlacementConfig
 from gpuwarden.core import metrics
+from gpuwarden.core.errors import SlurmError
 from gpuwarden.lemon.scoring import NodeScore
 from gpuwarden.placement import daemon, promfile, reload, requeue
 from gpuwarden.slurm.client import gpuwarden_reason
@@ -117,6 +118,26 @@ def test_a_failed_round_counts_and_the_snapshot_s_time_stays_where_it_was(tmp_pa
     v = round_(tmp_path, cfg, slurm, state, 1000.0 + cfg.stale_after_s + 1)
     assert get(v, "gpuwarden_placement_rounds_total", outcome="failed") == 2
     assert not any(k[0] in ("gpuwarden_slurm_node_info", "gpuwarden_slurm_nodes") for k in v)
+
+
+def test_jobs_read_before_slurm_became_unreachable_are_not_shown_as_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm unreachable: the jobs by outcome go the way the nodes go (left out once their
+    read is stale), not frozen at the last read's numbers for as long as it lasts."""
+    cfg, slurm, _ = setup(tmp_path)
+    slurm.job_table = jobs()
+    state = daemon.State(prom_dir=str(tmp_path / "prom"))
+    v = round_(tmp_path, cfg, slurm, state, 1000.0)
+    assert get(v, "gpuwarden_placement_jobs", outcome="placed") == 2
+
+    def unreachable() -> list[Node]:
+        raise SlurmError("sinfo: Unable to contact slurm controller (connect failure)")
+
+    monkeypatch.setattr(slurm, "nodes", unreachable)
+    later = 1000.0 + max(cfg.stale_after_s, daemon.JOBS_MAX_AGE_S) + 1
+    v = round_(tmp_path, cfg, slurm, state, later)
+    assert get(v, "gpuwarden_placement_rounds_total", outcome="failed") == 1
+    assert not any(k[0] in ("gpuwarden_placement_jobs", "gpuwarden_slurm_nodes") for k in v)
 
 
 def test_no_snapshot_the_filter_would_read_is_time_0(tmp_path: Path) -> None:
