@@ -588,17 +588,8 @@ def watchdog(seconds: float) -> Iterator[None]:
     if not math.isfinite(seconds) or seconds <= 0:
         yield
         return
-
-    def fire(signum: int, frame: object) -> None:
-        raise DeadlineExceeded(f"still running after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    with bounded(seconds):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @contextmanager
