@@ -54,8 +54,8 @@ class StoreRuns:
     others: list[AcctJob]
     drains: Mapping[str, list[HealthDrain]]
     grace_s: float
-    rows: pl.LazyFrame | None = None
-    rest: pl.DataFrame | None = None
+    rows: pl.LazyFrame
+    rest: pl.DataFrame
 
     def plain_cells(self, keys: Sequence[pl.Expr], *aggs: pl.Expr) -> pl.DataFrame:
         """``plain`` grouped by ``keys``, each group's ``aggs`` (sums, counts: what can be
@@ -63,16 +63,12 @@ class StoreRuns:
         def grouped(lf: pl.LazyFrame) -> pl.LazyFrame:
             return lf.group_by(*keys).agg(pl.len().alias("runs_"), *aggs)
 
-        if self.rows is None or self.rest is None:
-            got = grouped(self.plain).collect(engine="streaming")
-        else:
-            every = grouped(self.rows.filter(_timed)).collect(engine="streaming")
-            keyed, summed = every.columns[:len(keys)], every.columns[len(keys):]
-            off = grouped(self.rest.lazy().filter(_timed)).collect()
-            got = (every.join(off, on=keyed, how="left", suffix="_off", nulls_equal=True)
-                   .select(*keyed, *[pl.col(c) - pl.col(f"{c}_off").fill_null(0)
-                                     for c in summed])
-                   .filter(pl.col("runs_") > 0))
+        every = grouped(self.rows.filter(_timed)).collect(engine="streaming")
+        keyed, summed = every.columns[:len(keys)], every.columns[len(keys):]
+        off = grouped(self.rest.lazy().filter(_timed)).collect()
+        got = (every.join(off, on=keyed, how="left", suffix="_off", nulls_equal=True)
+               .select(*keyed, *[pl.col(c) - pl.col(f"{c}_off").fill_null(0) for c in summed])
+               .filter(pl.col("runs_") > 0))
         return got.sort(got.columns[:len(keys)])
 
 
