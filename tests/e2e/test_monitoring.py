@@ -18,14 +18,11 @@ import pytest
 from devcluster import monitor
 from devcluster.harness import Harness
 from tests.e2e.test_foundation import node_state, sinfo_reasons, wait_for
+from tests.e2e.test_health import periodic
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.versions]
 DASHBOARD = Path(__file__).resolve().parents[2] / "gpuwarden/sitefiles/grafana/gpuwarden.json"
 CONFIG = "/etc/gpuwarden/gpuwarden.toml"
-
-
-def periodic(h: Harness, node: str) -> None:
-    h.exec(node, ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60).check("healthcheck")
 
 
 def break_config(h: Harness, node: str) -> None:
