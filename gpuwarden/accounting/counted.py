@@ -36,7 +36,7 @@ from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.accounting.submit import ALL_NODES
 from gpuwarden.slurm.hostlist import _MAX_EXPAND
-from gpuwarden.slurm.hostranges import shape
+from gpuwarden.slurm.hostranges import names, shape
 
 BLAMABLE = frozenset({*NODE_STATES, "REQUEUED", "FAILED"})
 
@@ -53,13 +53,7 @@ def _names(text: str) -> tuple[str, ...]:
     """``text``'s names from its ranges, as `hostlist.expand` names them (`hostranges`)."""
     known = shape(text)
     assert known is not None, text  # `countable`
-    out: list[str] = []
-    for (head, width, tail), lo, hi in known[0]:
-        if width < 0:
-            out.append(head)
-        else:
-            out.extend(f"{head}{str(i).zfill(width)}{tail}" for i in range(lo, hi + 1))
-    return tuple(out)
+    return names(known[0])
 
 
 class _List:

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from itertools import pairwise
 
-from gpuwarden.slurm.hostranges import Key, Range, shape
+from gpuwarden.slurm.hostranges import Key, Range, name, shape
 
 FOLD_AT = 100_000  # distinct node lists held before they are folded into ranges
 
@@ -73,7 +73,7 @@ class RangeTally:
         """(node, size bucket, runs, seconds) for every node with runs; the tally is then
         empty."""
         self._fold()
-        for ((head, width, tail), size), d in self._diff.items():
+        for (key, size), d in self._diff.items():
             runs = secs = 0
             points = sorted(d)
             for at, nxt in pairwise(points):
@@ -81,9 +81,6 @@ class RangeTally:
                 secs += d[at][1]
                 if runs <= 0:
                     continue
-                if width < 0:
-                    yield head, size, runs, secs
-                    continue
-                for i in range(at, nxt):
-                    yield f"{head}{str(i).zfill(width)}{tail}", size, runs, secs
+                for i in range(at, nxt):  # a name without a number: at 0, nxt 1
+                    yield name(key, i), size, runs, secs
         self._diff.clear()

@@ -44,3 +44,15 @@ def shape(text: str) -> tuple[tuple[Range, ...], int] | None:
     """`ranges` and how many names they hold."""
     rs = ranges(text)
     return None if rs is None else (rs, sum(hi - lo + 1 for _, lo, hi in rs))
+
+
+def name(key: Key, i: int) -> str:
+    """The name numbered ``i`` in ``key``'s range (the head itself where it has no number:
+    width -1), as `hostlist.expand` writes it."""
+    head, width, tail = key
+    return head if width < 0 else f"{head}{str(i).zfill(width)}{tail}"
+
+
+def names(rs: tuple[Range, ...]) -> tuple[str, ...]:
+    """Every name of ``rs``, in order."""
+    return tuple(name(key, i) for key, lo, hi in rs for i in range(lo, hi + 1))
