@@ -84,14 +84,7 @@ class IncidenceBuilder:
         for n in nodes:
             self.node.append(_ix(self.nodes, n))
             self.flags.append((CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0))
-        self.ptr.append(len(self.node))
-        self.hours.append(hours)
-        self.end.append(end)
-        self.job.append(NO_JOB if job_id is None else job_id)
-        self.user.append(_ix(self.users, user))
-        self.script.append(_ix(self.scripts, script) if script else NO_SCRIPT)
-        self.size.append(size)
-        self.gameable.append(1 if gameable else 0)
+        self._end_row(job_id, end, hours, size, user, script, gameable)
 
     def node_numbers(self, nodes: Iterable[str]) -> list[int]:
         """Each node's number in the rows, numbering new ones as `add_failure` would."""
@@ -103,10 +96,15 @@ class IncidenceBuilder:
         nor named: a failed gang run's nodes at once."""
         self.node.extend(numbers)
         self.flags.frombytes(bytes(len(numbers)))
+        self._end_row(job_id, end, hours, size, user, script, gameable)
+
+    def _end_row(self, job_id: int | None, end: float, hours: float, size: int, user: str,
+                 script: str, gameable: bool) -> None:
+        """Close a failed run's row, its nodes added: the run's own columns."""
         self.ptr.append(len(self.node))
         self.hours.append(hours)
         self.end.append(end)
-        self.job.append(job_id)
+        self.job.append(NO_JOB if job_id is None else job_id)
         self.user.append(_ix(self.users, user))
         self.script.append(_ix(self.scripts, script) if script else NO_SCRIPT)
         self.size.append(size)
