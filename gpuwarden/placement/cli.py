@@ -11,7 +11,7 @@ from gpuwarden import config as configmod
 from gpuwarden.config.context import Context
 from gpuwarden.core import safefs
 from gpuwarden.core.errors import GpuwardenError
-from gpuwarden.placement import daemon, reload
+from gpuwarden.placement import daemon, reload, snapshot
 from gpuwarden.placement.advice import advise
 from gpuwarden.placement.decide import JobRequest, decide
 
@@ -23,9 +23,8 @@ def _snapshot_age(path: str, stale_after_s: int) -> str:
         return (f"the filter refuses its snapshot: {unsafe}; it lets every job through "
                 "unchanged")
     try:
-        lines = safefs.read_head(path, 1024).decode("utf-8", "replace").split("\n")
-        written = int(lines[0].rsplit(" written ", 1)[1])
-    except (OSError, IndexError, ValueError):
+        written, lines = snapshot.read_head(path)
+    except (OSError, ValueError):
         return (f"the filter's snapshot {path} is missing or unreadable: it lets every job "
                 "through unchanged (is `gpuwarden placement daemon` running?)")
     age = time.time() - written

@@ -308,11 +308,20 @@ def written_at(path: str) -> float | None:
     """When the snapshot at ``path`` was written, from its first line, as the filter reads
     it; None when it is missing, unreadable, or where the filter refuses it (a link, a
     directory others can write)."""
-    unsafe = safefs.admin_file_problem(path)
-    if unsafe:
+    if safefs.admin_file_problem(path):
         return None
     try:
-        first = safefs.read_head(path, 1024).decode("utf-8", "replace").split("\n", 1)[0]
-        return float(int(first.rsplit(" written ", 1)[1]))
-    except (OSError, IndexError, ValueError):
+        return float(read_head(path)[0])
+    except (OSError, ValueError):
         return None
+
+
+def read_head(path: str) -> tuple[int, list[str]]:
+    """When the snapshot at ``path`` was written (its first line's time, as the filter reads
+    it) and its first lines (up to 1 KiB). Raises OSError, or ValueError for a first line
+    without its time."""
+    lines = safefs.read_head(path, 1024).decode("utf-8", "replace").split("\n")
+    try:
+        return int(lines[0].rsplit(" written ", 1)[1]), lines
+    except (IndexError, ValueError):
+        raise ValueError(f"{path}: its first line has no written time") from None
