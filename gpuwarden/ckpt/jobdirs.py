@@ -50,6 +50,8 @@ WILL_RUN = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "REQ
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"})
 SQUATTED = ".squatted."
+# What `claim` did: made the directory after moving another's entry aside (counted: metrics).
+MOVED = "created (another's entry moved aside)"
 
 
 class JobDirError(GpuwardenError):
@@ -112,14 +114,17 @@ def _claim_once(spool: int, name: str, uid: int, gid: int, where: str) -> str:
         done = _make_it_the_users(spool, name, uid, gid, where, made_here=False)
         if done:
             return done
+    moved = False
     if st is not None:
+        moved = True
         aside = f"{SQUATTED}{name}.{st.st_uid}.{time.time_ns()}"
         os.rename(name, aside, src_dir_fd=spool, dst_dir_fd=spool)
         log.warning("checkpoint tier 0: %s/%s belonged to uid %d (mode %o), not to the job's "
                     "user (uid %d): moved aside to %s", where, name, st.st_uid, st.st_mode,
                     uid, aside)
     os.mkdir(name, 0o700, dir_fd=spool)
-    return _make_it_the_users(spool, name, uid, gid, where, made_here=True)
+    done = _make_it_the_users(spool, name, uid, gid, where, made_here=True)
+    return MOVED if moved and done == "created" else done
 
 
 def _being_made(st: os.stat_result) -> bool:
@@ -159,9 +164,10 @@ def _make_it_the_users(spool: int, name: str, uid: int, gid: int, where: str,
     return "created" if made_here else "kept"
 
 
-def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:
-    """Both of the job's directories: a failure with one does not stop the other."""
-    problems = []
+def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> int:
+    """Both of the job's directories: a failure with one does not stop the other. How many
+    squatters' entries were moved aside."""
+    problems, moved = [], 0
     with closing(safeio.ensure_spool(memory_root)) as spool:
         for name in names(job_id):
             try:
@@ -170,8 +176,10 @@ def prepare(memory_root: str, job_id: str, uid: int, gid: int = -1) -> None:
                 problems.append(f"{name}: {exc}")
                 continue
             log.info("checkpoint tier 0: %s/%s %s for uid %d", memory_root, name, done, uid)
+            moved += done == MOVED
     if problems:
         raise JobDirError("; ".join(problems))
+    return moved
 
 
 SHARED_S = 10.0  # the shared filesystem may hang: the prolog gives up on it after this
@@ -186,24 +194,28 @@ def prepare_shared(shared_root: str, job_id: str, uid: int, gid: int = -1) -> st
         return claim(spool, name, uid, gid, shared_root)
 
 
-def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
+def for_prolog(config: Config, environ: Mapping[str, str]) -> int:
     """The prolog's hook (root, before the job): the job's tier-0 directories and its
-    directory on the shared tier. Never raises."""
+    directory on the shared tier; how many squatters' entries were moved aside. Never
+    raises."""
+    moved = 0
     try:
         job_id, uid, gid = _ids(environ)
         if config.ckpt.shared_root:
-            _shared_in_child(config.ckpt.shared_root, job_id, uid, gid)
-        prepare(config.ckpt.memory_root, job_id, uid, gid)
+            moved += _shared_in_child(config.ckpt.shared_root, job_id, uid, gid)
+        moved += prepare(config.ckpt.memory_root, job_id, uid, gid)
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint tier 0 for job %s: %s", jobenv.job_id(environ, "?")[:20], exc)
     except Exception:  # a prolog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 for job %s: unexpected error",
                       jobenv.job_id(environ, "?")[:20])
+    return moved
 
 
-def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> None:
+def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> int:
     """`prepare_shared` in a child killed at `SHARED_S`: a hung filesystem must not hold the
-    prolog into PrologEpilogTimeout (which drains the node). Logged, never raised."""
+    prolog into PrologEpilogTimeout (which drains the node). Logged, never raised; 1 when a
+    squatter's entry was moved aside."""
     from gpuwarden.ckpt import childcall  # noqa: PLC0415 - light, prolog only
 
     try:
@@ -213,6 +225,8 @@ def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> None:
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint shared tier for job %s: %s (the job checks its directory itself)",
                   job_id, exc)
+        return 0
+    return int(done == MOVED)
 
 
 def will_run_again(job: Job) -> bool | None:

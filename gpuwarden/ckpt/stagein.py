@@ -336,8 +336,12 @@ def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
                 "shared tier): %s", req.job_id, rank, step, exc)
 
 
+NOTHING = 3  # `stage`'s exit code when there was nothing to stage (counted apart: metrics)
+
+
 def stage(req: Request) -> int:
-    """Copy this node's ranks of the newest common step; 0 when all went well (or nothing to do)."""
+    """Copy this node's ranks of the newest common step; 0 when all went well, NOTHING when
+    there was nothing to do."""
     from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
     from gpuwarden.ckpt.stagecopy import Refused, StageSource, copy_step  # noqa: PLC0415
     from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
@@ -351,17 +355,17 @@ def stage(req: Request) -> int:
     if found is None:
         log.info("stage-in job %s: no checkpoint of %s in %s: nothing to stage", req.job_id,
                  req.job, req.shared_root)
-        return 0
+        return NOTHING
     world, present = found
     held = {r: _held(req, r) for r in present if r < world}
     sel = select(held, world, req.nodes, req.node)
     if sel.why:
         log.warning("stage-in job %s: skipped: %s", req.job_id, sel.why)
-        return 0
+        return NOTHING
     if sel.step is None:
         log.info("stage-in job %s: no step is held by all %d ranks in %s: nothing to stage",
                  req.job_id, world, req.shared_root)
-        return 0
+        return NOTHING
     step, failed, there = sel.step, 0, 0
     todo: dict[int, int] = {}  # rank -> bytes, read from the manifests first for a total
     for r in sel.ranks:
@@ -395,15 +399,16 @@ def stage(req: Request) -> int:
 
 
 # ---- the prolog's entry ------------------------------------------------------------------------
-def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_as) -> None:
-    """Stage in for the job in ``environ`` if it is a requeued one; logs, never raises on purpose."""
+def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_as) -> str:
+    """Stage in for the job in ``environ`` if it is a requeued one: "staged", "failed" or ""
+    (nothing to stage); logs, never raises on purpose."""
     req = parse_request(cfg, environ)
     if req is None:
-        return
+        return ""
     problem = prepare_memory_root(req.memory_root)
     if problem:
         log.error("stage-in job %s: skipped: tier 0: %s", req.job_id, problem)
-        return
+        return "failed"
     try:
         # Loaded by root before the fork: the child then needs nothing but the two tiers.
         import gpuwarden.ckpt.stagecopy  # noqa: F401, PLC0415
@@ -412,18 +417,20 @@ def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_a
         log.error("stage-in job %s: skipped: the checkpoint extra is not installed (%s): "
                   "pip install 'gpuwarden[ckpt]' into the hooks' interpreter",
                     req.job_id, exc)
-        return
+        return "failed"
     code = runner(lambda: stage(req), req)
     if code is None:
         log.warning("stage-in job %s: not done within stage_in_budget_s = %.0f s: stopped it "
                     "(the job will read its checkpoint from the shared tier)", req.job_id,
                     req.budget_s)
-    elif code != 0:
+    elif code not in (0, NOTHING):
         log.debug("stage-in job %s: the copy exited with %d", req.job_id, code)
+    return {0: "staged", NOTHING: ""}.get(code if code is not None else -1, "failed")
 
 
-def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
-    """The prolog's hook: stage-in must never change the prolog's exit status.
+def for_prolog(config: Config, environ: Mapping[str, str]) -> str:
+    """The prolog's hook: stage-in must never change the prolog's exit status. What was done:
+    "staged", "failed" or "" (nothing to stage).
 
     Every job's prolog also makes sure tier 0's spool exists as root's, mode 1777: a spool
     created by the first user's job would belong to that user, and so would everyone's job
@@ -433,7 +440,8 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> None:
         problem = prepare_memory_root(config.ckpt.memory_root)
         if problem:
             log.error("checkpoint tier 0 %s: %s", config.ckpt.memory_root, problem)
-            return
-        stage_in(config.ckpt, environ)
+            return ""
+        return stage_in(config.ckpt, environ)
     except Exception:
         log.exception("stage-in: internal error: skipped")
+        return "failed"

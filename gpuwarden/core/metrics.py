@@ -37,6 +37,9 @@ NODE_STATES = ("idle", "allocated", "mixed", "drained_health", "drained_lemon", 
                "down", "other")
 ROUND_OUTCOMES = ("ok", "failed")
 JOB_OUTCOMES = ("placed", "excluded", "user_set", "relaxed", "shadow", "unchanged")
+STAGEIN_OUTCOMES = ("staged", "failed")
+LOST_JOB_STATES = ("running", "pending")
+USER_BUCKETS = tuple(str(i) for i in range(8))  # gpuwarden.ckpt.nodescan.BUCKETS
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,30 @@ DRAIN_HELD = Metric("gpuwarden_health_drain_held", GAUGE,
                     "1 while this node has a failing verdict whose drain the blast-radius cap "
                     "held (a fault waiting), else 0.", ("node",))
 
+# Node side, checkpointing: written by the periodic check from root's own reading of the
+# node's tier 0 (gpuwarden.ckpt.nodescan) and the prolog's counts.
+TIER0_BYTES = Metric("gpuwarden_ckpt_tier0_bytes", GAUGE,
+                     "Bytes of complete checkpoint steps held in this node's tier 0 (node "
+                     "memory: the ranks' own steps and peers' replicas).", ("node",))
+TIER0_STEPS = Metric("gpuwarden_ckpt_tier0_steps", GAUGE,
+                     "Complete checkpoint steps held in this node's tier 0.", ("node",))
+LAST_SAVE = Metric("gpuwarden_ckpt_last_save_timestamp_seconds", GAUGE,
+                   "When the newest step in this node's tier 0 was committed (0: none held).",
+                   ("node",))
+DURABLE_LAG = Metric("gpuwarden_ckpt_durable_lag_seconds", GAUGE,
+                     "Age of the oldest tier-0 step not yet on the shared tier, worst rank of "
+                     "the users in the bucket (uid mod 8; 0: caught up). Only with a shared "
+                     "tier.", ("node", "user_bucket"), {"user_bucket": USER_BUCKETS})
+TIER0_SKIPPED = Metric("gpuwarden_ckpt_tier0_entries_skipped", GAUGE,
+                       "Entries of the tier-0 spool the last scan did not read (not their "
+                       "job directory owner's, a link, past the scan's bound).", ("node",))
+SQUATTERS = Metric("gpuwarden_ckpt_squatters_moved_total", COUNTER,
+                   "Entries under a starting job's checkpoint directory names that were "
+                   "not its user's, moved aside by the prolog.", ("node",))
+STAGEINS = Metric("gpuwarden_ckpt_stageins_total", COUNTER,
+                  "Stage-ins of a requeued job's checkpoint into tier 0 by the prolog, by "
+                  "outcome.", ("node", "outcome"), {"outcome": STAGEIN_OUTCOMES})
+
 # Admin host: its `[health] prom_dir`.
 SNAPSHOT_TIMESTAMP = Metric("gpuwarden_placement_snapshot_timestamp_seconds", GAUGE,
                             "When the placement snapshot job_submit.lua reads was last written "
@@ -103,6 +130,11 @@ DRAINED_SINCE = Metric("gpuwarden_node_drained_since_timestamp_seconds", GAUGE,
                        "reason time).", ("node", "owner"), {"owner": OWNERS})
 NODE_INFO = Metric("gpuwarden_slurm_node_info", GAUGE, "1 for every node Slurm knows.",
                    ("node",))
+LAUNCH_NODES_LOST = Metric("gpuwarden_launch_nodes_lost", GAUGE,
+                           "Nodes the `gpuwarden launch` launchers of jobs Slurm lists named "
+                           "lost (their job's Comment): of running jobs, each now runs on a "
+                           "spare; of pending ones, requeued once the spares ran out.",
+                           ("job_state",), {"job_state": LOST_JOB_STATES})
 LEMON_LAST_SUCCESS = Metric("gpuwarden_lemon_scan_last_success_timestamp_seconds", GAUGE,
                             "When a lemon scan last ended cleanly (0: never seen).")
 LEMON_FLAGGED = Metric("gpuwarden_lemon_nodes_flagged", GAUGE,
@@ -120,8 +152,10 @@ FILES: dict[str, tuple[Metric, ...]] = {
     "gpuwarden.prom": (HEALTH_STATUS, CHECK_STATUS, HEALTH_TIMESTAMP),
     "gpuwarden_self.prom": (SELF_ERROR, LAST_SUCCESS),
     "gpuwarden_gating.prom": (GATING_ENABLED, DRAINS, RESUMES, DRAINS_HELD, DRAIN_HELD),
+    "gpuwarden_ckpt.prom": (TIER0_BYTES, TIER0_STEPS, LAST_SAVE, DURABLE_LAG, TIER0_SKIPPED,
+                            SQUATTERS, STAGEINS),
     "gpuwarden_placement.prom": (SNAPSHOT_TIMESTAMP, ROUNDS, JOBS, SLURM_NODES, DRAINED_SINCE,
-                                 NODE_INFO),
+                                 NODE_INFO, LAUNCH_NODES_LOST),
     "gpuwarden_lemon.prom": (LEMON_LAST_SUCCESS, LEMON_FLAGGED, LEMON_HELD, LEMON_DRAINS,
                              FLEET_MTTF),
 }

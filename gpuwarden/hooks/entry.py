@@ -260,8 +260,37 @@ def periodic(env: Env) -> int:
     if acted is not None:
         publish_marker(env, acted[1], verdict.status.name, verdict.at)
     report_gating(env, always=True)
+    report_ckpt(env)
     report_self(env, always=True)
     return 0
+
+
+def report_ckpt(env: Env) -> None:
+    """Checkpointing's textfile (ckpt.nodemetrics): root's reading of tier 0, in a child killed
+    at a deadline, and the prolog's counts. A scan that fails leaves its series out (logged:
+    syslog); a file that cannot be written is a self error "state". Never fails the run."""
+    h, c = env.config.health, env.config.ckpt
+    if not h.prom_dir:
+        return
+    from gpuwarden.ckpt import nodemetrics  # noqa: PLC0415
+
+    held = None
+    try:
+        held = nodemetrics.scan_in_child(
+            c.memory_root, c.shared_root, env.clock(),
+            max(0.5, min(nodemetrics.SCAN_S, env.left() - drain.CALLS_S - METRICS_S)))
+    except (GpuwardenError, OSError) as exc:
+        log.error("%s: checkpoint tier 0 %s not read: %s (its series left out of %s)",
+                  env.node, c.memory_root, exc, nodemetrics.FILE)
+    try:
+        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)):
+            reset = nodemetrics.write(h.state_dir, h.prom_dir, env.node, held,
+                                      wait_s=METRICS_S / 2)
+        if reset:
+            env.fail("state", f"{env.node}: checkpoint metrics reset: {reset}")
+    except (Exception, DeadlineExceeded) as exc:  # metrics never fail the hook
+        env.fail("state", f"{env.node}: {nodemetrics.FILE} not written "
+                          f"({type(exc).__name__}: {exc})")
 
 
 def off_reason(env: Env) -> str:
@@ -298,9 +327,26 @@ def prolog(env: Env) -> int:
 
         # Root makes the job's tier-0 directories (the job's user's, a squatter's moved aside)
         # before the job can; neither call ever raises.
-        jobdirs.for_prolog(env.config, env.environ)
-        stagein.for_prolog(env.config, env.environ)
+        moved = jobdirs.for_prolog(env.config, env.environ)
+        staged = stagein.for_prolog(env.config, env.environ)
+        count_ckpt(env, moved, staged)
     return rc
+
+
+def count_ckpt(env: Env, squatters: int, stagein: str) -> None:
+    """What the prolog did for checkpoints, counted for the periodic check's textfile
+    (ckpt.nodemetrics). Never fails the hook (a self error "state")."""
+    if not env.config.health.prom_dir or not (squatters or stagein):
+        return
+    from gpuwarden.ckpt import nodemetrics  # noqa: PLC0415
+
+    try:
+        with bounded(min(METRICS_S, env.left() - drain.CALLS_S)):
+            nodemetrics.count(env.config.health.state_dir, squatters, stagein,
+                              wait_s=METRICS_S / 2)
+    except (Exception, DeadlineExceeded) as exc:  # metrics never fail the hook
+        env.fail("state", f"{env.node}: checkpoint metrics not counted "
+                          f"({type(exc).__name__}: {exc})")
 
 
 def _stored_complete(env: Env, what: str) -> Verdict | None:

@@ -16,6 +16,8 @@ prom_dir`), from what the daemon already reads each round. Pure apart from `writ
     by rule (no GPUs, a --reservation, a size Slurm refuses): the filter records nothing on
     a job it passes, so the two cannot be told apart from the job. The snapshot's age is the
     series that says the filter is failing open.
+- the nodes `gpuwarden launch` lost in jobs Slurm lists (their Comment: the jobs' own word),
+  by the job's state;
 - Slurm's nodes by state class, gpuwarden's drains by owner (health gating, the lemon
   scanner: gpuwarden.slurm.reasons) since Slurm's reason time, and one series per node.
 
@@ -31,8 +33,16 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gpuwarden.config.placement import PlacementConfig
 from gpuwarden.core import metrics
-from gpuwarden.core.metrics import JOB_OUTCOMES, NODE_STATES, ROUND_OUTCOMES, Metric, Sample
+from gpuwarden.core.metrics import (
+    JOB_OUTCOMES,
+    LOST_JOB_STATES,
+    NODE_STATES,
+    ROUND_OUTCOMES,
+    Metric,
+    Sample,
+)
 from gpuwarden.placement import requeue
+from gpuwarden.slurm import lostnote
 from gpuwarden.slurm.models import Job, Node
 from gpuwarden.slurm.reasons import drain_owner
 
@@ -87,6 +97,18 @@ def _done(text: str, req_switch: int, shadow: bool) -> str:
     return "shadow" if shadow else "unchanged"
 
 
+def lost_nodes(jobs: Iterable[Job]) -> dict[str, int]:
+    """Nodes the launchers' notes (gpuwarden.slurm.lostnote, in the job's Comment) name lost,
+    by the job's state (running: on spares now; pending: requeued). The Comment is the job's
+    owner's to write: a figure for the dashboard, never for an alert."""
+    out = dict.fromkeys(LOST_JOB_STATES, 0)
+    for j in jobs:
+        state = "running" if "RUNNING" in j.state else "pending" if "PENDING" in j.state else ""
+        if state:
+            out[state] += len(lostnote.lost_in(j.comment))
+    return out
+
+
 def samples(snapshot_at: float | None, rounds: Mapping[str, int], jobs: Sequence[Job] | None,
             nodes: Sequence[Node] | None, cfg: PlacementConfig) -> dict[Metric, list[Sample]]:
     """The file's series. ``jobs`` or ``nodes`` None: not read recently enough, their series
@@ -102,6 +124,7 @@ def samples(snapshot_at: float | None, rounds: Mapping[str, int], jobs: Sequence
             if outcome is not None:
                 by[outcome] += 1
         out[metrics.JOBS] = [((o,), n) for o, n in by.items()]
+        out[metrics.LAUNCH_NODES_LOST] = [((st,), float(n)) for st, n in lost_nodes(jobs).items()]
     if nodes is not None:
         named = list(_named(nodes))
         classes = dict.fromkeys(NODE_STATES, 0.0)

@@ -109,10 +109,21 @@ FLEET = [
         (f'gpuwarden_health_drains_held_total{{{_C.format(n=n)},node="{n}"}}', "0+1x180"),
         (f'gpuwarden_health_drain_held{{{_C.format(n=n)},node="{n}"}}', f"{int(n == 'c2')}x180"),
         (f'gpuwarden_slurm_node_info{{{_C.format(n="admin")},node="{n}"}}', "1x180"),
+        (f'gpuwarden_ckpt_tier0_bytes{{{_C.format(n=n)},node="{n}"}}', "1e9x180"),
+        (f'gpuwarden_ckpt_tier0_steps{{{_C.format(n=n)},node="{n}"}}', "2x180"),
+        (f'gpuwarden_ckpt_last_save_timestamp_seconds{{{_C.format(n=n)},node="{n}"}}',
+         "0+60x180"),
+        (f'gpuwarden_ckpt_durable_lag_seconds{{{_C.format(n=n)},node="{n}",user_bucket="3"}}',
+         "0+30x180"),
+        (f'gpuwarden_ckpt_tier0_entries_skipped{{{_C.format(n=n)},node="{n}"}}', "0x180"),
+        (f'gpuwarden_ckpt_squatters_moved_total{{{_C.format(n=n)},node="{n}"}}', "0+1x180"),
+        (f'gpuwarden_ckpt_stageins_total{{{_C.format(n=n)},node="{n}",outcome="staged"}}',
+         "0+1x180"),
     )),
     *((f'gpuwarden_slurm_nodes{{{_C.format(n="admin")},state="{state}"}}', f"{count}x180")
       for state, count in (("idle", 2), ("allocated", 1), ("drained_health", 1))),
     (f'gpuwarden_placement_jobs{{{_C.format(n="admin")},outcome="placed"}}', "5x180"),
+    (f'gpuwarden_launch_nodes_lost{{{_C.format(n="admin")},job_state="running"}}', "1x180"),
     (f'gpuwarden_placement_rounds_total{{{_C.format(n="admin")},outcome="ok"}}', "0+12x180"),
     (f"gpuwarden_placement_snapshot_timestamp_seconds{{{_C.format(n='admin')}}}", "0+60x180"),
     (f'gpuwarden_node_drained_since_timestamp_seconds{{{_C.format(n="admin")},node="c2",'
@@ -121,7 +132,7 @@ FLEET = [
     (f"gpuwarden_lemon_nodes_flagged{{{_C.format(n='admin')}}}", "1x180"),
     (f"gpuwarden_lemon_nodes_held{{{_C.format(n='admin')}}}", "1x180"),
     (f"gpuwarden_lemon_drains_total{{{_C.format(n='admin')}}}", "0+1x180"),
-    *((f'gpuwarden_fleet_mttf_hours{{{_C.format(n="admin")},nodes="{size}"}}', f"{h}x180")
+    *((f'gpuwarden_fleet_mttf_hours{{{_C.format(n="admin")},gpus="{size}"}}', f"{h}x180")
       for size, h in (("1", 2000), ("8", 250))),
 ]
 

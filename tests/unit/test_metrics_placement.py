@@ -176,7 +176,8 @@ def test_hostile_job_and_reason_text_never_becomes_a_label(tmp_path: Path) -> No
     labels = {(name, k, val) for name, pairs in v for k, val in pairs}
     allowed = {"outcome": set(metrics.ROUND_OUTCOMES) | set(metrics.JOB_OUTCOMES),
                "state": set(metrics.NODE_STATES), "owner": set(metrics.OWNERS),
-               "node": {f"c{i}" for i in range(1, 9)}}
+               "node": {f"c{i}" for i in range(1, 9)},
+               "job_state": set(metrics.LOST_JOB_STATES)}
     for name, key, val in labels:
         assert val in allowed[key], (name, key, val)
     assert get(v, "gpuwarden_slurm_nodes", state="drained_lemon") == 2
@@ -265,3 +266,15 @@ def test_the_owners_are_told_apart_by_their_reasons() -> None:
     assert drain_owner(gpuwarden_reason("lemon suspicion, by hand")) == ""  # `gpuwarden drain`
     assert drain_owner("lemon, 6 of 40 jobs failed") == ""  # not gpuwarden's reason
     assert drain_owner("") == ""
+
+
+def test_nodes_the_launchers_lost_are_counted_by_their_job_s_state() -> None:
+    lost = "gpuwarden-launch: lost c3 (rank 1: no heartbeat for 6.0 s); c7 (rank 0)"
+    js = [replace(job(1, state="RUNNING"), comment=lost),  # two ranks now on spares
+          replace(job(2), comment="gpuwarden-launch: lost c4 (rank 2)"),  # requeued
+          replace(job(3, state="COMPLETED"), comment=lost),  # over: not counted
+          replace(job(4, state="RUNNING"), comment="gpuwarden-launch: lost c9 (x"),  # not a note
+          replace(job(5, state="RUNNING"), comment="my own comment")]
+    assert promfile.lost_nodes(js) == {"running": 2, "pending": 1}
+    got = promfile.samples(None, {}, js, None, PlacementConfig())[metrics.LAUNCH_NODES_LOST]
+    assert got == [(("running",), 2.0), (("pending",), 1.0)]

@@ -1,0 +1,70 @@
+"""Checkpointing's node series (`gpuwarden_ckpt.prom`): what tier 0 holds (`nodescan`, read by
+the periodic check) and what root's prolog did for jobs' checkpoints (squatters moved aside,
+stage-ins), counted in the state directory (`ckpt-metrics.json`, gpuwarden.core.counterfile)
+so the counts survive runs and reboots and never go backwards. The prolog only counts; the
+periodic check writes the file (a counter shows at most one check interval late)."""
+
+from __future__ import annotations
+
+from gpuwarden.ckpt import nodescan
+from gpuwarden.core import counterfile, metrics
+from gpuwarden.core.metrics import Metric, Sample
+
+FILE = "gpuwarden_ckpt.prom"
+COUNTS = "ckpt-metrics.json"
+SQUATTERS = "squatters"
+_STAGEIN = "stageins."  # + the outcome
+SCAN_S = 5.0  # the scan runs in a child killed after this (the shared filesystem may hang)
+
+
+def count(state_dir: str, squatters: int = 0, stagein: str = "", wait_s: float = 1.0) -> None:
+    """Add what one prolog did. Raises OSError or StateDirError (then nothing changed) and
+    ValueError for an outcome that is not one of STAGEIN_OUTCOMES."""
+    add: dict[str, float] = {}
+    if squatters:
+        add[SQUATTERS] = float(squatters)
+    if stagein:
+        if stagein not in metrics.STAGEIN_OUTCOMES:
+            raise ValueError(f"stage-in outcome {stagein!r}")
+        add[_STAGEIN + stagein] = 1.0
+    if add:
+        counterfile.update(state_dir, COUNTS, add, {}, wait_s=wait_s)
+
+
+def samples(node: str, held: nodescan.Held | None, counts: dict[str, float]
+            ) -> dict[Metric, list[Sample]]:
+    """The file's samples; without ``held`` (the scan failed) only the counters."""
+    out: dict[Metric, list[Sample]] = {
+        metrics.SQUATTERS: [((node,), counts.get(SQUATTERS, 0.0))],
+        metrics.STAGEINS: [((node, o), counts.get(_STAGEIN + o, 0.0))
+                           for o in metrics.STAGEIN_OUTCOMES],
+    }
+    if held is not None:
+        out[metrics.TIER0_BYTES] = [((node,), float(held.bytes))]
+        out[metrics.TIER0_STEPS] = [((node,), float(held.steps))]
+        out[metrics.LAST_SAVE] = [((node,), held.newest_save)]
+        out[metrics.TIER0_SKIPPED] = [((node,), float(held.skipped))]
+        out[metrics.DURABLE_LAG] = [((node, b), lag) for b, lag in sorted(held.lag.items())]
+    return out
+
+
+def scan_in_child(memory_root: str, shared_root: str, now: float, deadline_s: float
+                  ) -> nodescan.Held:
+    """`nodescan.scan` in a child killed at ``deadline_s`` (ChildTimeout): a hung shared
+    filesystem never holds up the periodic check. Raises GpuwardenError or OSError."""
+    from gpuwarden.ckpt import childcall  # noqa: PLC0415 - light
+
+    doc = childcall.call(lambda: nodescan.scan(memory_root, shared_root, now).as_dict(),
+                         deadline_s)
+    if not isinstance(doc, dict):
+        raise childcall.ChildFailed(f"tier-0 scan: {type(doc).__name__} from the child")
+    return nodescan.Held.from_dict(doc)
+
+
+def write(state_dir: str, prom_dir: str, node: str, held: nodescan.Held | None,
+          wait_s: float = 1.0) -> str:
+    """The textfile from the stored counts and ``held``, under the counts' lock; why the
+    counts were reset ("" when they were not). Raises OSError or a GpuwardenError."""
+    with counterfile.locked(state_dir, COUNTS, wait_s) as (counts, reset):
+        metrics.write(prom_dir, FILE, samples(node, held, counts))
+    return reset
