@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from devcluster import monitor
-from devcluster.harness import Harness
+from devcluster.harness import TRAIN_SBATCH, Harness
 from tests.e2e.test_foundation import node_state, sinfo_reasons, wait_for
 from tests.e2e.test_health import periodic
 
@@ -163,8 +163,13 @@ def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
     periodic(h, "c6")
     break_config(h, "c7")
     h.exec("c7", ["/opt/gpuwarden/prolog/gpuwarden-healthcheck"], timeout=60)
-    job = h.sbatch("-N1", name="panel", wrap="sleep 120")
-    h.wait_job(job, want=("RUNNING",), timeout=60)
+    # A job checkpointing on c2 (ckpt/train.sbatch: tier 0, then the shared tier): the periodic
+    # check reads its steps from c2's tier 0 and their lag behind the shared tier.
+    job = h.sbatch("-N1", "-w", "c2", "--gpus-per-node=8", name="train",
+                   script=[TRAIN_SBATCH, "--steps", "300", "--every", "5", "--mb", "1",
+                           "--step-s", "1"])
+    wait_for(lambda: 5 in h.shared_steps(job, 0), 120, "job's step 5 on the shared tier")
+    periodic(h, "c2")
     # A gang job that died (rule 3: blamed on its nodes), so the scan has an MTTF to give.
     died = h.sbatch("-N2", "--gpus-per-node=1", name="died", wrap="exit 1")
     h.wait_acct(died, "FAILED", timeout=60)
@@ -184,3 +189,11 @@ def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
         mon.wait(all_show, 90, "every panel to have series")
     except AssertionError as exc:
         raise AssertionError(f"panels without series: {empty}") from exc
+    # Root's reading of c2's tier 0: the job's steps (1 MiB each), their lag behind the
+    # shared tier under the job user's bucket, a recent save.
+    assert (value(mon, 'gpuwarden_ckpt_tier0_bytes{node="c2"}') or 0) >= 500_000
+    assert (value(mon, 'gpuwarden_ckpt_tier0_steps{node="c2"}') or 0) >= 1
+    lag = mon.query('gpuwarden_ckpt_durable_lag_seconds{node="c2"}')
+    assert len(lag) == 1 and float(lag[0]["value"][1]) < 300, lag
+    assert (value(mon, 'time() - gpuwarden_ckpt_last_save_timestamp_seconds{node="c2"}')
+            or 1e9) < 300
