@@ -6,9 +6,14 @@ periodic check writes the file (a counter shows at most one check interval late)
 
 from __future__ import annotations
 
-from gpuwarden.ckpt import nodescan
+from typing import TYPE_CHECKING
+
 from gpuwarden.core import counterfile, metrics
 from gpuwarden.core.metrics import Metric, Sample
+
+if TYPE_CHECKING:
+    # Imported where a scan runs: the prolog only counts and must not load it.
+    from gpuwarden.ckpt.nodescan import Held
 
 FILE = "gpuwarden_ckpt.prom"
 COUNTS = "ckpt-metrics.json"
@@ -31,13 +36,15 @@ def count(state_dir: str, squatters: int = 0, stagein: str = "", wait_s: float =
         counterfile.update(state_dir, COUNTS, add, {}, wait_s=wait_s)
 
 
-def samples(node: str, held: nodescan.Held | None, counts: dict[str, float]
+def samples(node: str, held: Held | None, counts: dict[str, float]
             ) -> dict[Metric, list[Sample]]:
-    """The file's samples; without ``held`` (the scan failed) only the counters."""
+    """The file's samples; without ``held`` (the scan failed) only the counters and the
+    scan's failure."""
     out: dict[Metric, list[Sample]] = {
         metrics.SQUATTERS: [((node,), counts.get(SQUATTERS, 0.0))],
         metrics.STAGEINS: [((node, o), counts.get(_STAGEIN + o, 0.0))
                            for o in metrics.STAGEIN_OUTCOMES],
+        metrics.SCAN_COMPLETE: [((node,), 1.0 if held is not None and held.complete else 0.0)],
     }
     if held is not None:
         out[metrics.TIER0_BYTES] = [((node,), float(held.bytes))]
@@ -48,20 +55,21 @@ def samples(node: str, held: nodescan.Held | None, counts: dict[str, float]
     return out
 
 
-def scan_in_child(memory_root: str, shared_root: str, now: float, deadline_s: float
-                  ) -> nodescan.Held:
+def scan_in_child(memory_root: str, shared_root: str, deadline_s: float) -> Held:
     """`nodescan.scan` in a child killed at ``deadline_s`` (ChildTimeout): a hung shared
-    filesystem never holds up the periodic check. Raises GpuwardenError or OSError."""
-    from gpuwarden.ckpt import childcall  # noqa: PLC0415 - light
+    filesystem never holds up the periodic check. The scan itself stops short of it (its own
+    bound on time) and says it did. Raises GpuwardenError or OSError."""
+    from gpuwarden.ckpt import childcall, nodescan  # noqa: PLC0415 - see TYPE_CHECKING
 
-    doc = childcall.call(lambda: nodescan.scan(memory_root, shared_root, now).as_dict(),
-                         deadline_s)
+    time_s = max(0.1, min(nodescan.TIME_S, deadline_s - 1.0))
+    doc = childcall.call(
+        lambda: nodescan.scan(memory_root, shared_root, time_s=time_s).as_dict(), deadline_s)
     if not isinstance(doc, dict):
         raise childcall.ChildFailed(f"tier-0 scan: {type(doc).__name__} from the child")
     return nodescan.Held.from_dict(doc)
 
 
-def write(state_dir: str, prom_dir: str, node: str, held: nodescan.Held | None,
+def write(state_dir: str, prom_dir: str, node: str, held: Held | None,
           wait_s: float = 1.0) -> str:
     """The textfile from the stored counts and ``held``, under the counts' lock; why the
     counts were reset ("" when they were not). Raises OSError or a GpuwardenError."""

@@ -1,23 +1,31 @@
 """What this node's tier 0 holds, as root sees it: the periodic check's checkpoint series
-(`gpuwarden_ckpt.prom`: bytes and steps held, the newest save, how long steps have waited
-for the durable tier).
+(`gpuwarden_ckpt.prom`: bytes and steps held, the newest save, how far the shared tier is
+behind).
 
 Everything is read from the filesystem by root, never from what a job says about itself:
-sizes and step counts from ``lstat`` of the step directories' entries, times from their
+space from ``lstat`` of the step directories' files (allocated blocks, each inode once: a
+sparse or hard-linked file counts what it really holds), times from the step directories'
 ``ctime`` (the kernel sets it at the rename that commits a step; a user can move it to now,
-never into the past), the durable tier's newest step of each rank from the shared tier's
-listing. Directories are opened by descriptor from the spool, never through a link, and
-only when they are the job directory owner's (`safefs.open_dir`); anything else is skipped
-and counted. The scan is bounded (`MAX_ENTRIES`) and the caller runs it in a child killed at
-a deadline (the shared filesystem may hang).
+never into the past), each rank's newest durable step from the shared tier's listing.
+Directories are opened by descriptor, never through a link, and only when they are the job
+directory owner's (`safefs.open_dir`); anything else is skipped and counted.
 
-A rank's durable lag is the age of its oldest tier-0 step newer than every step of that
-rank on the shared tier (0 when the shared tier has caught up): a step held only in this
-node's memory for that long is lost with the node. Without a shared tier (`shared_root`
-empty: S3 is the only durable tier, which root cannot list) there is no lag to report.
-Lags are kept per user bucket (uid mod `BUCKETS`): the alert tells one user's jobs (their
-own business, perhaps on purpose) from many users' (the durable tier is failing), without
-naming anyone.
+The work is bounded, and fairly: spool entries are read at most `MAX_SPOOL` at a time, and
+each owner of job directories gets an equal share of `MAX_ENTRIES` for what is below them,
+so one user's thousands of directories cannot hide another's job. A scan that runs out of
+its share or of `time_s` says so (`complete` False) and reports what it read.
+
+A rank's durable lag is how long it has been saving without the shared tier keeping up: the
+commit time of its newest tier-0 step less that of its newest step on the shared tier, when
+tier 0 holds a newer one (else 0). It grows only while the job saves: in an outage it is the
+outage's length (tier 0's retention pruning older steps does not hide it), and a job that
+ended with steps not yet durable (its tier 0 kept for a requeue) keeps the lag it had, not a
+growing one. With nothing durable yet, the job's directory on the shared tier (made by the
+prolog when the job started) stands for the last write-back. Without a shared tier
+(`shared_root` empty: S3 is the only durable tier, which root cannot list), or when root
+cannot read a rank's shared directory (an NFS server squashing root), that rank has no lag.
+Lags are kept per user bucket (uid mod `BUCKETS`): the alert tells one user's jobs (their own
+business) from many users' (the shared tier is failing), without naming anyone.
 """
 
 from __future__ import annotations
@@ -25,15 +33,18 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from gpuwarden.ckpt.names import PEER_SUFFIX, parse_step_dir
-from gpuwarden.ckpt.tier import MANIFEST
 from gpuwarden.core import safefs as safeio
 from gpuwarden.core.safefs import Refused, closing
 
-MAX_ENTRIES = 200_000  # directory entries looked at in one scan: past it, the rest is skipped
+MANIFEST = "MANIFEST.json"  # gpuwarden.ckpt.tier.MANIFEST (not imported: it loads numpy)
+MAX_SPOOL = 1_000_000  # spool entries looked at
+MAX_ENTRIES = 200_000  # entries below the job directories, shared equally by their owners
+TIME_S = 3.0  # the scan stops here, reporting what it read (the caller's deadline is later)
 BUCKETS = 8
 _JOB = re.compile(r"job-[1-9][0-9]{0,11}")
 _RANK = re.compile(r"rank-[0-9]{5}")
@@ -47,11 +58,12 @@ class Held:
     steps: int = 0
     newest_save: float = 0.0  # ctime of the newest step (0: none)
     lag: dict[str, float] = field(default_factory=dict)  # user bucket -> seconds
-    skipped: int = 0  # entries not read: not the owner's, a link, odd, past MAX_ENTRIES
+    skipped: int = 0  # entries not read: another's, a link, past a bound
+    complete: bool = True  # False: a bound or the time ran out, the rest not read
 
     def as_dict(self) -> dict[str, object]:
         return {"bytes": self.bytes, "steps": self.steps, "newest_save": self.newest_save,
-                "lag": dict(self.lag), "skipped": self.skipped}
+                "lag": dict(self.lag), "skipped": self.skipped, "complete": self.complete}
 
     @staticmethod
     def from_dict(doc: dict[str, object]) -> Held:
@@ -59,35 +71,41 @@ class Held:
         return Held(int(str(doc.get("bytes", 0))), int(str(doc.get("steps", 0))),
                     float(str(doc.get("newest_save", 0.0))),
                     {str(k): float(v) for k, v in lag.items()} if isinstance(lag, dict) else {},
-                    int(str(doc.get("skipped", 0))))
+                    int(str(doc.get("skipped", 0))), doc.get("complete") is True)
 
 
 class _Budget:
-    """Entries left to look at; those past the bound are counted as skipped."""
+    """Entries one owner may still read, and the scan's clock; what is left unread counts as
+    skipped and makes the scan incomplete."""
 
-    def __init__(self, entries: int, held: Held) -> None:
-        self.left, self.held = entries, held
+    def __init__(self, entries: int, held: Held, until: float,
+                 mono: Callable[[], float]) -> None:
+        self.left, self.held, self.until, self.mono = entries, held, until, mono
 
-    def names(self, fd: int) -> list[str]:
-        names = os.listdir(fd)
-        if len(names) > self.left:
-            self.held.skipped += len(names) - self.left
-            names = names[:self.left]
-        self.left -= len(names)
-        return names
+    def names(self, fd: int) -> Iterator[str]:
+        """The entries of the directory ``fd``, read as they are needed: the bound limits the
+        work, not only what is counted."""
+        with os.scandir(fd) as it:
+            for entry in it:
+                if self.left <= 0 or self.mono() > self.until:
+                    self.held.skipped += 1
+                    self.held.complete = False
+                    return
+                self.left -= 1
+                yield entry.name
 
 
 @dataclass(frozen=True)
 class _Step:
     number: int
     ctime: float
-    bytes: int
 
 
-def _steps(rank_fd: int, owner: int, where: str, budget: _Budget, held: Held
-           ) -> Iterator[_Step]:
-    """The rank's complete steps (a manifest in them), the owner's, not through a link."""
-    for name in budget.names(rank_fd):
+def _steps(rank_fd: int, owner: int, where: str, budget: _Budget, held: Held,
+           seen: set[tuple[int, int]] | None) -> Iterator[_Step]:
+    """The rank's complete steps (a manifest in them), the owner's, not through a link; with
+    ``seen``, their files' allocated bytes are added to ``held`` (each inode once)."""
+    for name in list(budget.names(rank_fd)):
         number = parse_step_dir(name)
         if number is None:
             continue  # a step being written (a temp name) or anything else: not held yet
@@ -102,84 +120,122 @@ def _steps(rank_fd: int, owner: int, where: str, budget: _Budget, held: Held
                 est = safeio.lstat_at(fd, entry)
                 if est is None or not stat.S_ISREG(est.st_mode) or est.st_uid != owner:
                     continue
-                size += est.st_size
                 complete = complete or entry == MANIFEST
+                if seen is not None and (est.st_dev, est.st_ino) not in seen:
+                    seen.add((est.st_dev, est.st_ino))
+                    size += est.st_blocks * 512
         if complete:
-            yield _Step(number, st.st_ctime, size)
+            held.bytes += size
+            yield _Step(number, st.st_ctime)
 
 
-def _ranks(job_fd: int, owner: int, where: str, budget: _Budget, held: Held
-           ) -> Iterator[tuple[str, list[_Step]]]:
-    for name in budget.names(job_fd):
-        if not _RANK.fullmatch(name):
-            continue
+class _Shared:
+    """The shared tier, its spool opened once (Refused or OSError when it cannot be)."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.fd = root, safeio.open_spool(root)
+
+    def since(self, job: str, rank: str, owner: int, budget: _Budget, held: Held
+              ) -> tuple[int, float] | None:
+        """(the rank's newest durable step, or -1 for none, and when it was committed, or the
+        job's shared directory was made); None when root cannot tell (no such directory,
+        another's, unreadable)."""
         try:
-            fd, _ = safeio.open_dir(job_fd, name, owner, f"{where}/{name}")
+            jfd, jst = safeio.open_dir(self.fd, job, owner, f"{self.root}/{job}")
         except (Refused, OSError):
-            held.skipped += 1
+            return None
+        with closing(jfd):
+            try:
+                rfd, _ = safeio.open_dir(jfd, rank, owner, f"{self.root}/{job}/{rank}")
+            except FileNotFoundError:
+                return -1, jst.st_ctime
+            except (Refused, OSError):
+                return None
+            with closing(rfd):
+                try:
+                    newest = max(_steps(rfd, owner, f"{self.root}/{job}/{rank}", budget, held,
+                                        None), key=lambda s: s.number, default=None)
+                except OSError:
+                    return None  # a stale handle, a directory going away: not knowable now
+        return (-1, jst.st_ctime) if newest is None else (newest.number, newest.ctime)
+
+
+def _owners(spool: int, budget: _Budget, held: Held) -> dict[int, list[str]]:
+    """The spool's job directories (own and peers') by owner."""
+    out: dict[int, list[str]] = {}
+    for name in budget.names(spool):
+        job = name.removesuffix(PEER_SUFFIX)
+        if not _JOB.fullmatch(job):
+            held.skipped += not name.startswith(".squatted.")  # a squatter's, moved aside
             continue
-        with closing(fd):
-            yield name, list(_steps(fd, owner, f"{where}/{name}", budget, held))
+        st = safeio.lstat_at(spool, name)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            held.skipped += st is not None
+            continue
+        out.setdefault(st.st_uid, []).append(name)
+    return out
 
 
-def _durable_newest(shared_root: str, job: str, rank: str, owner: int, budget: _Budget,
-                    held: Held) -> int | None:
-    """The newest complete step of ``job``/``rank`` on the shared tier (None: none)."""
-    try:
-        fd = safeio.walk(shared_root, (job, rank), owner)
-    except FileNotFoundError:
-        return None
-    except (Refused, OSError):
-        held.skipped += 1
-        return None
-    with closing(fd):
-        return max((s.number for s in _steps(fd, owner, f"{shared_root}/{job}/{rank}",
-                                             budget, held)), default=None)
-
-
-def scan(memory_root: str, shared_root: str, now: float,
-         max_entries: int = MAX_ENTRIES) -> Held:
+def scan(memory_root: str, shared_root: str, max_entries: int = MAX_ENTRIES,
+         time_s: float = TIME_S, mono: Callable[[], float] = time.monotonic) -> Held:
     """The node's tier 0 under ``memory_root`` (own ranks' steps and peers' replicas) and, with
-    ``shared_root``, each own rank's durable lag at ``now``. A spool that is not there holds
-    nothing. Raises Refused or OSError when the spool itself cannot be read."""
+    ``shared_root``, each own rank's durable lag. A spool that is not there holds nothing.
+    Raises Refused or OSError when the spool itself cannot be read."""
     held = Held()
-    budget = _Budget(max_entries, held)
+    until = mono() + time_s
     try:
         spool = safeio.open_spool(memory_root)
     except FileNotFoundError:
         return held
     with closing(spool):
-        for name in budget.names(spool):
-            job = name[:-len(PEER_SUFFIX)] if name.endswith(PEER_SUFFIX) else name
-            if not _JOB.fullmatch(job):
-                continue  # a squatter's entry moved aside, anything else: not a job's
-            st = safeio.lstat_at(spool, name)
-            if st is None or not stat.S_ISDIR(st.st_mode):
-                held.skipped += st is not None
-                continue
-            owner = st.st_uid
+        owners = _owners(spool, _Budget(MAX_SPOOL, held, until, mono), held)
+        shared = None
+        if shared_root:
             try:
-                fd, _ = safeio.open_dir(spool, name, owner, f"{memory_root}/{name}")
+                shared = _Shared(shared_root)
             except (Refused, OSError):
-                held.skipped += 1
-                continue
-            with closing(fd):
-                for rank, steps in _ranks(fd, owner, f"{memory_root}/{name}", budget, held):
-                    _add(held, steps)
-                    if shared_root and name == job and steps:
-                        durable = _durable_newest(shared_root, job, rank, owner, budget, held)
-                        _lag(held, steps, durable, owner, now)
+                held.skipped += 1  # no lag anywhere: root cannot list the shared tier
+        try:
+            seen: set[tuple[int, int]] = set()
+            share = max_entries // max(1, len(owners))
+            for owner, names in owners.items():
+                budget = _Budget(share, held, until, mono)
+                for name in names:
+                    _job(spool, name, owner, memory_root, budget, held, seen, shared)
+        finally:
+            if shared is not None:
+                os.close(shared.fd)
     return held
 
 
-def _add(held: Held, steps: list[_Step]) -> None:
-    held.steps += len(steps)
-    held.bytes += sum(s.bytes for s in steps)
-    held.newest_save = max([held.newest_save, *(s.ctime for s in steps)])
-
-
-def _lag(held: Held, steps: list[_Step], durable: int | None, owner: int, now: float) -> None:
-    waiting = [s.ctime for s in steps if durable is None or s.number > durable]
-    lag = max(0.0, now - min(waiting)) if waiting else 0.0
-    bucket = str(owner % BUCKETS)
-    held.lag[bucket] = max(held.lag.get(bucket, 0.0), lag)
+def _job(spool: int, name: str, owner: int, memory_root: str, budget: _Budget, held: Held,
+         seen: set[tuple[int, int]], shared: _Shared | None) -> None:
+    where = f"{memory_root}/{name}"
+    try:
+        fd, _ = safeio.open_dir(spool, name, owner, where)
+    except (Refused, OSError):
+        held.skipped += 1
+        return
+    with closing(fd):
+        for rank in list(budget.names(fd)):
+            if not _RANK.fullmatch(rank):
+                continue
+            try:
+                rfd, _ = safeio.open_dir(fd, rank, owner, f"{where}/{rank}")
+            except (Refused, OSError):
+                held.skipped += 1
+                continue
+            with closing(rfd):
+                steps = list(_steps(rfd, owner, f"{where}/{rank}", budget, held, seen))
+            if not steps:
+                continue
+            held.steps += len(steps)
+            newest = max(steps, key=lambda s: s.number)
+            held.newest_save = max(held.newest_save, *(s.ctime for s in steps))
+            if shared is not None and not name.endswith(PEER_SUFFIX):
+                since = shared.since(name, rank, owner, budget, held)
+                if since is not None:
+                    durable, at = since
+                    lag = max(0.0, newest.ctime - at) if newest.number > durable else 0.0
+                    bucket = str(owner % BUCKETS)
+                    held.lag[bucket] = max(held.lag.get(bucket, 0.0), lag)

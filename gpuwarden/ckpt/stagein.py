@@ -336,7 +336,9 @@ def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
                 "shared tier): %s", req.job_id, rank, step, exc)
 
 
-NOTHING = 3  # `stage`'s exit code when there was nothing to stage (counted apart: metrics)
+# `stage`'s exit code when there was nothing to stage (counted apart: metrics); not 3, the
+# child's code when its work never ran.
+NOTHING = 4
 
 
 def stage(req: Request) -> int:

@@ -91,20 +91,26 @@ DRAIN_HELD = Metric("gpuwarden_health_drain_held", GAUGE,
 # Node side, checkpointing: written by the periodic check from root's own reading of the
 # node's tier 0 (gpuwarden.ckpt.nodescan) and the prolog's counts.
 TIER0_BYTES = Metric("gpuwarden_ckpt_tier0_bytes", GAUGE,
-                     "Bytes of complete checkpoint steps held in this node's tier 0 (node "
-                     "memory: the ranks' own steps and peers' replicas).", ("node",))
+                     "Bytes allocated to complete checkpoint steps in this node's tier 0 "
+                     "(node memory: the ranks' own steps and peers' replicas).", ("node",))
 TIER0_STEPS = Metric("gpuwarden_ckpt_tier0_steps", GAUGE,
                      "Complete checkpoint steps held in this node's tier 0.", ("node",))
 LAST_SAVE = Metric("gpuwarden_ckpt_last_save_timestamp_seconds", GAUGE,
                    "When the newest step in this node's tier 0 was committed (0: none held).",
                    ("node",))
 DURABLE_LAG = Metric("gpuwarden_ckpt_durable_lag_seconds", GAUGE,
-                     "Age of the oldest tier-0 step not yet on the shared tier, worst rank of "
-                     "the users in the bucket (uid mod 8; 0: caught up). Only with a shared "
-                     "tier.", ("node", "user_bucket"), {"user_bucket": USER_BUCKETS})
+                     "How long ranks have saved to tier 0 without the shared tier keeping up "
+                     "(newest tier-0 step's commit less the newest durable one's; 0: caught "
+                     "up), worst rank of the users in the bucket (uid mod 8). Only with a "
+                     "shared tier.", ("node", "user_bucket"), {"user_bucket": USER_BUCKETS})
 TIER0_SKIPPED = Metric("gpuwarden_ckpt_tier0_entries_skipped", GAUGE,
-                       "Entries of the tier-0 spool the last scan did not read (not their "
-                       "job directory owner's, a link, past the scan's bound).", ("node",))
+                       "Entries the last scan of tier 0 and the shared tier did not read "
+                       "(not a job directory's, not its owner's, a link, past a bound).",
+                       ("node",))
+SCAN_COMPLETE = Metric("gpuwarden_ckpt_tier0_scan_complete", GAUGE,
+                       "1 when the last scan read the whole tier-0 spool; 0 when it stopped at "
+                       "a bound or its time, or failed (then only this and the counters are "
+                       "written).", ("node",))
 SQUATTERS = Metric("gpuwarden_ckpt_squatters_moved_total", COUNTER,
                    "Entries under a starting job's checkpoint directory names that were "
                    "not its user's, moved aside by the prolog.", ("node",))
@@ -128,8 +134,9 @@ SLURM_NODES = Metric("gpuwarden_slurm_nodes", GAUGE, "Slurm nodes by state class
 DRAINED_SINCE = Metric("gpuwarden_node_drained_since_timestamp_seconds", GAUGE,
                        "Nodes out of service under a gpuwarden drain, since when (Slurm's "
                        "reason time).", ("node", "owner"), {"owner": OWNERS})
-NODE_INFO = Metric("gpuwarden_slurm_node_info", GAUGE, "1 for every node Slurm knows.",
-                   ("node",))
+NODE_INFO = Metric("gpuwarden_slurm_node_info", GAUGE,
+                   "1 for every node Slurm knows that is up (not down, not powered off, not "
+                   "FUTURE): the nodes that should report.", ("node",))
 LAUNCH_NODES_LOST = Metric("gpuwarden_launch_nodes_lost", GAUGE,
                            "Nodes the `gpuwarden launch` launchers of jobs Slurm lists named "
                            "lost (their job's Comment): of running jobs, each now runs on a "
@@ -153,7 +160,7 @@ FILES: dict[str, tuple[Metric, ...]] = {
     "gpuwarden_self.prom": (SELF_ERROR, LAST_SUCCESS),
     "gpuwarden_gating.prom": (GATING_ENABLED, DRAINS, RESUMES, DRAINS_HELD, DRAIN_HELD),
     "gpuwarden_ckpt.prom": (TIER0_BYTES, TIER0_STEPS, LAST_SAVE, DURABLE_LAG, TIER0_SKIPPED,
-                            SQUATTERS, STAGEINS),
+                            SCAN_COMPLETE, SQUATTERS, STAGEINS),
     "gpuwarden_placement.prom": (SNAPSHOT_TIMESTAMP, ROUNDS, JOBS, SLURM_NODES, DRAINED_SINCE,
                                  NODE_INFO, LAUNCH_NODES_LOST),
     "gpuwarden_lemon.prom": (LEMON_LAST_SUCCESS, LEMON_FLAGGED, LEMON_HELD, LEMON_DRAINS,

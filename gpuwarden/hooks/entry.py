@@ -267,8 +267,9 @@ def periodic(env: Env) -> int:
 
 def report_ckpt(env: Env) -> None:
     """Checkpointing's textfile (ckpt.nodemetrics): root's reading of tier 0, in a child killed
-    at a deadline, and the prolog's counts. A scan that fails leaves its series out (logged:
-    syslog); a file that cannot be written is a self error "state". Never fails the run."""
+    at a deadline, and the prolog's counts. A scan that fails or stops short is logged
+    (syslog) and says so in the file (scan_complete 0; a failed one's series left out); a file
+    that cannot be written is a self error "state". Never fails the run."""
     h, c = env.config.health, env.config.ckpt
     if not h.prom_dir:
         return
@@ -277,8 +278,12 @@ def report_ckpt(env: Env) -> None:
     held = None
     try:
         held = nodemetrics.scan_in_child(
-            c.memory_root, c.shared_root, env.clock(),
+            c.memory_root, c.shared_root,
             max(0.5, min(nodemetrics.SCAN_S, env.left() - drain.CALLS_S - METRICS_S)))
+        if not held.complete:
+            log.error("%s: checkpoint tier 0 %s: scan stopped at its bound or time, %d entries "
+                      "not read (the series count only what was read)", env.node,
+                      c.memory_root, held.skipped)
     except (GpuwardenError, OSError) as exc:
         log.error("%s: checkpoint tier 0 %s not read: %s (its series left out of %s)",
                   env.node, c.memory_root, exc, nodemetrics.FILE)

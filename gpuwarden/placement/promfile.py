@@ -19,7 +19,8 @@ prom_dir`), from what the daemon already reads each round. Pure apart from `writ
 - the nodes `gpuwarden launch` lost in jobs Slurm lists (their Comment: the jobs' own word),
   by the job's state;
 - Slurm's nodes by state class, gpuwarden's drains by owner (health gating, the lemon
-  scanner: gpuwarden.slurm.reasons) since Slurm's reason time, and one series per node.
+  scanner: gpuwarden.slurm.reasons) since Slurm's reason time, and one series per node that
+  is up (`should_report`: the nodes whose textfiles the alert on missing ones expects).
 
 No label value comes from a job or a reason's text: every one is from a fixed set or is a
 Slurm node name (gpuwarden.core.metrics refuses anything else).
@@ -72,6 +73,16 @@ def node_state(n: Node) -> str:
     return "other"  # FUTURE, UNKNOWN, a state a later Slurm adds
 
 
+# Power states (Slurm's power saving) and a node not yet built: none of them runs checks.
+_ASLEEP = frozenset({"POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWERING_UP", "FUTURE"})
+
+
+def should_report(n: Node) -> bool:
+    """Is ``n`` up, so its node_exporter should serve a gpuwarden verdict (not down, not
+    powered off by power saving, not a FUTURE node)?"""
+    return not n.down and not _ASLEEP & set(n.state)
+
+
 def job_outcome(job: Job, cfg: PlacementConfig) -> str | None:
     """What was done to ``job`` (one of metrics.JOB_OUTCOMES); None for a job the filter
     never considers (not pending or running, too few nodes, placement off there)."""
@@ -105,7 +116,8 @@ def lost_nodes(jobs: Iterable[Job]) -> dict[str, int]:
     for j in jobs:
         state = "running" if "RUNNING" in j.state else "pending" if "PENDING" in j.state else ""
         if state:
-            out[state] += len(lostnote.lost_in(j.comment))
+            # At most the job's own node count: the note is the job owner's to write.
+            out[state] += min(len(lostnote.lost_in(j.comment)), max(0, j.num_nodes))
     return out
 
 
@@ -136,7 +148,7 @@ def samples(snapshot_at: float | None, rounds: Mapping[str, int], jobs: Sequence
                 since.append(((n.name, owner), float(n.reason_changed_at)))
         out[metrics.SLURM_NODES] = [((s,), c) for s, c in classes.items()]
         out[metrics.DRAINED_SINCE] = since
-        out[metrics.NODE_INFO] = [((n.name,), 1.0) for n in named]
+        out[metrics.NODE_INFO] = [((n.name,), 1.0) for n in named if should_report(n)]
     return out
 
 

@@ -116,6 +116,7 @@ FLEET = [
         (f'gpuwarden_ckpt_durable_lag_seconds{{{_C.format(n=n)},node="{n}",user_bucket="3"}}',
          "0+30x180"),
         (f'gpuwarden_ckpt_tier0_entries_skipped{{{_C.format(n=n)},node="{n}"}}', "0x180"),
+        (f'gpuwarden_ckpt_tier0_scan_complete{{{_C.format(n=n)},node="{n}"}}', "1x180"),
         (f'gpuwarden_ckpt_squatters_moved_total{{{_C.format(n=n)},node="{n}"}}', "0+1x180"),
         (f'gpuwarden_ckpt_stageins_total{{{_C.format(n=n)},node="{n}",outcome="staged"}}',
          "0+1x180"),

@@ -98,8 +98,9 @@ def test_a_round_writes_nodes_by_state_drains_by_owner_and_jobs_by_outcome(tmp_p
          (("node", "c1"), ("owner", "health"))): 900.0,
         ("gpuwarden_node_drained_since_timestamp_seconds",
          (("node", "c2"), ("owner", "lemon"))): 800.0}
+    # c4 is down: Slurm knows it, but no verdict is expected from it (nothing to miss).
     assert {k[1][0][1] for k in v if k[0] == "gpuwarden_slurm_node_info"} == \
-        {f"c{i}" for i in range(1, 9)}
+        {f"c{i}" for i in range(1, 9)} - {"c4"}
     outcomes = {o: get(v, "gpuwarden_placement_jobs", outcome=o) for o in metrics.JOB_OUTCOMES}
     assert outcomes == {"placed": 2, "excluded": 1, "user_set": 2, "relaxed": 1, "shadow": 0,
                         "unchanged": 1}
@@ -278,3 +279,12 @@ def test_nodes_the_launchers_lost_are_counted_by_their_job_s_state() -> None:
     assert promfile.lost_nodes(js) == {"running": 2, "pending": 1}
     got = promfile.samples(None, {}, js, None, PlacementConfig())[metrics.LAUNCH_NODES_LOST]
     assert got == [(("running",), 2.0), (("pending",), 1.0)]
+
+
+def test_nodes_asleep_or_down_are_not_expected_to_report() -> None:
+    up = node("c1")
+    assert promfile.should_report(up)
+    for state in (("IDLE", "POWERED_DOWN"), ("IDLE", "POWERING_DOWN"), ("FUTURE",),
+                  ("DOWN", "NOT_RESPONDING"), ("IDLE", "FAIL")):
+        assert not promfile.should_report(replace(up, state=state)), state
+    assert promfile.should_report(replace(up, state=("IDLE", "DRAIN")))  # drained: still checks
