@@ -105,28 +105,37 @@ def _steps(rank_fd: int, owner: int, where: str, budget: _Budget, held: Held,
            seen: set[tuple[int, int]] | None) -> Iterator[_Step]:
     """The rank's complete steps (a manifest in them), the owner's, not through a link; with
     ``seen``, their files' allocated bytes are added to ``held`` (each inode once)."""
-    for name in list(budget.names(rank_fd)):
-        number = parse_step_dir(name)
-        if number is None:
-            continue  # a step being written (a temp name) or anything else: not held yet
+    # A step being written (a temp name) or anything else is not held yet.
+    for name, fd, st in _subdirs(rank_fd, owner, where, budget, held,
+                                 lambda n: parse_step_dir(n) is not None):
+        size, complete = 0, False
+        for entry in budget.names(fd):
+            est = safeio.lstat_at(fd, entry)
+            if est is None or not stat.S_ISREG(est.st_mode) or est.st_uid != owner:
+                continue
+            complete = complete or entry == MANIFEST
+            if seen is not None and (est.st_dev, est.st_ino) not in seen:
+                seen.add((est.st_dev, est.st_ino))
+                size += est.st_blocks * 512
+        if complete:
+            held.bytes += size
+            yield _Step(parse_step_dir(name) or 0, st.st_ctime)
+
+
+def _subdirs(fd: int, owner: int, where: str, budget: _Budget, held: Held,
+             wanted: Callable[[str], bool]) -> Iterator[tuple[str, int, os.stat_result]]:
+    """The ``wanted`` subdirectories of ``fd``, each opened (the owner's, not through a link)
+    while the caller looks at it; the others that cannot be opened are counted as skipped."""
+    for name in list(budget.names(fd)):
+        if not wanted(name):
+            continue
         try:
-            fd, st = safeio.open_dir(rank_fd, name, owner, f"{where}/{name}")
+            sub, st = safeio.open_dir(fd, name, owner, f"{where}/{name}")
         except (Refused, OSError):
             held.skipped += 1
             continue
-        with closing(fd):
-            size, complete = 0, False
-            for entry in budget.names(fd):
-                est = safeio.lstat_at(fd, entry)
-                if est is None or not stat.S_ISREG(est.st_mode) or est.st_uid != owner:
-                    continue
-                complete = complete or entry == MANIFEST
-                if seen is not None and (est.st_dev, est.st_ino) not in seen:
-                    seen.add((est.st_dev, est.st_ino))
-                    size += est.st_blocks * 512
-        if complete:
-            held.bytes += size
-            yield _Step(number, st.st_ctime)
+        with closing(sub):
+            yield name, sub, st
 
 
 class _Shared:
@@ -217,16 +226,9 @@ def _job(spool: int, name: str, owner: int, memory_root: str, budget: _Budget, h
         held.skipped += 1
         return
     with closing(fd):
-        for rank in list(budget.names(fd)):
-            if not _RANK.fullmatch(rank):
-                continue
-            try:
-                rfd, _ = safeio.open_dir(fd, rank, owner, f"{where}/{rank}")
-            except (Refused, OSError):
-                held.skipped += 1
-                continue
-            with closing(rfd):
-                steps = list(_steps(rfd, owner, f"{where}/{rank}", budget, held, seen))
+        for rank, rfd, _ in _subdirs(fd, owner, where, budget, held,
+                                     lambda n: bool(_RANK.fullmatch(n))):
+            steps = list(_steps(rfd, owner, f"{where}/{rank}", budget, held, seen))
             if not steps:
                 continue
             held.steps += len(steps)
