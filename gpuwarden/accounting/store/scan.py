@@ -195,8 +195,11 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                                              dtype=pl.Int64))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
-    sources = _by_source(lf, odd) if by_count else _by_source_listed(
-        lf, odd, by_list.select("nodes", "n"))
+    # The sources' hours are the incidence's: not read for an Attribution that keeps none.
+    sources = (pl.DataFrame(schema={"user": pl.String, "submit_line": pl.String,
+                                    "node_secs": pl.Int64})
+               if att.blames_on is not None else _by_source(lf, odd) if by_count
+               else _by_source_listed(lf, odd, by_list.select("nodes", "n")))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
     add_plain_groups(att, ((t, (r, s, n)) for t, r, s, n in
                            by_list.select("nodes", "runs", "secs", "n").iter_rows()),
