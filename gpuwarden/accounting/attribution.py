@@ -439,6 +439,15 @@ def add_plain_groups(result: Attribution, by_list: Iterable[tuple[str, Sequence[
         result.incidence.add_source_hours(user, _submit_facts(line)[1], node_secs / 3600)
 
 
+def add_plain_sizes(result: Attribution, by_size: Iterable[tuple[int, int, int]]) -> None:
+    """`add_plain_groups`' per-list sums, summed by size bucket (the caller spreads the
+    exposure): (size, node-runs, run-seconds)."""
+    for size, node_runs, secs in by_size:
+        result.runs_by_size[size] += node_runs
+        if result.blames_on is None:
+            result.incidence.add_hours(size, secs / 3600)
+
+
 def _count(text: str) -> int:
     known = shape(text)
     assert known is not None, text  # the caller checked
@@ -615,7 +624,13 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
 
 def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
     """Move what ``tally`` holds into the per-node exposure (``tally`` is left empty)."""
-    for n, size, runs, secs in tally.spread():
+    add_exposure(exposure, tally.spread())
+
+
+def add_exposure(exposure: dict[str, Exposure],
+                 rows: Iterable[tuple[str, int, int, int]]) -> None:
+    """(node, size bucket, runs, run-seconds) into the per-node exposure."""
+    for n, size, runs, secs in rows:
         e = exposure[n]
         e.jobs += runs
         e.seconds += secs
