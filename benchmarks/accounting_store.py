@@ -106,7 +106,7 @@ def fleet_mttf(store: str) -> dict[str, float]:
     from gpuwarden.accounting.history import from_store  # noqa: PLC0415
     from gpuwarden.accounting.mttf import report as mttf  # noqa: PLC0415
     t0, c0 = time.perf_counter(), _cpu()
-    hist = from_store(store)
+    hist = from_store(store, mttf_only=True)
     rep = mttf(hist.attribution, hist.events, 8, 30.0, (16384, 131072), windows=hist.windows)
     return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "failures": rep.failures,
             "rss": _rss()}

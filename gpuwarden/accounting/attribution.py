@@ -133,6 +133,11 @@ class Attribution:
     # Failed runs that claim a failure event another run may claim too (rule 8): judged once
     # every batch is in (`settle`).
     pending: list[Pending] = field(default_factory=list)
+    # None: every blame, the incidence and the sources' hours (what the lemon scoring reads).
+    # A set of nodes: only the blames on those nodes are kept, and nothing of the incidence;
+    # every count above is the same. `fleet mttf` reads no more than the blames of the nodes
+    # health gating drained (`mttf.drained_nodes`), and making the rest was most of its read.
+    blames_on: frozenset[str] | None = None
 
     @property
     def gpu_hours_total(self) -> float:
@@ -416,20 +421,31 @@ def add_plain_groups(result: Attribution, by_list: Iterable[tuple[str, Sequence[
     `_attribute_one` adds for each of those runs; the caller keeps first_start/first_end/
     last_end. The accounting store's reader tallies the groups on columns and hands them here
     (`accounting.store.scan`)."""
+    full = result.blames_on is None
     for text, acc in by_list:
         runs, secs = acc[0], acc[1]
         count = acc[2] if len(acc) > 2 else _count(text)
         size = size_bucket(count)
         result.runs_by_size[size] += count * runs
-        result.incidence.add_hours(size, secs / 3600)
+        if full:
+            result.incidence.add_hours(size, secs / 3600)
         ranged.add_list(text, size, secs, runs)
     for gpus, (runs, secs) in by_gpus:
         gclass, hours = gpu_class(gpus), secs / 3600
         result.gpu_runs[gclass] += runs
         result.gpu_hours[gclass] += hours
         result.class_gpu_hours[gclass] += hours * max(0, gpus)
-    for (user, line), node_secs in by_source:
+    for (user, line), node_secs in by_source if full else ():
         result.incidence.add_source_hours(user, _submit_facts(line)[1], node_secs / 3600)
+
+
+def add_plain_sizes(result: Attribution, by_size: Iterable[tuple[int, int, int]]) -> None:
+    """`add_plain_groups`' per-list sums, summed by size bucket (the caller spreads the
+    exposure): (size, node-runs, run-seconds)."""
+    for size, node_runs, secs in by_size:
+        result.runs_by_size[size] += node_runs
+        if result.blames_on is None:
+            result.incidence.add_hours(size, secs / 3600)
 
 
 def _count(text: str) -> int:
@@ -472,9 +488,10 @@ def _attribute_one(result: Attribution, job: AcctRecord, cols: Columns, i: int,
     result.first_end = min(result.first_end, end)
     result.last_end = max(result.last_end, end)
     result.runs_by_size[size] += len(nodes) if cleared else count
-    result.incidence.add_hours(size, hours)
-    result.incidence.add_source_hours(job.user, _submit_facts(job.submit_line)[1],
-                                      hours * (len(nodes) if cleared else count))
+    if result.blames_on is None:
+        result.incidence.add_hours(size, hours)
+        result.incidence.add_source_hours(job.user, _submit_facts(job.submit_line)[1],
+                                          hours * (len(nodes) if cleared else count))
     if cleared:
         _expose_each(result.exposure, nodes, size, secs)
     elif known is not None:
@@ -582,17 +599,24 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
     elif job.state in NODE_STATES and job.failed_node in all_nodes:
         culprits = [job.failed_node]  # sacct's own record of the node that failed
         reason += f"; Slurm recorded {job.failed_node} as the node that failed"
+    targets = culprits or all_nodes
+    blamed = list(targets) if in_scope is all_nodes else [n for n in targets if n in set(in_scope)]
+    weight = 1.0 / len(culprits or all_nodes)
+    pinned = len(all_nodes) == 1 or bool(culprits)
+    (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
+    keep = result.blames_on
+    if keep is not None:
+        for n in blamed:
+            if n in keep:
+                result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
+                                           float(start), gclass))
+        return
     named, script = _submit_facts(job.submit_line)
     if named:
         named = frozenset(all_nodes) if named == ALL_NODES else named & frozenset(all_nodes)
     result.incidence.add_failure(
         job_id, float(end), run_seconds(start, end) / 3600, size, in_scope, culprits, named, job.user,
         script, gameable=job.state == "FAILED" and not culprits)
-    targets = culprits or all_nodes
-    blamed = list(targets) if in_scope is all_nodes else [n for n in targets if n in set(in_scope)]
-    weight = 1.0 / len(culprits or all_nodes)
-    pinned = len(all_nodes) == 1 or bool(culprits)
-    (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
     for n in blamed:
         result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
                                    float(start), gclass))
@@ -600,7 +624,13 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
 
 def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
     """Move what ``tally`` holds into the per-node exposure (``tally`` is left empty)."""
-    for n, size, runs, secs in tally.spread():
+    add_exposure(exposure, tally.spread())
+
+
+def add_exposure(exposure: dict[str, Exposure],
+                 rows: Iterable[tuple[str, int, int, int]]) -> None:
+    """(node, size bucket, runs, run-seconds) into the per-node exposure."""
+    for n, size, runs, secs in rows:
         e = exposure[n]
         e.jobs += runs
         e.seconds += secs
@@ -628,8 +658,11 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                 continue  # outside the history read (sacctmgr lists events that overlap it)
             if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
                 continue  # the drain explains a run already blamed: count it once
+            if att.blames_on is None:
+                att.incidence.add_failure(None, d.at, 0.0, 0, [node], [node])
+            elif node not in att.blames_on:
+                continue
             att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
-            att.incidence.add_failure(None, d.at, 0.0, 0, [node], [node])
     return att
 
 

@@ -136,6 +136,17 @@ class Judge:
         if job.state in NODE_STATES and job.failed_node in facts.scope:
             culprits = [job.failed_node]  # sacct's own record of the node that failed
             reason += f"; Slurm recorded {job.failed_node} as the node that failed"
+        keep = result.blames_on
+        if keep is not None:  # no incidence; only the blames on ``keep``'s nodes
+            targets = culprits or all_nodes
+            pinned = len(all_nodes) == 1 or bool(culprits)
+            (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += \
+                len(targets)
+            kept = [n for n in targets if n in keep]
+            if kept:
+                _blames(result.blames, kept, 1.0 / len(targets), job.job_id, float(end),
+                        reason, facts.size, pinned, float(start), gclass)
+            return
         named, script = _submit_facts(job.submit_line)
         if named:
             named = facts.scope if named == ALL_NODES else named & facts.scope

@@ -35,6 +35,7 @@ from gpuwarden.accounting.attribution import (
     spread_exposure,
 )
 from gpuwarden.accounting.columns import Columns
+from gpuwarden.accounting.mttf import drained_nodes
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.readspan import FirstSeen, bounded, first_seen, window_note
 from gpuwarden.accounting.stream import AcctRecord
@@ -498,10 +499,12 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
 
 def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: float = GRACE_S,
                collector: CollectorFactory | None = None,
-               since: float | None = None) -> History:
+               since: float | None = None, mttf_only: bool = False) -> History:
     """The history an accounting store holds (`gpuwarden accounting ingest`), the same as
     `from_files` gives for the exports ingested into it. ``events``: None reads the store's
-    own; ``since`` (epoch seconds): only the runs that ended from then on."""
+    own; ``since`` (epoch seconds): only the runs that ended from then on. ``mttf_only``: an
+    Attribution with only what `mttf.report` reads (`Attribution.blames_on`): no lemon
+    scoring from it."""
     # polars: the store's engine, loaded only by the commands that read one.
     try:
         import polars as pl  # noqa: PLC0415
@@ -520,7 +523,8 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     clusters = {e.cluster for e in m.exports if e.cluster}
     events = same_cluster(events, clusters)
     known = _Known.of(events, grace_s)
-    att, tally = Attribution(), RangeTally()
+    att = Attribution(blames_on=drained_nodes(events) if mttf_only else None)
+    tally = RangeTally()
     try:
         lf = scan.rows(snap.files, since)
         runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,

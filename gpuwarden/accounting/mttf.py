@@ -151,6 +151,12 @@ def node_failures(events: Iterable[NodeEvent], since: float = 0.0,
     return sum(1 for _ in gating_drains(events, since, until))
 
 
+def drained_nodes(events: Iterable[NodeEvent]) -> frozenset[str]:
+    """The nodes with a health-gating drain: whose blames `drain_runs` reads, the only ones
+    `report` reads (`Attribution.blames_on`)."""
+    return frozenset(e.node for e in events if is_health_drain(e.reason))
+
+
 def drain_runs(att: Attribution, events: Iterable[NodeEvent],
                spans: Sequence[tuple[float, float]],
                grace_s: float = GRACE_S) -> Iterator[tuple[NodeEvent, float, int | None]]:
@@ -160,7 +166,7 @@ def drain_runs(att: Attribution, events: Iterable[NodeEvent],
     run was blamed on: the attribution's test (rules 4 and 5), so that run is the job failure
     and the drain is not counted a second time."""
     events = list(events)
-    drained = {e.node for e in events if is_health_drain(e.reason)}  # the nodes looked up
+    drained = drained_nodes(events)  # the nodes looked up
     runs: dict[str, list[tuple[float, float, int]]] = {}
     for b in att.blames:
         if b.job_id is not None and b.node in drained:

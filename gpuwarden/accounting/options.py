@@ -179,9 +179,11 @@ def store_of(obj: HistoryContext, store: str | None, from_files: tuple[str, ...]
 def load_history(obj: HistoryContext, since: str | None, from_files: tuple[str, ...],
                  events_file: str | None, grace_s: float,
                  collector: history.CollectorFactory | None = None,
-                 store: str | None = None, live: bool = False) -> history.History:
+                 store: str | None = None, live: bool = False,
+                 mttf_only: bool = False) -> history.History:
     """The history from files, the accounting store or the live cluster; errors exit with
-    what to do. ``collector``: more tallies filled in the same pass (`gpuwarden report`)."""
+    what to do. ``collector``: more tallies filled in the same pass (`gpuwarden report`);
+    ``mttf_only``: from a store, only what `fleet mttf` reads (`history.from_store`)."""
     now = datetime.now(UTC)
     if from_files and since:
         raise click.UsageError("--since reads the live cluster; with --from the files are the "
@@ -193,7 +195,8 @@ def load_history(obj: HistoryContext, since: str | None, from_files: tuple[str, 
                                    "ingested with it)")
         at = None if since is None else (now - parse_since(since, now)).timestamp()
         try:
-            return history.from_store(where, grace_s=grace_s, collector=collector, since=at)
+            return history.from_store(where, grace_s=grace_s, collector=collector, since=at,
+                                      mttf_only=mttf_only)
         except (GpuwardenError, OSError) as exc:
             raise click.ClickException(str(exc)) from None
     span = parse_since(since or DEFAULT_SINCE, now)

@@ -64,7 +64,7 @@ def mttf(obj: Context, since: str | None, from_files: tuple[str, ...], events_fi
     restart, swap = parse_cost(restart_cost), parse_cost(spare_swap)
     grace = obj.config_or_exit().lemon.grace_s
     hist = load_history(obj, since, from_files, events_file, grace,
-                        store=store, live=live)
+                        store=store, live=live, mttf_only=True)
     rep = report(hist.attribution, hist.events, gpus_per_node, cost, sizes, windows=hist.windows,
                  grace_s=grace)
     pays = spare_rows(rep, spares, gpus_per_node, restart, swap)

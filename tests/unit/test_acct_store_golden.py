@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.accounting.calibrate import solve
 from gpuwarden.accounting.history import from_files, from_store
+from gpuwarden.accounting.mttf import report as mttf_report
 from gpuwarden.accounting.store.ingest import ingest
 from gpuwarden.cli import cli
 from gpuwarden.config.context import Context
@@ -202,3 +204,16 @@ def test_random_histories_give_the_same_figures_from_the_store(
     assert stored.records == files.records
     assert stored.windows == files.windows
     same(figures(files), figures(stored))
+    # `fleet mttf`'s read keeps only what its report reads: the same report.
+    lean = from_store(str(d / "store"), mttf_only=True)
+    same(mttf_figures(files), mttf_figures(lean))
+    for counts in ("gpu_runs", "gpu_failures", "runs_by_size", "pinned_by_size",
+                   "spread_by_size", "skipped"):
+        assert getattr(lean.attribution, counts) == getattr(files.attribution, counts), counts
+    assert len(lean.attribution.exposure) == len(files.attribution.exposure)
+
+
+def mttf_figures(hist: Any) -> Any:
+    rep = mttf_report(hist.attribution, hist.events, 8, 30.0, (16384, 131072),
+                      windows=hist.windows)
+    return json.loads(json.dumps(asdict(rep), default=str))

@@ -24,14 +24,15 @@ import polars as pl
 from gpuwarden.accounting.attribution import (
     Attribution,
     HealthDrain,
+    add_exposure,
     add_plain_groups,
-    meets_cleared,
+    add_plain_sizes,
+    size_bucket,
 )
 from gpuwarden.accounting.columns import Columns
-from gpuwarden.accounting.counted import attribute_rest, countable
+from gpuwarden.accounting.counted import attribute_rest
 from gpuwarden.accounting.rangetally import RangeTally
-from gpuwarden.accounting.store import schema
-from gpuwarden.slurm.hostranges import shape
+from gpuwarden.accounting.store import nodelists, schema
 from gpuwarden.slurm.models import AcctJob
 
 log = logging.getLogger(__name__)
@@ -120,18 +121,6 @@ def _plain(drained: pl.Series) -> pl.Expr:
         & ~pl.col("rid").is_in(drained.implode())
 
 
-def _odd(texts: Sequence[str], clears: Mapping[str, float]) -> list[str]:
-    """Node lists `shape` does not read, or that name a node with a cleared lemon drain."""
-    return [t for t in texts
-            if not t or shape(t) is None or (clears and meets_cleared(t, clears))]
-
-
-def _count(text: str) -> int:
-    known = shape(text)
-    assert known is not None, text  # `_odd` left only lists shape reads
-    return known[1]
-
-
 def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame:
     """Node-seconds per (user, submit line) of the runs with times and a node list not in
     ``odd``: the sources' shares of the fleet's runs (`Incidence.user_share`). Each run's
@@ -161,6 +150,29 @@ def _by_source_listed(lf: pl.LazyFrame, odd: pl.Series, counts: pl.DataFrame) ->
             .sort("user", "submit_line").collect(engine="streaming"))
 
 
+def _lists(groups: pl.DataFrame, clears: Mapping[str, float]
+           ) -> tuple[pl.Series, pl.DataFrame, pl.DataFrame]:
+    """The node lists of ``groups`` (`attribute`'s) on columns (`nodelists`): (the odd ones:
+    not read there, or naming a node whose lemon drain was cleared, whose runs go one by one;
+    per other list its runs, run-seconds, least and most ``num_nodes``, names ``n`` and size
+    bucket; the other lists' ranges)."""
+    counts, rs = nodelists.ranges(groups.get_column("nodes"))
+    if clears:
+        cleared = nodelists.naming(rs, clears)
+        counts = counts.filter(~pl.col("nodes").is_in(cleared.implode()))
+        rs = rs.filter(~pl.col("nodes").is_in(cleared.implode()))
+    texts = groups.get_column("nodes").unique()
+    odd = texts.filter(~texts.is_in(counts.get_column("nodes").implode())).sort()
+    sizes = {n: size_bucket(n) for n in counts.get_column("n").unique().to_list()}
+    by_list = (groups.filter(~pl.col("nodes").is_in(odd.implode())).group_by("nodes")
+               .agg(pl.col("runs").sum(), pl.col("secs").sum(), pl.col("nn_lo").min(),
+                    pl.col("nn_hi").max())
+               .join(counts, on="nodes")
+               .with_columns(pl.col("n").replace_strict(sizes, return_dtype=pl.Int64)
+                             .alias("size")))
+    return odd, by_list, rs
+
+
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
               grace_s: float, tally: RangeTally) -> StoreRuns:
@@ -178,30 +190,27 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                    pl.col("num_nodes").min().alias("nn_lo"),
                    pl.col("num_nodes").max().alias("nn_hi"))
               .collect(engine="streaming"))
-    texts = groups.get_column("nodes").unique().to_list()
-    odd = pl.Series(sorted(set(_odd(texts, clears)) | {t for t in texts if not countable(t)}),
-                    dtype=pl.String)
-    # Failed runs and runs without times (and a few more, one-node FAILED runs no drain
-    # explains, sorted out below), with every column.
+    odd, by_list, rs = _lists(groups, clears)
     rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
             .collect(engine="streaming"))
     keep = _plain(_drained(rest, drains, grace_s)) & ~nodes.is_in(odd.implode())
     rest = rest.filter(~keep).sort("rid")
     groups = groups.filter(~nodes.is_in(odd.implode()))
-    by_list = (groups.group_by("nodes").agg(pl.col("runs").sum(), pl.col("secs").sum(),
-                                            pl.col("nn_lo").min(), pl.col("nn_hi").max())
-               .sort("nodes"))
-    by_list = by_list.with_columns(pl.Series("n", [_count(t) for t in by_list["nodes"]],
-                                             dtype=pl.Int64))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
-    sources = _by_source(lf, odd) if by_count else _by_source_listed(
-        lf, odd, by_list.select("nodes", "n"))
+    # The sources' hours are the incidence's: not read for an Attribution that keeps none.
+    sources = (pl.DataFrame(schema={"user": pl.String, "submit_line": pl.String,
+                                    "node_secs": pl.Int64})
+               if att.blames_on is not None else _by_source(lf, odd) if by_count
+               else _by_source_listed(lf, odd, by_list.select("nodes", "n")))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
-    add_plain_groups(att, ((t, (r, s, n)) for t, r, s, n in
-                           by_list.select("nodes", "runs", "secs", "n").iter_rows()),
-                     ((g, (r, s)) for g, r, s in by_gpus.iter_rows()), tally,
+    by_size = (by_list.group_by("size").agg((pl.col("n") * pl.col("runs")).sum().alias("node_runs"),
+                                            pl.col("secs").sum()).sort("size"))
+    add_plain_groups(att, (), ((g, (r, s)) for g, r, s in by_gpus.iter_rows()), tally,
                      (((u, line), secs) for u, line, secs in sources.iter_rows()))
+    add_plain_sizes(att, by_size.iter_rows())
+    add_exposure(att.exposure, nodelists.spread(
+        rs, by_list.select("nodes", "size", "runs", "secs")).iter_rows())
     if groups.height:
         lo, first_end, hi = groups.select(pl.col("lo").min(), pl.col("first_end").min(),
                                           pl.col("hi").max()).row(0)
