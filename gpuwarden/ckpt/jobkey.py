@@ -63,7 +63,8 @@ KEY_S = 5.0  # the prolog's and epilog's child is killed after this
 LEGACY = ""  # the key id of a shared tier's peer.key: its MACs carry no key id
 _KID = r"[A-Za-z0-9_-]{1,32}"
 _LINE = re.compile(rf"({_KID}) ([0-9a-f]{{{2 * KEY_BYTES}}})")
-_FILE = re.compile(r"\.?job-([0-9]{1,12})\.key(?:\.[0-9a-f]{12}\.tmp)?")
+# A job's key file, and the temp file of a write that was killed (safefs.write_at's name).
+_FILE = re.compile(r"job-([0-9]{1,12})\.key|\.job-([0-9]{1,12})\.key\.[0-9a-f]{12}\.tmp")
 KID = re.compile(_KID)
 
 
@@ -400,7 +401,7 @@ def tidy(key_dir: str, jobs: Callable[[], Iterable[Job]]) -> Tidied:
     if dfd is None:
         return out
     with safefs.closing(dfd):
-        found = sorted((int(m.group(1)), n) for n in os.listdir(dfd)
+        found = sorted((int(m.group(1) or m.group(2)), n) for n in os.listdir(dfd)
                        if (m := _FILE.fullmatch(n)) is not None)
         if not found:
             return out

@@ -379,12 +379,14 @@ def test_tidy_removes_the_keys_of_jobs_that_are_over_or_forgotten(base: Path) ->
         write(base, j)
     (kdir / ".job-8.key.0123456789ab.tmp").write_text("a crash's leftover")
     (kdir / "notes").write_text("an admin's")
+    (kdir / ".job-6.key").write_text("not a name the prolog makes")
     known = [job(6, "COMPLETED"), job(7, "RUNNING"), job(9, "PENDING", "REQUEUED"),
              job(10, "RUNNING")]
     got = jobkey.tidy(str(kdir), lambda: known)
     assert sorted(got.removed) == [".job-8.key.0123456789ab.tmp", "job-5.key", "job-6.key",
                                    "job-8.key"]
-    assert sorted(os.listdir(kdir)) == ["job-12.key", "job-7.key", "job-9.key", "notes"]
+    assert sorted(os.listdir(kdir)) == [".job-6.key", "job-12.key", "job-7.key", "job-9.key",
+                                        "notes"]
     assert got.kept["job-12.key"].startswith("Slurm does not know job 12")
     assert got.kept["job-7.key"] == "job 7 is RUNNING"
 
