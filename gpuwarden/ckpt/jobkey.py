@@ -250,7 +250,8 @@ def write_job_keys(key_dir: str, job_id: str, uid: int, gid: int,
     name = file_name(job_id)
     path = os.path.join(key_dir, name)
     dfd = _key_dir(key_dir, create=True, refusing="refusing to write job keys in it")
-    assert dfd is not None  # made when missing
+    if dfd is None:  # made when missing: only a race with its removal gets here
+        raise JobKeyError(f"{key_dir}: vanished while being made")
     with safefs.closing(dfd):
         st = safefs.lstat_at(dfd, name)
         if st is not None and stat.S_ISDIR(st.st_mode):
