@@ -171,30 +171,69 @@ def gc(obj: Context, tiers_: list[Any], keep: int | None) -> None:
 
 
 @ckpt.command("tidy")
-@click.option("-v", "--verbose", is_flag=True, help="name every directory kept, and why")
+@click.option("-v", "--verbose", is_flag=True, help="name every entry kept, and why")
 @click.pass_obj
 def tidy(obj: Context, verbose: bool) -> None:
-    """Remove the shared tier's empty job directories of jobs that are over (root, on a
-    timer): the epilog removes them as each job ends; this catches what no epilog saw (a job
-    cancelled while requeued, a node that died). Only a `job-N` the prolog made (a directory,
-    0700, never a link) and that is empty is removed, by rmdir; anything holding a file stays."""
+    """Remove what no epilog removed (root, on a timer): the shared tier's empty job
+    directories of jobs that are over and, where [ckpt] key_file is set, this node's job key
+    files of such jobs (run it on every compute node then). The epilog removes both as each
+    job ends; this catches what no epilog saw (a job cancelled while requeued, a node that
+    died). On the shared tier only a `job-N` the prolog made (a directory, 0700, never a
+    link) and that is empty is removed, by rmdir; anything holding a file stays."""
+    cfg = obj.config_or_exit()
+    c = cfg.ckpt
+    if not (c.shared_root or c.key_file):
+        raise click.ClickException("nothing to tidy: set [ckpt] shared_root (the shared "
+                                   "filesystem's spool) or key_file (docs/checkpointing.md)")
+    asked: list[list[Any]] = []
+
+    def jobs() -> list[Any]:  # Slurm asked once for both, and only when something is found
+        if not asked:
+            asked.append(list(obj.client_for(cfg).jobs()))
+        return asked[0]
+
+    failed = [why for why in (_tidy_shared(c.shared_root, jobs, verbose) if c.shared_root else "",
+                              _tidy_keys(c.job_key_dir, jobs, verbose) if c.key_file else "")
+              if why]
+    if failed:
+        raise click.ClickException("; ".join(failed))
+
+
+def _tidy_shared(root: str, jobs: Callable[[], list[Any]], verbose: bool) -> str:
+    """The shared tier tidied and said; why it could not be ("" when it was)."""
     from gpuwarden.ckpt import sharedspool  # noqa: PLC0415 - no numpy or xxhash needed
 
-    cfg = obj.config_or_exit()
-    root = cfg.ckpt.shared_root
-    if not root:
-        raise click.ClickException("no shared tier to tidy: set [ckpt] shared_root (the shared "
-                                   "filesystem's spool, docs/checkpointing.md)")
     try:
-        got = sharedspool.tidy(root, lambda: obj.client_for(cfg).jobs())
+        got = sharedspool.tidy(root, jobs)
     except FileNotFoundError:
-        raise click.ClickException(f"{root} is not there: set [ckpt] shared_root to the shared "
-                                   "tier's spool, or make it (admin guide, step 6)") from None
+        return (f"{root} is not there: set [ckpt] shared_root to the shared tier's spool, or "
+                "make it (admin guide, step 6)")
     except (GpuwardenError, OSError) as exc:
-        raise click.ClickException(f"{root}: {exc}; nothing removed") from None
+        return f"{root}: {exc}; nothing removed"
+    _said(root, "empty job director", ("y", "ies"), got, verbose)
+    return ""
+
+
+def _tidy_keys(key_dir: str, jobs: Callable[[], list[Any]], verbose: bool) -> str:
+    """This node's job key files tidied and said; why they could not be ("" when they
+    were)."""
+    from gpuwarden.ckpt import jobkey  # noqa: PLC0415 - light
+
+    try:
+        got = jobkey.tidy(key_dir, jobs)
+    except (GpuwardenError, OSError) as exc:
+        return f"{key_dir}: {exc}; no key file removed"
+    _said(key_dir, "job key file", ("", "s"), got, verbose)
+    return ""
+
+
+def _said(where: str, what: str, plural: tuple[str, str], got: Any, verbose: bool) -> None:
+    from gpuwarden.ckpt import sharedspool  # noqa: PLC0415
+
     shown = ", ".join(got.removed[:20]) + (", ..." if len(got.removed) > 20 else "")
-    click.echo(f"{root}: removed {len(got.removed)} empty job director"
-               f"{'y' if len(got.removed) == 1 else 'ies'}" + (f" ({shown})" if shown else ""))
+    click.echo(f"{where}: removed {len(got.removed)} {what}"
+               f"{plural[0] if len(got.removed) == 1 else plural[1]}"
+               + (f" ({shown})" if shown else ""))
     why: dict[str, int] = {}
     for name, reason in got.kept.items():
         if verbose:

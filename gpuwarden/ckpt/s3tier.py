@@ -11,9 +11,14 @@ Keys: <prefix>/<job>/rank-NNNNN/step-NNNNNNNNNNNN/<shard>, .../MANIFEST.mac, ...
 A bucket and prefix are site-wide and nodes' credentials (an instance role) are shared by every
 user's jobs, so S3 cannot tell who wrote an object, and a manifest's digest proves nothing: anyone
 can compute one. So every manifest is authenticated: ``MANIFEST.mac`` holds HMAC-SHA256 of the
-manifest's bytes under the job's key (the per-job key in a 0600 file in the job's private
-directory on the shared filesystem, `peer.job_key`), uploaded before the manifest. A step whose
-MAC is missing or wrong, or read without the key, is refused (CorruptStep) and restore walks on.
+manifest's bytes under the job's key, uploaded before the manifest. The job's keys
+(`jobkey.JobKeys`) are either derived from the site secret by the prolog (`jobkey`; the MAC
+reads ``<kid>:<hex>``, naming the site key it was made under, so the secret can be rotated: an
+old kid keeps verifying until it is retired) or, on a shared-filesystem site without
+``key_file``, the random key in a 0600 file in the job's private directory on the shared tier
+(`peer.job_key`; the MAC is plain ``<hex>``, and only such a key verifies it). A step whose MAC
+is missing, malformed or wrong, or read without the key it names, is refused (CorruptStep) and
+restore walks on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import hmac
 import io
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuwarden.ckpt.codec import Buf
+from gpuwarden.ckpt.jobkey import KID, LEGACY, JobKeys
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
@@ -45,9 +52,41 @@ MAC = "MANIFEST.mac"
 _MAC_LABEL = b"gpuwarden-s3-manifest\0"
 
 
+_MAC_BODY = re.compile(rb"(?:(" + KID.pattern.encode() + rb"):)?([0-9a-f]{64})")
+_MAC_MAX = 128  # "<kid>:" (at most 33 bytes) and 64 hex digits
+
+
 def manifest_mac(key: bytes, raw: bytes) -> str:
     """The MAC of a manifest's bytes under the job's key (hex)."""
     return hmac.new(key, _MAC_LABEL + raw, hashlib.sha256).hexdigest()
+
+
+def mac_body(signing: tuple[str, bytes], raw: bytes) -> bytes:
+    """``MANIFEST.mac``'s contents: ``<kid>:<hex>``, or plain ``<hex>`` under a shared tier's
+    key (`jobkey.LEGACY`)."""
+    kid, key = signing
+    mac = manifest_mac(key, raw).encode()
+    return mac if kid == LEGACY else kid.encode() + b":" + mac
+
+
+def check_mac(keys: JobKeys, body: bytes, raw: bytes, where: str) -> None:
+    """Raise CorruptStep (``where`` first) unless ``body`` is a MAC of ``raw`` under the key it
+    names among ``keys``."""
+    m = _MAC_BODY.fullmatch(body)
+    if m is None:
+        raise CorruptStep(f"{where}: {MAC} is not '<key id>:<64 hex>' nor '<64 hex>': refused")
+    kid = (m.group(1) or b"").decode()
+    key = keys.by_kid.get(kid)
+    if key is None and kid == LEGACY:
+        raise CorruptStep(f"{where}: its MAC has no key id (written under a shared tier's "
+                          "peer.key), and this job has no shared-tier key to check it with: "
+                          "refused")
+    if key is None:
+        raise CorruptStep(f"{where}: signed with site key kid {kid}, which this node no longer "
+                          "has (retired?): refused")
+    if not hmac.compare_digest(m.group(2), manifest_mac(key, raw).encode()):
+        raise CorruptStep(f"{where}: not authenticated with this job's key (written by someone "
+                          "else, or damaged): refused")
 
 
 @dataclass(frozen=True)
@@ -73,9 +112,11 @@ def client(settings: S3Settings) -> Any:
 
 class S3Tier:
     def __init__(self, name: str, settings: S3Settings, job: str, rank: int = 0,
-                 s3: Any = None, key: bytes | None = None) -> None:
+                 s3: Any = None, key: bytes | None = None, keys: JobKeys | None = None) -> None:
         self.name = name
-        self.key = key  # the job's key; None: nothing can be written, nothing is trusted
+        # The job's keys; None: nothing can be written, nothing is trusted. ``key``: a shared
+        # tier's peer.key alone.
+        self.keys = keys if keys is not None else None if key is None else JobKeys.shared(key)
         self.s = settings
         check_name(settings.prefix, "S3 prefix")
         self.job, self.rank = check_name(job, "job"), int(rank)
@@ -84,6 +125,17 @@ class S3Tier:
         self._transfer = TransferConfig(multipart_threshold=settings.part_size,
                                         multipart_chunksize=settings.part_size,
                                         max_concurrency=settings.concurrency, use_threads=True)
+
+    @property
+    def key(self) -> bytes | None:
+        """The signing key (None: none)."""
+        return None if self.keys is None else self.keys.signing[1]
+
+    @key.setter
+    def key(self, key: bytes | None) -> None:
+        """A shared tier's peer.key as the job's only key (JobCheckpointer on a shared-tier
+        site)."""
+        self.keys = None if key is None else JobKeys.shared(key)
 
     def _key(self, step: int, name: str) -> str:
         return f"{self.base}/{step_dir(step)}/{name}"
@@ -94,9 +146,9 @@ class S3Tier:
             raise TierError(f"{self.name}: a step of {manifest.job} rank {manifest.rank} does not "
                             f"belong under s3://{self.s.bucket}/{self.base}")
         check_writable(self.name, manifest)
-        if self.key is None:
+        if self.keys is None:
             raise TierError(f"{self.name}: no job key to authenticate step {manifest.step} "
-                            "with (it lives on the shared tier: set [ckpt] shared_root)")
+                            "with (set [ckpt] key_file, or shared_root: docs/checkpointing.md)")
         raw = manifest.to_json().encode()
         if progress is None:
             progress = Progress(f"{self.name}: uploading step {manifest.step}",
@@ -107,7 +159,7 @@ class S3Tier:
                 self.s3.upload_fileobj(body, self.s.bucket, self._key(manifest.step, shard.name),
                                        Config=self._transfer, Callback=progress)
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MAC),
-                               Body=manifest_mac(self.key, raw).encode())
+                               Body=mac_body(self.keys.signing, raw))
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MANIFEST),
                                Body=raw)
         except (BotoCoreError, ClientError) as exc:
@@ -158,14 +210,15 @@ class S3Tier:
         it was found; CorruptStep if not."""
         key = self._key(step, MANIFEST)
         source = f"s3://{self.s.bucket}/{key}"
-        if self.key is None:
+        if self.keys is None:
             raise CorruptStep(f"{self.name} step {step}: {source}: no job key to authenticate "
                               "it with (S3 cannot tell who wrote it): refused")
         raw = bytes(self._get(key, MAX_BYTES))
-        mac = bytes(self._get(self._key(step, MAC), 64))
-        if not hmac.compare_digest(mac, manifest_mac(self.key, raw).encode()):
-            raise CorruptStep(f"{self.name} step {step}: {source}: not authenticated with this "
-                              "job's key (written by someone else, or damaged): refused")
+        try:
+            mac = bytes(self._get(self._key(step, MAC), _MAC_MAX))
+        except CorruptStep as exc:
+            raise CorruptStep(f"{exc}: refused") from None
+        check_mac(self.keys, mac, raw, f"{self.name} step {step}: {source}")
         try:
             m = from_json(raw, source)
             check_identity(m, self.job, self.rank, step, source)

@@ -10,6 +10,11 @@ from gpuwarden.core.configload import require
 _ABS = re.compile(r"^(/[A-Za-z0-9._@+-]+)+$")
 
 
+def _plain_abs(path: str) -> bool:
+    """Absolute, and no . or .. component: root writes or reads there, say where exactly."""
+    return bool(_ABS.match(path)) and not {".", ".."} & set(path.split("/"))
+
+
 @dataclass(frozen=True)
 class CkptConfig:
     memory_root: str = "/dev/shm/gpuwarden-ckpt"  # noqa: S108 - tier 0; job dirs are private
@@ -33,6 +38,11 @@ class CkptConfig:
     # shared tier (or S3) into the new nodes' tier 0 before the job starts.
     stage_in: bool = True
     stage_in_budget_s: float = 120.0
+    # Sites without a shared filesystem: the site secret (root's, 0600, the same on every node)
+    # the prolog derives each job's key from (ckpt.jobkey), and where it writes the job's key
+    # for the job's user. Empty key_file: no derived keys.
+    key_file: str = ""
+    job_key_dir: str = "/run/gpuwarden-ckpt"
 
     def __post_init__(self) -> None:
         require(bool(_ABS.match(self.memory_root)), "memory_root", "an absolute directory")
@@ -49,4 +59,12 @@ class CkptConfig:
         require(bool(_ABS.match(self.topology_conf)), "topology_conf", "an absolute path")
         require(self.agree_timeout_s > 0, "agree_timeout_s", "seconds > 0")
         require(0 < self.stage_in_budget_s <= 3600, "stage_in_budget_s", "seconds, 0 to 3600")
+        require(self.key_file == "" or _plain_abs(self.key_file), "key_file",
+                "an absolute path (no . or ..) or empty")
+        require(_plain_abs(self.job_key_dir), "job_key_dir", "an absolute directory (no . or ..)")
+        # S3 steps are authenticated with the job's key: without a shared tier to keep a
+        # random one, only the site secret gives one.
+        require(not self.s3_bucket or bool(self.shared_root or self.key_file), "key_file",
+                "the site secret file (docs/checkpointing.md): s3_bucket without shared_root "
+                "needs it, for the per-job key that authenticates S3 steps")
         require(self.mttf_h >= 0, "mttf_h", "hours >= 0 (0: measure from accounting)")

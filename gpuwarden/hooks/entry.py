@@ -328,11 +328,13 @@ def prolog(env: Env) -> int:
     rc = prolog_gate(env)
     if rc == 0:
         # Imported only here: a prolog that fails the job never pays for it.
-        from gpuwarden.ckpt import jobdirs, stagein  # noqa: PLC0415
+        from gpuwarden.ckpt import jobdirs, jobkey, stagein  # noqa: PLC0415
 
         # Root makes the job's tier-0 directories (the job's user's, a squatter's moved aside)
-        # before the job can; neither call ever raises.
+        # before the job can, and its key file when [ckpt] key_file is set; none of these calls
+        # ever raises.
         moved = jobdirs.for_prolog(env.config, env.environ)
+        jobkey.for_prolog(env.config, env.environ)
         staged = stagein.for_prolog(env.config, env.environ)
         count_ckpt(env, moved, staged)
     return rc
@@ -533,12 +535,13 @@ def epilog(env: Env) -> int:
     """After the job: deeper checks when it failed or the node is suspect. Always exit 0.
 
     The job's failure only decides whether to look; a drain needs the checks' own evidence."""
-    from gpuwarden.ckpt import jobdirs  # noqa: PLC0415
+    from gpuwarden.ckpt import jobdirs, jobkey  # noqa: PLC0415
 
     asked = JobOnce(env.client)
     # Node memory a finished job's checkpoints held is freed (kept while Slurm will run the
-    # job again); never raises.
+    # job again), and its key file removed (always); neither call ever raises.
     jobdirs.for_epilog(env.config, env.environ, asked)
+    jobkey.for_epilog(env.config, env.environ)
     return epilog_gate(env, asked)
 
 

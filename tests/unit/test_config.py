@@ -53,6 +53,10 @@ def test_explicitly_named_missing_file_is_an_error(tmp_path: Path) -> None:
         ("[health.blast_radius]\nmax_drained_pct = 150\n", "health.blast_radius.max_drained_pct",
          "percentage"),
         ("[health.classes.a]\nnodes = 3\n", "health.classes.a.nodes", "a string"),
+        ("[ckpt]\nkey_file = 'etc/ckpt.key'\n", "ckpt.key_file", "absolute"),
+        ("[ckpt]\njob_key_dir = ''\n", "ckpt.job_key_dir", "absolute"),
+        ("[ckpt]\njob_key_dir = '/run/../etc'\n", "ckpt.job_key_dir", "absolute"),
+        ("[ckpt]\ns3_bucket = 'b'\n", "ckpt.key_file", "s3_bucket without shared_root"),
     ],
 )
 def test_bad_values_name_the_file_the_key_and_what_is_expected(
@@ -64,6 +68,13 @@ def test_bad_values_name_the_file_the_key_and_what_is_expected(
     assert err.value.key == key
     assert expected in err.value.expected
     assert str(p) in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["[ckpt]\ns3_bucket = 'b'\nkey_file = '/etc/gpuwarden/ckpt.key'\n",
+                                  "[ckpt]\ns3_bucket = 'b'\nshared_root = '/fsx/ckpt'\n"])
+def test_s3_without_a_shared_tier_loads_with_a_site_key_file(tmp_path: Path, text: str) -> None:
+    cfg = config.load(write(tmp_path, text)).ckpt
+    assert cfg.s3_bucket == "b" and cfg.job_key_dir == "/run/gpuwarden-ckpt"
 
 
 def test_broken_toml_is_reported_with_its_position(tmp_path: Path) -> None:

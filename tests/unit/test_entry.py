@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -338,3 +339,29 @@ def test_no_requeue_without_a_plain_job_id(node_env) -> None:  # type: ignore[no
     break_gpu(tmp)
     assert entry.prolog(replace(env, environ={**env.environ, "SLURM_JOB_ID": "7;rm"})) == 1
     assert slurm.log == ["drain c3"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog runs as root (chown)")
+def test_the_prolog_writes_the_jobs_key_and_the_epilog_removes_it(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, _, tmp = node_env
+    os.chmod(tmp, 0o755)
+    (tmp / "etc").mkdir(mode=0o755)
+    (tmp / "etc" / "ckpt.key").write_text("k1 " + "ab" * 32 + "\n")
+    os.chmod(tmp / "etc" / "ckpt.key", 0o600)
+    ckpt = replace(env.config.ckpt, key_file=str(tmp / "etc" / "ckpt.key"),
+                   job_key_dir=str(tmp / "run" / "gpuwarden-ckpt"))
+    env = replace(env, config=replace(env.config, ckpt=ckpt),
+                  environ={**env.environ, "SLURM_JOB_UID": "23456"})
+    key = tmp / "run" / "gpuwarden-ckpt" / "job-7.key"
+    assert entry.prolog(env) == 0
+    assert key.stat().st_uid == 23456 and key.read_text().startswith("k1 ")
+    assert entry.epilog(env) == 0
+    assert not key.exists()
+
+
+def test_without_key_file_the_hooks_write_no_key(node_env) -> None:  # type: ignore[no-untyped-def]
+    env, _, tmp = node_env
+    env = replace(env, config=replace(env.config, ckpt=replace(
+        env.config.ckpt, job_key_dir=str(tmp / "run" / "gpuwarden-ckpt"))))
+    assert entry.prolog(env) == 0 and entry.epilog(env) == 0
+    assert not (tmp / "run").exists()
