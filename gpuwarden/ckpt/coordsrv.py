@@ -58,7 +58,7 @@ MAX_WAIT_S = 3600.0  # the longest a rank may ask to be held in one exchange
 MAX_WORLD = 1 << 20
 MAX_ROUNDS = 512  # rounds and proposals held at once
 MAX_TIERS = 16
-MAX_HELD = 256 << 20  # bytes of values held, all rounds together
+MAX_HELD = 256 << 20  # bytes of values held, all rounds together (answers: as much again)
 KEEP_RUNS = 2  # a relaunch's new run and the one it replaced (its last rounds may overlap)
 _RUN = re.compile(r"-r(\d{1,9})-s(\d{1,9})(?=-|$)")
 
@@ -95,6 +95,7 @@ class _Round:
     values: dict[int, Any] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)  # canonical JSON: retries compare it
     dropped: str = ""  # why, once dropped: its waiters are answered with it
+    answer: bytes | None = None  # the complete round's answer
 
 
 class CoordServer:
@@ -175,7 +176,7 @@ class CoordServer:
                 resp = self.serve(decode_message(header, "request"))
             except (PeerError, Refusal) as exc:
                 resp = {"ok": False, "error": str(exc)}
-            if not resp.get("ok"):
+            if isinstance(resp, dict) and not resp.get("ok"):
                 log.warning("coordinator %s: %s", source, str(resp.get("error"))[:300])
             send_response(sock, session, resp, time.monotonic() + SEND_S)
         except (OSError, PeerError, ValueError) as exc:
@@ -189,8 +190,9 @@ class CoordServer:
                 sock.close()
 
     # ---- the operations (an authenticated request's header, decoded) ---------------------------
-    def serve(self, req: dict[str, Any]) -> dict[str, Any]:
-        """The answer to one of the job's ranks. Refusal when the request is malformed."""
+    def serve(self, req: dict[str, Any]) -> dict[str, Any] | bytes:
+        """The answer to one of the job's ranks (bytes: encoded already, once for all the
+        ranks of a round). Refusal when the request is malformed."""
         if req.get("v") != VERSION:
             raise Refusal(f"protocol version {str(req.get('v'))[:20]!r}, this coordinator "
                           f"speaks {VERSION}")
@@ -218,7 +220,7 @@ class CoordServer:
             raise Refusal(str(exc)) from None
         raise Refusal(f"unknown op {str(op)[:20]!r}")
 
-    def _exchange(self, req: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    def _exchange(self, req: dict[str, Any], rank: int, world: int) -> dict[str, Any] | bytes:
         name = _name(req, "round", "round")
         wait_s = req.get("wait_s")
         if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not (
@@ -232,9 +234,6 @@ class CoordServer:
             rnd = self._rounds.get(name)
             if rnd is None:
                 self._admit_name(name)
-                if self._held + len(text) > self.max_held:
-                    raise Refusal(f"round {name}: the coordinator holds {self._held} bytes "
-                                  "already, the most it may")
                 rnd = self._rounds[name] = _Round(world, run_of(name))
             if rnd.world != world:
                 raise Refusal(f"round {name} is of {rnd.world} ranks; rank {rank} says {world}")
@@ -255,7 +254,11 @@ class CoordServer:
                     break
                 self._cv.wait(left)
             if len(rnd.values) == rnd.world:
-                return {"ok": True, "values": [rnd.values[r] for r in range(rnd.world)]}
+                if rnd.answer is None:  # encoded once: N answers of N values each
+                    rnd.answer = (b'{"ok":true,"values":['
+                                  + ",".join(rnd.texts[r] for r in range(rnd.world)).encode()
+                                  + b"]}")
+                return rnd.answer
             if rnd.dropped or self._closed:
                 return {"ok": False,
                         "error": f"{name}: {rnd.dropped or 'the coordinator is stopping'}"}

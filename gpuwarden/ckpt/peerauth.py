@@ -54,10 +54,12 @@ class Wire:
     rhdr: bytes
     body: bytes = b""
     resp: bytes = b""
+    max_response: int = MAX_HEADER  # a response header the client reads (after the key's proof)
 
 
 PEER = Wire("peer", MAGIC, b"hdr", b"ready", b"rhdr", b"body", b"resp")
-COORD = Wire("coordinator", b"GPWCORD1", b"chdr", b"cready", b"crsp")
+# An exchange's answer holds every rank's value: tens of bytes each, times up to 10^5 ranks.
+COORD = Wire("coordinator", b"GPWCORD1", b"chdr", b"cready", b"crsp", max_response=64 << 20)
 
 
 class Endpoint(Protocol):
@@ -116,11 +118,11 @@ def prove(sock: socket.socket, s: Session, deadline: float | None = None) -> Non
     send_frame(sock, s.mac(s.wire.ready).digest(), deadline)
 
 
-def send_response(sock: socket.socket, s: Session, resp: dict[str, Any],
+def send_response(sock: socket.socket, s: Session, resp: dict[str, Any] | bytes,
                   deadline: float | None = None) -> bytes:
-    """The response header and its MAC; returns the header's bytes (the peer tier's
-    whole-response MAC starts from them)."""
-    text = json.dumps(resp).encode()
+    """The response header (a document, or one encoded already) and its MAC; returns the
+    header's bytes (the peer tier's whole-response MAC starts from them)."""
+    text = resp if isinstance(resp, bytes) else json.dumps(resp).encode()
     send_frame(sock, text, deadline)
     send_frame(sock, s.mac(s.wire.rhdr, text).digest(), deadline)
     return text
@@ -170,11 +172,11 @@ def client_request(key: bytes, addr: Endpoint, wire: Wire, req: dict[str, Any],
                 mac.update(part)
                 sock.sendall(part)
             send_frame(sock, mac.digest())
-        text = recv_frame(sock, MAX_HEADER, deadline)
+        text = recv_frame(sock, wire.max_response, deadline)
         if not hmac.compare_digest(recv_frame(sock, 64, deadline),
                                    s.mac(wire.rhdr, text).digest()):
             raise PeerError(f"{where}: a response without this job's key: ignored")
-        resp = decode_message(text, "response")
+        resp = decode_message(text, "response", wire.max_response)
         return resp, sock, (s.mac(wire.resp, text) if wire.resp else None)
     except (OSError, ValueError) as exc:
         sock.close()
