@@ -104,8 +104,7 @@ class NetCoordinator:
 
     def publish_durable(self, tier: str, step: int) -> None:
         check_name(tier, "tier")
-        resp = self._call({"op": "durable", "tier": tier, "step": step},
-                          time.monotonic() + self.op_timeout_s)
+        resp = self._io_call({"op": "durable", "tier": tier, "step": step})
         if not resp.get("ok"):
             raise CoordIOError(f"the coordinator {self.addr} did not record step {step} on "
                                f"{tier}: {str(resp.get('error'))[:300]}")
@@ -119,7 +118,7 @@ class NetCoordinator:
         cached = self._floors.get(tier)
         if not fresh and cached is not None and now - cached[0] < self.floor_ttl_s:
             return cached[1]
-        resp = self._call({"op": "floor", "tier": tier}, now + self.op_timeout_s)
+        resp = self._io_call({"op": "floor", "tier": tier})
         floor = resp.get("floor")
         if not resp.get("ok") or isinstance(floor, bool) or not isinstance(floor, (int, type(None))):
             raise CoordIOError(f"the coordinator {self.addr} gave no floor for {tier}: "
@@ -137,6 +136,17 @@ class NetCoordinator:
         return seen
 
     # ---- one request, asked again until its deadline ------------------------------------------
+    def _io_call(self, req: dict[str, Any]) -> dict[str, Any]:
+        """For the writer's calls: every failure an OSError (CoordIOError), which retention
+        takes as "floor unknown: delete nothing", never one that stops the writer; also a
+        coordinator that no longer holds the key (its port taken by another job's)."""
+        try:
+            return self._call(req, time.monotonic() + self.op_timeout_s)
+        except CoordIOError:
+            raise
+        except CoordError as exc:
+            raise CoordIOError(str(exc)) from None
+
     def _call(self, req: dict[str, Any], deadline: float,
               wait_end: float | None = None) -> dict[str, Any]:
         base = {"v": 1, "job": self.job, "rank": self.rank, "world": self.world_size}

@@ -301,3 +301,14 @@ def test_the_key_never_reaches_the_logs(srv: CoordServer, caplog: pytest.LogCapt
         client(srv, 0, 2).exchange("agree-r0-s0", [2], timeout=0.1)
     text = " ".join(r.getMessage() for r in caplog.records)
     assert text and KEY.decode() not in text and KEY.hex() not in text
+
+
+def test_the_writers_calls_fail_as_oserrors_even_at_another_jobs_coordinator(
+        srv: CoordServer) -> None:
+    """Our coordinator gone and its port taken by another job's: retention must see "floor
+    unknown" (OSError: delete nothing), never an error that stops the writer."""
+    c = client(srv, 0, 1, key=b"o" * 32)
+    with pytest.raises(OSError, match="it refused ours"):
+        c.durable_floor("s3")
+    with pytest.raises(OSError, match="it refused ours"):
+        c.publish_durable("s3", 5)
