@@ -12,7 +12,8 @@ nonce from each side. The request header is authenticated with HMAC-SHA256 befor
 reads anything large; the server then proves the key too, before the client sends any data;
 the request body, the response header and the whole response each carry their own HMAC over
 both nonces. So nothing can be replayed, read or written without the key, and nothing
-received is used before its HMAC and then its manifest checksums match. Transfers are
+received is used before its HMAC and then its manifest checksums match (the handshake and
+MACs: `peerauth`, shared with the job's coordinator under another magic). Transfers are
 authenticated, not encrypted: root on the network path can read them.
 
 Strangers: a connection gets one absolute deadline (``handshake_s``) to show the key, and one
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import json
 import logging
 import os
 import secrets
@@ -49,11 +49,16 @@ from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
 from gpuwarden.ckpt.peeradmit import Admission
+from gpuwarden.ckpt.peerauth import (
+    PEER,
+    KeyRefused,
+    client_request,
+    prove,
+    send_response,
+    serve_handshake,
+    turn_away,
+)
 from gpuwarden.ckpt.peerwire import (
-    BUSY,
-    MAGIC,
-    MAX_HEADER,
-    NONCE,
     PeerBusy,
     PeerError,
     decode_message,
@@ -197,30 +202,22 @@ class PeerServer:
         if why:
             if self._admission.should_log(source):
                 log.warning("peer %s: refused a connection: %s", source, why)
-            with contextlib.suppress(OSError, PeerError):
-                send_frame(sock, BUSY, time.monotonic() + 1.0)  # the client says why
-            with contextlib.suppress(OSError):
-                sock.close()
+            turn_away(sock)
             return
         in_handshake = True
         try:
             # Until the client has shown the key it gets one short deadline for the whole
             # handshake and small frames: a stranger cannot hold a slot or make us allocate.
-            deadline = time.monotonic() + self.handshake_s
-            nonce_s = secrets.token_bytes(NONCE)
-            send_frame(sock, MAGIC + nonce_s, deadline)
-            nonce_c = recv_frame(sock, NONCE, deadline)
-            header = recv_frame(sock, 64 << 10, deadline)
-            mac = recv_frame(sock, 64, deadline)
-            if len(nonce_c) != NONCE or not hmac.compare_digest(
-                    mac, hmac_over(self.key, b"hdr", nonce_s, nonce_c, header).digest()):
+            try:
+                session, header = serve_handshake(sock, self.key, PEER,
+                                                  time.monotonic() + self.handshake_s)
+            except KeyRefused:
                 log.warning("peer %s: refused a request without this job's key", source)
                 return
             self._admission.authenticated(source)
             in_handshake = False
             sock.settimeout(self.timeout)
-            # Our proof of the key: the client sends no data before it has seen it.
-            send_frame(sock, hmac_over(self.key, b"ready", nonce_s, nonce_c).digest())
+            prove(sock, session)
             body: list[Buf] = []
             try:
                 req = decode_message(header, "request")
@@ -228,11 +225,9 @@ class PeerServer:
                 log.warning("peer %s: %s", source, exc)
                 resp = {"ok": False, "error": str(exc)}
             else:
-                resp, body = self._serve(req, sock, nonce_s, nonce_c)
-            text = json.dumps(resp).encode()
-            send_frame(sock, text)
-            send_frame(sock, hmac_over(self.key, b"rhdr", nonce_s, nonce_c, text).digest())
-            out = hmac_over(self.key, b"resp", nonce_s, nonce_c, text)
+                resp, body = self._serve(req, sock, session.nonce_s, session.nonce_c)
+            text = send_response(sock, session, resp)
+            out = session.mac(PEER.resp, text)
             for part in body:
                 out.update(part)
                 sock.sendall(part)
@@ -317,56 +312,11 @@ class PeerServer:
 def _request(key: bytes, addr: Address, req: dict[str, Any], body: Sequence[Any] = (),
              timeout: float = 30.0,
              deadline: float | None = None) -> tuple[dict[str, Any], socket.socket, Any]:
-    """Send an authenticated request; returns the response header, the socket (positioned at
-    the response body) and the running response MAC. ``timeout`` bounds each socket call;
-    ``deadline`` (monotonic), when given, the whole exchange."""
-    connect_s = timeout if deadline is None else min(timeout, deadline - time.monotonic())
-    if connect_s <= 0:
-        raise PeerError(f"peer {addr}: no time left to ask it")
-    try:
-        sock = socket.create_connection((addr.host, addr.port), timeout=connect_s)
-        sock.settimeout(timeout)
-    except OSError as exc:
-        raise PeerError(f"peer {addr}: cannot connect ({exc})") from None
-    try:
-        hello = recv_frame(sock, len(MAGIC) + NONCE, deadline)
-        if hello == BUSY:
-            raise PeerBusy(f"peer {addr}: busy: it refused the connection at its connection "
-                           "limits (too many at once, or from this address)")
-        if not hello.startswith(MAGIC) or len(hello) != len(MAGIC) + NONCE:
-            raise PeerError(f"peer {addr}: not a gpuwarden peer")
-        nonce_s, nonce_c = hello[len(MAGIC):], secrets.token_bytes(NONCE)
-        header = json.dumps(req).encode()
-        send_frame(sock, nonce_c, deadline)
-        send_frame(sock, header, deadline)
-        send_frame(sock, hmac_over(key, b"hdr", nonce_s, nonce_c, header).digest(), deadline)
-        try:
-            ready = recv_frame(sock, 64, deadline)
-        except PeerError as exc:
-            raise PeerError(f"peer {addr}: {exc}, instead of proving it holds this job's key "
-                            "(it refused ours)") from None
-        if not hmac.compare_digest(ready, hmac_over(key, b"ready", nonce_s, nonce_c).digest()):
-            raise PeerError(f"peer {addr}: does not hold this job's key: sending it nothing")
-        if req.get("op") == "put":
-            mac = hmac_over(key, b"body", nonce_s, nonce_c)
-            for part in body:
-                mac.update(part)
-                sock.sendall(part)
-            send_frame(sock, mac.digest())
-        text = recv_frame(sock, MAX_HEADER, deadline)
-        if not hmac.compare_digest(recv_frame(sock, 64, deadline),
-                                   hmac_over(key, b"rhdr", nonce_s, nonce_c, text).digest()):
-            raise PeerError(f"peer {addr}: a response without this job's key: ignored")
-        resp = decode_message(text, "response")
-        return resp, sock, hmac_over(key, b"resp", nonce_s, nonce_c, text)
-    except (OSError, ValueError) as exc:
-        sock.close()
-        raise PeerError(f"peer {addr}: {exc}") from None
-    except PeerError as exc:
-        sock.close()
-        if str(addr) in str(exc):
-            raise
-        raise type(exc)(f"peer {addr}: {exc}") from None
+    """Send an authenticated request (`peerauth`); returns the response header, the socket
+    (positioned at the response body) and the running response MAC. ``timeout`` bounds each
+    socket call; ``deadline`` (monotonic), when given, the whole exchange."""
+    return client_request(key, addr, PEER, req, body if req.get("op") == "put" else None,
+                          timeout, deadline)
 
 
 def _finish(addr: Address, sock: socket.socket, mac: Any, deadline: float | None = None) -> None:

@@ -73,11 +73,11 @@ def hmac_over(key: bytes, label: bytes, *parts: bytes | bytearray | memoryview) 
     return m
 
 
-def decode_message(data: bytes, what: str) -> dict[str, Any]:
+def decode_message(data: bytes, what: str, max_bytes: int = MAX_HEADER) -> dict[str, Any]:
     """A request's or response's header: a JSON object, or PeerError naming what is wrong
     (`safejson`). Authenticated is not well-formed: any of the job's ranks can send it."""
     try:
-        doc = safejson.loads(data, max_bytes=MAX_HEADER)
+        doc = safejson.loads(data, max_bytes=max_bytes)
     except safejson.JsonError as exc:
         raise PeerError(f"{what}: {exc}") from None
     if not isinstance(doc, dict):

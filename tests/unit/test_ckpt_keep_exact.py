@@ -6,19 +6,24 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gpuwarden.ckpt import codec, listing
 from gpuwarden.ckpt.checkpointer import Checkpointer
-from gpuwarden.ckpt.coord import FileCoordinator
+from gpuwarden.ckpt.coord import Coordinator, FileCoordinator
+from gpuwarden.ckpt.coordnet import NetCoordinator
+from gpuwarden.ckpt.coordsrv import CoordServer
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv
 from gpuwarden.ckpt.listing import Row
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.config.ckpt import CkptConfig
 from tests.unit.test_ckpt_ownership import _cli
+from tests.unit.test_ckpt_peer import KEY
 
 JOB = "job-7"
 
@@ -27,13 +32,33 @@ def state(step: int, rank: int) -> dict[str, object]:
     return {"w": np.full((64,), step * 10 + rank, dtype=np.float32)}
 
 
-def ranks(tmp_path: Path, world: int = 2, keep: int = 2) -> list[Checkpointer]:
+Coordinators = Callable[[int, int], Coordinator]
+
+
+@pytest.fixture(params=["file", "net"])
+def coordinators(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Coordinators]:
+    """Rank r's coordinator in a world of n: files on the shared tier, or the job's
+    coordinator (`coordsrv`) as on a site without one; retention must keep the same steps."""
+    if request.param == "file":
+        yield lambda r, n: FileCoordinator(str(tmp_path / "fsx" / JOB), r, n)
+        return
+    server = CoordServer(KEY, JOB, host="127.0.0.1")
+    try:
+        yield lambda r, n: NetCoordinator(f"127.0.0.1:{server.port}", KEY, JOB, r, n)
+    finally:
+        server.stop()
+
+
+def ranks(tmp_path: Path, world: int = 2, keep: int = 2,
+          coordinators: Coordinators | None = None) -> list[Checkpointer]:
     """Checkpointers of a job's ranks, with the coordinator's default floor caching (a real
     job's: the ranks' saves come much closer together than its time to live)."""
+    def files(r: int, n: int) -> Coordinator:
+        return FileCoordinator(str(tmp_path / "fsx" / JOB), r, n)
+    make = coordinators or files
     return [Checkpointer(JOB, FsTier("shm", str(tmp_path / f"shm{r}"), JOB, r),
                          [FsTier("fsx", str(tmp_path / "fsx"), JOB, r)], rank=r,
-                         world_size=world, keep=keep,
-                         coord=FileCoordinator(str(tmp_path / "fsx" / JOB), r, world))
+                         world_size=world, keep=keep, coord=make(r, world))
             for r in range(world)]
 
 
@@ -41,11 +66,12 @@ def shared(tmp_path: Path, rank: int) -> list[int]:
     return FsTier("fsx", str(tmp_path / "fsx"), JOB, rank).steps()
 
 
-def test_a_finished_job_holds_exactly_keep_steps_per_rank(tmp_path: Path) -> None:
+def test_a_finished_job_holds_exactly_keep_steps_per_rank(tmp_path: Path,
+                                                          coordinators: Coordinators) -> None:
     """Rank 0 runs a save ahead of rank 1 (its commits land first), as ranks do: every floor
     rank 0 read then was rank 1's step before. After the last save and close, keep=2 must
     leave two steps per rank, not three."""
-    cks = ranks(tmp_path)
+    cks = ranks(tmp_path, coordinators=coordinators)
     for step in (10, 15, 20):
         for r, ck in enumerate(cks):
             ck.save(step, state(step, r))
@@ -55,11 +81,12 @@ def test_a_finished_job_holds_exactly_keep_steps_per_rank(tmp_path: Path) -> Non
     assert [shared(tmp_path, r) for r in range(2)] == [[15, 20], [15, 20]]
 
 
-def test_a_rank_that_closes_first_still_ends_with_keep_steps(tmp_path: Path) -> None:
+def test_a_rank_that_closes_first_still_ends_with_keep_steps(tmp_path: Path,
+                                                             coordinators: Coordinators) -> None:
     """Rank 0 is done (its last step durable, closed) while rank 1 is still one save behind:
     what rank 0 may still need to keep for rank 1 is then gone once rank 1 catches up and every
     rank has finished (JobCheckpointer.finish's barrier runs the last pass)."""
-    cks = ranks(tmp_path)
+    cks = ranks(tmp_path, coordinators=coordinators)
     for step in (10, 15):
         for r, ck in enumerate(cks):
             ck.save(step, state(step, r))
@@ -75,11 +102,12 @@ def test_a_rank_that_closes_first_still_ends_with_keep_steps(tmp_path: Path) -> 
     assert shared(tmp_path, 1) == [15, 20]
 
 
-def test_the_last_pass_after_every_rank_finished_leaves_keep(tmp_path: Path) -> None:
+def test_the_last_pass_after_every_rank_finished_leaves_keep(tmp_path: Path,
+                                                             coordinators: Coordinators) -> None:
     """Rank 1 lags two saves behind when rank 0 closes: rank 0 must keep step 10 (the newest
     step rank 1 holds). Once both have closed, `prune_durable` (what `finish` runs after its
     barrier) brings each rank to exactly keep."""
-    cks = ranks(tmp_path)
+    cks = ranks(tmp_path, coordinators=coordinators)
     cks[1].save(10, state(10, 1))
     assert cks[1].wait_durable(10, timeout=30)
     for step in (10, 15, 20):

@@ -15,6 +15,8 @@ import pytest
 from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.coord import CoordError, FileCoordinator, agree, newest_common
+from gpuwarden.ckpt.coordnet import NetCoordinator
+from gpuwarden.ckpt.coordsrv import CoordServer
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.job import JobCheckpointer, JobEnv, JobEnvError, job_env
 from gpuwarden.ckpt.manifest import Manifest
@@ -197,36 +199,51 @@ def test_job_env_names_what_is_wrong() -> None:
         job_env({"SLURM_JOB_ID": "1"})
 
 
+@pytest.fixture(params=["file", "net"])
+def coordination(request: pytest.FixtureRequest) -> str:
+    """How the ranks agree: files on the shared tier, or the job's coordinator (`coordsrv`)
+    as on a site without one. Every restore below must come out the same either way."""
+    return str(request.param)
+
+
 def _ranks(tmp_path: Path, world: int, restarts: int, nodes: list[str],
-           body: dict[int, object]) -> dict[int, object]:
-    """Run ``world`` ranks as threads, rank r with tier 0 in ``<tmp>/<nodes[r]>``."""
+           body: dict[int, object], coordination: str = "file") -> dict[int, object]:
+    """Run ``world`` ranks as threads, rank r with tier 0 in ``<tmp>/<nodes[r]>``. With
+    ``coordination="net"`` they meet at a coordinator of their own, as a batch script's."""
     out: dict[int, object] = {}
+    server = CoordServer(KEY, "job-7", host="127.0.0.1") if coordination == "net" else None
 
     def run(r: int) -> None:
         cfg = CkptConfig(memory_root=str(tmp_path / nodes[r]), shared_root=str(tmp_path / "fsx"),
                          agree_timeout_s=20, keep=2)
-        ck = JobCheckpointer(cfg, JobEnv("7", r, world, restarts, "0", nodes[r]),
+        coord = None if server is None else NetCoordinator(
+            f"127.0.0.1:{server.port}", KEY, "job-7", r, world)
+        ck = JobCheckpointer(cfg, JobEnv("7", r, world, restarts, "0", nodes[r]), coord=coord,
                              host="127.0.0.1")
         try:
             out[r] = body[r](ck)  # type: ignore[operator]
         finally:
             ck.finish(timeout=30)
     threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        if server is not None:
+            server.stop()
     return out
 
 
 def test_a_replaced_node_restores_from_its_peer_and_all_ranks_take_the_same_step(
-        tmp_path: Path) -> None:
+        tmp_path: Path, coordination: str) -> None:
     def train(ck: JobCheckpointer) -> int:
         for step in (10, 20):
             ck.save(step, state(step, ck.env.rank))
             assert ck.wait_durable(step, timeout=30)
         return step
-    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: train, 1: train})
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: train, 1: train}, coordination)
     # nodeB's rank never reached step 20 on the shared tier for rank 1 ... simulate: the
     # shared tier lost rank 1's step 20, and nodeB itself is replaced by nodeC.
     import shutil
@@ -238,19 +255,19 @@ def test_a_replaced_node_restores_from_its_peer_and_all_ranks_take_the_same_step
         assert got is not None
         return got.step, got.tier, bool(np.array_equal(got.state["w"],
                                                          state(got.step, ck.env.rank)["w"]))
-    out = _ranks(tmp_path, 2, 1, ["nodeA", "nodeC"], {0: resume, 1: resume})
+    out = _ranks(tmp_path, 2, 1, ["nodeA", "nodeC"], {0: resume, 1: resume}, coordination)
     # Rank 1's step 20 lives on only in nodeA's memory, as rank 1's replica.
     assert out == {0: (20, "memory", True), 1: (20, "peer", True)}
 
 
-def test_without_a_common_step_every_rank_starts_fresh(tmp_path: Path) -> None:
+def test_without_a_common_step_every_rank_starts_fresh(tmp_path: Path, coordination: str) -> None:
     def first(ck: JobCheckpointer) -> None:
         if ck.env.rank == 0:
             ck.save(5, state(5))
             ck.wait_durable(5, timeout=30)
-    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: first, 1: first})
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: first, 1: first}, coordination)
     out = _ranks(tmp_path, 2, 1, ["nodeA", "nodeB"],
-                 {0: lambda ck: ck.restore(), 1: lambda ck: ck.restore()})
+                 {0: lambda ck: ck.restore(), 1: lambda ck: ck.restore()}, coordination)
     assert out == {0: None, 1: None}
 
 
@@ -260,7 +277,7 @@ def test_a_multi_rank_job_without_a_shared_filesystem_is_refused(tmp_path: Path)
                         JobEnv("7", 0, 2, 0, "0", "c1"))
 
 
-def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path) -> None:
+def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path, coordination: str) -> None:
     """The time-limit signal reaches the ranks at slightly different steps: the first to
     notice proposes a step a little ahead, without waiting for anyone (a rank stuck in an
     all-reduce must not be waited for), and every rank stops and saves at that one step."""
@@ -270,7 +287,7 @@ def test_a_stop_request_makes_every_rank_save_the_same_step(tmp_path: Path) -> N
         before = ck.stop_step(noticed[ck.env.rank])
         ck.stop_requested.set()
         return before, ck.stop_step(noticed[ck.env.rank])
-    out = _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: body, 1: body})
+    out = _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: body, 1: body}, coordination)
     assert out[0] == out[1] and out[0][0] is None and out[0][1] in (132, 133)
 
 
@@ -309,7 +326,7 @@ def test_a_listener_without_the_key_receives_no_replica_bytes() -> None:
     assert b"SSSSSSSS" not in got and len(got) < 16 << 10
 
 
-def test_a_restart_never_mixes_in_steps_of_an_abandoned_run(tmp_path: Path) -> None:
+def test_a_restart_never_mixes_in_steps_of_an_abandoned_run(tmp_path: Path, coordination: str) -> None:
     """Run 1: rank 0 reaches step 20, rank 1 dies after step 10. Run 2 restores step 10 on
     both, trains again and saves a new step 20. Rank 0's old step 20 must not stand in for it
     on any tier."""
@@ -317,7 +334,7 @@ def test_a_restart_never_mixes_in_steps_of_an_abandoned_run(tmp_path: Path) -> N
         for step in (10, 20) if ck.env.rank == 0 else (10,):
             ck.save(step, state(step, ck.env.rank))
             assert ck.wait_durable(step, timeout=30)
-    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: run1, 1: run1})
+    _ranks(tmp_path, 2, 0, ["nodeA", "nodeB"], {0: run1, 1: run1}, coordination)
 
     def run2(ck: JobCheckpointer) -> int | None:
         got = ck.restore()
@@ -325,7 +342,8 @@ def test_a_restart_never_mixes_in_steps_of_an_abandoned_run(tmp_path: Path) -> N
         ck.save(20, new)
         assert ck.wait_durable(20, timeout=30)
         return None if got is None else got.step
-    assert _ranks(tmp_path, 2, 1, ["nodeA", "nodeB"], {0: run2, 1: run2}) == {0: 10, 1: 10}
+    assert _ranks(tmp_path, 2, 1, ["nodeA", "nodeB"], {0: run2, 1: run2},
+                  coordination) == {0: 10, 1: 10}
     for tier in (FsTier("fsx", str(tmp_path / "fsx"), "job-7", 0),
                  FsTier("shm", str(tmp_path / "nodeA"), "job-7", 0)):
         _, data = tier.load(20)

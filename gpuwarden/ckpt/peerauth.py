@@ -1,0 +1,188 @@
+"""Per-job authenticated request/response over TCP, shared by the peer tier (`peer`) and the
+job's coordinator (`coordsrv`, `coordnet`).
+
+One request per connection. The server sends its magic and a fresh nonce; the client sends
+its own nonce, the JSON request header and ``HMAC(key, hdr | nonce_s | nonce_c | header)``.
+The server checks that MAC before it decodes anything (a stranger's header is never parsed),
+then proves the key itself (``HMAC(key, ready | nonces)``) before the client sends any data
+or waits on anything. The peer tier then sends a request body and a whole-response MAC; the
+response header always carries its own. Every MAC covers both nonces, so nothing replays.
+
+Each protocol has its own magic and labels (`Wire`): a message valid at one kind of server is
+never valid at the other, even under the same key.
+
+The key is never part of a message, a repr or a log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import secrets
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuwarden.ckpt.peerwire import (
+    BUSY,
+    MAGIC,
+    MAX_HEADER,
+    NONCE,
+    PeerBusy,
+    PeerError,
+    decode_message,
+    hmac_over,
+    recv_frame,
+    send_frame,
+)
+
+HEADER_LIMIT = 64 << 10  # a request header, read before its MAC is checked: kept small
+
+
+@dataclass(frozen=True)
+class Wire:
+    """One protocol's magic and MAC labels. ``body``/``resp`` empty: no request body, no
+    whole-response MAC after the response header."""
+
+    name: str  # in messages: "peer 10.0.0.5:4000: ..."
+    magic: bytes
+    hdr: bytes
+    ready: bytes
+    rhdr: bytes
+    body: bytes = b""
+    resp: bytes = b""
+    max_response: int = MAX_HEADER  # a response header the client reads (after the key's proof)
+
+
+PEER = Wire("peer", MAGIC, b"hdr", b"ready", b"rhdr", b"body", b"resp")
+# An exchange's answer holds every rank's value: tens of bytes each, times up to 10^5 ranks.
+COORD = Wire("coordinator", b"GPWCORD1", b"chdr", b"cready", b"crsp", max_response=64 << 20)
+
+
+class Endpoint(Protocol):
+    """Where a server listens (`peer.Address`); its str() names it in messages."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+class KeyRefused(PeerError):
+    """The other side does not hold this job's key (or refused ours)."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """One authenticated connection's key and nonces: every MAC of the connection."""
+
+    key: bytes = field(repr=False)
+    wire: Wire
+    nonce_s: bytes = field(repr=False)
+    nonce_c: bytes = field(repr=False)
+
+    def mac(self, label: bytes, *parts: bytes | bytearray | memoryview) -> Any:
+        return hmac_over(self.key, label, self.nonce_s, self.nonce_c, *parts)
+
+
+# ---- the server's side ----------------------------------------------------------------------
+def turn_away(sock: socket.socket) -> None:
+    """A connection over the admission limits: told BUSY (the client says why), closed."""
+    with contextlib.suppress(OSError, PeerError):
+        send_frame(sock, BUSY, time.monotonic() + 1.0)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def serve_handshake(sock: socket.socket, key: bytes, wire: Wire, deadline: float,
+                    header_limit: int = HEADER_LIMIT) -> tuple[Session, bytes]:
+    """Hello, the client's nonce, header and MAC, all within ``deadline`` and in small frames
+    (a stranger can neither hold the connection nor make us allocate). KeyRefused when the MAC
+    is not this job's: the header has not been decoded then."""
+    nonce_s = secrets.token_bytes(NONCE)
+    send_frame(sock, wire.magic + nonce_s, deadline)
+    nonce_c = recv_frame(sock, NONCE, deadline)
+    header = recv_frame(sock, header_limit, deadline)
+    mac = recv_frame(sock, 64, deadline)
+    s = Session(key, wire, nonce_s, nonce_c)
+    if len(nonce_c) != NONCE or not hmac.compare_digest(mac, s.mac(wire.hdr, header).digest()):
+        raise KeyRefused("a request without this job's key")
+    return s, header
+
+
+def prove(sock: socket.socket, s: Session, deadline: float | None = None) -> None:
+    """Our proof of the key: the client sends no data and waits on nothing before it."""
+    send_frame(sock, s.mac(s.wire.ready).digest(), deadline)
+
+
+def send_response(sock: socket.socket, s: Session, resp: dict[str, Any] | bytes,
+                  deadline: float | None = None) -> bytes:
+    """The response header (a document, or one encoded already) and its MAC; returns the
+    header's bytes (the peer tier's whole-response MAC starts from them)."""
+    text = resp if isinstance(resp, bytes) else json.dumps(resp).encode()
+    send_frame(sock, text, deadline)
+    send_frame(sock, s.mac(s.wire.rhdr, text).digest(), deadline)
+    return text
+
+
+# ---- the client's side ----------------------------------------------------------------------
+def client_request(key: bytes, addr: Endpoint, wire: Wire, req: dict[str, Any],
+                   body: Iterable[Any] | None = None, timeout: float = 30.0,
+                   deadline: float | None = None
+                   ) -> tuple[dict[str, Any], socket.socket, Any]:
+    """Send an authenticated request (and ``body``, for a wire that has one); returns the
+    response header, the socket (positioned after the response header) and the running
+    whole-response MAC (None for a wire without one). ``timeout`` bounds each socket call;
+    ``deadline`` (monotonic), when given, the whole exchange. Errors are PeerError naming
+    the server: PeerBusy when it turned us away, KeyRefused when it does not hold the key."""
+    where = f"{wire.name} {addr}"
+    connect_s = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+    if connect_s <= 0:
+        raise PeerError(f"{where}: no time left to ask it")
+    try:
+        sock = socket.create_connection((addr.host, addr.port), timeout=connect_s)
+        sock.settimeout(timeout)
+    except OSError as exc:
+        raise PeerError(f"{where}: cannot connect ({exc})") from None
+    try:
+        hello = recv_frame(sock, len(wire.magic) + NONCE, deadline)
+        if hello == BUSY:
+            raise PeerBusy(f"{where}: busy: it refused the connection at its connection "
+                           "limits (too many at once, or from this address)")
+        if not hello.startswith(wire.magic) or len(hello) != len(wire.magic) + NONCE:
+            raise PeerError(f"{where}: not a gpuwarden {wire.name}")
+        s = Session(key, wire, hello[len(wire.magic):], secrets.token_bytes(NONCE))
+        header = json.dumps(req).encode()
+        send_frame(sock, s.nonce_c, deadline)
+        send_frame(sock, header, deadline)
+        send_frame(sock, s.mac(wire.hdr, header).digest(), deadline)
+        try:
+            ready = recv_frame(sock, 64, deadline)
+        except PeerError as exc:
+            raise KeyRefused(f"{where}: {exc}, instead of proving it holds this job's key "
+                             "(it refused ours)") from None
+        if not hmac.compare_digest(ready, s.mac(wire.ready).digest()):
+            raise KeyRefused(f"{where}: does not hold this job's key: sending it nothing")
+        if body is not None and wire.body:
+            mac = s.mac(wire.body)
+            for part in body:
+                mac.update(part)
+                sock.sendall(part)
+            send_frame(sock, mac.digest())
+        text = recv_frame(sock, wire.max_response, deadline)
+        if not hmac.compare_digest(recv_frame(sock, 64, deadline),
+                                   s.mac(wire.rhdr, text).digest()):
+            raise PeerError(f"{where}: a response without this job's key: ignored")
+        resp = decode_message(text, "response", wire.max_response)
+        return resp, sock, (s.mac(wire.resp, text) if wire.resp else None)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise PeerError(f"{where}: {exc}") from None
+    except PeerError as exc:
+        sock.close()
+        if str(addr) in str(exc):
+            raise
+        raise type(exc)(f"{where}: {exc}") from None
