@@ -204,12 +204,26 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> int:
         if config.ckpt.shared_root:
             moved += _shared_in_child(config.ckpt.shared_root, job_id, uid, gid)
         moved += prepare(config.ckpt.memory_root, job_id, uid, gid)
+        _note_held(config, job_id, uid)
     except (GpuwardenError, OSError) as exc:
         log.error("checkpoint tier 0 for job %s: %s", jobenv.job_id(environ, "?")[:20], exc)
     except Exception:  # a prolog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 for job %s: unexpected error",
                       jobenv.job_id(environ, "?")[:20])
     return moved
+
+
+def _note_held(config: Config, job_id: str, uid: int) -> None:
+    """Root's record of the job whose directories it made here (`jobsheld`: the periodic
+    check's scan reads it, never the spool's listing). Logged, never raised."""
+    from gpuwarden.ckpt import jobsheld  # noqa: PLC0415 - light
+
+    try:
+        jobsheld.record(config.health.state_dir, job_id, uid, time.time())
+    except (GpuwardenError, OSError, ValueError) as exc:
+        log.error("checkpoint tier 0: job %s not recorded in %s/%s (its steps are left out of "
+                  "the node's checkpoint metrics): %s", job_id, config.health.state_dir,
+                  jobsheld.DIR, exc)
 
 
 def _shared_in_child(shared_root: str, job_id: str, uid: int, gid: int) -> int:
@@ -275,6 +289,8 @@ def for_epilog(config: Config, environ: Mapping[str, str],
         keep = again is not False
         try:
             gone = remove(config.ckpt.memory_root, job_id, keep_dirs=keep)
+            if not keep:
+                _forget_held(config, job_id)
         finally:
             # Whatever became of tier 0. Never while the job will run again (a requeue needs
             # its directory) or Slurm cannot say.
@@ -292,6 +308,17 @@ def for_epilog(config: Config, environ: Mapping[str, str],
     except Exception:  # an epilog that raises drains the node: log, never raise
         log.exception("checkpoint tier 0 cleanup for job %s: unexpected error",
                       jobenv.job_id(environ, "?")[:20])
+
+
+def _forget_held(config: Config, job_id: str) -> None:
+    from gpuwarden.ckpt import jobsheld  # noqa: PLC0415 - light
+
+    try:
+        jobsheld.forget(config.health.state_dir, job_id)
+    except (GpuwardenError, OSError) as exc:
+        log.error("checkpoint tier 0: job %s's record in %s/%s left (the scan drops it once "
+                  "its directories are gone): %s", job_id, config.health.state_dir,
+                  jobsheld.DIR, exc)
 
 
 def _shared_end_in_child(shared_root: str, job_id: str, uid: int) -> None:

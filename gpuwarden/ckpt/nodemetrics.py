@@ -55,7 +55,8 @@ def samples(node: str, held: Held | None, counts: dict[str, float]
     return out
 
 
-def scan_in_child(memory_root: str, shared_root: str, deadline_s: float) -> Held:
+def scan_in_child(memory_root: str, shared_root: str, state_dir: str, deadline_s: float
+                  ) -> Held:
     """`nodescan.scan` in a child killed at ``deadline_s`` (ChildTimeout): a hung shared
     filesystem never holds up the periodic check. The scan itself stops short of it (its own
     bound on time) and says it did. Raises GpuwardenError or OSError."""
@@ -63,7 +64,8 @@ def scan_in_child(memory_root: str, shared_root: str, deadline_s: float) -> Held
 
     time_s = max(0.1, min(nodescan.TIME_S, deadline_s - 1.0))
     doc = childcall.call(
-        lambda: nodescan.scan(memory_root, shared_root, time_s=time_s).as_dict(), deadline_s)
+        lambda: nodescan.scan(memory_root, shared_root, state_dir, time_s=time_s).as_dict(),
+        deadline_s)
     if not isinstance(doc, dict):
         raise childcall.ChildFailed(f"tier-0 scan: {type(doc).__name__} from the child")
     return nodescan.Held.from_dict(doc)

@@ -2,34 +2,39 @@
 (`gpuwarden_ckpt.prom`: bytes and steps held, the newest save, how far the shared tier is
 behind).
 
-Everything is read from the filesystem by root, never from what a job says about itself:
-space from ``lstat`` of the step directories' files (allocated blocks, each inode once: a
-sparse or hard-linked file counts what it really holds), times from the step directories'
-``ctime`` (the kernel sets it at the rename that commits a step; a user can move it to now,
-never into the past), each rank's newest durable step from the shared tier's listing.
-Directories are opened by descriptor, never through a link, and only when they are the job
-directory owner's (`safefs.open_dir`); anything else is skipped and counted.
+Which jobs to look at comes from root's own record (`jobsheld`: the prolog notes each job whose
+directories it made here), never from listing the world-writable spool, where anyone can put
+a million entries. Everything else is read from the filesystem by root, never from what a job
+says about itself: space from ``lstat`` of the step directories' files (allocated blocks, each
+inode once: a sparse or hard-linked file counts what it really holds), times from the step
+directories' ``ctime`` (the kernel sets it at the rename that commits a step; a user can move
+it to now, never into the past), each rank's newest durable step from the shared tier (one look
+for the manifest per step, newest first). Directories are opened by descriptor, never through
+a link, and only when they are the job's user's (`safefs.open_dir`); anything else is skipped
+and counted.
 
-The work is bounded, and fairly: spool entries are read at most `MAX_SPOOL` at a time, and
-each owner of job directories gets an equal share of `MAX_ENTRIES` for what is below them,
-so one user's thousands of directories cannot hide another's job. A scan that runs out of
-its share or of `time_s` says so (`complete` False) and reports what it read.
+The work is bounded, and fairly: each owner of jobs on the node gets an equal share of
+`MAX_ENTRIES` entries and of the time left (`TIME_S` in all) when its turn comes, so one user's
+huge directories cannot hide another's job; what an owner's share leaves unread is counted as
+skipped. `complete` is False only when the scan as a whole fell short (the shared tier refused
+to root, an owner not reached in time), never for one owner's excess.
 
-A rank's durable lag is how long it has been saving without the shared tier keeping up: the
-commit time of its newest tier-0 step less that of its newest step on the shared tier, when
-tier 0 holds a newer one (else 0). It grows only while the job saves: in an outage it is the
-outage's length (tier 0's retention pruning older steps does not hide it), and a job that
-ended with steps not yet durable (its tier 0 kept for a requeue) keeps the lag it had, not a
-growing one. With nothing durable yet, the job's directory on the shared tier (made by the
-prolog when the job started) stands for the last write-back. Without a shared tier
-(`shared_root` empty: S3 is the only durable tier, which root cannot list), or when root
-cannot read a rank's shared directory (an NFS server squashing root), that rank has no lag.
-Lags are kept per user bucket (uid mod `BUCKETS`): the alert tells one user's jobs (their own
-business) from many users' (the shared tier is failing), without naming anyone.
+A rank's durable lag is how long it has kept saving without the shared tier keeping up: the
+commit time of its newest tier-0 step less the later of its newest durable step's and this
+run's start (the prolog's record), when tier 0 holds a newer step (else 0). It grows only while
+the job saves: in an outage it is the outage's length (tier 0's retention pruning older steps
+does not hide it), a job that ended keeps the lag it had, a requeued job is measured from its
+new start. A shared tier or job directory that is gone or failing counts as nothing durable
+(the lag then runs from the run's start); one root may not read (an NFS server squashing root)
+gives that rank no lag. Without a shared tier (`shared_root` empty: S3 is the only durable
+tier, which root cannot list) there is no lag to report. Lags are kept per user bucket (uid
+mod `BUCKETS`): the alert tells one user's jobs (their own business) from many users' (the
+shared tier is failing), without naming anyone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -37,16 +42,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from gpuwarden.ckpt import jobsheld
+from gpuwarden.ckpt.jobsheld import JobHeld
 from gpuwarden.ckpt.names import PEER_SUFFIX, parse_step_dir
 from gpuwarden.core import safefs as safeio
-from gpuwarden.core.safefs import Refused, closing
+from gpuwarden.core.safefs import Refused, StateDirError, closing
 
 MANIFEST = "MANIFEST.json"  # gpuwarden.ckpt.tier.MANIFEST (not imported: it loads numpy)
-MAX_SPOOL = 1_000_000  # spool entries looked at
 MAX_ENTRIES = 200_000  # entries below the job directories, shared equally by their owners
 TIME_S = 3.0  # the scan stops here, reporting what it read (the caller's deadline is later)
 BUCKETS = 8
-_JOB = re.compile(r"job-[1-9][0-9]{0,11}")
 _RANK = re.compile(r"rank-[0-9]{5}")
 
 
@@ -82,14 +87,16 @@ class _Budget:
                  mono: Callable[[], float]) -> None:
         self.left, self.held, self.until, self.mono = entries, held, until, mono
 
+    def spent(self) -> bool:
+        return self.left <= 0 or self.mono() > self.until
+
     def names(self, fd: int) -> Iterator[str]:
         """The entries of the directory ``fd``, read as they are needed: the bound limits the
         work, not only what is counted."""
         with os.scandir(fd) as it:
             for entry in it:
-                if self.left <= 0 or self.mono() > self.until:
-                    self.held.skipped += 1
-                    self.held.complete = False
+                if self.spent():
+                    self.held.skipped += 1  # this directory's rest: the owner's share is used
                     return
                 self.left -= 1
                 yield entry.name
@@ -139,92 +146,133 @@ def _subdirs(fd: int, owner: int, where: str, budget: _Budget, held: Held,
 
 
 class _Shared:
-    """The shared tier, its spool opened once (Refused or OSError when it cannot be)."""
+    """The shared tier, its spool opened once. ``fd`` None: not there (a mount gone), so no
+    rank has a durable step root can see."""
 
     def __init__(self, root: str) -> None:
-        self.root, self.fd = root, safeio.open_spool(root)
-
-    def since(self, job: str, rank: str, owner: int, budget: _Budget, held: Held
-              ) -> tuple[int, float] | None:
-        """(the rank's newest durable step, or -1 for none, and when it was committed, or the
-        job's shared directory was made); None when root cannot tell (no such directory,
-        another's, unreadable)."""
+        self.root = root
         try:
-            jfd, jst = safeio.open_dir(self.fd, job, owner, f"{self.root}/{job}")
-        except (Refused, OSError):
+            self.fd: int | None = safeio.open_spool(root)
+        except FileNotFoundError:
+            self.fd = None
+
+    def since(self, job: str, rank: str, owner: int, budget: _Budget, run_start: float
+              ) -> tuple[int, float] | None:
+        """(the rank's newest durable step, -1 for none, and the time the lag runs from: when
+        that step was committed, or this run started if later); None when root may not look
+        (a directory refused to root: an NFS server squashing root, or not the owner's)."""
+        try:
+            newest = self._newest(job, rank, owner, budget)
+        except (Refused, PermissionError):
             return None
+        except OSError:
+            newest = None  # gone or failing: nothing reached it that root can see
+        if newest is None:
+            return -1, run_start
+        return newest.number, max(newest.ctime, run_start)
+
+    def _newest(self, job: str, rank: str, owner: int, budget: _Budget) -> _Step | None:
+        if self.fd is None:
+            return None
+        jfd, _ = safeio.open_dir(self.fd, job, owner, f"{self.root}/{job}")
         with closing(jfd):
-            try:
-                rfd, _ = safeio.open_dir(jfd, rank, owner, f"{self.root}/{job}/{rank}")
-            except FileNotFoundError:
-                return -1, jst.st_ctime
-            except (Refused, OSError):
-                return None
+            rfd, _ = safeio.open_dir(jfd, rank, owner, f"{self.root}/{job}/{rank}")
             with closing(rfd):
-                try:
-                    newest = max(_steps(rfd, owner, f"{self.root}/{job}/{rank}", budget, held,
-                                        None), key=lambda s: s.number, default=None)
-                except OSError:
-                    return None  # a stale handle, a directory going away: not knowable now
-        return (-1, jst.st_ctime) if newest is None else (newest.number, newest.ctime)
+                return _newest_complete(rfd, owner, budget)
 
 
-def _owners(spool: int, budget: _Budget, held: Held) -> dict[int, list[str]]:
-    """The spool's job directories (own and peers') by owner."""
-    out: dict[int, list[str]] = {}
-    for name in budget.names(spool):
-        job = name.removesuffix(PEER_SUFFIX)
-        if not _JOB.fullmatch(job):
-            held.skipped += not name.startswith(".squatted.")  # a squatter's, moved aside
+def _newest_complete(rank_fd: int, owner: int, budget: _Budget) -> _Step | None:
+    """The newest step with its manifest (the owner's regular file), newest first: one look
+    into each step directory until one is complete, not a listing of every shard."""
+    try:
+        numbered = sorted(((n, name) for name in budget.names(rank_fd)
+                           if (n := parse_step_dir(name)) is not None), reverse=True)
+    except OSError:
+        return None
+    for number, name in numbered:
+        if budget.spent():
+            return None
+        try:
+            fd, st = safeio.open_dir(rank_fd, name, owner, name)
+        except (Refused, OSError):
             continue
-        st = safeio.lstat_at(spool, name)
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            held.skipped += st is not None
-            continue
-        out.setdefault(st.st_uid, []).append(name)
-    return out
+        with closing(fd):
+            mst = safeio.lstat_at(fd, MANIFEST)
+        if mst is not None and stat.S_ISREG(mst.st_mode) and mst.st_uid == owner:
+            return _Step(number, st.st_ctime)
+    return None
 
 
-def scan(memory_root: str, shared_root: str, max_entries: int = MAX_ENTRIES,
+def scan(memory_root: str, shared_root: str, state_dir: str, max_entries: int = MAX_ENTRIES,
          time_s: float = TIME_S, mono: Callable[[], float] = time.monotonic) -> Held:
-    """The node's tier 0 under ``memory_root`` (own ranks' steps and peers' replicas) and, with
-    ``shared_root``, each own rank's durable lag. A spool that is not there holds nothing.
-    Raises Refused or OSError when the spool itself cannot be read."""
+    """The tier-0 directories of the jobs root's prolog made on this node (`jobsheld`, never
+    the spool's listing), their own ranks' steps and peers' replicas, and with ``shared_root``
+    each own rank's durable lag. Each owner of jobs gets an equal share of ``max_entries`` and
+    of the time left when its turn comes. Raises Refused or OSError when the spool itself
+    cannot be read, StateDirError when root's record cannot."""
     held = Held()
     until = mono() + time_s
+    jobs, bad = jobsheld.held(state_dir)
+    held.skipped += bad
     try:
         spool = safeio.open_spool(memory_root)
     except FileNotFoundError:
         return held
     with closing(spool):
-        owners = _owners(spool, _Budget(MAX_SPOOL, held, until, mono), held)
+        owners: dict[int, list[JobHeld]] = {}
+        for j in jobs:
+            owners.setdefault(j.uid, []).append(j)
         shared = None
         if shared_root:
             try:
                 shared = _Shared(shared_root)
             except (Refused, OSError):
-                held.skipped += 1  # no lag anywhere: root cannot list the shared tier
+                held.skipped += 1  # no lag anywhere: root may not list the shared tier
+                held.complete = False
         try:
             seen: set[tuple[int, int]] = set()
             share = max_entries // max(1, len(owners))
-            for owner, names in owners.items():
-                budget = _Budget(share, held, until, mono)
-                for name in names:
-                    _job(spool, name, owner, memory_root, budget, held, seen, shared)
+            for i, (owner, owned) in enumerate(owners.items()):
+                now = mono()
+                if now > until:
+                    held.complete = False  # an owner not reached at all
+                    break
+                # What is left of the time, shared by the owners still to come.
+                budget = _Budget(share, held, now + (until - now) / (len(owners) - i), mono)
+                for j in owned:
+                    _job(spool, j, owner, memory_root, budget, held, seen, shared, state_dir)
         finally:
-            if shared is not None:
+            if shared is not None and shared.fd is not None:
                 os.close(shared.fd)
     return held
 
 
-def _job(spool: int, name: str, owner: int, memory_root: str, budget: _Budget, held: Held,
-         seen: set[tuple[int, int]], shared: _Shared | None) -> None:
+def _job(spool: int, j: JobHeld, owner: int, memory_root: str, budget: _Budget, held: Held,
+         seen: set[tuple[int, int]], shared: _Shared | None, state_dir: str) -> None:
+    job = f"job-{j.job_id}"
+    present = 0
+    for name in (job, job + PEER_SUFFIX):
+        st = safeio.lstat_at(spool, name)
+        if st is None:
+            continue
+        present += 1
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
+            held.skipped += 1  # not what the prolog made: another's, a link
+            continue
+        try:
+            _namespace(spool, name, j.since, owner, memory_root, budget, held, seen, shared)
+        except (Refused, OSError):
+            held.skipped += 1  # changing under the scan (the job's own doing): this one only
+    if not present:
+        with contextlib.suppress(StateDirError, OSError):
+            jobsheld.forget(state_dir, j.job_id)  # its directories are gone (a reboot)
+
+
+def _namespace(spool: int, name: str, run_start: float, owner: int, memory_root: str,
+               budget: _Budget, held: Held, seen: set[tuple[int, int]],
+               shared: _Shared | None) -> None:
     where = f"{memory_root}/{name}"
-    try:
-        fd, _ = safeio.open_dir(spool, name, owner, where)
-    except (Refused, OSError):
-        held.skipped += 1
-        return
+    fd, _ = safeio.open_dir(spool, name, owner, where)
     with closing(fd):
         for rank, rfd, _ in _subdirs(fd, owner, where, budget, held,
                                      lambda n: bool(_RANK.fullmatch(n))):
@@ -235,9 +283,9 @@ def _job(spool: int, name: str, owner: int, memory_root: str, budget: _Budget, h
             newest = max(steps, key=lambda s: s.number)
             held.newest_save = max(held.newest_save, *(s.ctime for s in steps))
             if shared is not None and not name.endswith(PEER_SUFFIX):
-                since = shared.since(name, rank, owner, budget, held)
+                since = shared.since(name, rank, owner, budget, run_start)
                 if since is not None:
-                    durable, at = since
-                    lag = max(0.0, newest.ctime - at) if newest.number > durable else 0.0
+                    durable, ref = since
+                    lag = max(0.0, newest.ctime - ref) if newest.number > durable else 0.0
                     bucket = str(owner % BUCKETS)
                     held.lag[bucket] = max(held.lag.get(bucket, 0.0), lag)

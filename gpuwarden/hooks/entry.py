@@ -278,12 +278,12 @@ def report_ckpt(env: Env) -> None:
     held = None
     try:
         held = nodemetrics.scan_in_child(
-            c.memory_root, c.shared_root,
+            c.memory_root, c.shared_root, h.state_dir,
             max(0.5, min(nodemetrics.SCAN_S, env.left() - drain.CALLS_S - METRICS_S)))
         if not held.complete:
-            log.error("%s: checkpoint tier 0 %s: scan stopped at its bound or time, %d entries "
-                      "not read (the series count only what was read)", env.node,
-                      c.memory_root, held.skipped)
+            log.error("%s: checkpoint tier 0 %s: the scan fell short (the shared tier refused "
+                      "to root, or its time ran out before every job's owner was reached); "
+                      "the series count only what was read", env.node, c.memory_root)
     except (GpuwardenError, OSError) as exc:
         log.error("%s: checkpoint tier 0 %s not read: %s (its series left out of %s)",
                   env.node, c.memory_root, exc, nodemetrics.FILE)

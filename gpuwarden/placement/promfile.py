@@ -108,17 +108,19 @@ def _done(text: str, req_switch: int, shadow: bool) -> str:
     return "shadow" if shadow else "unchanged"
 
 
-def lost_nodes(jobs: Iterable[Job]) -> dict[str, int]:
-    """Nodes the launchers' notes (gpuwarden.slurm.lostnote, in the job's Comment) name lost,
-    by the job's state (running: on spares now; pending: requeued). The Comment is the job's
-    owner's to write: a figure for the dashboard, never for an alert."""
-    out = dict.fromkeys(LOST_JOB_STATES, 0)
+def lost_nodes(jobs: Iterable[Job], known: Iterable[str] | None = None) -> dict[str, int]:
+    """The distinct nodes the launchers' notes (gpuwarden.slurm.lostnote, in the job's Comment)
+    name lost, by the job's state (running: on spares now; pending: requeued), at most the
+    job's own node count each and, with ``known``, only nodes Slurm knows. The Comment is the
+    job's owner's to write: a figure for the dashboard, never for an alert."""
+    names: dict[str, set[str]] = {s: set() for s in LOST_JOB_STATES}
     for j in jobs:
         state = "running" if "RUNNING" in j.state else "pending" if "PENDING" in j.state else ""
         if state:
-            # At most the job's own node count: the note is the job owner's to write.
-            out[state] += min(len(lostnote.lost_in(j.comment)), max(0, j.num_nodes))
-    return out
+            lost = sorted(lostnote.lost_in(j.comment))
+            names[state].update(lost[:max(0, j.num_nodes)])
+    fleet = set(known) if known is not None else None
+    return {s: len(n if fleet is None else n & fleet) for s, n in names.items()}
 
 
 def samples(snapshot_at: float | None, rounds: Mapping[str, int], jobs: Sequence[Job] | None,
@@ -136,7 +138,9 @@ def samples(snapshot_at: float | None, rounds: Mapping[str, int], jobs: Sequence
             if outcome is not None:
                 by[outcome] += 1
         out[metrics.JOBS] = [((o,), n) for o, n in by.items()]
-        out[metrics.LAUNCH_NODES_LOST] = [((st,), float(n)) for st, n in lost_nodes(jobs).items()]
+        known = [n.name for n in nodes] if nodes is not None else None
+        out[metrics.LAUNCH_NODES_LOST] = [((st,), float(n))
+                                          for st, n in lost_nodes(jobs, known).items()]
     if nodes is not None:
         named = list(_named(nodes))
         classes = dict.fromkeys(NODE_STATES, 0.0)

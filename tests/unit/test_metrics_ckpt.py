@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuwarden.ckpt import codec, nodemetrics, nodescan, stagein
+from gpuwarden.ckpt import codec, jobsheld, nodemetrics, nodescan, stagein
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.config import Config
@@ -33,18 +33,32 @@ CKPT = "gpuwarden_ckpt.prom"
 
 
 @pytest.fixture
-def roots() -> Iterator[tuple[Path, Path]]:
-    """A tier-0 spool and a shared tier, both root's 1777, reachable by other uids."""
+def roots() -> Iterator[tuple[Path, Path, Path]]:
+    """A tier-0 spool and a shared tier, both root's 1777, reachable by other uids, and root's
+    state directory (where the prolog records the jobs it made directories for)."""
     base = tempfile.mkdtemp(prefix="gpuwarden-nodescan-")
     os.chmod(base, 0o755)
-    mem, shared = Path(base) / "mem", Path(base) / "fsx"
+    mem, shared, state = Path(base) / "mem", Path(base) / "fsx", Path(base) / "state"
     for d in (mem, shared):
         d.mkdir()
         os.chmod(d, 0o1777)
     try:
-        yield mem, shared
+        yield mem, shared, state
     finally:
         shutil.rmtree(base)
+
+
+Roots = tuple[Path, Path, Path]
+
+
+def started(state: Path, job: str, uid: int) -> None:
+    """What the prolog records when it makes the job's directories (this run's start: now)."""
+    jobsheld.record(str(state), job.removeprefix("job-"), uid, time.time())
+
+
+def scan(roots: Roots, shared: bool = True, **kw: object) -> nodescan.Held:
+    mem, fsx, state = roots
+    return nodescan.scan(str(mem), str(fsx) if shared else "", str(state), **kw)  # type: ignore[arg-type]
 
 
 def save(root: Path, job: str, rank: int, step: int, uid: int, size: int = 256) -> None:
@@ -66,14 +80,19 @@ def step_bytes(root: Path, job: str, rank: int, step: int) -> int:
     return sum(f.stat().st_blocks * 512 for f in d.iterdir())  # the memory they hold
 
 
-def test_bytes_steps_and_newest_save_are_what_tier_0_holds(roots: tuple[Path, Path]) -> None:
-    mem, _ = roots
+def later() -> None:
+    time.sleep(1.1)  # commit times (ctime, the kernel's) a second apart
+
+
+def test_bytes_steps_and_newest_save_are_what_tier_0_holds(roots: Roots) -> None:
+    mem, _, state = roots
+    started(state, "job-7", ALICE)
     for rank, step in ((0, 10), (0, 20), (1, 20)):
         save(mem, "job-7", rank, step, ALICE)
     save(mem, "job-7.peer", 2, 20, ALICE)  # a replica held for a rank on another node
     (mem / "job-7" / "rank-00000" / ".tmp-step-30").mkdir()  # a save in flight: not held
     before = time.time()
-    got = nodescan.scan(str(mem), "")
+    got = scan(roots, shared=False)
     want = sum(step_bytes(mem, j, r, s) for j, r, s in
                (("job-7", 0, 10), ("job-7", 0, 20), ("job-7", 1, 20), ("job-7.peer", 2, 20)))
     assert (got.steps, got.bytes, got.skipped, got.complete) == (4, want, 0, True)
@@ -81,8 +100,27 @@ def test_bytes_steps_and_newest_save_are_what_tier_0_holds(roots: tuple[Path, Pa
     assert got.lag == {}  # no shared tier: no lag to report
 
 
-def test_sparse_and_hard_linked_files_count_what_they_hold(roots: tuple[Path, Path]) -> None:
-    mem, _ = roots
+def test_only_jobs_root_made_directories_for_are_read(roots: Roots) -> None:
+    mem, _, state = roots
+    started(state, "job-7", ALICE)
+    save(mem, "job-7", 0, 10, ALICE)
+    save(mem, "job-8", 0, 10, MALLORY)  # made by hand, no prolog: not a job of this node
+    for i in range(3000):  # junk in the world-writable spool is never even listed
+        (mem / f"junk-{i}").touch()
+    got = scan(roots, shared=False)
+    assert (got.steps, got.bytes, got.complete) == (1, step_bytes(mem, "job-7", 0, 10), True)
+
+
+def test_a_record_whose_directories_are_gone_is_dropped(roots: Roots) -> None:
+    _, _, state = roots
+    started(state, "job-5", ALICE)  # a reboot emptied tier 0 since
+    assert scan(roots, shared=False).steps == 0
+    assert jobsheld.held(str(state)) == ([], 0)
+
+
+def test_sparse_and_hard_linked_files_count_what_they_hold(roots: Roots) -> None:
+    mem, _, state = roots
+    started(state, "job-7", ALICE)
     save(mem, "job-7", 0, 10, ALICE)
     step = mem / "job-7" / "rank-00000" / f"step-{10:012d}"
     real = step_bytes(mem, "job-7", 0, 10)
@@ -93,112 +131,143 @@ def test_sparse_and_hard_linked_files_count_what_they_hold(roots: tuple[Path, Pa
         for i in range(50):
             os.link(step / "MANIFEST.json", step / f"again-{i}")
     assert as_user(ALICE, inflate) == 0
-    got = nodescan.scan(str(mem), "")
-    assert got.bytes == real
+    assert scan(roots, shared=False).bytes == real
 
 
-def durable_then(shared: Path, job: str, step: int, uid: int) -> None:
-    """A step on the shared tier, then a moment: what tier 0 commits next is later."""
-    save(shared, job, 0, step, uid)
-    time.sleep(1.1)  # a commit time (ctime, the kernel's) one second apart
-
-
-def test_durable_lag_is_how_long_saves_went_on_without_the_shared_tier(
-        roots: tuple[Path, Path]) -> None:
-    mem, shared = roots
-    durable_then(shared, "job-7", 10, ALICE)
+def test_durable_lag_is_how_long_saves_went_on_without_the_shared_tier(roots: Roots) -> None:
+    mem, shared, state = roots
+    started(state, "job-7", ALICE)
+    save(shared, "job-7", 0, 10, ALICE)
+    later()
     save(mem, "job-7", 0, 10, ALICE)
-    assert nodescan.scan(str(mem), str(shared)).lag == {str(ALICE % 8): 0.0}  # caught up
+    assert scan(roots).lag == {str(ALICE % 8): 0.0}  # caught up
     # The shared tier stops taking steps: tier 0 keeps only the newest (retention pruned the
     # older ones), and the lag is still the time since the last write-back.
     save(mem, "job-7", 0, 20, ALICE)
-    time.sleep(1.1)
+    later()
     save(mem, "job-7", 0, 30, ALICE)
     shutil.rmtree(mem / "job-7" / "rank-00000" / f"step-{10:012d}")
     shutil.rmtree(mem / "job-7" / "rank-00000" / f"step-{20:012d}")
-    first = nodescan.scan(str(mem), str(shared)).lag[str(ALICE % 8)]
+    first = scan(roots).lag[str(ALICE % 8)]
     assert first >= 2.0
     # The job ends (its tier 0 kept for a requeue): the lag stays what it was, never grows.
-    time.sleep(1.1)
-    assert nodescan.scan(str(mem), str(shared)).lag[str(ALICE % 8)] == first
+    later()
+    assert scan(roots).lag[str(ALICE % 8)] == first
 
 
-def test_with_nothing_durable_yet_the_job_s_start_stands_for_the_last_write_back(
-        roots: tuple[Path, Path]) -> None:
-    mem, shared = roots
-    (shared / "job-8").mkdir(mode=0o700)  # the prolog's, at the job's start
-    os.chown(shared / "job-8", BOB, BOB)
-    time.sleep(1.1)
-    save(mem, "job-8", 0, 5, BOB)
-    assert nodescan.scan(str(mem), str(shared)).lag[str(BOB % 8)] >= 1.0
+def test_a_requeued_run_is_measured_from_its_own_start(roots: Roots) -> None:
+    mem, shared, state = roots
+    save(shared, "job-7", 0, 10, ALICE)  # the last run's durable step
+    later()  # the job waits in the queue
+    started(state, "job-7", ALICE)  # requeued: this run's prolog
+    save(mem, "job-7", 0, 11, ALICE)  # its first save, not yet written back
+    assert scan(roots).lag[str(ALICE % 8)] < 1.0  # not the time it waited
 
 
-def test_a_rank_root_cannot_read_on_the_shared_tier_has_no_lag(
-        roots: tuple[Path, Path]) -> None:
-    mem, shared = roots
+def test_with_nothing_durable_the_lag_runs_from_the_run_s_start(roots: Roots) -> None:
+    mem, _, state = roots
+    started(state, "job-8", BOB)
+    later()
+    save(mem, "job-8", 0, 5, BOB)  # no directory of job 8 on the shared tier at all
+    assert scan(roots).lag[str(BOB % 8)] >= 1.0
+
+
+def test_a_shared_tier_gone_is_nothing_durable_not_no_lag(roots: Roots) -> None:
+    mem, shared, state = roots
+    started(state, "job-7", ALICE)
+    save(shared, "job-7", 0, 10, ALICE)
+    later()
+    save(mem, "job-7", 0, 20, ALICE)
+    shutil.rmtree(shared)  # the mount gone: an empty mount point, no spool
+    got = scan(roots)
+    assert got.lag[str(ALICE % 8)] >= 1.0 and got.complete
+
+
+def test_a_rank_root_may_not_read_on_the_shared_tier_has_no_lag(roots: Roots) -> None:
+    mem, shared, state = roots
+    started(state, "job-7", ALICE)
     save(mem, "job-7", 0, 10, ALICE)
     (shared / "job-7" / "rank-00000").mkdir(parents=True)  # as if squashed: not Alice's
     os.chown(shared / "job-7", ALICE, ALICE)
     os.chown(shared / "job-7" / "rank-00000", MALLORY, MALLORY)
-    assert nodescan.scan(str(mem), str(shared)).lag == {}  # unknown, never "lagging"
+    assert scan(roots).lag == {}  # unknown, never "lagging"
 
 
 def test_what_another_user_plants_is_neither_followed_nor_counted(
-        roots: tuple[Path, Path], tmp_path: Path) -> None:
-    mem, shared = roots
+        roots: Roots, tmp_path: Path) -> None:
+    mem, shared, state = roots
+    started(state, "job-7", ALICE)
     save(mem, "job-7", 0, 10, ALICE)
-    # Mallory: a link to a tree shaped like a job (followed, it would add a step), a step of
-    # hers inside Alice's rank (she cannot write there; root can, as a stand-in for any way it
-    # got there), a squatter's entry moved aside.
+    # Mallory: a link to a tree shaped like a job in place of Alice's peer directory (followed,
+    # it would add a step), a step of hers inside Alice's rank (she cannot write there; root
+    # can, as a stand-in for any way it got there).
     save(tmp_path, "secret", 0, 1, 0)
-    os.symlink(tmp_path / "secret", mem / "job-9")
+    os.symlink(tmp_path / "secret", mem / "job-7.peer")
     planted = mem / "job-7" / "rank-00000" / f"step-{11:012d}"
     shutil.copytree(mem / "job-7" / "rank-00000" / f"step-{10:012d}", planted)
     for p in (planted, *planted.iterdir()):
         os.chown(p, MALLORY, MALLORY)
-    (mem / ".squatted.job-3.12345.1").mkdir()
     # On the shared tier, a newer "durable" step of hers must not hide Alice's lag.
     save(shared, "job-7", 0, 10, ALICE)
     alien = shared / "job-7" / "rank-00000" / f"step-{99:012d}"
     shutil.copytree(shared / "job-7" / "rank-00000" / f"step-{10:012d}", alien)
     for p in (alien, *alien.iterdir()):
         os.chown(p, MALLORY, MALLORY)
-    got = nodescan.scan(str(mem), str(shared))
+    got = scan(roots)
     assert (got.steps, got.bytes) == (1, step_bytes(mem, "job-7", 0, 10))
-    assert got.skipped == 3  # the link, her step in tier 0 and on the shared tier
+    assert got.skipped == 2  # the link, her step in tier 0
     assert got.lag == {str(ALICE % 8): 0.0}  # step 10 is durable (Alice's own)
 
 
-def test_one_user_s_many_directories_cannot_hide_another_s_job(
-        roots: tuple[Path, Path]) -> None:
-    mem, shared = roots
-    durable_then(shared, "job-7", 1, ALICE)
+def test_one_user_s_huge_job_cannot_hide_another_s(roots: Roots) -> None:
+    mem, shared, state = roots
+    started(state, "job-7", ALICE)
+    save(shared, "job-7", 0, 1, ALICE)
+    later()
     save(mem, "job-7", 0, 2, ALICE)
-    for job in range(100, 160):  # Mallory's own job directories, each full of ranks
-        d = mem / f"job-{job}"
-        d.mkdir(mode=0o700)
-        for r in range(20):
-            (d / f"rank-{r:05d}").mkdir(mode=0o700)
-            os.chown(d / f"rank-{r:05d}", MALLORY, MALLORY)
-        os.chown(d, MALLORY, MALLORY)
-    got = nodescan.scan(str(mem), str(shared), max_entries=200)
-    assert not got.complete and got.skipped > 0  # her share ran out: said, not hidden
+    started(state, "job-100", MALLORY)  # her own job on the node, full of ranks
+    d = mem / "job-100"
+    d.mkdir(mode=0o700)
+    for r in range(1200):
+        (d / f"rank-{r:05d}").mkdir(mode=0o700)
+        os.chown(d / f"rank-{r:05d}", MALLORY, MALLORY)
+    os.chown(d, MALLORY, MALLORY)
+    got = scan(roots, max_entries=200)
+    assert got.skipped > 0 and got.complete  # her share ran out: her own, counted
     assert got.steps == 1 and got.lag[str(ALICE % 8)] >= 1.0  # Alice's job read whole
 
 
-def test_a_scan_past_its_time_stops_and_says_so(roots: tuple[Path, Path]) -> None:
-    mem, _ = roots
-    for job in range(1, 4):
-        save(mem, f"job-{job}", 0, 1, ALICE)
-    ticks = iter(range(1000))
-    got = nodescan.scan(str(mem), "", time_s=5, mono=lambda: float(next(ticks)))
+def test_an_owner_not_reached_in_time_makes_the_scan_incomplete(roots: Roots) -> None:
+    mem, _, state = roots
+    for job, uid in (("job-1", ALICE), ("job-2", BOB), ("job-3", MALLORY)):
+        started(state, job, uid)
+        save(mem, job, 0, 1, uid)
+    ticks = iter(range(0, 100_000, 10))
+    got = scan(roots, shared=False, time_s=5, mono=lambda: float(next(ticks)))
     assert not got.complete and got.steps < 3
 
 
+def test_an_error_in_one_job_leaves_the_others_read(roots: Roots,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    mem, _, state = roots
+    for job, uid in (("job-1", ALICE), ("job-2", MALLORY)):
+        started(state, job, uid)
+        save(mem, job, 0, 1, uid)
+    real = nodescan._steps
+
+    def steps(rank_fd: int, owner: int, *a: object, **k: object):  # type: ignore[no-untyped-def]
+        if owner == MALLORY:
+            raise FileNotFoundError("removed under the scan")
+        return real(rank_fd, owner, *a, **k)  # type: ignore[arg-type]
+    monkeypatch.setattr(nodescan, "_steps", steps)
+    got = scan(roots, shared=False)
+    assert got.steps == 1 and got.skipped == 1 and got.complete
+
+
 @pytest.fixture
-def node(node_env, roots: tuple[Path, Path]):  # type: ignore[no-untyped-def]  # noqa: F811
+def node(node_env, roots: Roots):  # type: ignore[no-untyped-def]  # noqa: F811
     env, _, tmp = node_env
-    mem, shared = roots
+    mem, shared, _ = roots
     config: Config = env.config
     config = replace(config, health=replace(config.health, prom_dir=str(tmp / "prom")),
                      ckpt=CkptConfig(memory_root=str(mem), shared_root=str(shared)))
@@ -210,9 +279,8 @@ def ckpt(tmp: Path, name: str, **labels: str) -> float | None:
 
 
 def test_the_periodic_check_writes_the_node_s_checkpoint_series(node) -> None:  # type: ignore[no-untyped-def]
-    env, tmp, mem, shared = node
-    (shared / "job-7").mkdir(mode=0o700)  # the prolog's, at the job's start
-    os.chown(shared / "job-7", ALICE, ALICE)
+    env, tmp, mem, _ = node
+    started(Path(env.config.health.state_dir), "job-7", ALICE)
     save(mem, "job-7", 0, 10, ALICE)
     assert entry.periodic(env) == 0
     _, kinds = parse(tmp / "prom" / CKPT)
@@ -225,7 +293,7 @@ def test_the_periodic_check_writes_the_node_s_checkpoint_series(node) -> None:  
                      "gpuwarden_ckpt_stageins_total": "counter"}
     assert ckpt(tmp, "gpuwarden_ckpt_tier0_bytes") == step_bytes(mem, "job-7", 0, 10)
     assert ckpt(tmp, "gpuwarden_ckpt_tier0_steps") == 1
-    # Nothing on the shared tier yet: the lag runs from the job's start (its shared directory).
+    # Nothing on the shared tier yet: the lag runs from the run's start.
     assert ckpt(tmp, "gpuwarden_ckpt_durable_lag_seconds", user_bucket=str(ALICE % 8)) >= 0
     assert ckpt(tmp, "gpuwarden_ckpt_tier0_scan_complete") == 1
     assert ckpt(tmp, "gpuwarden_ckpt_squatters_moved_total") == 0
@@ -258,12 +326,12 @@ def test_a_scan_that_fails_leaves_its_series_out_and_says_so(
 
 @pytest.mark.timeout(60)
 def test_a_hung_scan_is_given_up_at_its_deadline(monkeypatch: pytest.MonkeyPatch,
-                                                 roots: tuple[Path, Path]) -> None:
+                                                 roots: Roots) -> None:
     from gpuwarden.ckpt.childcall import ChildTimeout
 
     monkeypatch.setattr(nodescan, "scan", lambda *a, **k: time.sleep(3600))  # a hung NFS
     with pytest.raises(ChildTimeout):
-        nodemetrics.scan_in_child(str(roots[0]), "", 0.5)
+        nodemetrics.scan_in_child(str(roots[0]), "", str(roots[2]), 0.5)
 
 
 @pytest.mark.parametrize(("code", "outcome"), [(0, "staged"), (1, "failed"), (2, "failed"),

@@ -277,6 +277,13 @@ def test_nodes_the_launchers_lost_are_counted_by_their_job_s_state() -> None:
           replace(job(4, state="RUNNING"), comment="gpuwarden-launch: lost c9 (x"),  # not a note
           replace(job(5, state="RUNNING"), comment="my own comment")]
     assert promfile.lost_nodes(js) == {"running": 2, "pending": 1}
+    # The same nodes named by many jobs count once; a job names at most its own node count;
+    # with Slurm's nodes known, a name it does not know is not counted.
+    many = [replace(job(10 + i), comment="gpuwarden-launch: lost c4 (rank 0); x9 (rank 1)",
+                    num_nodes=1) for i in range(100)]
+    assert promfile.lost_nodes(many) == {"running": 0, "pending": 1}
+    wide = [replace(job(20), comment="gpuwarden-launch: lost c4 (rank 0); x9 (rank 1)")]
+    assert promfile.lost_nodes(wide, known=["c4"]) == {"running": 0, "pending": 1}
     got = promfile.samples(None, {}, js, None, PlacementConfig())[metrics.LAUNCH_NODES_LOST]
     assert got == [(("running",), 2.0), (("pending",), 1.0)]
 
