@@ -249,7 +249,7 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
             break
         flagged = now
         if grown:
-            f = fit(inc, keep=keep)
+            f = fit(inc, keep=keep, start=f)
     tests, q_values, flagged = _confirm(inc, cfg, index, entries, testable, f, keep, own, null,
                                         tests, flagged)
     return _Rounds(f, tests, q_values, flagged, null, left_out)
