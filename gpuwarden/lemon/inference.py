@@ -11,9 +11,10 @@ with E[i] node i's node-hours and H[b] the job-hours of bucket b. What failed a 
 over its nodes plus the background, unless the events name the node that failed (a DOWN or
 NOT_RESPONDING, a health drain, sacct's `failed_node`): then only the named nodes. The fit is
 expectation-maximisation: each failure is shared out in proportion to the current rates
-(`share`), each rate is its shares over its exposure. The log-likelihood is concave, so the
-fit is the maximum. A healthy node that fails only in runs with a lemon gets shares near 0:
-the lemon, whose rate its other runs fix, explains them.
+(`share`), each rate is its shares over its exposure, accelerated by squared extrapolation
+(`_Em.run`). The log-likelihood is concave, so the fit is the maximum. A healthy node that
+fails only in runs with a lemon gets shares near 0: the lemon, whose rate its other runs fix,
+explains them.
 
 Test. For node i, with the other rates held at the fit, the likelihood of lam[i] alone; the
 evidence against "node i fails like the fleet (rate lam0)" is the one-sided likelihood ratio,
@@ -42,8 +43,8 @@ import numpy.typing as npt
 
 from gpuwarden.accounting.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray, Incidence, IntArray
 
-ITERATIONS = 400
-TOLERANCE = 1e-7
+ITERATIONS = 400  # EM steps at most
+TOLERANCE = 1e-6  # the log-likelihood a round of steps must still gain
 # A source's excess below this (in failures) is not worth a test without it.
 EXCESS_MIN = 0.25
 
@@ -65,9 +66,9 @@ class Fit:
             counted |= self.bg_use > 0
         w = np.ones(inc.rows) if self.weight is None else self.weight
         with np.errstate(divide="ignore"):
-            logs = float(np.dot(w[counted], np.log(self.row_rate[counted])))
-        return (logs - float(np.dot(self.rate, inc.node_hours))
-                - float(np.dot(self.background, inc.bucket_hours)))
+            logs = float((w[counted] * np.log(self.row_rate[counted])).sum())
+        return (logs - float((self.rate * inc.node_hours).sum())
+                - float((self.background * inc.bucket_hours).sum()))
 
     def share(self, inc: Incidence) -> FloatArray:
         """Per entry: the part of its row's failure the node's rate explains."""
@@ -122,7 +123,7 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
     0 none: the run then counts for no node; a row counts at the least of its entries').
     ``fixed``: (node, rate) held at that rate, every other rate re-optimised (the null of a
     profile likelihood-ratio test). ``start``: a fit to start from (fewer iterations)."""
-    n, rows = len(inc.names), inc.rows
+    rows = inc.rows
     row, use, bg_use, weight = _design(inc, keep)
     exposure = inc.node_hours
     total = float(exposure.sum()) or 1.0
@@ -138,30 +139,108 @@ def fit(inc: Incidence, iterations: int = ITERATIONS, tolerance: float = TOLERAN
         bg = np.where(bhours > 0, max(rows, 1) / max(float(bhours.sum()), 1e-9) / 10, 0.0)
     if fixed is not None:
         rate[fixed[0]] = fixed[1]
-    size = inc.size
-    # Only the entries whose rate counts: most entries of a big run that events pin on one
-    # node count for nothing (use 0), and a 0 adds nothing to a sum, so the fit is the same.
-    counted = use > 0
-    node_c, row_c = inc.node[counted], row[counted]
-    bg_row = bg_use > 0
-    lam_row = np.ones(rows)
-    done = 0
-    for done in range(1, iterations + 1):  # noqa: B007 - the count is reported
-        on_node = rate[node_c]
-        lam_row = np.bincount(row_c, weights=on_node, minlength=rows) + bg[size] * bg_use
-        inv = np.divide(weight, lam_row, out=np.zeros(rows), where=lam_row > 0)
-        shares = np.bincount(node_c, weights=on_node * inv[row_c], minlength=n)
-        new_rate = np.divide(shares, exposure, out=np.zeros(n), where=exposure > 0)
-        if fixed is not None:
-            new_rate[fixed[0]] = fixed[1]  # a conditional M-step: the rest is still EM
-        bshares = np.bincount(size[bg_row], weights=(bg[size] * inv)[bg_row], minlength=len(bg))
-        new_bg = np.divide(bshares, bhours, out=np.zeros(len(bg)), where=bhours > 0)
-        change = float(np.max(np.abs(new_rate - rate) * exposure, initial=0.0))
-        rate, bg = new_rate, new_bg
-        if change < tolerance:
-            break
-    lam_row = np.bincount(row_c, weights=rate[node_c], minlength=rows) + bg[size] * bg_use
+    em = _Em.of(inc, row, use, bg_use, weight, fixed)
+    rate, bg, lam_row, done = em.run(rate, bg, iterations, tolerance)
     return Fit(rate, bg, use, lam_row, done, bg_use, weight)
+
+
+@dataclass(frozen=True, eq=False)
+class _Em:
+    """One fit's EM map and likelihood over the entries whose rate counts (most entries of a
+    big run that events pin on one node count for nothing, and a 0 adds nothing to a sum)."""
+
+    node: IntArray  # per counted entry
+    row: IntArray
+    size: IntArray  # per row
+    bg_use: FloatArray
+    bg_row: npt.NDArray[np.bool_]  # rows the background counts in
+    bg_size: IntArray  # their sizes
+    weight: FloatArray
+    live: npt.NDArray[np.bool_]  # rows whose failure counts: something can have failed them
+    exposure: FloatArray
+    bucket_hours: FloatArray
+    fixed: tuple[int, float] | None
+
+    @classmethod
+    def of(cls, inc: Incidence, row: IntArray, use: FloatArray, bg_use: FloatArray,
+           weight: FloatArray, fixed: tuple[int, float] | None) -> _Em:
+        counted = use > 0
+        node_c, row_c = inc.node[counted], row[counted]
+        bg_row = bg_use > 0
+        live = (np.bincount(row_c, minlength=inc.rows) > 0) | bg_row
+        return cls(node_c, row_c, inc.size, bg_use, bg_row, inc.size[bg_row], weight,
+                   live & (weight > 0), inc.node_hours, inc.bucket_hours, fixed)
+
+    def hazard(self, rate: FloatArray, bg: FloatArray) -> FloatArray:
+        """Per row: the rate of what could have failed it."""
+        on = np.bincount(self.row, weights=rate[self.node], minlength=len(self.size))
+        out: FloatArray = on + bg[self.size] * self.bg_use
+        return out
+
+    def loglik(self, rate: FloatArray, bg: FloatArray, lam_row: FloatArray) -> float:
+        # Sums of products, not np.dot: BLAS's threads cost milliseconds a call on a busy host.
+        with np.errstate(divide="ignore"):
+            logs = float((self.weight[self.live] * np.log(lam_row[self.live])).sum())
+        return (logs - float((rate * self.exposure).sum())
+                - float((bg * self.bucket_hours).sum()))
+
+    def step(self, rate: FloatArray, bg: FloatArray, lam_row: FloatArray
+             ) -> tuple[FloatArray, FloatArray]:
+        """Each failure shared out in proportion to the rates; each rate its shares over its
+        exposure (``lam_row``: the hazard at ``rate``, ``bg``)."""
+        n, rows = len(rate), len(lam_row)
+        inv = np.divide(self.weight, lam_row, out=np.zeros(rows), where=lam_row > 0)
+        shares = np.bincount(self.node, weights=rate[self.node] * inv[self.row], minlength=n)
+        new_rate = np.divide(shares, self.exposure, out=np.zeros(n), where=self.exposure > 0)
+        if self.fixed is not None:
+            new_rate[self.fixed[0]] = self.fixed[1]  # a conditional M-step: the rest is still EM
+        bshares = np.bincount(self.bg_size, weights=(bg[self.size] * inv)[self.bg_row],
+                              minlength=len(bg))
+        new_bg = np.divide(bshares, self.bucket_hours, out=np.zeros(len(bg)),
+                           where=self.bucket_hours > 0)
+        return new_rate, new_bg
+
+    def run(self, rate: FloatArray, bg: FloatArray, iterations: int, tolerance: float
+            ) -> tuple[FloatArray, FloatArray, FloatArray, int]:
+        """EM accelerated by squared extrapolation (SQUAREM, Varadhan and Roland 2008): two
+        steps, a jump along them as far as their shrinking suggests, one step from there,
+        kept only where it raised the likelihood (two plain steps otherwise), so every round
+        still climbs. Plain EM crawls along a gang block's ridge: 400 steps left a 12,500-node
+        fit 0.004 short of its maximum and a node's attributed failures 0.3 off; this gets
+        within 1e-6 in about a hundred steps. Until a round gains less than ``tolerance`` or
+        ``iterations`` steps are spent."""
+        rows = len(self.size)
+        # A jump may overshoot a rate that is shrinking to 0: it lands a little above 0 (a
+        # rate of exactly 0 never moves under EM).
+        tiny = max(rows, 1) / (float(self.exposure.sum()) or 1.0) * 1e-12
+        btiny = max(rows, 1) / max(float(self.bucket_hours.sum()), 1e-9) * 1e-12
+        lam_row = self.hazard(rate, bg)
+        ll = self.loglik(rate, bg, lam_row)
+        done = 0
+        while done < iterations:
+            r1, b1 = self.step(rate, bg, lam_row)
+            lam1 = self.hazard(r1, b1)
+            r2, b2 = self.step(r1, b1, lam1)
+            done += 2
+            dr, db, vr, vb = r1 - rate, b1 - bg, r2 - 2 * r1 + rate, b2 - 2 * b1 + bg
+            v = math.sqrt(float((vr * vr).sum() + (vb * vb).sum()))
+            d = math.sqrt(float((dr * dr).sum() + (db * db).sum()))
+            alpha = -max(1.0, d / v) if v > 0 else -1.0
+            jr = np.where(r2 > 0, np.maximum(rate - 2 * alpha * dr + alpha**2 * vr, tiny), 0.0)
+            jb = np.where(b2 > 0, np.maximum(bg - 2 * alpha * db + alpha**2 * vb, btiny), 0.0)
+            if self.fixed is not None:
+                jr[self.fixed[0]] = self.fixed[1]
+            lam_j = self.hazard(jr, jb)
+            if self.loglik(jr, jb, lam_j) >= ll:
+                rate, bg = self.step(jr, jb, lam_j)
+                done += 1
+            else:
+                rate, bg = r2, b2
+            lam_row = self.hazard(rate, bg)
+            before, ll = ll, self.loglik(rate, bg, lam_row)
+            if ll - before < tolerance:
+                break
+        return rate, bg, lam_row, done
 
 
 @dataclass(frozen=True)
@@ -197,14 +276,29 @@ def node_rate(rest: FloatArray, exposure: float, weight: FloatArray | None = Non
         return 0.0
     if np.all(rest[w > 0] > 0) and float(np.sum(w[w > 0] / rest[w > 0])) <= exposure:
         return 0.0
+    # Newton on g(r) = sum w / (r + rest) - E, decreasing and convex: a step from either
+    # side of the root lands at or below it, and from below the steps climb to it, so a
+    # handful replace bisection's 80 sums (the per-node test runs for every node, every
+    # round). A step that leaves the bracket bisects instead.
+    on = w > 0
+    w, rest = w[on], rest[on]
     lo, hi = 0.0, float(w.sum()) / exposure
-    for _ in range(80):
-        mid = (lo + hi) / 2
-        if float(np.sum(w / (mid + rest))) > exposure:
-            lo = mid
+    r = hi
+    for _ in range(100):
+        inv = w / (r + rest)
+        g = float(inv.sum()) - exposure
+        if g > 0:
+            lo = r
         else:
-            hi = mid
-    return (lo + hi) / 2
+            hi = r
+        slope = float((inv / (r + rest)).sum())
+        nxt = r + g / slope if slope > 0 and math.isfinite(slope) else math.nan
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2
+        if abs(nxt - r) <= 1e-15 * r or hi - lo <= 1e-15 * hi:
+            return nxt
+        r = nxt
+    return r
 
 
 def _loglik(r: float, rest: FloatArray, exposure: float, w: FloatArray) -> float:

@@ -31,7 +31,7 @@ from gpuwarden.lemon.inference import (
     robust_test,
     source_entries,
 )
-from gpuwarden.lemon.verdict import Bar, confirm, named_counts, named_null
+from gpuwarden.lemon.verdict import Bar, confirm, convicted, named_counts, named_null
 
 ROUNDS = 6
 
@@ -249,7 +249,7 @@ def _rounds(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
             break
         flagged = now
         if grown:
-            f = fit(inc, keep=keep)
+            f = fit(inc, keep=keep, start=f)
     tests, q_values, flagged = _confirm(inc, cfg, index, entries, testable, f, keep, own, null,
                                         tests, flagged)
     return _Rounds(f, tests, q_values, flagged, null, left_out)
@@ -273,14 +273,16 @@ def _confirm(inc: Incidence, cfg: ScoreConfig, index: dict[str, int],
     tests = dict(tests)
     for n in sorted(flagged):
         t = tests[n]
-        base, start = weights, f
-        if n in own:
-            base = weights.copy()
-            base[own[n]] = 1.0
-            start = fit(inc, keep=base, start=f)
-        v = confirm(inc, start, base, index[n], entries[n], _null_rate(start, inc, keep),
-                    partial(_null_rate, inc=inc, keep=keep), bar, t.p_value,
-                    (float(counts[index[n]]), named_rate))
+        named = (float(counts[index[n]]), named_rate)
+        v = convicted(inc, index[n], bar, named)
+        if v is None:
+            base, start = weights, f
+            if n in own:
+                base = weights.copy()
+                base[own[n]] = 1.0
+                start = fit(inc, keep=base, start=f)
+            v = confirm(inc, start, base, index[n], entries[n], _null_rate(start, inc, keep),
+                        partial(_null_rate, inc=inc, keep=keep), bar, t.p_value, named)
         tests[n] = replace(t, p_value=v.p_value, left_out=v.weakest or t.left_out)
     q_values = dict(zip(testable, benjamini_hochberg([tests[n].p_value for n in testable]),
                         strict=True))
