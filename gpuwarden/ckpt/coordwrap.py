@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -72,11 +73,27 @@ def address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def forwarded(foreground: bool) -> tuple[signal.Signals, ...]:
+    """The signals passed on to COMMAND. In a terminal's foreground (``salloc`` then the
+    wrapper by hand) the terminal's Ctrl-C reaches COMMAND itself: passing it on too would be a
+    second SIGINT, which srun takes as "cancel the step". Pure."""
+    return tuple(s for s in FORWARDED if not (foreground and s == signal.SIGINT))
+
+
+def in_foreground() -> bool:
+    """Whether this process runs in its terminal's foreground process group."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
 def run(argv: Sequence[str], env: Mapping[str, str],
-        forwarded: Sequence[signal.Signals] = FORWARDED) -> int:
-    """Run ``argv`` to its end, passing it ``forwarded`` signals (those not ignored here: a
-    shell's background job ignores SIGINT, and so must its command); its exit status, 128 + N
-    when signal N ended it. FileNotFoundError/PermissionError when it cannot be started."""
+        signals: Sequence[signal.Signals] | None = None) -> int:
+    """Run ``argv`` to its end, passing it ``signals`` (None: `forwarded`; those ignored here
+    are left so: a shell's background job ignores SIGINT, and so must its command); its exit
+    status, 128 + N when signal N ended it. FileNotFoundError/PermissionError when it cannot
+    be started."""
     proc: list[subprocess.Popen[bytes]] = []
     early: list[int] = []
 
@@ -88,7 +105,7 @@ def run(argv: Sequence[str], env: Mapping[str, str],
             proc[0].send_signal(signum)
 
     before: dict[signal.Signals, Callable[[int, FrameType | None], Any] | int | None] = {}
-    for sig in forwarded:
+    for sig in forwarded(in_foreground()) if signals is None else signals:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             before[sig] = signal.signal(sig, forward)
     try:

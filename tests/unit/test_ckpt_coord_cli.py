@@ -167,23 +167,26 @@ def on(sig, _f):
     print("got", signal.Signals(sig).name, flush=True)
     sys.exit(75)
 signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGINT, on)
 print("ready", flush=True)
 time.sleep(60)
 """
 
 
-@pytest.mark.parametrize(("sig", "status"), [(signal.SIGUSR1, 75), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("sig", "status", "said"), [(signal.SIGUSR1, 75, "got SIGUSR1\n"),
+                                                     (signal.SIGINT, 75, "got SIGINT\n"),
+                                                     (signal.SIGTERM, 143, "")])
 def test_signals_reach_the_command(tmp_path: Path, site: dict[str, Any], sig: int,
-                                   status: int) -> None:
+                                   status: int, said: str) -> None:
     p = subprocess.Popen(wrapper(write_config(tmp_path / "gw.toml", **site),
                                  sys.executable, "-c", WAITS),
-                         env=batch_env(), stdout=subprocess.PIPE, text=True)
+                         env=batch_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         text=True)
     assert p.stdout is not None
     assert p.stdout.readline() == "ready\n"
     p.send_signal(sig)
     assert p.wait(timeout=60) == status
-    if sig == signal.SIGUSR1:
-        assert p.stdout.read() == "got SIGUSR1\n"
+    assert p.stdout.read() == said
 
 
 def test_a_job_without_its_key_file_stops_before_the_command(tmp_path: Path,
@@ -199,6 +202,14 @@ def test_a_host_name_the_coordinator_cannot_be_reached_at_is_said_at_once(
     monkeypatch.setattr(coordwrap, "READY_S", 0.3)
     with pytest.raises(WrapError, match=r"does not answer at \[::1\]:\d+.*--host"):
         coordwrap.serve(["true"], b"k" * 32, "job-1", "::1", {})  # it listens on IPv4
+
+
+def test_a_wrapper_in_a_terminals_foreground_leaves_ctrl_c_to_the_terminal() -> None:
+    # The terminal signals the whole foreground group, COMMAND too: a forwarded SIGINT would
+    # be srun's second one ("cancel the step") where the user pressed Ctrl-C once.
+    assert signal.SIGINT in coordwrap.forwarded(foreground=False)
+    assert set(coordwrap.FORWARDED) - set(coordwrap.forwarded(foreground=True)) == {
+        signal.SIGINT}
 
 
 @pytest.mark.parametrize(("value", "want"), [
