@@ -1,11 +1,11 @@
-"""`gpuwarden ckpt ls|verify|gc|interval`."""
+"""`gpuwarden ckpt ls|verify|gc|tidy|interval|coord`."""
 
 from __future__ import annotations
 
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -242,6 +242,61 @@ def _said(where: str, what: str, plural: tuple[str, str], got: Any, verbose: boo
         why[kind] = why.get(kind, 0) + 1
     for kind, n in sorted(why.items()):
         click.echo(f"kept {n}: {kind}")
+
+
+@ckpt.command("coord", context_settings={"allow_interspersed_args": False})
+@click.option("--host", default=None, help="this host's name as the ranks reach it "
+              "[default: SLURMD_NODENAME, else the host name]")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def coord(obj: Context, host: str | None, command: tuple[str, ...]) -> None:
+    """Run COMMAND (srun ..., gpuwarden launch ...) with the job's checkpoint coordinator
+    beside it, on a site without [ckpt] shared_root: the ranks agree on steps through it,
+    at the address COMMAND's environment gets (GPUWARDEN_CKPT_COORD). Exits with COMMAND's
+    status; passes it SIGTERM, SIGINT, SIGUSR1 and SIGUSR2. With shared_root, or for a job
+    of one task, it runs COMMAND in its place: nothing to coordinate. The sbatch templates
+    (ckpt/train.sbatch, train_spares.sbatch) run their srun or launcher under it."""
+    import socket  # noqa: PLC0415 - the imports of what this command alone needs
+
+    from gpuwarden.slurm import jobenv  # noqa: PLC0415
+
+    cfg = obj.config_or_exit().ckpt
+    environ = os.environ
+    one_task = jobenv.ntasks(environ) == "1"
+    if cfg.shared_root or one_task or not cfg.key_file:
+        if not (cfg.shared_root or cfg.key_file or one_task):
+            click.echo("gpuwarden: no [ckpt] shared_root nor key_file: no checkpoint "
+                       "coordinator (a job of several ranks cannot checkpoint)", err=True)
+        _exec(command)
+    job_id = jobenv.valid_job_id(environ)
+    if not job_id:
+        raise click.UsageError("SLURM_JOB_ID is not set: run this in a batch script")
+    from gpuwarden.ckpt import coordwrap, jobkey  # noqa: PLC0415
+
+    try:
+        keys = jobkey.read_job_keys(cfg.job_key_dir, job_id)
+        rc = coordwrap.serve(command, keys.signing[1], f"job-{job_id}",
+                             host or jobenv.node_name(environ, socket.gethostname), environ,
+                             say=lambda line: click.echo(line, err=True))
+    except OSError as exc:  # COMMAND could not be started
+        _not_run(command, exc)
+    except GpuwardenError as exc:  # no key file; no port; not reached at --host
+        raise click.ClickException(str(exc)) from None
+    sys.exit(rc)
+
+
+def _exec(command: tuple[str, ...]) -> NoReturn:
+    """COMMAND in this process's place (its pid, its signals, its status), or exit 127 as a
+    shell does when it cannot be run."""
+    try:
+        os.execvp(command[0], list(command))  # noqa: S606 - the batch script's own command
+    except OSError as exc:
+        _not_run(command, exc)
+
+
+def _not_run(command: tuple[str, ...], exc: OSError) -> NoReturn:
+    click.echo(f"gpuwarden: cannot run {command[0]!r}: {exc.strerror}", err=True)
+    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
 @ckpt.command("interval")

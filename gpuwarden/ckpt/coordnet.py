@@ -29,6 +29,8 @@ from gpuwarden.ckpt.peerwire import PeerError
 
 log = logging.getLogger(__name__)
 
+# The coordinator's host:port, which the wrapper (`gpuwarden ckpt coord`) gives the ranks.
+ENV_COORD = "GPUWARDEN_CKPT_COORD"
 GRACE_S = 10.0  # beyond an exchange's wait: for the answer to come back
 OP_S = 10.0  # a call that waits on no other rank (propose, durable, floor, ping)
 _FIRST_PAUSE, _MOST_PAUSE = 0.02, 1.0

@@ -17,6 +17,7 @@ names the agreement round), so a requeued job finds its own checkpoints and nobo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,13 +29,16 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from gpuwarden.ckpt import beat, restorelog
+from gpuwarden.ckpt import beat, jobkey, restorelog
 from gpuwarden.ckpt.build import tiers
 from gpuwarden.ckpt.checkpointer import Checkpointer, PendingSave
 from gpuwarden.ckpt.coord import CoordError, Coordinator, FileCoordinator, SoloCoordinator, agree
+from gpuwarden.ckpt.coordnet import ENV_COORD, NetCoordinator
 from gpuwarden.ckpt.fstier import FsTier
+from gpuwarden.ckpt.jobkey import JobKeys
 from gpuwarden.ckpt.manifest import Manifest
-from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners
+from gpuwarden.ckpt.peer import Address, PeerServer, PeerTier, job_key, partners, read_job_key
+from gpuwarden.ckpt.peerwire import PeerError
 from gpuwarden.ckpt.restore import COPY_ERRORS, Restored, TiersUnavailable, copy_of
 from gpuwarden.config.ckpt import CkptConfig
 from gpuwarden.core.errors import GpuwardenError
@@ -44,6 +48,12 @@ log = logging.getLogger(__name__)
 
 # The training script's exit status after an emergency save: the sbatch template requeues on it.
 EXIT_REQUEUE = 75  # EX_TEMPFAIL
+# The writer's calls to the job's coordinator (its durable steps, retention's floor): a
+# coordinator out of reach costs the write-back this long per call, not the 10 s of an
+# agreement call; a call that fails only defers retention to the next commit.
+WRITER_OP_S = 3.0
+WRAPPER = "gpuwarden ckpt coord --"
+RECORD_S = 30.0  # how long `finish` waits for the restore record to reach S3
 
 
 class JobEnvError(GpuwardenError):
@@ -114,42 +124,96 @@ def install_stop_signal(stop: threading.Event, signum: int = signal.SIGUSR1) -> 
 class JobCheckpointer:
     def __init__(self, cfg: CkptConfig, env: JobEnv, coord: Coordinator | None = None,
                  host: str | None = None, stop: threading.Event | None = None,
-                 beats: beat.Beater | None = None) -> None:
+                 beats: beat.Beater | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        """``coord``: how the ranks agree (None: from the site, see `_coordinators`);
+        ``environ``: the rank's environment (None: this process's), where the job's
+        coordinator address is when there is no shared filesystem."""
         self.cfg, self.env = cfg, env
         self.beats = beats  # heartbeats to `gpuwarden launch`, when it started this step
         self.stop_requested = stop if stop is not None else threading.Event()
         self._stop_at: int | None = None
         self.stop_margin = 2
+        self._recording: threading.Thread | None = None  # the restore record's upload
+        environ = os.environ if environ is None else environ
         storage = tiers(cfg, env.job, env.rank)
         tier0: FsTier = storage[0]
         shared = next((t for t in storage if t.name == "shared"), None)
         if shared is not None:
             shared.ensure_dir()
-        self._key: bytes | None = None
+        job_dir = None if shared is None else os.path.dirname(shared.dir)
         s3 = next((t for t in storage if t.name == "s3"), None)
+        self._s3 = s3
+        # The job's keys: S3 cannot tell owners apart (its manifests carry a MAC under them),
+        # and the peers and the coordinator admit only the job's ranks by them.
+        needed = s3 is not None or (env.world_size > 1 and (job_dir is None
+                                                             or cfg.peer_replicas > 0))
+        self._keys = self._job_keys(job_dir) if needed else None
         if s3 is not None:
-            # S3 cannot tell owners apart: its manifests are authenticated with the job's key,
-            # which only the job's user can read on the shared tier.
-            if shared is None:
-                raise JobEnvError("[ckpt] s3_bucket needs [ckpt] shared_root: the job's key, "
-                                  "which authenticates its S3 steps, lives there")
-            s3.key = self._job_key(os.path.dirname(shared.dir))
+            if self._keys is None:  # the config refuses this; a hand-built one must too
+                raise JobEnvError("[ckpt] s3_bucket needs [ckpt] key_file (or shared_root): "
+                                  "the job's key authenticates its S3 steps")
+            s3.keys = self._keys
+        writer: Coordinator | None = coord
         if coord is None:
-            if shared is not None:
-                coord = FileCoordinator(os.path.dirname(shared.dir), env.rank, env.world_size)
-            elif env.world_size > 1:
-                raise JobEnvError("a job of several ranks needs [ckpt] shared_root: the ranks "
-                                  "agree on the step to restore through it")
-            else:
-                coord = SoloCoordinator()
+            coord, writer = self._coordinators(job_dir, environ)
         self.coord = coord
         self.server: PeerServer | None = None
         replicas: list[Any] = []
-        if cfg.peer_replicas > 0 and env.world_size > 1 and shared is not None:
-            replicas.append(self._start_peers(os.path.dirname(shared.dir), host))
+        if cfg.peer_replicas > 0 and env.world_size > 1 and self._keys is not None:
+            replicas.append(self._start_peers(self._keys.signing[1], host))
         self.ck = Checkpointer(env.job, tier0, storage[1:], rank=env.rank,
                                world_size=env.world_size, keep=cfg.keep, replicas=replicas,
-                               coord=coord)
+                               coord=writer)
+
+    def _job_keys(self, job_dir: str | None) -> JobKeys | None:
+        """The prolog's derived keys where the site has ``key_file`` (with the shared tier's
+        ``peer.key``, when there is one, to verify what was signed before); else the shared
+        tier's random key; None without either. JobKeyError when ``key_file`` is set but the
+        job's key file cannot be read (a rank must never sign with a key the others lack)."""
+        cfg, env = self.cfg, self.env
+        if cfg.key_file:
+            keys = jobkey.read_job_keys(cfg.job_key_dir, env.job_id)
+            if job_dir is not None:
+                with contextlib.suppress(PeerError):  # no peer.key: nothing signed with one
+                    keys = keys.with_shared(read_job_key(cfg.shared_root, env.job,
+                                                         os.geteuid()))
+            log.info("rank %d: job keys %s", env.rank, keys)  # key ids and fingerprints only
+            return keys
+        if job_dir is not None:
+            return JobKeys.shared(job_key(job_dir))
+        return None
+
+    def _coordinators(self, job_dir: str | None, environ: Mapping[str, str]
+                      ) -> tuple[Coordinator, Coordinator]:
+        """How the ranks agree (and the writer's handle on it, with a shorter deadline per
+        call): files on the shared tier; else the job's coordinator, which the sbatch
+        templates' wrapper starts on the batch host; a job of one rank needs neither."""
+        env = self.env
+        if job_dir is not None:
+            c = FileCoordinator(job_dir, env.rank, env.world_size)
+            return c, c
+        if env.world_size == 1:
+            solo = SoloCoordinator()
+            return solo, solo
+        addr = environ.get(ENV_COORD, "")
+        if not addr or self._keys is None:
+            todo = []
+            if self._keys is None:
+                todo.append("set [ckpt] key_file (the job's key: docs/checkpointing.md)")
+            if not addr:
+                todo.append(f"run srun under `{WRAPPER}` (the ckpt/train*.sbatch templates "
+                            "do)")
+            raise JobEnvError("a job of several ranks without [ckpt] shared_root agrees "
+                              f"through gpuwarden's coordinator ({ENV_COORD}, keyed with the "
+                              f"job's key): {'; '.join(todo)}")
+        key = self._keys.signing[1]
+        try:
+            return (NetCoordinator(addr, key, env.job, env.rank, env.world_size),
+                    NetCoordinator(addr, key, env.job, env.rank, env.world_size,
+                                   op_timeout_s=WRITER_OP_S))
+        except CoordError as exc:
+            raise JobEnvError(f"{ENV_COORD}: {exc}") from None
 
     @classmethod
     def from_slurm(cls, config_path: str | None = None,
@@ -165,16 +229,10 @@ class JobCheckpointer:
         env = job_env(environ)
         # Before the ranks meet (which waits for all of them): a rank blocked there is alive.
         beats = beat.from_env(environ, env.job_id, env.rank, env.node, env.step_id)
-        return cls(cfg, env, stop=stop, beats=beats)
+        return cls(cfg, env, stop=stop, beats=beats, environ=environ)
 
-    def _job_key(self, job_dir: str) -> bytes:
-        if self._key is None:
-            self._key = job_key(job_dir)
-        return self._key
-
-    def _start_peers(self, job_dir: str, host: str | None) -> PeerTier:
+    def _start_peers(self, key: bytes, host: str | None) -> PeerTier:
         env, cfg = self.env, self.cfg
-        key = self._job_key(job_dir)
         self.server = PeerServer(key, env.job, cfg.memory_root, keep=cfg.keep,
                                  port=cfg.peer_port)
         me = {"host": host or socket.gethostname(), "port": self.server.port, "node": env.node}
@@ -229,7 +287,7 @@ class JobCheckpointer:
         if durable_only and not self.ck.durable:
             if env.world_size > 1:
                 raise JobEnvError("a load of several ranks' items needs a durable tier "
-                                  "([ckpt] shared_root)")
+                                  "([ckpt] shared_root or s3_bucket)")
             durable_only = False  # one rank reads only its own items
         mine, failed = self.ck.listing(durable_only=durable_only)
         target = agree(self.coord, f"agree-{env.run}", mine, self.cfg.agree_timeout_s)
@@ -273,17 +331,33 @@ class JobCheckpointer:
 
     def _record_restore(self, got: Restored, took: float) -> None:
         """For the report's restore times per tier (`restorelog`); a failure costs the job
-        nothing but a warning."""
-        if not isinstance(self.coord, FileCoordinator):
-            return  # no shared tier: nowhere an admin reads from
+        nothing but a warning. Into the shared tier's coordination directory, else into S3
+        (in the background: a slow or absent S3 never holds the training back; `finish`
+        waits for it a little)."""
         env = self.env
         rec = restorelog.RestoreRecord(env.job, env.rank, env.run, got.step, got.tier,
                                        got.manifest.total_bytes, round(took, 6), time.time(),
                                        got.manifest.created_at)
-        try:
-            self.coord.record(rec.name, rec.doc())
-        except OSError as exc:
-            log.warning("rank %d: cannot record the restore's time: %s", env.rank, exc)
+        if isinstance(self.coord, FileCoordinator):
+            try:
+                self.coord.record(rec.name, rec.doc())
+            except OSError as exc:
+                log.warning("rank %d: cannot record the restore's time: %s", env.rank, exc)
+            return
+        if self._s3 is None or self._keys is None:
+            return  # neither tier: nowhere an admin reads from
+        sink = restorelog.S3RecordSink(self._s3.s3, self._s3.s.bucket, self._s3.s.prefix,
+                                       env.job, self._keys)
+
+        def write() -> None:
+            try:
+                sink.record(rec.name, rec.doc())
+            except Exception as exc:  # boto3's errors, whatever they are: only a warning
+                log.warning("rank %d: cannot record the restore's time in %s: %s", env.rank,
+                            sink, exc)
+        self._recording = threading.Thread(target=write, name="gpuwarden-restore-record",
+                                           daemon=True)
+        self._recording.start()
 
     def save(self, step: int, state: Mapping[str, Any]) -> Manifest:
         m = self.ck.save(step, state)
@@ -313,7 +387,7 @@ class JobCheckpointer:
         why: list[str] = []
         for t in storage:
             if t.name == "s3":
-                t.key = self._key
+                t.keys = self._keys
             try:
                 return copy_of(t, step)[1]
             except COPY_ERRORS as exc:
@@ -359,6 +433,8 @@ class JobCheckpointer:
                 log.error("rank %d: step %d is not durable after %s s", self.env.rank, step,
                           timeout)
         self.ck.close(timeout=60)
+        if self._recording is not None:
+            self._recording.join(RECORD_S)
         if self.env.world_size > 1:
             # Every rank done writing: the peer server has served the partners' last pushes,
             # and every rank's last durable step is published, so the last retention pass

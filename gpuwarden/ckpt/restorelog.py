@@ -4,15 +4,22 @@
 Each rank that restores a step writes one small record into its job's coordination directory
 on the shared tier, ``<shared_root>/job-N/coord/restore-<run>.rank-R`` (`FileCoordinator.record`):
 the tier it read, the step, its bytes and the seconds the verified read took (agreement
-between ranks left out). `read_records` is the admin's side: it reads every job's records
-under a shared root as untrusted input (directories and files opened by descriptor, never
-through a link, owned by the job directory's user, small, strictly parsed) and names each
-record it skips and why. Records are not matched against accounting: a user can file records
-in job directories of their own making, so the figures are the jobs' own word (docs/report.md)."""
+between ranks left out). A site without a shared tier keeps them in S3 instead
+(`S3RecordSink`): the same JSON at ``<prefix>/job-N/coord/restore-<run>.rank-R`` and, since
+anyone with the bucket's credentials could write there, its MAC under the job's key beside it
+(``.mac``, ``<kid>:<hex>``, as the S3 manifests'; reading them back is work-plan step 12).
+`read_records` is the admin's side: it reads every job's records under a shared root as
+untrusted input (directories and files opened by descriptor, never through a link, owned by
+the job directory's user, small, strictly parsed) and names each record it skips and why.
+Records are not matched against accounting: a user can file records in job directories of
+their own making, so the figures are the jobs' own word (docs/report.md)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import json
 import logging
 import math
 import os
@@ -20,7 +27,9 @@ import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from gpuwarden.ckpt.jobkey import KID, JobKeys
 from gpuwarden.core import safefs as safeio
 from gpuwarden.core import safejson
 from gpuwarden.core.safefs import Refused, closing
@@ -121,6 +130,61 @@ def parse(raw: bytes, job: str, name: str) -> RestoreRecord:
     if rec.name != name:
         raise BadRecord(f"names {rec.name!r}, but was found as {name!r}")
     return rec
+
+
+# ---- where a rank's record goes ---------------------------------------------------------------
+class RecordSink(Protocol):
+    """Where restore records are kept: the shared tier's coordination directory
+    (`coord.FileCoordinator`) or S3 (`S3RecordSink`)."""
+
+    def record(self, name: str, value: Any) -> None: ...
+
+
+MAC_SUFFIX = ".mac"
+_MAC_LABEL = b"gpuwarden-ckpt-restore-record\0"  # never valid as a manifest's MAC
+_MAC = re.compile(rf"(?:({KID.pattern}):)?([0-9a-f]{{64}})")
+
+
+def record_mac(signing: tuple[str, bytes], raw: bytes) -> bytes:
+    """The MAC body of a record's bytes: ``<kid>:<hex>`` (plain hex under a shared tier's key,
+    whose key id is empty). Pure."""
+    kid, key = signing
+    mac = hmac.new(key, _MAC_LABEL + raw, hashlib.sha256).hexdigest()
+    return f"{kid}:{mac}".encode() if kid else mac.encode()
+
+
+def mac_ok(keys: JobKeys, raw: bytes, body: bytes) -> bool:
+    """Whether ``body`` is a MAC of ``raw`` under the key it names among ``keys``. Pure."""
+    m = _MAC.fullmatch(body.decode("ascii", "replace"))
+    if m is None:
+        return False
+    key = keys.by_kid.get(m.group(1) or "")
+    return key is not None and hmac.compare_digest(
+        record_mac((m.group(1) or "", key), raw), body)
+
+
+class S3RecordSink:
+    """Records in the job's S3 prefix, each with its MAC, for sites without a shared tier.
+    ``s3`` is the S3 tier's client (bounded timeouts and retries); its errors are the
+    caller's to log (a record costs the job nothing but a warning)."""
+
+    def __init__(self, s3: Any, bucket: str, prefix: str, job: str, keys: JobKeys) -> None:
+        if not _JOB.fullmatch(job):
+            raise ValueError(f"{job[:40]!r}: not a job-N name")
+        self.s3, self.bucket, self.keys = s3, bucket, keys
+        self.base = f"{prefix}/{job}/coord"
+
+    def __repr__(self) -> str:  # never the key
+        return f"S3RecordSink(s3://{self.bucket}/{self.base})"
+
+    def record(self, name: str, value: Any) -> None:
+        if not _FILE.fullmatch(name):
+            raise ValueError(f"{name[:60]!r}: not a restore record's name")
+        raw = json.dumps(value, sort_keys=True).encode()
+        # The MAC first: a record seen without one is an upload cut short, never trusted.
+        self.s3.put_object(Bucket=self.bucket, Key=f"{self.base}/{name}{MAC_SUFFIX}",
+                           Body=record_mac(self.keys.signing, raw))
+        self.s3.put_object(Bucket=self.bucket, Key=f"{self.base}/{name}", Body=raw)
 
 
 @dataclass(frozen=True)
