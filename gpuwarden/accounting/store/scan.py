@@ -12,14 +12,16 @@ cleared, runs without times) go through the per-record rules one by one, in stor
 with the failed runs. Both paths give the same figures as an export's
 (tests/unit/test_acct_store_golden.py, test_attribution_counted.py). The groups over every
 timed run (per node list and GPUs, per source, per outcome cell) are summed from the files'
-rollups (`store.rollup`) when every run is read, from the rows when only some are (`since`).
+rollups (`store.rollup`), made from the rows for the days a read `since` takes in part.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import polars as pl
 
@@ -82,10 +84,28 @@ class StoreRuns:
         return got.sort(got.columns[:len(keys)])
 
 
-def rolled(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame | None:
-    """The rollups ``paths`` (`snapshot.Snapshot.rollups`) as one frame; None where only the
-    runs since ``since`` are read (a file's rollup sums all of its runs)."""
-    return None if since is not None else rollup.scan(list(paths))
+def rolled(files: Sequence[str], rollups: Sequence[str],
+           since: float | None = None) -> pl.LazyFrame:
+    """The rollups of the store's runs (``files``, their ``rollups``: `snapshot.Snapshot`'s)
+    as one frame; with ``since``, of the runs that ended at or after it: a file of a day that
+    starts then or later by its rollup, the others' runs rolled up here (their row groups of
+    earlier runs skipped by their statistics)."""
+    if since is None:
+        return rollup.scan(list(rollups))
+    whole: list[tuple[str, str]] = []
+    part: list[tuple[str, str]] = []
+    for f, r in zip(files, rollups, strict=True):
+        m = _DAY.search(f)
+        begins = (datetime.strptime(m.group(1), "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+                  if m else None)
+        (whole if begins is not None and begins >= since else part).append((f, r))
+    parts = [rollup.scan([r for _, r in whole])]
+    if part:
+        parts.append(rollup.of(rows([f for f, _ in part], since).drop("rid").collect()).lazy())
+    return pl.concat(parts)
+
+
+_DAY = re.compile(r"/day=(\d{4}-\d{2}-\d{2})/[^/]+$")
 
 
 def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
