@@ -13,6 +13,7 @@ tests/unit/test_attribution_counted.py checks both give the same Attribution.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
 from gpuwarden.accounting.attribution import (
@@ -93,6 +94,18 @@ class Judge:
                  failures: Mapping[str, list[HealthDrain]], grace_s: float) -> None:
         self.result, self.drains, self.failures, self.grace_s = result, drains, failures, grace_s
         self._lists: dict[str, _List] = {}
+        self._times: dict[str, tuple[list[float], list[int]]] = {}
+
+    def _near(self, node: str, ds: Sequence[HealthDrain], lo: float, hi: float) -> list[int]:
+        """The positions in ``ds`` (``node``'s failure events) of those at ``lo``..``hi``, in
+        their order, by bisection: each failed run looked at every event of its nodes, which
+        over a year of a fleet was most of `fleet mttf` (45 of 49 s at 12M runs)."""
+        got = self._times.get(node)
+        if got is None:
+            order = sorted(range(len(ds)), key=lambda i: ds[i].at)
+            got = self._times[node] = ([ds[i].at for i in order], order)
+        times, order = got
+        return sorted(order[bisect_left(times, lo):bisect_right(times, hi)])
 
     def add(self, job: AcctRecord) -> None:
         """One failed run (state in `BLAMABLE`, start and end times, a `countable` node list
@@ -112,8 +125,10 @@ class Judge:
             found: list[HealthDrain] = []
             lo, hi = end - LEAD_S, end + grace_s
             for n in facts.with_events:
-                for d in self.failures[n]:
-                    if lo <= d.at <= hi and d not in found:
+                ds = self.failures[n]
+                for i in self._near(n, ds, lo, hi):
+                    d = ds[i]
+                    if d not in found:
                         found.append(d)
             drained, claims = (), tuple(found)
         if claims:  # rule 8: judged once every run that may claim them is in

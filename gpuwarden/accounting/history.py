@@ -528,7 +528,7 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     try:
         lf = scan.rows(snap.files, since)
         runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,
-                              tally)
+                              tally, scan.rolled(snap.files, snap.rollups, since))
         spread_exposure(att.exposure, tally)
         collected = collector() if collector is not None else None
         if collected is not None:

@@ -215,7 +215,7 @@ class RunTally:
         start, end = pl.col("start_time"), pl.col("end_time")
         secs = pl.max_horizontal(end - start, pl.lit(1))
         keys = ((end // DAY).alias("day"), pl.col("partition"), state, pl.col("gpus"))
-        cells = (runs.plain_cells(keys, secs.sum().alias("secs")) if same else
+        cells = (runs.plain_cells() if same else
                  lf.group_by(*keys).agg(pl.len(), secs.sum().alias("secs"))
                  .sort("day", "partition", "state", "gpus").collect(engine="streaming"))
         self._add_groups(((d, p, st, g), (r, sc)) for d, p, st, g, r, sc in cells.iter_rows())

@@ -86,6 +86,49 @@ def test_another_schema_version_is_refused(tmp_path: Path) -> None:
         ingest(tmp_path / "s", [a])
 
 
+def test_each_runs_file_has_its_rollup_and_the_sweep_keeps_them_together(
+        tmp_path: Path) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100, T0 + DAY + 50])
+    b = export(tmp_path / "b.json", T0 + DAY, T0 + 2 * DAY, [T0 + DAY + 50])
+    ingest(tmp_path / "s", [a, b])
+    export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100, T0 + 200])  # re-exported: replaced
+    ingest(tmp_path / "s", [a])
+
+    def names(glob: str) -> list[str]:
+        return sorted(str(p.relative_to(tmp_path / "s")) for p in (tmp_path / "s").glob(glob))
+    assert names("rollup/day=*/*.parquet") == [f"rollup/{n}" for n in names("day=*/*.parquet")]
+    assert len(names("day=*/*.parquet")) == 2
+    assert from_store(str(tmp_path / "s")).records == 3
+
+
+def _as_version_1(store: Path) -> None:
+    """``store`` as a version-1 writer left it: no rollups."""
+    for f in store.glob("rollup/day=*/*.parquet"):
+        f.unlink()
+    doc = json.loads((store / "manifest.json").read_text())
+    doc["schema"] = 1
+    (store / "manifest.json").write_text(json.dumps(doc))
+
+
+def test_a_version_1_store_is_refused_by_readers_and_upgraded_by_a_writer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100, T0 + 200])
+    ingest(tmp_path / "s", [a])
+    before = from_store(str(tmp_path / "s"))
+    _as_version_1(tmp_path / "s")
+    with pytest.raises(StoreError, match="schema version 1, written before the rollups.*"
+                                         "upgrade it in place by running `gpuwarden "
+                                         "accounting sync` or `gpuwarden accounting ingest`"):
+        from_store(str(tmp_path / "s"))
+    got = ingest(tmp_path / "s", [a])  # the same export: unchanged, the store upgraded
+    assert got.unchanged == (str(tmp_path / "a.json"),)
+    assert "upgraded from schema version 1 to 2 (1 runs files' rollups written)" in caplog.text
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["schema"] == 2
+    after = from_store(str(tmp_path / "s"))
+    assert after.attribution.exposure == before.attribution.exposure
+    assert after.records == before.records == 2
+
+
 def test_a_crash_before_the_manifest_leaves_the_previous_store(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a = export(tmp_path / "a.json", T0, T0 + DAY, [T0 + 100])

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from gpuwarden.accounting.calibrate import solve
 from gpuwarden.accounting.history import from_files, from_store
 from gpuwarden.accounting.mttf import report as mttf_report
+from gpuwarden.accounting.store import scan
 from gpuwarden.accounting.store.ingest import ingest
 from gpuwarden.cli import cli
 from gpuwarden.config.context import Context
@@ -204,6 +206,13 @@ def test_random_histories_give_the_same_figures_from_the_store(
     assert stored.records == files.records
     assert stored.windows == files.windows
     same(figures(files), figures(stored))
+    # A read `since`: whole days by their rollups, a day taken in part rolled up from its
+    # rows; the same figures as grouping every row read.
+    for since in (T0, T0 + 3600, T0 + DAY):
+        rolled_up = from_store(str(d / "store"), collector=tally, since=since)
+        with mock.patch.object(scan, "rolled", lambda *_: None):  # every row grouped
+            same(figures(rolled_up),
+                 figures(from_store(str(d / "store"), collector=tally, since=since)))
     # `fleet mttf`'s read keeps only what its report reads: the same report.
     lean = from_store(str(d / "store"), mttf_only=True)
     same(mttf_figures(files), mttf_figures(lean))

@@ -156,6 +156,27 @@ def test_a_data_file_link_is_refused(tmp_path: Path) -> None:
         from_store(str(s))
 
 
+def test_a_rollup_directory_link_is_refused_and_never_written_through(
+        tmp_path: Path, victim: Path) -> None:
+    s = _store(tmp_path)
+    os.replace(s / "rollup", tmp_path / "moved")
+    (s / "rollup").symlink_to(victim)
+    with pytest.raises(StoreError, match=r"rollup is not a directory.*link"):
+        from_store(str(s))
+    b = export(tmp_path / "b.json", T0 + DAY, T0 + 2 * DAY, [T0 + DAY + 5])
+    with pytest.raises(StoreError, match=r"rollup is a symbolic link.*remove it"):
+        ingest(s, [b])
+    assert sorted(os.listdir(victim)) == ["precious.parquet", "work.tmp"]
+
+
+def test_a_missing_rollup_is_a_clear_error(tmp_path: Path) -> None:
+    s = _store(tmp_path)
+    (f,) = s.glob("rollup/day=*/*.parquet")
+    f.unlink()
+    with pytest.raises(StoreError, match=r"rollup/day=2026-01-01/.*missing"):
+        from_store(str(s))
+
+
 def _events_store(tmp_path: Path) -> Path:
     s = tmp_path / "s"
     ev = tmp_path / "events.txt"

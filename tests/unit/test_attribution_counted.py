@@ -27,7 +27,7 @@ from gpuwarden.accounting.attribution import (
 )
 from gpuwarden.accounting.counted import _blames, _names, countable
 from gpuwarden.accounting.rangetally import RangeTally
-from gpuwarden.accounting.store import scan, schema
+from gpuwarden.accounting.store import rollup, scan, schema
 from gpuwarden.slurm.hostlist import expand
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 
@@ -92,27 +92,40 @@ def summary(att: Attribution) -> tuple[Any, ...]:
             list(inc.ptr))
 
 
-def _store(jobs: list[AcctJob]) -> pl.LazyFrame:
+def _frame(jobs: list[AcctJob]) -> pl.DataFrame:
     rows = [tuple(getattr(j, n) for n in schema.NAMES) for j in jobs]
-    df = pl.DataFrame(rows, schema=schema.SCHEMA, orient="row")
-    return df.lazy().with_row_index("rid")
+    return pl.DataFrame(rows, schema=schema.SCHEMA, orient="row")
 
 
-def _both(jobs: list[AcctJob], evs: list[NodeEvent]) -> tuple[Attribution, Attribution]:
+def _store(jobs: list[AcctJob]) -> pl.LazyFrame:
+    return _frame(jobs).lazy().with_row_index("rid")
+
+
+def _rolled(jobs: list[AcctJob]) -> pl.LazyFrame:
+    """The rollups of ``jobs`` stored as two files would hold them (summed over both)."""
+    df = _frame(jobs)
+    half = df.height // 2
+    return pl.concat([rollup.of(df.head(half)), rollup.of(df.tail(df.height - half))]).lazy()
+
+
+def _both(jobs: list[AcctJob], evs: list[NodeEvent], rolled: bool = False
+          ) -> tuple[Attribution, Attribution]:
     drains, failures = by_node(health_drains(evs)), by_node(node_failures(evs))
     clears = lemon_clears(evs)
     one = attribute_runs(jobs, drains, GRACE, clears, failures, grouped=False)
     stored, tally = Attribution(), RangeTally()
-    scan.attribute(_store(jobs), stored, drains, failures, clears, GRACE, tally)
+    scan.attribute(_store(jobs), stored, drains, failures, clears, GRACE, tally,
+                   _rolled(jobs) if rolled else None)
     spread_exposure(stored.exposure, tally)
     return one, stored
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(records(), max_size=40), events())
+@given(st.lists(records(), max_size=40), events(), st.booleans())
 def test_the_store_attributes_as_judging_each_record(jobs: list[AcctJob],
-                                                     evs: list[NodeEvent]) -> None:
-    one, stored = _both(jobs, evs)
+                                                     evs: list[NodeEvent], rolled: bool) -> None:
+    """From the rows alone (a read `since`) and with the files' rollups alike."""
+    one, stored = _both(jobs, evs, rolled)
     assert summary(stored) == summary(one)
     clears = lemon_clears(evs)
     drains = by_node(health_drains(evs))

@@ -1,7 +1,9 @@
 """Parquet files in the store: one per (export, UTC day of the runs' end), under Hive-style
-`day=YYYY-MM-DD/` directories, each written to a temp name beside it and renamed whole. All by
-the store's descriptor (`storedir`): a link in the store is never written through, followed
-or swept."""
+`day=YYYY-MM-DD/` directories, and its rollup (`rollup`) under the same name in
+`rollup/day=YYYY-MM-DD/`; each written to a temp name beside it and renamed whole. The
+manifest names the runs files; a rollup goes with its runs file (written, removed, kept by the
+sweep with it: `rollup_of`). All by the store's descriptor (`storedir`): a link in the store
+is never written through, followed or swept."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 
 import polars as pl
 
-from gpuwarden.accounting.store.storedir import DAY_RE, Dir, open_day, write_at
+from gpuwarden.accounting.store import rollup
+from gpuwarden.accounting.store.storedir import DAY_RE, ROLLUP, Dir, open_day, write_at
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +33,59 @@ def day_name(day: int | None) -> str:
     return "day=" + datetime.fromtimestamp(day * DAY_S, UTC).strftime("%Y-%m-%d")
 
 
+def rollup_of(rel: str) -> str:
+    """The rollup of the runs file ``rel`` (`day=D/NAME.parquet`), relative to the store."""
+    return f"{ROLLUP}/{rel}"
+
+
+@contextlib.contextmanager
+def _rollups(store: Dir, create: bool) -> Iterator[Dir | None]:
+    fd = open_day(store, ROLLUP, create)
+    if fd is None:
+        yield None
+        return
+    try:
+        yield Dir(fd, store.path / ROLLUP)
+    finally:
+        os.close(fd)
+
+
 def write_days(store: Dir, key: str, df: pl.DataFrame) -> list[str]:
     """``df`` split by the day its runs ended, one new file per day named ``key`` and a fresh
-    token (never one a manifest names); the paths written, relative to the store."""
+    token (never one a manifest names), each with its rollup; the runs files' paths,
+    relative to the store."""
     if df.is_empty():
         return []
     token = secrets.token_hex(4)
     out: list[str] = []
     days = df.with_columns((pl.col("end_time") // DAY_S).alias("_day"))
-    for part in days.partition_by("_day", maintain_order=True, include_key=True):
-        day = day_name(part.get_column("_day")[0])
-        name = f"{key}-{token}.parquet"
-        fd = open_day(store, day, create=True)
-        assert fd is not None  # made when missing
-        try:
-            write_file(fd, name, part.drop("_day"))
-        finally:
-            os.close(fd)
-        out.append(f"{day}/{name}")
+    with _rollups(store, create=True) as rolled:
+        assert rolled is not None  # made when missing
+        for part in days.partition_by("_day", maintain_order=True, include_key=True):
+            day = day_name(part.get_column("_day")[0])
+            name = f"{key}-{token}.parquet"
+            runs = part.drop("_day")
+            for where, frame in ((store, runs), (rolled, rollup.of(runs))):
+                _write_in(where, day, name, frame)
+            out.append(f"{day}/{name}")
     return out
+
+
+def write_rollup(store: Dir, rel: str, runs: pl.DataFrame) -> None:
+    """The rollup of the runs file ``rel`` (its rows ``runs``) written, replacing any."""
+    day, _, name = rel.rpartition("/")
+    with _rollups(store, create=True) as rolled:
+        assert rolled is not None  # made when missing
+        _write_in(rolled, day, name, rollup.of(runs))
+
+
+def _write_in(where: Dir, day: str, name: str, df: pl.DataFrame) -> None:
+    fd = open_day(where, day, create=True)
+    assert fd is not None  # made when missing
+    try:
+        write_file(fd, name, df)
+    finally:
+        os.close(fd)
 
 
 def write_file(dir_fd: int, name: str, df: pl.DataFrame) -> None:
@@ -57,17 +94,21 @@ def write_file(dir_fd: int, name: str, df: pl.DataFrame) -> None:
 
 
 def remove(store: Dir, rels: Iterable[str]) -> None:
-    """The files ``rels`` (written by this process: store names) removed, by descriptor."""
-    for rel in rels:
-        day, _, name = rel.rpartition("/")
-        fd = open_day(store, day, create=False)
-        if fd is None:
-            continue
-        try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=fd)
-        finally:
-            os.close(fd)
+    """The runs files ``rels`` (written by this process: store names) and their rollups
+    removed, by descriptor."""
+    rels = list(rels)
+    with _rollups(store, create=False) as rolled:
+        for where in (store, *([rolled] if rolled is not None else [])):
+            for rel in rels:
+                day, _, name = rel.rpartition("/")
+                fd = open_day(where, day, create=False)
+                if fd is None:
+                    continue
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=fd)
+                finally:
+                    os.close(fd)
 
 
 def _unlinked(dir_fd: int, name: str, where: str) -> bool:
@@ -85,11 +126,17 @@ def _unlinked(dir_fd: int, name: str, where: str) -> bool:
 
 def sweep(store: Dir, keep: set[str]) -> int:
     """Remove the Parquet and temp files no manifest names (an ingest that crashed, files a
-    replaced export left); empty day directories too. A link is never followed: it is left
-    where it is and said. Returns how many files went."""
+    replaced export left) and the rollups of runs files it does not name; empty day
+    directories too. A link is never followed: it is left where it is and said. Returns how
+    many files went."""
     gone = 0
     for entry in sorted(os.listdir(store.fd)):
-        if DAY_RE.fullmatch(entry):
+        if entry == ROLLUP and _is_dir(store, entry):
+            with _rollups(store, create=False) as rolled:
+                if rolled is not None:
+                    gone += sum(_sweep_day(rolled, day, keep)
+                                for day in sorted(os.listdir(rolled.fd)) if DAY_RE.fullmatch(day))
+        elif DAY_RE.fullmatch(entry):
             gone += _sweep_day(store, entry, keep)
         elif ((entry.startswith(".") and entry.endswith(".tmp"))
               or (entry.startswith("events-") and entry.endswith(".parquet")
@@ -98,11 +145,19 @@ def sweep(store: Dir, keep: set[str]) -> int:
     return gone
 
 
-def _sweep_day(store: Dir, day: str, keep: set[str]) -> int:
-    st = os.stat(day, dir_fd=store.fd, follow_symlinks=False)
+def _is_dir(store: Dir, name: str) -> bool:
+    st = os.stat(name, dir_fd=store.fd, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
-        log.warning("%s/%s is %s: left alone", store.path, day,
+        log.warning("%s/%s is %s: left alone", store.path, name,
                     "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory")
+        return False
+    return True
+
+
+def _sweep_day(store: Dir, day: str, keep: set[str]) -> int:
+    """``keep``: runs files' names, relative to the store's root; in the rollup directory
+    (``store`` then), their rollups are kept."""
+    if not _is_dir(store, day):
         return 0
     fd = open_day(store, day, create=False)
     if fd is None:

@@ -28,7 +28,7 @@ from gpuwarden.accounting import history
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting import windows as exportwindows
 from gpuwarden.accounting.store import events as eventstore
-from gpuwarden.accounting.store import files, manifest, schema, storedir
+from gpuwarden.accounting.store import files, manifest, schema, storedir, upgrade
 from gpuwarden.accounting.store.manifest import Export, Manifest
 from gpuwarden.accounting.store.storedir import Dir, StoreError
 from gpuwarden.core.errors import SlurmError
@@ -172,7 +172,7 @@ def ingest(store: str | os.PathLike[str], paths: Sequence[str],
 
 def _ingest(root: Dir, paths: list[str], events: Sequence[NodeEvent] | None,
             workers: int | None, progress: Callable[[int, int], None] | None) -> Ingested:
-    m = manifest.load_at(root)
+    m = upgrade.upgraded(root, manifest.load_at(root, upgradable=True))
     if len(set(paths)) < len(paths):
         raise StoreError("an export named twice (a repeated --from, overlapping globs): give "
                          "each export once")

@@ -90,13 +90,19 @@ def load(store: str | os.PathLike[str]) -> Manifest:
         return Manifest() if d is None else load_at(d)
 
 
-def load_at(d: Dir) -> Manifest:
-    """The manifest of the open store ``d``; an empty one when there is none yet."""
+def load_at(d: Dir, upgradable: bool = False) -> Manifest:
+    """The manifest of the open store ``d``; an empty one when there is none yet.
+    ``upgradable``: a writer's, which upgrades a store of a version in `UPGRADES`
+    (`store.upgrade`): such a manifest is returned with its own version."""
     raw = storedir.read_manifest(d, NAME)
-    return Manifest() if raw is None else parse(raw, f"{d.path}/{NAME}", str(d.path))
+    return (Manifest() if raw is None
+            else parse(raw, f"{d.path}/{NAME}", str(d.path), upgradable))
 
 
-def parse(raw: bytes, p: str, store: str) -> Manifest:
+UPGRADES = (1,)  # versions a writer upgrades in place (1: no rollups yet)
+
+
+def parse(raw: bytes, p: str, store: str, upgradable: bool = False) -> Manifest:
     """A manifest's bytes (``p``: where they were read) checked: the version, every field,
     every file it names a store name."""
     try:
@@ -104,7 +110,13 @@ def parse(raw: bytes, p: str, store: str) -> Manifest:
         version = doc["schema"]
     except (ValueError, KeyError, TypeError):
         raise StoreError(f"{p}: not a gpuwarden accounting store manifest") from None
-    if version != VERSION:
+    if version in UPGRADES and not upgradable:
+        raise StoreError(
+            f"{store}: an accounting store of schema version {version}, written before the "
+            f"rollups (this gpuwarden reads version {VERSION}): upgrade it in place by "
+            "running `gpuwarden accounting sync` or `gpuwarden accounting ingest` on it once "
+            "(each run file's rollup is made from the file; nothing is read again)")
+    if version != VERSION and version not in UPGRADES:
         raise StoreError(
             f"{store}: an accounting store of schema version {version}; this gpuwarden reads "
             f"version {VERSION}: ingest the exports again into a new store (--store), or use "

@@ -10,14 +10,18 @@ or a gang may explain have their exposure tallied with them when their node list
 list (`counted.Judge`). The rest (node lists of another shape, nodes whose lemon drain was
 cleared, runs without times) go through the per-record rules one by one, in store order
 with the failed runs. Both paths give the same figures as an export's
-(tests/unit/test_acct_store_golden.py, test_attribution_counted.py).
+(tests/unit/test_acct_store_golden.py, test_attribution_counted.py). The groups over every
+timed run (per node list and GPUs, per source, per outcome cell) are summed from the files'
+rollups (`store.rollup`), made from the rows for the days a read `since` takes in part.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import polars as pl
 
@@ -32,14 +36,14 @@ from gpuwarden.accounting.attribution import (
 from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.counted import attribute_rest
 from gpuwarden.accounting.rangetally import RangeTally
-from gpuwarden.accounting.store import nodelists, schema
+from gpuwarden.accounting.store import nodelists, rollup, schema
 from gpuwarden.slurm.models import AcctJob
 
 log = logging.getLogger(__name__)
 
 BLAMABLE = ("NODE_FAIL", "BOOT_FAIL", "REQUEUED", "FAILED")
 NO_NODES = ("", "None assigned", "(null)")
-SECS = pl.max_horizontal(pl.col("end_time") - pl.col("start_time"), pl.lit(1)).alias("secs")
+SECS = rollup.SECS
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class StoreRuns:
     attribution), and the health drains and grace the one-node FAILED runs in ``plain`` were
     judged with (a collector judging with others reads those runs itself). ``rows``: every
     row; ``rest``: the others' rows (a plain tally is cheaper over every run with times less
-    the others', `plain_cells`, than over ``plain``'s predicate)."""
+    the others', `plain_cells`, than over ``plain``'s predicate); ``rolled``: the rollups of
+    every row, None when only some rows are read."""
 
     plain: pl.LazyFrame
     others: list[AcctJob]
@@ -57,20 +62,50 @@ class StoreRuns:
     grace_s: float
     rows: pl.LazyFrame
     rest: pl.DataFrame
+    rolled: pl.LazyFrame | None = None
 
-    def plain_cells(self, keys: Sequence[pl.Expr], *aggs: pl.Expr) -> pl.DataFrame:
-        """``plain`` grouped by ``keys``, each group's ``aggs`` (sums, counts: what can be
-        taken off), sorted by the keys; groups with no plain run left out."""
+    def plain_cells(self) -> pl.DataFrame:
+        """``plain`` per outcome cell (day: end // 86400, partition, state, gpus): runs_,
+        secs, sorted by the keys; cells with no plain run left out."""
+        end = pl.col("end_time")
+        keys = ((end // rollup.DAY_S).alias("day"), pl.col("partition"), pl.col("state"),
+                pl.col("gpus"))
+
         def grouped(lf: pl.LazyFrame) -> pl.LazyFrame:
-            return lf.group_by(*keys).agg(pl.len().alias("runs_"), *aggs)
+            return lf.group_by(*keys).agg(pl.len().alias("runs_"), SECS.sum())
 
-        every = grouped(self.rows.filter(_timed)).collect(engine="streaming")
+        every = (rollup.cells(self.rolled) if self.rolled is not None
+                 else grouped(self.rows.filter(_timed))).collect(engine="streaming")
         keyed, summed = every.columns[:len(keys)], every.columns[len(keys):]
         off = grouped(self.rest.lazy().filter(_timed)).collect()
         got = (every.join(off, on=keyed, how="left", suffix="_off", nulls_equal=True)
                .select(*keyed, *[pl.col(c) - pl.col(f"{c}_off").fill_null(0) for c in summed])
                .filter(pl.col("runs_") > 0))
         return got.sort(got.columns[:len(keys)])
+
+
+def rolled(files: Sequence[str], rollups: Sequence[str],
+           since: float | None = None) -> pl.LazyFrame:
+    """The rollups of the store's runs (``files``, their ``rollups``: `snapshot.Snapshot`'s)
+    as one frame; with ``since``, of the runs that ended at or after it: a file of a day that
+    starts then or later by its rollup, the others' runs rolled up here (their row groups of
+    earlier runs skipped by their statistics)."""
+    if since is None:
+        return rollup.scan(list(rollups))
+    whole: list[tuple[str, str]] = []
+    part: list[tuple[str, str]] = []
+    for f, r in zip(files, rollups, strict=True):
+        m = _DAY.search(f)
+        begins = (datetime.strptime(m.group(1), "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
+                  if m else None)
+        (whole if begins is not None and begins >= since else part).append((f, r))
+    parts = [rollup.scan([r for _, r in whole])]
+    if part:
+        parts.append(rollup.of(rows([f for f, _ in part], since).drop("rid").collect()).lazy())
+    return pl.concat(parts)
+
+
+_DAY = re.compile(r"/day=(\d{4}-\d{2}-\d{2})/[^/]+$")
 
 
 def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
@@ -96,8 +131,7 @@ def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.LazyFrame:
 
 
 _one_node = ~pl.col("nodes").str.contains(r"[\[,]") & ~pl.col("nodes").is_in(NO_NODES)
-_timed = (pl.col("start_time").is_not_null() & pl.col("end_time").is_not_null()
-          & (pl.col("end_time") >= pl.col("start_time")))
+_timed = rollup.TIMED
 
 
 def _drained(rows: pl.DataFrame, drains: Mapping[str, list[HealthDrain]],
@@ -121,7 +155,7 @@ def _plain(drained: pl.Series) -> pl.Expr:
         & ~pl.col("rid").is_in(drained.implode())
 
 
-def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame:
+def _by_source(lf: pl.LazyFrame, odd: pl.Series, rolled: pl.LazyFrame | None) -> pl.DataFrame:
     """Node-seconds per (user, submit line) of the runs with times and a node list not in
     ``odd``: the sources' shares of the fleet's runs (`Incidence.user_share`). Each run's
     ``num_nodes`` stands for its list's node count, summed by source alone (grouping on the
@@ -129,7 +163,9 @@ def _by_source(lf: pl.LazyFrame, odd: pl.Series) -> pl.DataFrame:
     `_by_source_listed`. The odd lists' runs, few, are taken off after."""
     who = (pl.col("user").fill_null(""), pl.col("submit_line").fill_null(""))
     node_secs = (SECS * pl.col("num_nodes").cast(pl.Int64)).sum().alias("node_secs")
-    got = lf.filter(_timed).group_by(*who).agg(node_secs, pl.len()).collect(engine="streaming")
+    got = (rollup.sources(rolled) if rolled is not None
+           else lf.filter(_timed).group_by(*who).agg(node_secs, pl.len())
+           ).collect(engine="streaming")
     if odd.len():
         off = (lf.filter(_timed & pl.col("nodes").is_in(odd.implode())).group_by(*who)
                .agg(node_secs, pl.len()).collect(engine="streaming"))
@@ -175,21 +211,24 @@ def _lists(groups: pl.DataFrame, clears: Mapping[str, float]
 
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
-              grace_s: float, tally: RangeTally) -> StoreRuns:
+              grace_s: float, tally: RangeTally,
+              rolled: pl.LazyFrame | None = None) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads.
 
     The exposure of every run with times and a node list `shape` reads (no cleared node,
     `counted.countable`), failed or not, is tallied on columns; the failed ones are then
     judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
-    Three reads of the store, each with a predicate polars reads cheaply."""
+    ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
+    rather than made over the rows."""
     start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
-    groups = (lf.filter(_timed).group_by("nodes", "gpus")
+    groups = (rollup.lists(rolled) if rolled is not None else
+              lf.filter(_timed).group_by("nodes", "gpus")
               .agg(pl.len().alias("runs"), SECS.sum(), start.min().alias("lo"),
                    end.min().alias("first_end"), end.max().alias("hi"),
                    pl.col("num_nodes").min().alias("nn_lo"),
                    pl.col("num_nodes").max().alias("nn_hi"))
-              .collect(engine="streaming"))
+              ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
     rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
             .collect(engine="streaming"))
@@ -201,7 +240,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     # The sources' hours are the incidence's: not read for an Attribution that keeps none.
     sources = (pl.DataFrame(schema={"user": pl.String, "submit_line": pl.String,
                                     "node_secs": pl.Int64})
-               if att.blames_on is not None else _by_source(lf, odd) if by_count
+               if att.blames_on is not None else _by_source(lf, odd, rolled) if by_count
                else _by_source_listed(lf, odd, by_list.select("nodes", "n")))
     by_gpus = groups.group_by("gpus").agg(pl.col("runs").sum(), pl.col("secs").sum()).sort("gpus")
     by_size = (by_list.group_by("size").agg((pl.col("n") * pl.col("runs")).sum().alias("node_runs"),
@@ -223,4 +262,4 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     attribute_rest(att, Columns(others), flags, drains, failures, clears, grace_s, tally)
     log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
               "%d runs one by one", by_list.height, sum(flags), len(flags) - sum(flags))
-    return StoreRuns(lf.filter(keep), others, drains, grace_s, lf, rest)
+    return StoreRuns(lf.filter(keep), others, drains, grace_s, lf, rest, rolled)

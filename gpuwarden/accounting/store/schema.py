@@ -1,8 +1,9 @@
 """The store's columns: one row per job record, the fields of `slurm.models.AcctJob` as the
 readers read them (a time or count Slurm left unset is null). Pure.
 
-Bump `VERSION` when a column changes meaning, type or name: a store of another version is
-refused (`manifest.load`), never read half-right.
+Bump `VERSION` when a column changes meaning, type or name, or the layout changes: a store of
+another version is refused (`manifest.load`), never read half-right. Version 2: each runs
+file has its rollup (`store.rollup`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gpuwarden.accounting import fastdecode as acctfast
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.slurm.models import AcctJob
 
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from gpuwarden.accounting.store import events as eventstore
-from gpuwarden.accounting.store import manifest, storedir
+from gpuwarden.accounting.store import files, manifest, storedir
 from gpuwarden.accounting.store.manifest import Manifest
 from gpuwarden.slurm.models import NodeEvent
 
@@ -18,6 +18,7 @@ class Snapshot:
     manifest: Manifest
     files: tuple[str, ...]  # the runs files' paths, vetted
     events: str  # the node events file's path, vetted ("" for none)
+    rollups: tuple[str, ...] = ()  # the runs files' rollups' paths, vetted (`files.rollup_of`)
 
 
 def opened(store: str | os.PathLike[str]) -> Snapshot:
@@ -27,8 +28,12 @@ def opened(store: str | os.PathLike[str]) -> Snapshot:
         if d is None:
             return Snapshot(Manifest(), (), "")
         m = manifest.load_at(d)
-        found = storedir.vetted(d, [*m.files, *([m.events] if m.events else [])])
-    return Snapshot(m, tuple(found[: len(m.files)]), found[len(m.files)] if m.events else "")
+        runs = m.files
+        found = storedir.vetted(d, [*runs, *map(files.rollup_of, runs),
+                                    *([m.events] if m.events else [])])
+    n = len(runs)
+    return Snapshot(m, tuple(found[:n]), found[2 * n] if m.events else "",
+                    tuple(found[n:2 * n]))
 
 
 def events(snap: Snapshot) -> list[NodeEvent]:

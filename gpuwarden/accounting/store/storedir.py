@@ -38,6 +38,7 @@ DAY = r"day=(?:\d{4}-\d{2}-\d{2}|__HIVE_DEFAULT_PARTITION__)"
 FILE_RE = re.compile(rf"({DAY})/([A-Za-z0-9][A-Za-z0-9_-]*\.parquet)")
 DAY_RE = re.compile(DAY)
 EVENTS_RE = re.compile(r"events-[A-Za-z0-9]+\.parquet")
+ROLLUP = "rollup"  # `rollup/day=YYYY-MM-DD/NAME.parquet`: each runs file's rollup (`rollup`)
 FIX = "chown root:root and chmod 0750 it (root alone writes the store), or ingest into a new store"
 
 
@@ -145,9 +146,10 @@ def locked(d: Dir) -> Iterator[None]:
 
 
 def open_day(d: Dir, name: str, create: bool) -> int | None:
-    """The `day=` directory ``name`` of the store, opened by descriptor (made `MODE` when
+    """The `day=` directory ``name`` of the store (or its `rollup` directory, or a `day=` one
+    in that: ``d`` then the rollup directory), opened by descriptor (made `MODE` when
     ``create``); None when absent. A link there is refused, never followed."""
-    assert DAY_RE.fullmatch(name), name
+    assert DAY_RE.fullmatch(name) or name == ROLLUP, name
     where = f"{d.path}/{name}"
     if create:
         with contextlib.suppress(FileExistsError):
@@ -219,12 +221,15 @@ def vetted(d: Dir, rels: Iterable[str]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for rel in rels:
-        day, _, _ = rel.rpartition("/")
-        if day and day not in seen:
-            st = _lstat(d, day)
+        parts = rel.split("/")[:-1]
+        for i in range(1, len(parts) + 1):  # each directory on the way, outermost first
+            up = "/".join(parts[:i])
+            if up in seen:
+                continue
+            st = _lstat(d, up)
             if st is not None:
-                _check(f"{d.path}/{day}", st, regular=False)
-            seen.add(day)
+                _check(f"{d.path}/{up}", st, regular=False)
+            seen.add(up)
         st = _lstat(d, rel)
         if st is None:
             raise StoreError(f"{d.path}/{rel}: missing, though the manifest names it: the "

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from gpuwarden.accounting import history
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting.store import events as eventstore
-from gpuwarden.accounting.store import files, manifest, schema, storedir
+from gpuwarden.accounting.store import files, manifest, schema, storedir, upgrade
 from gpuwarden.accounting.store.ingest import frames, in_window, key_of, locked
 from gpuwarden.accounting.store.manifest import Export
 from gpuwarden.accounting.store.storedir import Dir, StoreError
@@ -112,7 +112,7 @@ def sync(store: str, client: SlurmClient, reader: acctstream.AcctReader, since: 
     ``now``, skipping what the store's exports hold."""
     end = ((now or datetime.now(UTC)) - settle).replace(microsecond=0)
     with locked(store) as root:
-        m = manifest.load_at(root)
+        m = upgrade.upgraded(root, manifest.load_at(root, upgradable=True))
         start = (datetime.fromtimestamp(m.synced_to, UTC) if m.synced_to is not None
                  else end - since)
         if start >= end:
