@@ -43,7 +43,14 @@ from typing import Any
 
 from gpuwarden.ckpt.names import BadName, check_name
 from gpuwarden.ckpt.peeradmit import Admission
-from gpuwarden.ckpt.peerauth import COORD, KeyRefused, prove, send_response, serve_handshake, turn_away
+from gpuwarden.ckpt.peerauth import (
+    COORD,
+    KeyRefused,
+    admitted,
+    prove,
+    send_response,
+    serve_handshake,
+)
 from gpuwarden.ckpt.peerwire import PeerError, decode_message
 
 log = logging.getLogger(__name__)
@@ -152,11 +159,7 @@ class CoordServer:
     # ---- the connection -----------------------------------------------------------------------
     def _handle(self, sock: socket.socket, client: Any) -> None:
         source = str(client[0])
-        why = self._admission.enter(source)
-        if why:
-            if self._admission.should_log(source):
-                log.warning("coordinator %s: refused a connection: %s", source, why)
-            turn_away(sock)
+        if not admitted(self._admission, sock, source, "coordinator"):
             return
         in_handshake = True
         try:

@@ -63,15 +63,7 @@ class JobSource(Protocol):
 
 
 def _ids(environ: Mapping[str, str]) -> tuple[str, int, int]:
-    """SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID (-1: leave the group alone)."""
-    job_id, uid, gid = jobenv.valid_job_id(environ), jobenv.job_uid(environ), \
-        jobenv.job_gid(environ) or ""
-    if not job_id:
-        raise JobDirError(f"{jobenv.JOB_ID}={jobenv.job_id(environ)[:20]!r}: expected digits")
-    if not jobenv.digits(uid, jobenv.ID_DIGITS):
-        raise JobDirError(f"{jobenv.JOB_UID}={uid[:20]!r}: expected digits")
-    ok_gid = jobenv.digits(gid, jobenv.ID_DIGITS)
-    return job_id, int(uid), int(gid) if ok_gid else -1
+    return jobenv.job_ids(environ, JobDirError)
 
 
 def names(job_id: str) -> tuple[str, str]:

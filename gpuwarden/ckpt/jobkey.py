@@ -324,14 +324,7 @@ def remove_job_keys(key_dir: str, job_id: str) -> bool:
 
 # ---- the prolog's and epilog's hooks ----------------------------------------------------------
 def _ids(environ: Mapping[str, str]) -> tuple[str, int, int]:
-    """SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID (-1 when unset or not digits)."""
-    job_id, uid, gid = jobenv.valid_job_id(environ), jobenv.job_uid(environ), \
-        jobenv.job_gid(environ) or ""
-    if not job_id:
-        raise JobKeyError(f"{jobenv.JOB_ID}={jobenv.job_id(environ)[:20]!r}: expected digits")
-    if not jobenv.digits(uid, jobenv.ID_DIGITS):
-        raise JobKeyError(f"{jobenv.JOB_UID}={uid[:20]!r}: expected digits")
-    return job_id, int(uid), int(gid) if jobenv.digits(gid, jobenv.ID_DIGITS) else -1
+    return jobenv.job_ids(environ, JobKeyError)
 
 
 def _prolog_child(key_file: str, key_dir: str, cluster: str, job_id: str, uid: int,

@@ -52,11 +52,11 @@ from gpuwarden.ckpt.peeradmit import Admission
 from gpuwarden.ckpt.peerauth import (
     PEER,
     KeyRefused,
+    admitted,
     client_request,
     prove,
     send_response,
     serve_handshake,
-    turn_away,
 )
 from gpuwarden.ckpt.peerwire import (
     PeerBusy,
@@ -198,11 +198,7 @@ class PeerServer:
 
     def _handle(self, sock: socket.socket, client: Any) -> None:
         source = str(client[0])
-        why = self._admission.enter(source)
-        if why:
-            if self._admission.should_log(source):
-                log.warning("peer %s: refused a connection: %s", source, why)
-            turn_away(sock)
+        if not admitted(self._admission, sock, source, "peer"):
             return
         in_handshake = True
         try:

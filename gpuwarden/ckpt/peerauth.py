@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import logging
 import secrets
 import socket
 import time
@@ -38,6 +39,8 @@ from gpuwarden.ckpt.peerwire import (
     recv_frame,
     send_frame,
 )
+
+log = logging.getLogger(__name__)
 
 HEADER_LIMIT = 64 << 10  # a request header, read before its MAC is checked: kept small
 
@@ -89,6 +92,25 @@ class Session:
 
 
 # ---- the server's side ----------------------------------------------------------------------
+class Gate(Protocol):
+    """Admission limits (gpuwarden.ckpt.peeradmit.Admission)."""
+
+    def enter(self, source: str) -> str: ...
+    def should_log(self, source: str) -> bool: ...
+
+
+def admitted(gate: Gate, sock: socket.socket, source: str, who: str) -> bool:
+    """Let the connection from ``source`` in, or turn it away (BUSY) over the limits, logging
+    it at most now and then (``who``: "peer", "coordinator")."""
+    why = gate.enter(source)
+    if not why:
+        return True
+    if gate.should_log(source):
+        log.warning("%s %s: refused a connection: %s", who, source, why)
+    turn_away(sock)
+    return False
+
+
 def turn_away(sock: socket.socket) -> None:
     """A connection over the admission limits: told BUSY (the client says why), closed."""
     with contextlib.suppress(OSError, PeerError):

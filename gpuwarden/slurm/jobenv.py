@@ -70,6 +70,18 @@ def job_gid(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get(JOB_GID)
 
 
+def job_ids(environ: Mapping[str, str], error: type[Exception]) -> tuple[str, int, int]:
+    """SLURM_JOB_ID, SLURM_JOB_UID and SLURM_JOB_GID (-1 when unset or not digits: leave the
+    group alone) of a root-run hook; ``error`` naming the variable when the id or uid is not
+    digits."""
+    jid, uid, gid = valid_job_id(environ), job_uid(environ), job_gid(environ) or ""
+    if not jid:
+        raise error(f"{JOB_ID}={job_id(environ)[:20]!r}: expected digits")
+    if not digits(uid, ID_DIGITS):
+        raise error(f"{JOB_UID}={uid[:20]!r}: expected digits")
+    return jid, int(uid), int(gid) if digits(gid, ID_DIGITS) else -1
+
+
 def job_user(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get(JOB_USER, "")
 
