@@ -102,10 +102,11 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def failed_runs(tally: RunTally, att: Any) -> list[tuple[restarts.FailedRun, int]]:
+def failed_runs(tally: RunTally, att: Any, blamed: outcomes.Blamed | None = None
+                ) -> list[tuple[restarts.FailedRun, int]]:
     """Each blamed run with GPUs the tally saw, with its GPUs."""
     out = []
-    for b, hit in outcomes.gpu_blamed_runs(tally, att):
+    for b, hit in outcomes.gpu_blamed(tally, att, blamed):
         if hit is not None and b.job_id is not None:
             end = int(b.at)
             out.append((restarts.FailedRun(run_key(b.job_id, end), b.job_id, end, hit[2],
@@ -158,8 +159,9 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
                       mttfview.PROJECT_TO, windows=hist.windows, grace_s=opts.grace_s)
-    out = outcomes.outcomes(tally, att)
-    runs = failed_runs(tally, att)
+    blamed = outcomes.gpu_blamed(tally, att)
+    out = outcomes.outcomes(tally, att, blamed)
+    runs = failed_runs(tally, att, blamed)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
                               tally.watched, uid_of, tally.requeued)
     a = opts.assumptions()
@@ -181,7 +183,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         mttfview.section(rep, opts.gpus_per_node, out.gang_failed_no_event),
         out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
-         tradeoffs.filesystem_vs_object_store(tally, att, restores),
+         tradeoffs.filesystem_vs_object_store(tally, att, restores, blamed),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
