@@ -54,8 +54,15 @@ def name(key: Key, i: int) -> str:
 
 
 def names(rs: tuple[Range, ...]) -> tuple[str, ...]:
-    """Every name of ``rs``, in order."""
-    return tuple(name(key, i) for key, lo, hi in rs for i in range(lo, hi + 1))
+    """Every name of ``rs``, in order: `name` for each, by one format per range (a head and
+    tail never hold a brace: `_BRACKETED`)."""
+    out: list[str] = []
+    for (head, width, tail), lo, hi in rs:
+        if width < 0:
+            out.append(head)
+        else:
+            out.extend(map(f"{head}{{:0{width}d}}{tail}".format, range(lo, hi + 1)))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1 << 17)
