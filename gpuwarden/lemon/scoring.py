@@ -21,6 +21,7 @@ from functools import partial
 import numpy as np
 
 from gpuwarden.accounting.attribution import Attribution, Blame, Exposure
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.incidence import FloatArray, Incidence, IntArray
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
 from gpuwarden.lemon.inference import (
@@ -125,6 +126,7 @@ def _null_rate(f: Fit, inc: Incidence, keep: list[int]) -> float:
     return float((f.rate[keep] * e).sum() / e.sum()) if e.sum() > 0 else 0.0
 
 
+@paused()  # a NodeScore and its evidence per node, per-node lists of a million blames
 def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]:
     """Every node with exposure, most suspicious first.
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.accounting.attribution import gpu_class
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.history import History
 from gpuwarden.accounting.mttf import report as mttf_report
 from gpuwarden.health.gatingstate import NodeGating
@@ -147,6 +148,7 @@ def _no_uid(user: str) -> int | None:
     return None
 
 
+@paused()  # the cards walk a million blames and make a list of them (`gcpause`)
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
           now: datetime | None = None, gating: Gating = GATING,
           restores: tradeoffs.RestoreTimes | None = None,
@@ -205,5 +207,6 @@ def as_dict(r: Report) -> dict[str, Any]:
     return out
 
 
+@paused()  # as `render`
 def as_json(r: Report) -> str:
     return json.dumps(as_dict(r), indent=1, ensure_ascii=False)
