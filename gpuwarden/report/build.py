@@ -201,12 +201,13 @@ def _warnings(out: outcomes.Outcomes) -> list[str]:
     return [NO_GPU_TRES] if out.cpu_runs and not out.runs else []
 
 
+@paused()  # a deep copy of the report: as `render`
 def as_dict(r: Report) -> dict[str, Any]:
     """The report as JSON-ready data, every string writable as UTF-8 (`text.clean`)."""
     out: dict[str, Any] = cleaned(asdict(r))
     return out
 
 
-@paused()  # as `render`
-def as_json(r: Report) -> str:
-    return json.dumps(as_dict(r), indent=1, ensure_ascii=False)
+def as_json(r: Report, data: dict[str, Any] | None = None) -> str:
+    """``data``: as `render`'s."""
+    return json.dumps(as_dict(r) if data is None else data, indent=1, ensure_ascii=False)
