@@ -37,7 +37,7 @@ from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.accounting.submit import ALL_NODES
 from gpuwarden.slurm.hostlist import _MAX_EXPAND
-from gpuwarden.slurm.hostranges import names, shape
+from gpuwarden.slurm.hostranges import expanded, shape
 
 BLAMABLE = frozenset({*NODE_STATES, "REQUEUED", "FAILED"})
 
@@ -52,9 +52,9 @@ def countable(text: str) -> bool:
 
 def _names(text: str) -> tuple[str, ...]:
     """``text``'s names from its ranges, as `hostlist.expand` names them (`hostranges`)."""
-    known = shape(text)
-    assert known is not None, text  # `countable`
-    return names(known[0])
+    got = expanded(text)
+    assert got is not None, text  # `countable`
+    return got
 
 
 class _List:

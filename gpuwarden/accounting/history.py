@@ -35,6 +35,7 @@ from gpuwarden.accounting.attribution import (
     spread_exposure,
 )
 from gpuwarden.accounting.columns import Columns
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.mttf import drained_nodes
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.readspan import FirstSeen, bounded, first_seen, window_note
@@ -497,6 +498,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
     return _history(known, att, total, events, collected, (span,))
 
 
+@paused()  # a million blames and records built at 10M records (`gcpause`)
 def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: float = GRACE_S,
                collector: CollectorFactory | None = None,
                since: float | None = None, mttf_only: bool = False) -> History:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from typing import overload
 
 import numpy as np
@@ -153,7 +154,9 @@ def explain(view: RowView, node: int, entries: IntArray, null: float,
     expected = null * float(view.inc.node_hours[node])
     parts = [f"{len(entries)} failed run(s) included it; the fit puts {own:.1f} on it "
              f"(a node like the fleet: {expected:.1f})"]
-    for code, k in others.most_common(3):
+    # `most_common(3)`'s order (count, then first seen) by a C sort: its heap walks every
+    # code in Python, 12,500 nodes' worth at 10M records.
+    for code, k in sorted(others.items(), key=itemgetter(1), reverse=True)[:3]:
         if code == NONE:
             parts.append(f"{k} are explained by {BACKGROUND}")
         elif code == LEFT:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuwarden.accounting.attribution import gpu_class
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.history import History
 from gpuwarden.accounting.mttf import report as mttf_report
 from gpuwarden.health.gatingstate import NodeGating
@@ -102,10 +103,11 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def failed_runs(tally: RunTally, att: Any) -> list[tuple[restarts.FailedRun, int]]:
+def failed_runs(tally: RunTally, att: Any, blamed: outcomes.Blamed | None = None
+                ) -> list[tuple[restarts.FailedRun, int]]:
     """Each blamed run with GPUs the tally saw, with its GPUs."""
     out = []
-    for b, hit in outcomes.gpu_blamed_runs(tally, att):
+    for b, hit in outcomes.gpu_blamed(tally, att, blamed):
         if hit is not None and b.job_id is not None:
             end = int(b.at)
             out.append((restarts.FailedRun(run_key(b.job_id, end), b.job_id, end, hit[2],
@@ -146,6 +148,7 @@ def _no_uid(user: str) -> int | None:
     return None
 
 
+@paused()  # the cards walk a million blames and make a list of them (`gcpause`)
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
           now: datetime | None = None, gating: Gating = GATING,
           restores: tradeoffs.RestoreTimes | None = None,
@@ -158,8 +161,9 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         raise TypeError("the history was read without a report.collect.RunTally")
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
                       mttfview.PROJECT_TO, windows=hist.windows, grace_s=opts.grace_s)
-    out = outcomes.outcomes(tally, att)
-    runs = failed_runs(tally, att)
+    blamed = outcomes.gpu_blamed(tally, att)
+    out = outcomes.outcomes(tally, att, blamed)
+    runs = failed_runs(tally, att, blamed)
     measured = restarts.match(restores.records if restores else (), (f for f, _ in runs),
                               tally.watched, uid_of, tally.requeued)
     a = opts.assumptions()
@@ -181,7 +185,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
         mttfview.section(rep, opts.gpus_per_node, out.gang_failed_no_event),
         out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
-         tradeoffs.filesystem_vs_object_store(tally, att, restores),
+         tradeoffs.filesystem_vs_object_store(tally, att, restores, blamed),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
@@ -197,11 +201,13 @@ def _warnings(out: outcomes.Outcomes) -> list[str]:
     return [NO_GPU_TRES] if out.cpu_runs and not out.runs else []
 
 
+@paused()  # a deep copy of the report: as `render`
 def as_dict(r: Report) -> dict[str, Any]:
     """The report as JSON-ready data, every string writable as UTF-8 (`text.clean`)."""
     out: dict[str, Any] = cleaned(asdict(r))
     return out
 
 
-def as_json(r: Report) -> str:
-    return json.dumps(as_dict(r), indent=1, ensure_ascii=False)
+def as_json(r: Report, data: dict[str, Any] | None = None) -> str:
+    """``data``: as `render`'s."""
+    return json.dumps(as_dict(r) if data is None else data, indent=1, ensure_ascii=False)

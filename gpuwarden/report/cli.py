@@ -34,7 +34,15 @@ from gpuwarden.slurm.topology import parse as parse_topology
 with Needs("lemon") as LEMON:
     from gpuwarden.accounting.history import read_events, store_events
     from gpuwarden.lemon.scoring import ScoreConfig
-    from gpuwarden.report.build import GATING, Gating, Options, as_json, build, gating_of
+    from gpuwarden.report.build import (
+        GATING,
+        Gating,
+        Options,
+        as_dict,
+        as_json,
+        build,
+        gating_of,
+    )
     from gpuwarden.report.collect import Blamable, RunTally
     from gpuwarden.report.tradeoffs import RestoreTimes
 with Needs("report") as REPORT:
@@ -229,9 +237,10 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
                 restores=_restores(read, hist),
                 uid_of=_uid)
     # Both rendered before either is written; the JSON lands first.
-    files = [(output, render(rep))]
+    data = as_dict(rep)  # the page's and the JSON's (a deep copy of the report: made once)
+    files = [(output, render(rep, data))]
     if json_out:
-        files.insert(0, (json_out, as_json(rep) + "\n"))
+        files.insert(0, (json_out, as_json(rep, data) + "\n"))
     try:
         write_all(files)
     except OutputError as exc:

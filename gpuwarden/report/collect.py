@@ -37,7 +37,7 @@ from gpuwarden.accounting.columns import Columns, columns
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.report.fields import partition, submitted
 from gpuwarden.slurm.hostlist import HostlistError, expand
-from gpuwarden.slurm.hostranges import shape
+from gpuwarden.slurm.hostranges import expanded, shape
 from gpuwarden.slurm.models import NodeEvent
 
 if TYPE_CHECKING:  # polars, the store's engine, is loaded only when a store is read
@@ -63,6 +63,9 @@ def _names(nodes: str) -> tuple[str, ...] | None:
     """The node names; () for none assigned; None for a list that cannot be read."""
     if not nodes or nodes in NO_NODES:
         return ()
+    known = expanded(nodes)  # shared with the judging of failed runs (`accounting.counted`)
+    if known is not None:
+        return known
     try:
         return tuple(expand(nodes))
     except HostlistError:

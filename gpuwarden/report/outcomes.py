@@ -10,7 +10,7 @@ and BOOT_FAIL are hardware whether or not a node could be named.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from gpuwarden.accounting.attribution import Attribution, Blame
@@ -66,10 +66,15 @@ def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit 
     """Each run the attribution blamed, once: (one of its blames, (its cell, its GPUs, its
     length) or None where the tally did not see it)."""
     seen: set[int] = set()
+    last: tuple[int | None, float] = (None, 0.0)
     for b in att.blames:
-        if b.job_id is None:
+        job, at = b.job_id, b.at
+        if job is None:
             continue  # a drain without a run: no run to move
-        key = run_key(b.job_id, int(b.at))
+        if job == last[0] and at == last[1]:
+            continue  # the next node of the run just seen: a gang run's blames come together
+        last = (job, at)
+        key = run_key(job, int(at))
         if key in seen:
             continue  # one blame per node of a gang job: the run counts once
         seen.add(key)
@@ -83,16 +88,26 @@ def gpu_blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, 
             yield b, hit
 
 
+Blamed = Sequence[tuple[Blame, Hit | None]]  # `gpu_blamed_runs`, read once for every card
+
+
+def gpu_blamed(tally: RunTally, att: Attribution, blamed: Blamed | None = None) -> Blamed:
+    """``blamed`` where the caller read it already, else `gpu_blamed_runs`: the report's cards
+    each walked every blame (a million at 10M records) for the same runs."""
+    return list(gpu_blamed_runs(tally, att)) if blamed is None else blamed
+
+
 def _name(part: str) -> str:
     return clean(part) if part else NO_PARTITION
 
 
-def classify(tally: RunTally, att: Attribution) -> Counter[tuple[int, str, str]]:
+def classify(tally: RunTally, att: Attribution,
+             blamed: Blamed | None = None) -> Counter[tuple[int, str, str]]:
     """Runs per (day, partition, class)."""
     out: Counter[tuple[int, str, str]] = Counter()
     for (day, part, state), n in tally.cells.items():
         out[(day, _name(part), STATE_CLASS.get(state, "other"))] += n
-    for b, hit in gpu_blamed_runs(tally, att):
+    for b, hit in gpu_blamed(tally, att, blamed):
         if hit is None:
             out[(-1, "", "unmatched")] += 1
             continue
@@ -107,8 +122,8 @@ def classify(tally: RunTally, att: Attribution) -> Counter[tuple[int, str, str]]
     return out
 
 
-def outcomes(tally: RunTally, att: Attribution) -> Outcomes:
-    counts = classify(tally, att)
+def outcomes(tally: RunTally, att: Attribution, blamed: Blamed | None = None) -> Outcomes:
+    counts = classify(tally, att, blamed)
     unmatched = counts.pop((-1, "", "unmatched"), 0)
     gang = counts.pop((-1, "", "gang failed, no event"), 0)
     days = [d for d, _, _ in counts]

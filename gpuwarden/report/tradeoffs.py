@@ -14,7 +14,7 @@ from gpuwarden.ckpt.restorelog import MAX_PER_OWNER, MAX_RECORDS, RestoreRecord,
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.ettr import EttrSection
 from gpuwarden.report.mttfview import r
-from gpuwarden.report.outcomes import gpu_blamed_runs
+from gpuwarden.report.outcomes import Blamed, gpu_blamed
 from gpuwarden.slurm.models import NodeEvent
 from gpuwarden.slurm.reasons import drain_origin
 
@@ -96,9 +96,10 @@ def _seconds(t: TierRestores | None) -> float | None:
 
 
 def filesystem_vs_object_store(tally: RunTally, att: Attribution,
-                               restores: RestoreTimes | None = None) -> Tradeoff:
+                               restores: RestoreTimes | None = None,
+                               blamed: Blamed | None = None) -> Tradeoff:
     runs = gpus = 0
-    for _, hit in gpu_blamed_runs(tally, att):
+    for _, hit in gpu_blamed(tally, att, blamed):
         if hit is not None:
             runs += 1
             gpus += hit[1]

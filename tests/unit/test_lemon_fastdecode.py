@@ -21,7 +21,7 @@ from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting.attribution import Attribution, attribute, attribute_runs, spread_exposure
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.slurm.hostlist import expand
-from gpuwarden.slurm.hostranges import ranges
+from gpuwarden.slurm.hostranges import expanded, ranges
 from gpuwarden.slurm.models import AcctJob
 from tests.unit.test_lemon_core import fleet_history, job, sacct_export
 
@@ -146,6 +146,7 @@ def test_ranges_name_the_nodes_exactly_as_expand_does(head: str, tail: str,
         got[name] += runs
         assert secs == 60 * runs
     assert got == Counter(expand(text))
+    assert expanded(text) == tuple(expand(text))  # the same names in the same order
 
 
 @pytest.mark.parametrize("fold_at", [2, 100_000])
