@@ -277,9 +277,10 @@ def report_ckpt(env: Env) -> None:
 
     held = None
     try:
+        # The run's Slurm calls are behind it: what is left, less the textfile's own time.
         held = nodemetrics.scan_in_child(
             c.memory_root, c.shared_root, h.state_dir,
-            max(0.5, min(nodemetrics.SCAN_S, env.left() - drain.CALLS_S - METRICS_S)))
+            max(1.0, min(nodemetrics.SCAN_S, env.left() - 2 * METRICS_S)))
         if not held.complete:
             log.error("%s: checkpoint tier 0 %s: the scan fell short (the shared tier refused "
                       "to root, or its time ran out before every job's owner was reached); "

@@ -143,6 +143,27 @@ def test_a_stopped_placement_daemon_pages_as_a_stale_snapshot(clean: monitor.Mon
              "GpuwardenPlacementSnapshotStale resolves once the daemon writes again")
 
 
+def ckpt_scanned(h: Harness, mon: monitor.Monitor, node: str) -> None:
+    """The periodic check on ``node`` until Prometheus has its checkpoint scan complete with a
+    lag series (a scan on a loaded host may fall short, and says so: scan_complete 0)."""
+    def done() -> bool:
+        periodic(h, node)
+        try:  # a few scrapes (every 2 s) for this run's file
+            mon.wait(lambda: mon.query(f'gpuwarden_ckpt_tier0_scan_complete{{node="{node}"}} == 1')
+                     and mon.query(f'gpuwarden_ckpt_durable_lag_seconds{{node="{node}"}}'),
+                     10, "this run's series")
+        except AssertionError:
+            return False
+        return True
+
+    try:
+        wait_for(done, 150, f"{node}'s checkpoint scan complete, with a lag series")
+    except AssertionError as exc:
+        seen = h.sh(node, "cat /var/lib/node_exporter/textfile/gpuwarden_ckpt.prom; "
+                          "ls -l /var/lib/gpuwarden/ckpt-jobs /dev/shm/gpuwarden-ckpt").out
+        raise AssertionError(f"{exc}; on {node}: {seen[-3000:]}") from exc
+
+
 def _panels() -> list[tuple[str, list[str]]]:
     doc = json.loads(DASHBOARD.read_text())
     out = []
@@ -169,7 +190,7 @@ def test_every_dashboard_panel_shows_series_from_the_live_prometheus(
                    script=[TRAIN_SBATCH, "--steps", "300", "--every", "5", "--mb", "1",
                            "--step-s", "1"])
     wait_for(lambda: 5 in h.shared_steps(job, 0), 120, "job's step 5 on the shared tier")
-    periodic(h, "c2")
+    ckpt_scanned(h, mon, "c2")
     # A gang job that died (rule 3: blamed on its nodes), so the scan has an MTTF to give.
     died = h.sbatch("-N2", "--gpus-per-node=1", name="died", wrap="exit 1")
     h.wait_acct(died, "FAILED", timeout=60)
