@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.accounting import stream as acctstream
-from gpuwarden.accounting.history import gc_paused
+from gpuwarden.accounting.gcpause import paused
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "sacct.json"
 
@@ -55,7 +55,7 @@ LAYOUTS: dict[str, tuple[bool, Callable[[dict[str, Any]], str]]] = {
 
 def read(path: Path) -> int:
     n = 0
-    with acctstream.open_regular(str(path)) as fh, gc_paused():
+    with acctstream.open_regular(str(path)) as fh, paused():
         for _ in acctstream.AcctStream(acctstream.text_reader(fh)).runs():
             n += 1
     return n

@@ -34,7 +34,8 @@ from typing import Any
 import fleetcache
 
 from gpuwarden.accounting import stream as acctstream
-from gpuwarden.accounting.history import from_files, gc_paused, read_events
+from gpuwarden.accounting.gcpause import paused
+from gpuwarden.accounting.history import from_files, read_events
 from gpuwarden.lemon.scoring import score
 from gpuwarden.slurm.hostlist import expand
 from gpuwarden.slurm.models import AcctJob
@@ -44,7 +45,7 @@ def baseline(files: list[Path]) -> tuple[int, int]:
     runs: Counter[str] = Counter()
     failed: Counter[str] = Counter()
     for f in files:
-        with acctstream.open_regular(str(f)) as fh, gc_paused():
+        with acctstream.open_regular(str(f)) as fh, paused():
             for job in acctstream.AcctStream(acctstream.text_reader(fh)):
                 if not isinstance(job, AcctJob):
                     continue

@@ -6,14 +6,12 @@ flat however long the history; with several files, worker processes share them o
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from multiprocessing import get_context
@@ -196,25 +194,12 @@ def chunks(items: Iterable[AcctJob | SlurmError],
         yield chunk
 
 
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Decoding sacct's JSON makes millions of small dicts, and the cyclic collector runs
-    over all of them again and again (4-5x the decode time). The tree has no cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 Part = tuple[Attribution, int, "Collector | None", Window]
 
 
 def _read_one(path: str, known: _Known, collector: CollectorFactory | None = None,
               window: Window = (None, None)) -> Part:
-    with gc_paused():
+    with paused():
         return _read_one_unpaused(path, known, collector, window)
 
 
@@ -473,7 +458,7 @@ def from_cluster(client: SlurmClient, since: timedelta, grace_s: float = GRACE_S
         lo, hi = windows.popleft()
         try:
             more = collector() if collector is not None else None
-            with gc_paused():
+            with paused():
                 part, n = _count(Attribution(), chunks(
                     source.window(_slurm_time(lo), _slurm_time(hi))), "", known, more,
                     (lo.timestamp(), hi.timestamp()))

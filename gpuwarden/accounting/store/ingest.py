@@ -27,6 +27,7 @@ import polars as pl
 from gpuwarden.accounting import history
 from gpuwarden.accounting import stream as acctstream
 from gpuwarden.accounting import windows as exportwindows
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.store import events as eventstore
 from gpuwarden.accounting.store import files, manifest, schema, storedir, upgrade
 from gpuwarden.accounting.store.manifest import Export, Manifest
@@ -111,7 +112,7 @@ def _read_export_at(store: str, path: str, window: Window) -> _Read:
 
 
 def _read_export(store: Dir, path: str, window: Window) -> _Read:
-    with history.gc_paused():
+    with paused():
         try:
             with acctstream.open_regular(path) as fh:
                 meta = acctstream.file_meta(fh)

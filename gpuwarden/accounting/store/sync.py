@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 
 from gpuwarden.accounting import history
 from gpuwarden.accounting import stream as acctstream
+from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.store import events as eventstore
 from gpuwarden.accounting.store import files, manifest, schema, storedir, upgrade
 from gpuwarden.accounting.store.ingest import frames, in_window, key_of, locked
@@ -51,7 +52,7 @@ def _pull(reader: acctstream.AcctReader, lo: datetime, hi: datetime,
           store: Dir) -> Export:
     bad: list[str] = []
     name = f"slurmdbd:{lo.strftime(FMT)}..{hi.strftime(FMT)}"
-    with history.gc_paused():
+    with paused():
         got = list(frames(history.chunks(reader.window(lo.strftime(FMT), hi.strftime(FMT)), 10_000), bad))
     import polars as pl  # noqa: PLC0415 - the store's engine
 
