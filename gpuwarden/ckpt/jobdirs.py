@@ -207,7 +207,10 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> int:
 
 def _note_held(config: Config, job_id: str, uid: int) -> None:
     """Root's record of the job whose directories it made here (`jobsheld`: the periodic
-    check's scan reads it, never the spool's listing). Logged, never raised."""
+    check's scan reads it, never the spool's listing). Logged, never raised. Only where that
+    scan runs (`[health] prom_dir` set): otherwise it is a write per job start for nothing."""
+    if not config.health.prom_dir:
+        return
     from gpuwarden.ckpt import jobsheld  # noqa: PLC0415 - light
 
     try:

@@ -340,3 +340,13 @@ def test_the_prolog_s_stage_in_outcome_is_what_the_copy_said(
         tmp_path: Path, code: int | None, outcome: str) -> None:
     cfg = CkptConfig(memory_root=str(tmp_path / "shm"), shared_root=str(tmp_path / "fsx"))
     assert stagein.stage_in(cfg, env_for(), lambda work, req: code) == outcome
+
+
+def test_without_a_textfile_directory_the_prolog_records_nothing(node) -> None:  # type: ignore[no-untyped-def]
+    env, _, _, _ = node
+    env = replace(env, config=replace(env.config, health=replace(env.config.health,
+                                                                 prom_dir="")),
+                  environ={**env.environ, "SLURM_JOB_ID": "613", "SLURM_JOB_UID": str(ALICE),
+                           "SLURM_JOB_GID": str(ALICE)})
+    assert entry.prolog(env) == 0
+    assert jobsheld.held(env.config.health.state_dir) == ([], 0)
