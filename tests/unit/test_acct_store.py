@@ -187,3 +187,27 @@ def test_ingest_with_workers_in_a_process_already_running_polars(tmp_path: Path)
         pytest.fail("ingest's workers hung")
     assert proc.returncode == 0, err[-2000:]
     assert out.split()[-1] == "3"
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    ("allocation_nodes", 3_000_000_000, "allocation_nodes"),
+    ("restart_cnt", 2_200_000_000, "restart_cnt"),
+    ("tres", {"allocated": [{"type": "gres", "name": "gpu", "id": 1001,
+                             "count": 4_000_000_000}]}, "gres/gpu"),
+])
+def test_a_count_the_store_cannot_hold_is_a_malformed_record_named(
+        tmp_path: Path, field: str, value: object, named: str) -> None:
+    """A count under Slurm's placeholder but past the store's 32-bit column (an export edited
+    by hand, or a broken one) is that record's problem, named; the export's other records are
+    stored (it was a polars error that stopped the whole ingest)."""
+    bad = _job(1, T0 + 100)
+    bad[field] = value
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps({"jobs": [bad, _job(2, T0 + 200)],
+                                "meta": sacct_meta(T0, T0 + DAY), "errors": [], "warnings": []}))
+    got = ingest(tmp_path / "s", [str(path)])
+    assert got.rows == 1
+    (entry,) = got.store.exports
+    assert entry.malformed == 1
+    assert "job 1" in entry.first_bad and named in entry.first_bad, entry.first_bad
+    assert "store" in entry.first_bad

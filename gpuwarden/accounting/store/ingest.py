@@ -87,10 +87,10 @@ def frames(batches: Iterable[Sequence[AcctJob | SlurmError | acctstream.AcctReco
             else:
                 held.append(r)
         if len(held) >= BATCH:
-            yield schema.frame(held)
+            yield schema.frame(held, bad)
             held = []
     if held:
-        yield schema.frame(held)
+        yield schema.frame(held, bad)
 
 
 def in_window(df: pl.DataFrame, window: Window) -> pl.DataFrame:

@@ -54,10 +54,35 @@ NAMES = tuple(c.name for c in COLUMNS)
 assert tuple(f.name for f in fields(AcctJob)) == NAMES, "the store's row is an AcctJob"
 
 
-def frame(records: Sequence[AcctRecord]) -> pl.DataFrame:
+# Where a 32-bit column's value comes from in `sacct --json`, for the message naming it.
+_FROM = {"num_nodes": "allocation_nodes", "gpus": "tres.allocated gres/gpu count",
+         "exit_code": "exit_code.return_code", "signal": "exit_code.signal.id",
+         "restart_count": "restart_cnt"}
+_INT32 = tuple(c.name for c in COLUMNS if c.dtype == pl.Int32)
+_LO, _HI = -(1 << 31), (1 << 31) - 1
+
+
+def frame(records: Sequence[AcctRecord], bad: list[str]) -> pl.DataFrame:
     """``records`` as rows of the store (the fast decoder's structs read without building an
-    AcctJob each)."""
-    return pl.DataFrame(acctfast.rows_of(list(records)), schema=SCHEMA, orient="row")
+    AcctJob each). A record with a count the store's 32-bit columns cannot hold (under Slurm's
+    placeholder, so the readers take it) is left out and said in ``bad``: it is that record's
+    problem, not the export's."""
+    rows = acctfast.rows_of(list(records))
+    if not rows:
+        return SCHEMA.to_frame()
+    # Column by column: polars builds a frame from columns several times faster than from rows.
+    wide = pl.DataFrame([pl.Series(name, col, dtype=pl.Int64 if dtype == pl.Int32 else dtype)
+                         for (name, dtype), col in zip(SCHEMA.items(), zip(*rows, strict=True), strict=True)])
+    over = pl.any_horizontal([pl.col(c).is_not_null() & ~pl.col(c).is_between(_LO, _HI)
+                              for c in _INT32])
+    odd = wide.filter(over)
+    if odd.height:
+        for row in odd.iter_rows(named=True):
+            name = next(c for c in _INT32 if row[c] is not None and not _LO <= row[c] <= _HI)
+            bad.append(f"job {row['job_id']}: {_FROM[name]} {row[name]} is more than the "
+                       f"store's 32-bit column {name} holds (left out)")
+        wide = wide.filter(~over)
+    return wide.cast(dict.fromkeys(_INT32, pl.Int32))
 
 
 def jobs(df: pl.DataFrame) -> list[AcctJob]:
