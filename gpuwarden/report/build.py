@@ -22,6 +22,11 @@ from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, restarts,
 from gpuwarden.report.collect import RunTally, run_key
 from gpuwarden.report.text import cleaned
 
+try:  # the lemon extra's; without it, the standard library's slower way
+    import msgspec
+except ImportError:  # pragma: no cover - exercised where the extra is not installed
+    msgspec = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True)
 class Options:
@@ -203,11 +208,25 @@ def _warnings(out: outcomes.Outcomes) -> list[str]:
 
 @paused()  # a deep copy of the report: as `render`
 def as_dict(r: Report) -> dict[str, Any]:
-    """The report as JSON-ready data, every string writable as UTF-8 (`text.clean`)."""
+    """The report as JSON-ready data, every string writable as UTF-8 (`text.clean`). msgspec
+    builds it in C (a year's report holds a quarter of a million pieces of lemon evidence:
+    `asdict` and the walk cleaning each string took 8 of its 37 CPU seconds); where a string
+    cannot be written as UTF-8 (a lone surrogate), every string is cleaned the slow way."""
+    if msgspec is not None:
+        try:
+            msgspec.json.encode(r)  # raises on a lone surrogate
+        except UnicodeEncodeError:
+            pass
+        else:
+            built: dict[str, Any] = msgspec.to_builtins(r)
+            return built
     out: dict[str, Any] = cleaned(asdict(r))
     return out
 
 
 def as_json(r: Report, data: dict[str, Any] | None = None) -> str:
-    """``data``: as `render`'s."""
-    return json.dumps(as_dict(r) if data is None else data, indent=1, ensure_ascii=False)
+    """``data``: as `render`'s. Written by msgspec (indent 1): json.dumps took 6 s at a year."""
+    doc = as_dict(r) if data is None else data
+    if msgspec is None:
+        return json.dumps(doc, indent=1, ensure_ascii=False)
+    return msgspec.json.format(msgspec.json.encode(doc), indent=1).decode("utf-8")

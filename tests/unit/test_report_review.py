@@ -20,10 +20,11 @@ from gpuwarden.accounting.history import History
 from gpuwarden.cli import cli
 from gpuwarden.config.context import Context
 from gpuwarden.lemon.scoring import ScoreConfig
-from gpuwarden.report.build import Options, Report, as_json, build
+from gpuwarden.report.build import Options, Report, as_dict, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally
 from gpuwarden.report.drains import drains
 from gpuwarden.report.render import render
+from gpuwarden.report.text import cleaned
 from gpuwarden.slurm.models import AcctJob, Node, NodeEvent
 
 T0 = 1_767_225_600  # 2026-01-01T00:00:00Z
@@ -398,3 +399,16 @@ def test_a_short_drain_is_not_rounded_away() -> None:
     d = report(jobs, events).drains
     assert d.events["operator"] == 1
     assert d.total_node_hours["operator"] == pytest.approx(4 / 3600, rel=0.01)
+
+
+def test_the_json_is_the_report_whichever_way_it_is_written() -> None:
+    """The JSON msgspec writes (the fast way, a year's report) holds what the standard
+    library's walk gives, lemon evidence, tradeoff cards and all."""
+    events = [ev("n1", "2026-01-01T05:00:00", "2026-01-01T06:00:00", "DRAIN",
+                 "gpuwarden: epilog: xid 79 on GPU 0 [health]")]
+    jobs = [job(i, "FAILED" if i % 3 == 0 else "COMPLETED", f"n{i % 4 + 1}", 8, T0 + i * H, H,
+                exit_code=1 if i % 3 == 0 else 0) for i in range(1, 40)]
+    r = report(jobs, events)
+    slow = json.loads(json.dumps(cleaned(asdict(r)), ensure_ascii=False))
+    assert doc(r) == slow
+    assert json.loads(json.dumps(as_dict(r))) == slow
