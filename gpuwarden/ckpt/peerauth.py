@@ -17,16 +17,18 @@ The key is never part of a message, a repr or a log line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import logging
 import secrets
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuwarden.ckpt.peeradmit import Ticket
 from gpuwarden.ckpt.peerwire import (
     BUSY,
     MAGIC,
@@ -95,20 +97,26 @@ class Session:
 class Gate(Protocol):
     """Admission limits (gpuwarden.ckpt.peeradmit.Admission)."""
 
-    def enter(self, source: str) -> str: ...
-    def should_log(self, source: str) -> bool: ...
+    def enter(self, address: str, hang_up: Callable[[], None]) -> Ticket | str: ...
+    def should_log(self, address: str) -> bool: ...
 
 
-def admitted(gate: Gate, sock: socket.socket, source: str, who: str) -> bool:
-    """Let the connection from ``source`` in, or turn it away (BUSY) over the limits, logging
-    it at most now and then (``who``: "peer", "coordinator")."""
-    why = gate.enter(source)
-    if not why:
-        return True
-    if gate.should_log(source):
-        log.warning("%s %s: refused a connection: %s", who, source, why)
+def admitted(gate: Gate, sock: socket.socket, address: str, who: str) -> Ticket | None:
+    """Let the connection from ``address`` in (its ticket), or turn it away (BUSY) over the
+    limits, logging it at most now and then (``who``: "peer", "coordinator")."""
+    got = gate.enter(address, functools.partial(_hang_up, sock))
+    if isinstance(got, Ticket):
+        return got
+    if gate.should_log(address):
+        log.warning("%s %s: refused a connection: %s", who, address, got)
     turn_away(sock)
-    return False
+    return None
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Ends a connection another thread serves: its blocked recv returns at once."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def turn_away(sock: socket.socket) -> None:
@@ -120,13 +128,16 @@ def turn_away(sock: socket.socket) -> None:
 
 
 def serve_handshake(sock: socket.socket, key: bytes, wire: Wire, deadline: float,
-                    header_limit: int = HEADER_LIMIT) -> tuple[Session, bytes]:
+                    header_limit: int = HEADER_LIMIT, first: float | None = None
+                    ) -> tuple[Session, bytes]:
     """Hello, the client's nonce, header and MAC, all within ``deadline`` and in small frames
-    (a stranger can neither hold the connection nor make us allocate). KeyRefused when the MAC
-    is not this job's: the header has not been decoded then."""
+    (a stranger can neither hold the connection nor make us allocate); the nonce by ``first``
+    when given (a rank sends it as soon as it reads the hello: a connection still silent then
+    is a stranger's, holding a slot). KeyRefused when the MAC is not this job's: the header has
+    not been decoded then."""
     nonce_s = secrets.token_bytes(NONCE)
     send_frame(sock, wire.magic + nonce_s, deadline)
-    nonce_c = recv_frame(sock, NONCE, deadline)
+    nonce_c = recv_frame(sock, NONCE, deadline if first is None else min(first, deadline))
     header = recv_frame(sock, header_limit, deadline)
     mac = recv_frame(sock, 64, deadline)
     s = Session(key, wire, nonce_s, nonce_c)
