@@ -37,7 +37,6 @@ import logging
 import os
 import re
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,11 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.ckpt.names import BadName, check_name
-from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, allocation
+from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, Ticket, allocation
 from gpuwarden.ckpt.peerauth import (
     COORD,
+    GatedServer,
     KeyRefused,
-    admitted,
     prove,
     send_response,
     serve_handshake,
@@ -132,19 +131,10 @@ class CoordServer:
         self._seen: set[int] = set()
         self._held = 0
         self._closed = False
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                outer._handle(self.request, self.client_address)
-
-        class Server(socketserver.ThreadingTCPServer):
-            allow_reuse_address = True
-            daemon_threads = True
-            request_queue_size = 1024  # a job's ranks all connect at once at start
-
         try:
-            self._srv = Server((host, port), Handler)
+            # A backlog of 1024: a job's ranks all connect at once at start.
+            self._srv = GatedServer((host, port), self._admission, "coordinator", self._handle,
+                                    backlog=1024)
         except OSError as exc:
             raise PeerError(f"coordinator: cannot listen on {host}:{port} ({exc.strerror})"
                             ) from None
@@ -164,11 +154,7 @@ class CoordServer:
         self._srv.server_close()
 
     # ---- the connection -----------------------------------------------------------------------
-    def _handle(self, sock: socket.socket, client: Any) -> None:
-        source = str(client[0])
-        ticket = admitted(self._admission, sock, source, "coordinator")
-        if ticket is None:
-            return
+    def _handle(self, sock: socket.socket, source: str, ticket: Ticket) -> None:
         in_handshake = True
         try:
             try:

@@ -37,7 +37,6 @@ import os
 import random
 import secrets
 import socket
-import socketserver
 import stat
 import threading
 import time
@@ -52,11 +51,11 @@ from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
-from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, allocation
+from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, Ticket, allocation
 from gpuwarden.ckpt.peerauth import (
     PEER,
+    GatedServer,
     KeyRefused,
-    admitted,
     client_request,
     prove,
     send_response,
@@ -175,19 +174,11 @@ class PeerServer:
         self.timeout, self.handshake_s = timeout, handshake_s
         self._admission = Admission(max_connections, per_source)
         self._admission.own_hosts(allocation(os.environ) if hosts is None else hosts)
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                outer._handle(self.request, self.client_address)
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
         try:
-            self._srv = socketserver.ThreadingTCPServer((host, port), Handler)
+            self._srv = GatedServer((host, port), self._admission, "peer", self._handle)
         except OSError as exc:
             raise PeerError(f"peer server: cannot listen on {host}:{port} ({exc.strerror}); "
                             "with several ranks per node, leave [ckpt] peer_port = 0") from None
-        self._srv.daemon_threads = True
         self.port = self._srv.server_address[1]
         self._thread = threading.Thread(target=self._srv.serve_forever, name="gpuwarden-peer",
                                         daemon=True)
@@ -205,11 +196,7 @@ class PeerServer:
     def _replica(self, rank: int) -> FsTier:
         return FsTier("peer", self.root, f"{self.job}.peer", rank)
 
-    def _handle(self, sock: socket.socket, client: Any) -> None:
-        source = str(client[0])
-        ticket = admitted(self._admission, sock, source, "peer")
-        if ticket is None:
-            return
+    def _handle(self, sock: socket.socket, source: str, ticket: Ticket) -> None:
         in_handshake = True
         try:
             # Until the client has shown the key it gets one short deadline for the whole

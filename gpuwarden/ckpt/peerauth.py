@@ -23,6 +23,7 @@ import json
 import logging
 import secrets
 import socket
+import socketserver
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -99,6 +100,44 @@ class Gate(Protocol):
 
     def enter(self, address: str, hang_up: Callable[[], None]) -> Ticket | str: ...
     def should_log(self, address: str) -> bool: ...
+    def leave(self, ticket: Ticket) -> None: ...
+
+
+class GatedServer(socketserver.ThreadingTCPServer):
+    """A threading TCP server that admits each connection (`admitted`) in its accept loop,
+    before a thread is started for it: a stranger turned away costs no thread, and a flood of
+    them slows the accept loop less. ``serve(sock, address, ticket)`` runs in the connection's
+    thread and must ``gate.leave(ticket)`` when done."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, where: tuple[str, int], gate: Gate, who: str,
+                 serve: Callable[[socket.socket, str, Ticket], None], backlog: int = 128
+                 ) -> None:
+        self.gate, self.who, self.serve = gate, who, serve
+        self.request_queue_size = backlog
+        self._tickets: dict[socket.socket, Ticket] = {}
+        super().__init__(where, socketserver.BaseRequestHandler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        ticket = admitted(self.gate, request, str(client_address[0]), self.who)
+        if ticket is None:
+            return False
+        self._tickets[request] = ticket
+        return True
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started (out of threads): its slot freed here
+            ticket = self._tickets.pop(request, None)
+            if ticket is not None:
+                self.gate.leave(ticket)
+            raise
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        self.serve(request, str(client_address[0]), self._tickets.pop(request))
 
 
 def admitted(gate: Gate, sock: socket.socket, address: str, who: str) -> Ticket | None:
