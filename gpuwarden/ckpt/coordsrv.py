@@ -9,8 +9,10 @@ proposals, and each rank's newest durable step per tier (retention's floor).
 
 Authentication is the peer channel's (`peerauth`) under the coordinator's own magic and labels:
 the job's key, nonces from both sides, the server proves the key before anyone waits on it.
-Strangers get one short deadline for the whole handshake, small frames, and a few handshakes per
-address (`peeradmit`); their headers are never decoded. What the job's ranks send is bounded
+Strangers get one short deadline for the whole handshake (a quarter of it for their first
+frame), small frames, a few handshakes per source (all of loopback is one) and together a
+quarter of the connections: the rest is kept for the allocation's nodes (`peeradmit`); their
+headers are never decoded. What the job's ranks send is bounded
 too: values of at most 64 KiB, a bounded number of rounds and bytes held, and rounds of runs
 older than the two newest are dropped (a spare relaunch is a new run; its stragglers can never
 complete or disturb the new run's rounds).
@@ -32,21 +34,21 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import socket
-import socketserver
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.ckpt.names import BadName, check_name
-from gpuwarden.ckpt.peeradmit import Admission
+from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, Ticket, allocation
 from gpuwarden.ckpt.peerauth import (
     COORD,
+    GatedServer,
     KeyRefused,
-    admitted,
     prove,
     send_response,
     serve_handshake,
@@ -57,8 +59,8 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_CONNECTIONS = 4096  # at once: one waiting thread per rank of a large job
-PER_SOURCE = 16  # connections from one address still in the handshake
-HANDSHAKE_S = 5.0  # from accept to the key shown
+PER_SOURCE = 16  # connections from one source still in the handshake (peeradmit.source_of)
+HANDSHAKE_S = 5.0  # from accept to the key shown (the first frame: a quarter of it)
 SEND_S = 10.0  # to send an authenticated rank its answer
 MAX_VALUE = 64 << 10  # one rank's value in one round, as JSON
 MAX_WAIT_S = 3600.0  # the longest a rank may ask to be held in one exchange
@@ -111,12 +113,16 @@ class CoordServer:
     def __init__(self, key: bytes, job: str, host: str = "0.0.0.0", port: int = 0,  # noqa: S104 - every rank must reach it; the key guards it
                  max_connections: int = MAX_CONNECTIONS, per_source: int = PER_SOURCE,
                  handshake_s: float = HANDSHAKE_S, max_rounds: int = MAX_ROUNDS,
-                 max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_held: int = MAX_HELD, clock: Callable[[], float] = time.monotonic,
+                 hosts: Sequence[str] | None = None) -> None:
+        """``hosts``: the allocation's nodes, whose connections keep a share of the slots
+        that strangers cannot take (None: ``SLURM_JOB_NODELIST``'s)."""
         self.job = check_name(job, "job")
         self._key = key
         self.handshake_s, self.max_rounds, self.max_held = handshake_s, max_rounds, max_held
         self._clock = clock
         self._admission = Admission(max_connections, per_source)
+        self._admission.own_hosts(allocation(os.environ) if hosts is None else hosts)
         self._cv = threading.Condition()
         self._rounds: dict[str, _Round] = {}
         self._proposals: dict[str, tuple[tuple[int, int] | None, int]] = {}
@@ -125,19 +131,10 @@ class CoordServer:
         self._seen: set[int] = set()
         self._held = 0
         self._closed = False
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                outer._handle(self.request, self.client_address)
-
-        class Server(socketserver.ThreadingTCPServer):
-            allow_reuse_address = True
-            daemon_threads = True
-            request_queue_size = 1024  # a job's ranks all connect at once at start
-
         try:
-            self._srv = Server((host, port), Handler)
+            # A backlog of 1024: a job's ranks all connect at once at start.
+            self._srv = GatedServer((host, port), self._admission, "coordinator", self._handle,
+                                    backlog=1024)
         except OSError as exc:
             raise PeerError(f"coordinator: cannot listen on {host}:{port} ({exc.strerror})"
                             ) from None
@@ -157,22 +154,21 @@ class CoordServer:
         self._srv.server_close()
 
     # ---- the connection -----------------------------------------------------------------------
-    def _handle(self, sock: socket.socket, client: Any) -> None:
-        source = str(client[0])
-        if not admitted(self._admission, sock, source, "coordinator"):
-            return
+    def _handle(self, sock: socket.socket, source: str, ticket: Ticket) -> None:
         in_handshake = True
         try:
             try:
+                now = time.monotonic()
                 session, header = serve_handshake(sock, self._key, COORD,
-                                                  time.monotonic() + self.handshake_s,
-                                                  header_limit=MAX_VALUE + (4 << 10))
+                                                  now + self.handshake_s,
+                                                  header_limit=MAX_VALUE + (4 << 10),
+                                                  first=now + self.handshake_s / FIRST_SHARE)
             except KeyRefused:
                 if self._admission.should_log(source):
                     log.warning("coordinator %s: refused a request without this job's key",
                                 source)
                 return
-            self._admission.authenticated(source)
+            self._admission.authenticated(ticket)
             in_handshake = False
             prove(sock, session, time.monotonic() + SEND_S)
             try:
@@ -188,7 +184,7 @@ class CoordServer:
                             f" (within the {self.handshake_s:g} s handshake)"
                             if in_handshake else "")
         finally:
-            self._admission.leave(source, in_handshake)
+            self._admission.leave(ticket)
             with contextlib.suppress(OSError):
                 sock.close()
 

@@ -27,6 +27,7 @@ from typing import Any
 from gpuwarden.ckpt.coord import CoordError
 from gpuwarden.ckpt.coordnet import ENV_COORD, NetCoordinator
 from gpuwarden.ckpt.coordsrv import CoordServer
+from gpuwarden.ckpt.peeradmit import allocation
 from gpuwarden.core.errors import GpuwardenError
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def serve(argv: Sequence[str], key: bytes, job: str, host: str, environ: Mapping
     `run`), stop it; ``argv``'s exit status. WrapError when the coordinator cannot listen or
     does not answer at ``host``."""
     try:
-        server = CoordServer(key, job, port=port)
+        server = CoordServer(key, job, port=port, hosts=allocation(environ))
     except OSError as exc:  # PeerError is one too
         raise WrapError(str(exc)) from None
     try:

@@ -16,24 +16,27 @@ received is used before its HMAC and then its manifest checksums match (the hand
 MACs: `peerauth`, shared with the job's coordinator under another magic). Transfers are
 authenticated, not encrypted: root on the network path can read them.
 
-Strangers: a connection gets one absolute deadline (``handshake_s``) to show the key, and one
-address may hold at most ``per_source`` connections that have not shown it (`peeradmit`); a
-connection over the limits is answered ``BUSY`` and closed, and the client says so. Listing
-asks every peer at once under one deadline; a peer that does not answer is an error naming it,
-never an empty list. What is served is read through `FsTier`, which refuses links, FIFOs and
-anything not owned by the job's user (the ``job-N`` and ``job-N.peer`` directories sit in a
-world-writable spool).
+Strangers: a connection gets one absolute deadline (``handshake_s``) to show the key (a quarter
+of it to send its first frame), one source (all of loopback is one) may hold at most
+``per_source`` connections that have not shown it, and sources outside the job's nodes a
+quarter of all connections together (`peeradmit`); a connection over the limits is answered
+``BUSY`` and closed, and the client asks again with jittered backoff until its deadline, then
+says so. Listing asks every peer at once under one deadline; a peer that does not answer is an
+error naming it, never an empty list. What is served is read through `FsTier`, which refuses
+links, FIFOs and anything not owned by the job's user (the ``job-N`` and ``job-N.peer``
+directories sit in a world-writable spool).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import logging
 import os
+import random
 import secrets
 import socket
-import socketserver
 import stat
 import threading
 import time
@@ -41,18 +44,18 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.ckpt import retention
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import Manifest, ManifestError, from_json
 from gpuwarden.ckpt.names import BadName, check_name, check_step
-from gpuwarden.ckpt.peeradmit import Admission
+from gpuwarden.ckpt.peeradmit import FIRST_SHARE, Admission, Ticket, allocation
 from gpuwarden.ckpt.peerauth import (
     PEER,
+    GatedServer,
     KeyRefused,
-    admitted,
     client_request,
     prove,
     send_response,
@@ -74,10 +77,12 @@ log = logging.getLogger(__name__)
 
 KEY_FILE = "peer.key"
 MAX_CONNECTIONS = 64  # served at once, all sources together
-PER_SOURCE = 8  # connections from one address still in the handshake (not shown the key yet)
+PER_SOURCE = 8  # connections from one source still in the handshake (not shown the key yet)
 HANDSHAKE_S = 5.0  # from accept to the key shown: one deadline for the whole handshake
+_BUSY_PAUSE = 0.5  # the longest pause between asks of a peer at its limits
 LIST_S = 10.0  # PeerTier.steps(): every peer asked at once, one deadline for all of them
 _LIST_WORKERS = 32
+_T = TypeVar("_T")
 
 
 # ---- the per-job key ------------------------------------------------------------------------
@@ -162,23 +167,18 @@ class PeerServer:
     def __init__(self, key: bytes, job: str, memory_root: str, keep: int = 2,
                  host: str = "0.0.0.0", port: int = 0, timeout: float = 60.0,  # noqa: S104 - every rank must reach it; the key guards it
                  handshake_s: float = HANDSHAKE_S, max_connections: int = MAX_CONNECTIONS,
-                 per_source: int = PER_SOURCE) -> None:
+                 per_source: int = PER_SOURCE, hosts: Sequence[str] | None = None) -> None:
+        """``hosts``: the job's nodes, whose connections keep a share of the slots that
+        strangers cannot take (None: ``SLURM_JOB_NODELIST``'s)."""
         self.key, self.job, self.root, self.keep = key, check_name(job, "job"), memory_root, keep
         self.timeout, self.handshake_s = timeout, handshake_s
         self._admission = Admission(max_connections, per_source)
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                outer._handle(self.request, self.client_address)
-
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
+        self._admission.own_hosts(allocation(os.environ) if hosts is None else hosts)
         try:
-            self._srv = socketserver.ThreadingTCPServer((host, port), Handler)
+            self._srv = GatedServer((host, port), self._admission, "peer", self._handle)
         except OSError as exc:
             raise PeerError(f"peer server: cannot listen on {host}:{port} ({exc.strerror}); "
                             "with several ranks per node, leave [ckpt] peer_port = 0") from None
-        self._srv.daemon_threads = True
         self.port = self._srv.server_address[1]
         self._thread = threading.Thread(target=self._srv.serve_forever, name="gpuwarden-peer",
                                         daemon=True)
@@ -196,21 +196,20 @@ class PeerServer:
     def _replica(self, rank: int) -> FsTier:
         return FsTier("peer", self.root, f"{self.job}.peer", rank)
 
-    def _handle(self, sock: socket.socket, client: Any) -> None:
-        source = str(client[0])
-        if not admitted(self._admission, sock, source, "peer"):
-            return
+    def _handle(self, sock: socket.socket, source: str, ticket: Ticket) -> None:
         in_handshake = True
         try:
             # Until the client has shown the key it gets one short deadline for the whole
             # handshake and small frames: a stranger cannot hold a slot or make us allocate.
             try:
-                session, header = serve_handshake(sock, self.key, PEER,
-                                                  time.monotonic() + self.handshake_s)
+                now = time.monotonic()
+                session, header = serve_handshake(sock, self.key, PEER, now + self.handshake_s,
+                                                  first=now + self.handshake_s / FIRST_SHARE)
             except KeyRefused:
-                log.warning("peer %s: refused a request without this job's key", source)
+                if self._admission.should_log(source):
+                    log.warning("peer %s: refused a request without this job's key", source)
                 return
-            self._admission.authenticated(source)
+            self._admission.authenticated(ticket)
             in_handshake = False
             sock.settimeout(self.timeout)
             prove(sock, session)
@@ -229,10 +228,12 @@ class PeerServer:
                 sock.sendall(part)
             send_frame(sock, out.digest())
         except (OSError, PeerError, ValueError) as exc:
-            log.warning("peer %s: %s%s", source, exc,
-                        f" (within the {self.handshake_s:g} s handshake)" if in_handshake else "")
+            if not in_handshake or self._admission.should_log(source):
+                log.warning("peer %s: %s%s", source, exc,
+                            f" (within the {self.handshake_s:g} s handshake)"
+                            if in_handshake else "")
         finally:
-            self._admission.leave(source, in_handshake)
+            self._admission.leave(ticket)
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -327,6 +328,22 @@ def _finish(addr: Address, sock: socket.socket, mac: Any, deadline: float | None
         sock.close()
 
 
+def _unless_busy(ask: Callable[[], _T], deadline: float,
+                 refused: Callable[[str], None] = lambda _: None) -> _T:
+    """``ask()``, asked again with jittered backoff while the peer is at its limits (each
+    refusal told to ``refused``), until ``deadline``: then its PeerBusy."""
+    pause = 0.02
+    while True:
+        try:
+            return ask()
+        except PeerBusy as exc:
+            refused(str(exc))
+            if time.monotonic() + pause >= deadline:
+                raise
+            time.sleep(pause * random.uniform(0.5, 1.0))  # noqa: S311 - jitter, not a secret
+            pause = min(pause * 2, _BUSY_PAUSE)
+
+
 def _summary(errors: Sequence[str], most: int = 5) -> str:
     shown = "; ".join(errors[:most])
     return shown + (f"; and {len(errors) - most} more" if len(errors) > most else "")
@@ -348,9 +365,10 @@ class PeerTier:
         errors = []
         for addr in self.partners:
             try:
-                resp, sock, mac = _request(
-                    self.key, addr, {"op": "put", "manifest": manifest.to_json()},
-                    [data[s.name] for s in manifest.shards], self.timeout)
+                resp, sock, mac = _unless_busy(functools.partial(
+                    _request, self.key, addr, {"op": "put", "manifest": manifest.to_json()},
+                    [data[s.name] for s in manifest.shards], self.timeout),
+                    time.monotonic() + self.timeout)
                 _finish(addr, sock, mac)
                 if not resp.get("ok"):
                     raise PeerError(f"peer {addr}: {str(resp.get('error'))[:1000]}")
@@ -414,19 +432,10 @@ class PeerTier:
               ) -> list[int]:
         """One peer's steps of this rank; a busy peer is asked again until the deadline (each
         refusal told to ``refused``)."""
-        pause = 0.02
-        while True:
-            try:
-                resp, sock, mac = _request(self.key, addr, {"op": "list", "rank": self.rank},
-                                           timeout=self.list_timeout, deadline=deadline)
-                _finish(addr, sock, mac, deadline)
-                break
-            except PeerBusy as exc:
-                refused(str(exc))
-                if time.monotonic() + pause >= deadline:
-                    raise
-                time.sleep(pause)  # backoff against a peer at its limits, within the deadline
-                pause = min(pause * 2, 0.5)
+        resp, sock, mac = _unless_busy(
+            lambda: _request(self.key, addr, {"op": "list", "rank": self.rank},
+                             timeout=self.list_timeout, deadline=deadline), deadline, refused)
+        _finish(addr, sock, mac, deadline)
         steps = resp.get("steps")
         if not resp.get("ok") or not isinstance(steps, list):
             raise PeerError(f"peer {addr}: {str(resp.get('error', 'no step list'))[:300]}")
@@ -444,9 +453,9 @@ class PeerTier:
 
     def _get(self, addr: Address, step: int) -> tuple[Manifest, dict[str, Buf]]:
         started = time.monotonic()
-        resp, sock, mac = _request(self.key, addr,
-                                   {"op": "get", "rank": self.rank, "step": step}, (),
-                                   self.timeout)
+        resp, sock, mac = _unless_busy(
+            lambda: _request(self.key, addr, {"op": "get", "rank": self.rank, "step": step},
+                             (), self.timeout), started + self.timeout)
         try:
             if not resp.get("ok"):
                 raise PeerError(f"peer {addr}: {str(resp.get('error'))[:1000]}")

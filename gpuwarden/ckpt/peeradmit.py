@@ -1,63 +1,200 @@
-"""The peer server's connection limits: no stranger may hold every slot.
+"""The peer server's and the coordinator's connection limits: no stranger may hold every slot.
 
-``total`` connections at once, and at most ``per_source`` from one address that have not yet
-shown the job's key; a connection that has shown it no longer counts against its address.
+Until a connection has shown the job's key it is a stranger's, counted against its *source*:
+all of loopback (127/8, ``::1`` and their IPv4-mapped forms) is one source, since a local user
+can bind to any of 16M loopback addresses; an IPv4-mapped IPv6 address is its IPv4 address.
+
+* ``total`` connections at once, in the handshake or not;
+* ``per_source`` from one source still in the handshake;
+* ``strangers`` at once in the handshake from sources outside the job's own hosts (the
+  allocation's nodes, resolved, and this host's loopback): well below ``total``, so that
+  strangers from elsewhere can never take the slots the job's ranks need.
+
+A connection that has shown the key no longer counts against its source or the strangers'
+budget. A source at ``per_source`` whose oldest handshake is ``EVICT_AFTER_S`` old gives that
+slot up to its next connection (a rank's handshake takes milliseconds): one holding its
+slots idle does not shut out the ranks on its own host. One that opens connections as fast as
+it can still can: the servers cannot tell users of one host apart before the key
+(docs/design/object-store-sites.md, the progress note). Where the job's hosts are not known
+(no ``SLURM_JOB_NODELIST``, or not resolved yet) its ranks share the strangers' budget, still
+``per_source`` each.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
+import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuwarden.slurm import hostlist, jobenv
+
+log = logging.getLogger(__name__)
 
 REFUSAL_LOG_S = 10.0  # at most one refusal line per source this often: attacks flood logs
 _MAX_LOGGED = 4096  # sources remembered for that; forgotten all at once beyond
+LOOPBACK = "loopback"  # the one source all of this host's loopback addresses count as
+STRANGERS_SHARE = 4  # strangers' handshakes: at most a quarter of all connections
+FIRST_SHARE = 4  # the first frame within a quarter of the handshake deadline
+EVICT_AFTER_S = 1.0  # a handshake this old gives its source's slot up to a new connection
+_MAX_HOSTS = 1 << 17  # allocation names resolved at most
+
+Resolve = Callable[[str], Iterable[str]]
+
+
+def source_of(address: str) -> str:
+    """What a connection from ``address`` counts against: ``LOOPBACK`` for any loopback
+    address, the IPv4 address for an IPv4-mapped one, else the address in its canonical form
+    (a scope ``%eth0`` dropped). A string that is no address is its own source. Pure."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return LOOPBACK if ip.is_loopback else str(ip)
+
+
+def addresses_of(name: str) -> list[str]:
+    """The addresses ``name`` resolves to (getaddrinfo), none when it does not."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return []
+    return [str(info[4][0]) for info in infos]
+
+
+def allocation(environ: Mapping[str, str]) -> list[str]:
+    """The job's nodes (``SLURM_JOB_NODELIST``, expanded); none outside a job or when it does
+    not parse."""
+    try:
+        return list(dict.fromkeys(hostlist.expand(jobenv.job_nodelist(environ))))[:_MAX_HOSTS]
+    except hostlist.HostlistError as exc:
+        log.warning("the job's node list is not a hostlist (%s): its nodes get no reserved "
+                    "admission", exc)
+        return []
+
+
+@dataclass(frozen=True, eq=False)
+class Ticket:
+    """One admitted connection: its source, whether it counts as a stranger's (decided when it
+    came in: the job's hosts may be learnt meanwhile), when it came in, and how to hang up on
+    it (the next connection from its source may take its place)."""
+
+    source: str
+    address: str
+    stranger: bool
+    since: float
+    hang_up: Callable[[], None] = field(repr=False)
 
 
 class Admission:
-    """Connection limits: ``total`` at once, and ``per_source`` per address until the client
-    has shown the key, so that no stranger (a slowloris from one host) can take every slot."""
+    """Connection limits (the module's docstring): ``enter`` a connection, ``authenticated``
+    once it showed the key, ``leave`` when it ends.
 
-    def __init__(self, total: int, per_source: int) -> None:
-        self.total, self.per_source = total, per_source
+    A source at ``per_source`` whose oldest handshake has lasted ``evict_after`` s gives that
+    one up to a new connection: a rank's whole handshake takes milliseconds, so what a
+    stranger holds of its own source's share goes to the next comer, a rank on the same host
+    included, instead of turning everyone from that source away until the deadline."""
+
+    def __init__(self, total: int, per_source: int, strangers: int | None = None,
+                 evict_after: float = EVICT_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.per_source, self.evict_after = total, per_source, evict_after
+        self.strangers = max(1, total // STRANGERS_SHARE) if strangers is None else strangers
+        self._clock = clock
         self._lock = threading.Lock()
         self._active = 0
-        self._handshaking: dict[str, int] = {}
+        self._strangers_in = 0
+        self._pending: dict[str, dict[Ticket, None]] = {}  # in the handshake, oldest first
+        self._own: set[str] = {LOOPBACK}  # this host is always one of the job's
         self._logged: dict[str, float] = {}
 
-    def enter(self, source: str) -> str:
-        """"" when admitted (in the handshake); else why not."""
+    def own(self, addresses: Iterable[str]) -> None:
+        """Count connections from ``addresses`` (the job's hosts) as the job's, not
+        strangers': they keep the share of slots strangers cannot take."""
+        srcs = {source_of(a) for a in addresses}
         with self._lock:
+            self._own |= srcs
+
+    def own_hosts(self, names: Iterable[str], resolve: Resolve = addresses_of
+                  ) -> threading.Thread | None:
+        """`own` the addresses of the host ``names``, resolved in the background: a server
+        starts at once, and its ranks count as strangers only until their host is resolved."""
+        todo = list(names)
+        if not todo:
+            return None
+
+        def run() -> None:
+            for name in todo:
+                self.own(resolve(name))
+            log.debug("admission: %d hosts of the job resolved", len(todo))
+        t = threading.Thread(target=run, name="gpuwarden-admit-hosts", daemon=True)
+        t.start()
+        return t
+
+    def enter(self, address: str, hang_up: Callable[[], None] = lambda: None) -> Ticket | str:
+        """A ticket when admitted (in the handshake); else why not. ``hang_up`` ends the
+        connection, should a later one from its source take its place."""
+        src = source_of(address)
+        now = self._clock()
+        with self._lock:
+            stranger = src not in self._own
             if self._active >= self.total:
                 return f"{self._active} connections already, the most at once"
-            if self._handshaking.get(source, 0) >= self.per_source:
-                return f"{self.per_source} connections from {source} already in the handshake"
+            bucket = self._pending.get(src, {})
+            old = next(iter(bucket)) if len(bucket) >= self.per_source else None
+            if old is not None and now - old.since < self.evict_after:
+                return f"{self.per_source} connections from {_named(src)} already in the handshake"
+            freed = int(old is not None and old.stranger)
+            if stranger and self._strangers_in - freed >= self.strangers:
+                return (f"{self.strangers} connections from outside the job's hosts already in "
+                        "the handshake")
+            if old is not None:
+                self._drop(old)
+            ticket = Ticket(src, address, stranger, now, hang_up)
             self._active += 1
-            self._handshaking[source] = self._handshaking.get(source, 0) + 1
-            return ""
+            self._pending.setdefault(src, {})[ticket] = None
+            self._strangers_in += int(stranger)
+        if old is not None:
+            old.hang_up()  # its handler sees the connection end, and leaves
+        return ticket
 
-    def authenticated(self, source: str) -> None:
+    def authenticated(self, ticket: Ticket) -> None:
         with self._lock:
-            self._drop(source)
+            self._drop(ticket)
 
-    def leave(self, source: str, in_handshake: bool) -> None:
+    def leave(self, ticket: Ticket) -> None:
         with self._lock:
             self._active -= 1
-            if in_handshake:
-                self._drop(source)
+            self._drop(ticket)
 
-    def should_log(self, source: str) -> bool:
+    def should_log(self, address: str) -> bool:
+        """Whether to log a refusal of (or a failure from) ``address`` now: once per source
+        every REFUSAL_LOG_S."""
+        src = source_of(address)
         now = time.monotonic()
         with self._lock:
             if len(self._logged) > _MAX_LOGGED:
                 self._logged.clear()
-            if now - self._logged.get(source, -REFUSAL_LOG_S) < REFUSAL_LOG_S:
+            if now - self._logged.get(src, -REFUSAL_LOG_S) < REFUSAL_LOG_S:
                 return False
-            self._logged[source] = now
+            self._logged[src] = now
             return True
 
-    def _drop(self, source: str) -> None:
-        left = self._handshaking.get(source, 0) - 1
-        if left > 0:
-            self._handshaking[source] = left
-        else:
-            self._handshaking.pop(source, None)
+    def _drop(self, ticket: Ticket) -> None:
+        """Out of its source's handshakes (once: shown the key, ended or replaced)."""
+        bucket = self._pending.get(ticket.source)
+        if bucket is None or ticket not in bucket:
+            return
+        del bucket[ticket]
+        if not bucket:
+            del self._pending[ticket.source]
+        self._strangers_in -= int(ticket.stranger)
+
+
+def _named(src: str) -> str:
+    return "this host's loopback" if src == LOOPBACK else src

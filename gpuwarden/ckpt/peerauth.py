@@ -17,16 +17,19 @@ The key is never part of a message, a repr or a log line.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import json
 import logging
 import secrets
 import socket
+import socketserver
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gpuwarden.ckpt.peeradmit import Ticket
 from gpuwarden.ckpt.peerwire import (
     BUSY,
     MAGIC,
@@ -95,20 +98,64 @@ class Session:
 class Gate(Protocol):
     """Admission limits (gpuwarden.ckpt.peeradmit.Admission)."""
 
-    def enter(self, source: str) -> str: ...
-    def should_log(self, source: str) -> bool: ...
+    def enter(self, address: str, hang_up: Callable[[], None]) -> Ticket | str: ...
+    def should_log(self, address: str) -> bool: ...
+    def leave(self, ticket: Ticket) -> None: ...
 
 
-def admitted(gate: Gate, sock: socket.socket, source: str, who: str) -> bool:
-    """Let the connection from ``source`` in, or turn it away (BUSY) over the limits, logging
-    it at most now and then (``who``: "peer", "coordinator")."""
-    why = gate.enter(source)
-    if not why:
+class GatedServer(socketserver.ThreadingTCPServer):
+    """A threading TCP server that admits each connection (`admitted`) in its accept loop,
+    before a thread is started for it: a stranger turned away costs no thread, and a flood of
+    them slows the accept loop less. ``serve(sock, address, ticket)`` runs in the connection's
+    thread and must ``gate.leave(ticket)`` when done."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, where: tuple[str, int], gate: Gate, who: str,
+                 serve: Callable[[socket.socket, str, Ticket], None], backlog: int = 128
+                 ) -> None:
+        self.gate, self.who, self.serve = gate, who, serve
+        self.request_queue_size = backlog
+        self._tickets: dict[socket.socket, Ticket] = {}
+        super().__init__(where, socketserver.BaseRequestHandler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        ticket = admitted(self.gate, request, str(client_address[0]), self.who)
+        if ticket is None:
+            return False
+        self._tickets[request] = ticket
         return True
-    if gate.should_log(source):
-        log.warning("%s %s: refused a connection: %s", who, source, why)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started (out of threads): its slot freed here
+            ticket = self._tickets.pop(request, None)
+            if ticket is not None:
+                self.gate.leave(ticket)
+            raise
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        self.serve(request, str(client_address[0]), self._tickets.pop(request))
+
+
+def admitted(gate: Gate, sock: socket.socket, address: str, who: str) -> Ticket | None:
+    """Let the connection from ``address`` in (its ticket), or turn it away (BUSY) over the
+    limits, logging it at most now and then (``who``: "peer", "coordinator")."""
+    got = gate.enter(address, functools.partial(_hang_up, sock))
+    if isinstance(got, Ticket):
+        return got
+    if gate.should_log(address):
+        log.warning("%s %s: refused a connection: %s", who, address, got)
     turn_away(sock)
-    return False
+    return None
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Ends a connection another thread serves: its blocked recv returns at once."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def turn_away(sock: socket.socket) -> None:
@@ -120,13 +167,16 @@ def turn_away(sock: socket.socket) -> None:
 
 
 def serve_handshake(sock: socket.socket, key: bytes, wire: Wire, deadline: float,
-                    header_limit: int = HEADER_LIMIT) -> tuple[Session, bytes]:
+                    header_limit: int = HEADER_LIMIT, first: float | None = None
+                    ) -> tuple[Session, bytes]:
     """Hello, the client's nonce, header and MAC, all within ``deadline`` and in small frames
-    (a stranger can neither hold the connection nor make us allocate). KeyRefused when the MAC
-    is not this job's: the header has not been decoded then."""
+    (a stranger can neither hold the connection nor make us allocate); the nonce by ``first``
+    when given (a rank sends it as soon as it reads the hello: a connection still silent then
+    is a stranger's, holding a slot). KeyRefused when the MAC is not this job's: the header has
+    not been decoded then."""
     nonce_s = secrets.token_bytes(NONCE)
     send_frame(sock, wire.magic + nonce_s, deadline)
-    nonce_c = recv_frame(sock, NONCE, deadline)
+    nonce_c = recv_frame(sock, NONCE, deadline if first is None else min(first, deadline))
     header = recv_frame(sock, header_limit, deadline)
     mac = recv_frame(sock, 64, deadline)
     s = Session(key, wire, nonce_s, nonce_c)
