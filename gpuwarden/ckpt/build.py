@@ -20,7 +20,9 @@ def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
     if cfg.s3_bucket:
         from gpuwarden.ckpt.s3tier import S3Settings, S3Tier  # noqa: PLC0415 - boto3 only if used
 
-        out.append(S3Tier("s3", S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
-                                           cfg.part_size_mb << 20, cfg.concurrency), job, rank,
-                          key=s3_key))
+        settings = S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
+                              cfg.part_size_mb << 20, cfg.concurrency,
+                              get_part_size=cfg.s3_get_part_mb << 20,
+                              get_concurrency=cfg.s3_get_concurrency)
+        out.append(S3Tier("s3", settings, job, rank, key=s3_key))
     return out

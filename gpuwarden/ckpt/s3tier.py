@@ -44,7 +44,9 @@ from gpuwarden.ckpt.jobkey import KID, LEGACY, JobKeys
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
-from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_shard, check_writable
+from gpuwarden.ckpt.s3fetch import fetch
+from gpuwarden.ckpt.s3index import INDEX, Index, marker_name, rank_prefix
+from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_writable
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,9 @@ class S3Settings:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
     retries: int = 5
+    # Restores: each shard by ranged GETs of this size, this many at once (s3fetch).
+    get_part_size: int = 16 << 20
+    get_concurrency: int = 16
 
 
 def client(settings: S3Settings) -> Any:
@@ -106,7 +111,8 @@ def client(settings: S3Settings) -> Any:
     cfg = Config(connect_timeout=settings.connect_timeout_s,
                  read_timeout=settings.read_timeout_s,
                  retries={"max_attempts": settings.retries, "mode": "adaptive"},
-                 max_pool_connections=max(10, settings.concurrency * 2))
+                 max_pool_connections=max(10, settings.concurrency * 2,
+                                          settings.get_concurrency))
     return boto3.client("s3", endpoint_url=settings.endpoint_url, config=cfg)
 
 
@@ -121,6 +127,7 @@ class S3Tier:
         check_name(settings.prefix, "S3 prefix")
         self.job, self.rank = check_name(job, "job"), int(rank)
         self.base = f"{settings.prefix}/{self.job}/rank-{self.rank:05d}"
+        self.index_base = f"{settings.prefix}/{self.job}/{INDEX}/"
         self.s3 = s3 if s3 is not None else client(settings)
         self._transfer = TransferConfig(multipart_threshold=settings.part_size,
                                         multipart_chunksize=settings.part_size,
@@ -165,6 +172,33 @@ class S3Tier:
         except (BotoCoreError, ClientError) as exc:
             raise TierError(f"{self.name}: cannot upload step {manifest.step} to "
                             f"s3://{self.s.bucket}/{self.base} ({exc})") from None
+        self._mark(manifest)
+
+    def _mark(self, manifest: Manifest) -> None:
+        """The step's marker in the job's index, after its manifest (a marker never names a
+        step that is not whole). It only spares the prolog's stage-in a LIST per rank: the
+        step is committed without it, so a failure is a warning."""
+        assert self.keys is not None  # commit checked it
+        try:
+            marker = self.index_base + marker_name(self.keys.signing, self.job, self.rank,
+                                                   manifest.step, manifest.world_size)
+            self.s3.put_object(Bucket=self.s.bucket, Key=marker, Body=b"")
+        except (BotoCoreError, ClientError, ValueError) as exc:
+            log.warning("%s: step %d is stored, but its index marker is not (%s): stage-in on "
+                        "a requeue will not see it", self.name, manifest.step, exc)
+
+    def index(self) -> Index:
+        """The job's index (every rank's), from one paginated LIST: the markers this job's
+        keys verify, and how many names were refused. TierError if it cannot be listed."""
+        try:
+            pages = self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.s.bucket, Prefix=self.index_base)
+            names = [obj["Key"][len(self.index_base):]
+                     for page in pages for obj in page.get("Contents", [])]
+        except (BotoCoreError, ClientError) as exc:
+            raise TierError(f"{self.name}: cannot list s3://{self.s.bucket}/{self.index_base} "
+                            f"({exc})") from None
+        return Index.read(names, self.keys, self.job)
 
     def steps(self) -> list[int]:
         out = []
@@ -184,9 +218,9 @@ class S3Tier:
                             f"({exc})") from None
         return sorted(out)
 
-    def _get(self, key: str, limit: int, progress: Progress | None = None) -> Buf:
-        """The object, at most ``limit`` bytes; read in chunks into one buffer that the
-        restored array then owns, reporting progress on the way."""
+    def _get(self, key: str, limit: int) -> Buf:
+        """A small object (a manifest, its MAC), at most ``limit`` bytes, read in chunks into
+        one buffer."""
         try:
             obj = self.s3.get_object(Bucket=self.s.bucket, Key=key)
             size = int(obj.get("ContentLength", limit))
@@ -199,8 +233,6 @@ class S3Tier:
                     raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
                 buf[pos:pos + len(chunk)] = chunk
                 pos += len(chunk)
-                if progress is not None:
-                    progress(len(chunk))
         except (BotoCoreError, ClientError) as exc:
             raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
         return buf if pos == size else buf[:pos]
@@ -248,17 +280,28 @@ class S3Tier:
         return m
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
+        """Each shard by parallel ranged GETs into a buffer the restored array then owns,
+        verified as it lands (s3fetch)."""
         m = self.manifest(step)
         out: dict[str, Buf] = {}
         progress = Progress(f"{self.name}: downloading step {step}", m.total_bytes)
         for shard in m.shards:
-            data = self._get(self._key(step, shard.name), shard.size, progress)
-            check_shard(self.name, step, shard, data)
+            data = bytearray(shard.size)
+            fetch(self.s3, self.s.bucket, self._key(step, shard.name), shard.size,
+                  shard.checksum, data, part_size=self.s.get_part_size,
+                  concurrency=self.s.get_concurrency, progress=progress,
+                  where=f"{self.name} step {step}: shard {shard.name}")
             out[shard.name] = data
         return m, out
 
     def delete(self, step: int) -> None:
-        """Manifest first: a step half deleted is never taken for a whole one."""
+        """The index marker first, then the manifest: a step half deleted is never taken for
+        a whole one, by the prolog or the job. Every marker of this rank's step goes, whatever
+        key made it (one from before a rotation too)."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.s.bucket, Prefix=self.index_base + rank_prefix(step, self.rank))
+        for key in [obj["Key"] for page in pages for obj in page.get("Contents", [])]:
+            self.s3.delete_object(Bucket=self.s.bucket, Key=key)
         self.s3.delete_object(Bucket=self.s.bucket, Key=self._key(step, MANIFEST))
         pages = self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.s.bucket, Prefix=f"{self.base}/{step_dir(step)}/")

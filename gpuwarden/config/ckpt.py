@@ -24,6 +24,10 @@ class CkptConfig:
     s3_prefix: str = "gpuwarden-ckpt"
     part_size_mb: int = 64
     concurrency: int = 8
+    # Restores from S3: each shard by ranged GETs of this size, this many at once (at most
+    # s3_get_concurrency x s3_get_part_mb in memory ahead of the checksum).
+    s3_get_part_mb: int = 16
+    s3_get_concurrency: int = 16
     keep: int = 2
     ckpt_cost_s: float = 30.0  # for `ckpt interval` when the job has not measured its own
     mttf_h: float = 0.0  # fallback when the accounting history has no failures to measure
@@ -50,6 +54,9 @@ class CkptConfig:
                 "an absolute directory or empty")
         require(5 <= self.part_size_mb <= 5120, "part_size_mb", "5 to 5120 (S3's limits)")
         require(1 <= self.concurrency <= 64, "concurrency", "1 to 64")
+        require(1 <= self.s3_get_part_mb <= 64, "s3_get_part_mb", "1 to 64 (MiB per ranged GET)")
+        require(1 <= self.s3_get_concurrency <= 64, "s3_get_concurrency",
+                "1 to 64 (ranged GETs at once)")
         require(self.keep >= 1, "keep", "an integer >= 1")
         require(self.ckpt_cost_s > 0, "ckpt_cost_s", "seconds > 0")
         require(0 <= self.peer_replicas <= 8, "peer_replicas", "0 to 8")

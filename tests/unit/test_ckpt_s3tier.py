@@ -3,52 +3,20 @@ tests/e2e/test_ckpt_core.py and test_ckpt_outages.py)."""
 
 from __future__ import annotations
 
-import io
 import logging
 import time
-from typing import Any
 
 import numpy as np
 import pytest
-from botocore.exceptions import ClientError
 
 from gpuwarden.ckpt import codec
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import S3Settings, S3Tier
 from gpuwarden.ckpt.tier import CorruptStep
+from tests.unit.fake_s3 import FakeS3 as FakeS3  # the other S3 tests import it from here
 
 KEY = b"k" * 32  # the job's key (on a cluster: peer.key in the job's shared directory)
-
-
-class FakeS3:
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-
-    def upload_fileobj(self, body: Any, bucket: str, key: str, Config: Any = None,
-                       Callback: Any = None) -> None:
-        data = body.read()
-        self.objects[key] = data
-        if Callback:
-            Callback(len(data))
-
-    def put_object(self, Bucket: str, Key: str, Body: bytes) -> None:
-        self.objects[Key] = Body
-
-    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
-        if Key not in self.objects:  # as boto3 says it
-            raise ClientError({"Error": {"Code": "NoSuchKey", "Message": Key}}, "GetObject")
-        data = self.objects[Key]
-        return {"ContentLength": len(data), "Body": io.BytesIO(data)}
-
-    def get_paginator(self, _op: str) -> Any:
-        objects = self.objects
-
-        class Pages:
-            def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
-                return [{"Contents": [{"Key": k} for k in sorted(objects)
-                                      if k.startswith(Prefix)]}]
-        return Pages()
 
 
 def test_a_large_step_downloads_in_chunks_bit_identical(caplog: pytest.LogCaptureFixture) -> None:
