@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import click
@@ -120,6 +121,49 @@ def image() -> None:
     except GpuwardenError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(tag)
+
+
+def _s3_link() -> tuple[Callable[[str, list[str]], tuple[int, str]], list[tuple[str, str]], str]:
+    """How to run a command in a container, the nodes' (host, address), the s3 address."""
+    from devcluster.cluster import Cluster  # noqa: PLC0415
+
+    cluster = Cluster(_client(), from_env(), progress=_progress)
+    addrs = cluster.spec.addresses()
+
+    def run(host: str, argv: list[str]) -> tuple[int, str]:
+        got = cluster.exec(host, argv, timeout=30)
+        return got.rc, got.out + got.err
+    return run, [(n, addrs[n]) for n in cluster.spec.node_names], addrs["s3"]
+
+
+@main.command("shape-s3")
+@click.argument("delay")
+@click.argument("rate")
+def shape_s3(delay: str, rate: str) -> None:
+    """Shape the S3 link like a remote object store's: DELAY each way (15ms) and RATE (1gbit),
+    downloads shared by every node (docs/test-cluster.md)."""
+    from devcluster import netem  # noqa: PLC0415
+
+    try:
+        how = netem.Shape(delay, rate)
+        run, nodes, s3 = _s3_link()
+        netem.shape(run, s3, nodes, how)
+    except netem.ShapeError as exc:
+        raise click.ClickException(str(exc)) from None
+    _progress(f"S3 link shaped: {delay} each way, {rate}")
+
+
+@main.command("unshape-s3")
+def unshape_s3() -> None:
+    """Take the S3 link's shaping off."""
+    from devcluster import netem  # noqa: PLC0415
+
+    try:
+        run, nodes, s3 = _s3_link()
+        netem.unshape(run, s3, nodes)
+    except netem.ShapeError as exc:
+        raise click.ClickException(str(exc)) from None
+    _progress("S3 link unshaped")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,41 @@ class ClusterError(GpuwardenError):
     pass
 
 
+PRIVATE = ("slurmdbd.conf", "s3.json", "s3.env", "ckpt.key")  # 0600 in the state dir
+CKPT_KID = "k1"  # the objstore site's one site-secret key id (jobkey's `<kid> <hex>` line)
+
+
+def rendered(spec: Spec, root: Path, access: str, secret: str, db_password: str,
+             ckpt_secret: str) -> dict[str, str]:
+    """The cluster's config files by name (the state dir's), from its spec and secrets. An
+    objstore site has one more: the checkpoint site secret (`[ckpt] key_file`)."""
+    cl = spec.cluster
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root / "docker-cluster" / "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - config files, not HTML
+    )
+    files = {
+        "slurm.conf": env.get_template("slurm.conf.j2").render(
+            layout=slurmconf.layout(cl), fragment=slurmconf.render("slurm.conf", cl)),
+        "gres.conf": slurmconf.render("gres.conf", cl, autodetect=False),
+        "topology.conf": slurmconf.render("topology.conf", cl),
+        "cgroup.conf": (root / "docker-cluster/templates/cgroup.conf").read_text(),
+        "slurmdbd.conf": env.get_template("slurmdbd.conf.j2").render(db_password=db_password),
+        "gpuwarden.toml": env.get_template("gpuwarden.toml.j2").render(
+            gpus=cl.gpus_per_node, cluster=cl, site=spec.site, bucket=S3_BUCKET),
+        "s3.json": json.dumps({"identities": [{
+            "name": "gpuwarden", "credentials": [{"accessKey": access, "secretKey": secret}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}),
+        "s3.env": f"AWS_ACCESS_KEY_ID={access}\nAWS_SECRET_ACCESS_KEY={secret}\n"
+                  f"GPUWARDEN_S3_ENDPOINT=http://s3:8333\nGPUWARDEN_S3_BUCKET={S3_BUCKET}\n",
+    }
+    if spec.site == "objstore":
+        files["ckpt.key"] = f"{CKPT_KID} {ckpt_secret}\n"
+    return files
+
+
 def named_clusters(client: Any) -> set[str]:
     """The names of the named (non-default) clusters with a container or network on this host."""
     found = {c.labels.get(NAME_LABEL, "") for c in client.containers.list(
@@ -74,34 +109,13 @@ class Cluster:
     def render_state(self) -> str:
         """Write the cluster's config files; return a hash that changes when they change."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        cl = self.spec.cluster
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(self.root / "docker-cluster" / "templates"),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-            autoescape=False,  # noqa: S701 - config files, not HTML
-        )
         key = self.state_dir / "munge.key"
         if not key.exists():
             key.write_bytes(secrets.token_bytes(1024))
             key.chmod(0o400)
         access, secret = self._secret("s3.access", 10), self._secret("s3.secret", 20)
-        files = {
-            "slurm.conf": env.get_template("slurm.conf.j2").render(
-                layout=slurmconf.layout(cl), fragment=slurmconf.render("slurm.conf", cl)),
-            "gres.conf": slurmconf.render("gres.conf", cl, autodetect=False),
-            "topology.conf": slurmconf.render("topology.conf", cl),
-            "cgroup.conf": (self.root / "docker-cluster/templates/cgroup.conf").read_text(),
-            "slurmdbd.conf": env.get_template("slurmdbd.conf.j2").render(
-                db_password=self._secret("db.password", 12)),
-            "gpuwarden.toml": env.get_template("gpuwarden.toml.j2").render(
-                gpus=cl.gpus_per_node, cluster=cl),
-            "s3.json": json.dumps({"identities": [{
-                "name": "gpuwarden", "credentials": [{"accessKey": access, "secretKey": secret}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}),
-            "s3.env": f"AWS_ACCESS_KEY_ID={access}\nAWS_SECRET_ACCESS_KEY={secret}\n"
-                      f"GPUWARDEN_S3_ENDPOINT=http://s3:8333\nGPUWARDEN_S3_BUCKET={S3_BUCKET}\n",
-        }
+        files = rendered(self.spec, self.root, access, secret, self._secret("db.password", 12),
+                         self._secret("ckpt.secret", 32))
         digest = hashlib.sha256()
         # The mounted working tree is part of the identity: never reuse another checkout's cluster.
         digest.update(str(self.root).encode() + b"\0")
@@ -110,10 +124,12 @@ class Cluster:
         # What the containers installed: a changed tree means new containers.
         digest.update(b"wheel=" + wheel.digest(built).encode() + b"\0")
         digest.update(f"shm={NODE_SHM}".encode() + b"\0")
+        # Containers made before the S3 link could be shaped lack NET_ADMIN (`_run`).
+        digest.update(f"site={self.spec.site},cap=NET_ADMIN".encode() + b"\0")
         for name, text in sorted(files.items()):
             path = self.state_dir / name
             path.write_text(text)
-            path.chmod(0o600 if name in ("slurmdbd.conf", "s3.json", "s3.env") else 0o644)
+            path.chmod(0o600 if name in PRIVATE else 0o644)
             digest.update(name.encode() + b"\0" + text.encode() + b"\0")
         return digest.hexdigest()[:12]
 
@@ -153,7 +169,7 @@ class Cluster:
             str(self.root): {"bind": SRC, "mode": "ro"},
             str(self.state_dir): {"bind": "/etc/gpuwarden-cluster", "mode": "ro"},
         }
-        if role in ("node", "slurmctld"):
+        if role in ("node", "slurmctld") and self.spec.site == "fsx":
             volumes[self.spec.fsx_volume] = {"bind": FSX_PATH, "mode": "rw"}
         return self.client.containers.run(
             tag,
@@ -162,7 +178,10 @@ class Cluster:
             hostname=host,
             detach=True,
             labels={**self.spec.labels, "gpuwarden.role": role, "gpuwarden.config": config_hash},
-            environment={"GPUWARDEN_GPUS": str(self.spec.cluster.gpus_per_node)},
+            environment={"GPUWARDEN_GPUS": str(self.spec.cluster.gpus_per_node),
+                         "GPUWARDEN_SITE": self.spec.site},
+            # tc netem shapes the S3 link from inside the containers (devcluster.netem).
+            cap_add=["NET_ADMIN"] if role in ("node", "s3") else None,
             volumes=volumes,
             extra_hosts={h: a for h, a in hosts.items() if h != host},
             network=self.spec.network,

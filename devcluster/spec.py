@@ -33,6 +33,7 @@ _NAME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
 # GPUWARDEN_CLUSTER_NAME=<base>); `make test` runs each other release's tests on gwv<n>,
 # gww<n>, ... Cleanup (`down --workers`) removes the clusters with such names.
 WORKER_BASE = "gwt"
+SITES = ("fsx", "objstore")
 WORKER_NAME_RE = re.compile(r"gw([t-y])([0-9]{1,2})")
 
 
@@ -77,12 +78,19 @@ class Spec:
     # Which of the clusters on this host (GPUWARDEN_CLUSTER_NAME): every docker object and
     # the rendered state are named after it, so clusters run side by side.
     name: str = DEFAULT_NAME
+    # The site's storage (GPUWARDEN_SITE): "fsx", a shared filesystem at /fsx beside S3; or
+    # "objstore", node memory, peers and S3 only: no /fsx volume, checkpoints keyed from the
+    # site secret (docs/design/object-store-sites.md).
+    site: str = "fsx"
 
     def __post_init__(self) -> None:
         if self.slurm not in VARIANTS:
             raise ConfigError("environment", "GPUWARDEN_SLURM",
                               f"one of {', '.join(VARIANTS)}, got {self.slurm!r}")
         check_name(self.name)
+        if self.site not in SITES:
+            raise ConfigError("environment", "GPUWARDEN_SITE",
+                              f"one of {', '.join(SITES)}, got {self.site!r}")
 
     @property
     def is_default(self) -> bool:
@@ -156,7 +164,7 @@ def _env_int(name: str, default: int) -> int:
 
 def from_env() -> Spec:
     """GPUWARDEN_NODES, GPUWARDEN_NODES_PER_LEAF, GPUWARDEN_GPUS, GPUWARDEN_SUBNET, GPUWARDEN_SLURM,
-    GPUWARDEN_CLUSTER_NAME."""
+    GPUWARDEN_CLUSTER_NAME, GPUWARDEN_SITE."""
     base = ClusterConfig(gpu_device_dir="/opt/fakegpu", cpus_per_node=16, real_memory_mb=64000)
     try:
         cluster = replace(
@@ -171,4 +179,5 @@ def from_env() -> Spec:
         raise ConfigError("environment", "GPUWARDEN_NODES", "at most 250 containers on one host")
     name = check_name(os.environ.get("GPUWARDEN_CLUSTER_NAME") or DEFAULT_NAME)
     return Spec(cluster=cluster, subnet=os.environ.get("GPUWARDEN_SUBNET") or subnet_for(name),
-                slurm=os.environ.get("GPUWARDEN_SLURM") or DEFAULT_SLURM, name=name)
+                slurm=os.environ.get("GPUWARDEN_SLURM") or DEFAULT_SLURM, name=name,
+                site=os.environ.get("GPUWARDEN_SITE") or "fsx")

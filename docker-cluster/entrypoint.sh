@@ -33,6 +33,14 @@ install_slurm_conf() {
     fi
 }
 
+# An objstore site's checkpoint site secret ([ckpt] key_file), as an admin installs it: root's,
+# 0600, the same on every node (docs/checkpointing.md); none on an fsx site.
+install_ckpt_key() {
+    if [ -f "$state/ckpt.key" ]; then
+        install -o root -g root -m 0600 "$state/ckpt.key" /etc/gpuwarden/ckpt.key
+    fi
+}
+
 case "$role" in
 slurmdbd)
     start_munge
@@ -64,6 +72,7 @@ slurmctld)
     install -d -o slurm -g slurm -m 0755 /run/slurm
     install -d -m 0755 /etc/gpuwarden
     cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
+    install_ckpt_key
     # Placement (docs/placement.md): slurmctld loads job_submit.lua from beside slurm.conf; the
     # daemon keeps its snapshot current. Both come from the installed wheel.
     install -m 0644 /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua
@@ -83,7 +92,9 @@ node)
     /opt/gpuwarden/venv/bin/python -c "from gpuwarden.health.probe import healthy_fake; print(healthy_fake(${GPUWARDEN_GPUS:-8}))" \
         > /var/lib/gpuwarden-fake/gpus.json
     : > /var/lib/gpuwarden-fake/kmsg
-    install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"
+    install_ckpt_key
+    # An objstore site (GPUWARDEN_SITE) mounts no /fsx: nothing to mark there.
+    if [ -d /fsx ]; then install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"; fi
     exec slurmd -D
     ;;
 s3)

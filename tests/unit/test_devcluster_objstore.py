@@ -1,0 +1,150 @@
+"""The test cluster's object-store site (GPUWARDEN_SITE=objstore): no /fsx anywhere, checkpoints
+on node memory, peers and S3 with the site secret; and the S3 link's shaping commands."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from devcluster import netem, spec
+from devcluster.cluster import Cluster, rendered
+from gpuwarden.ckpt.jobkey import parse_keys
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(monkeypatch: pytest.MonkeyPatch, site: str | None) -> spec.Spec:
+    for var in ("GPUWARDEN_NODES", "GPUWARDEN_CLUSTER_NAME", "GPUWARDEN_SUBNET"):
+        monkeypatch.delenv(var, raising=False)
+    if site is None:
+        monkeypatch.delenv("GPUWARDEN_SITE", raising=False)
+    else:
+        monkeypatch.setenv("GPUWARDEN_SITE", site)
+    return spec.from_env()
+
+
+def _files(s: spec.Spec) -> dict[str, str]:
+    return rendered(s, REPO, "AK", "SK", "dbpw", "ab" * 32)
+
+
+def test_the_default_site_is_fsx_and_a_site_name_is_checked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _spec(monkeypatch, None).site == "fsx"
+    assert _spec(monkeypatch, "objstore").site == "objstore"
+    with pytest.raises(ConfigError, match="GPUWARDEN_SITE"):
+        _spec(monkeypatch, "lustre")
+
+
+def test_an_objstore_site_checkpoints_to_s3_with_the_site_secret_and_mounts_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _files(_spec(monkeypatch, "objstore"))
+    conf = tomllib.loads(files["gpuwarden.toml"])
+    ckpt = conf["ckpt"]
+    assert "shared_root" not in ckpt
+    assert ckpt["s3_bucket"] == "gpuwarden" and ckpt["key_file"] == "/etc/gpuwarden/ckpt.key"
+    CkptConfig(**ckpt)  # the config gpuwarden accepts: s3 without a shared tier needs the key
+    assert conf["health"]["expected"]["mounts"] == []
+    assert "/fsx" not in files["gpuwarden.toml"]
+    # The secret as the prolog reads it (jobkey's site file).
+    [(kid, key)] = parse_keys(files["ckpt.key"].encode(), "ckpt.key", comments=True)
+    assert kid == "k1" and key == bytes.fromhex("ab" * 32)
+
+
+def test_an_fsx_site_is_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = _files(_spec(monkeypatch, "fsx"))
+    conf = tomllib.loads(files["gpuwarden.toml"])
+    assert conf["ckpt"] == {"shared_root": "/fsx/gpuwarden-ckpt"}
+    assert conf["health"]["expected"]["mounts"] == [{"path": "/fsx", "canary": ".canary/{node}"}]
+    assert "ckpt.key" not in files
+
+
+class _Containers:
+    def __init__(self) -> None:
+        self.runs: list[dict[str, object]] = []
+
+    def run(self, *args: object, **kwargs: object) -> None:
+        self.runs.append(kwargs)
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.containers = _Containers()
+
+        class _Api:
+            api_version = "1.43"
+        self.api = _Api()
+
+
+@pytest.mark.parametrize(("site", "fsx"), [("fsx", True), ("objstore", False)])
+def test_only_an_fsx_site_mounts_the_shared_volume_and_shaped_roles_get_net_admin(
+        monkeypatch: pytest.MonkeyPatch, site: str, fsx: bool) -> None:
+    pytest.importorskip("docker")
+    s = _spec(monkeypatch, site)
+    client = _Client()
+    c = Cluster(client, s, progress=lambda _: None, repo_root=REPO)
+    for host, role in (("c1", "node"), ("slurmctld", "slurmctld"), ("s3", "s3")):
+        c._run(host, role, "img", "hash", "10.0.0.1", {})
+    node, ctld, s3 = client.containers.runs
+    for kw in (node, ctld):
+        binds = [v["bind"] for v in kw["volumes"].values()]  # type: ignore[attr-defined]
+        assert ("/fsx" in binds) is fsx
+    assert node["cap_add"] == ["NET_ADMIN"] and s3["cap_add"] == ["NET_ADMIN"]
+    assert ctld["cap_add"] is None
+    assert node["environment"]["GPUWARDEN_SITE"] == site  # type: ignore[index]
+
+
+def test_the_s3_link_is_shaped_both_ways_and_node_to_node_traffic_is_not() -> None:
+    how = netem.Shape.parse("15ms,1gbit")
+    assert netem.s3_commands("eth0", how) == [
+        ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", "15ms", "rate",
+         "1gbit", "limit", "20000"]]
+    prio, band, filt = netem.node_commands("eth0", "172.29.0.12", how)
+    assert prio[:8] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:"]
+    assert prio[-16:] == ["1"] * 16  # everything else in the unshaped band
+    assert band[5:9] == ["parent", "1:3", "handle", "30:"]
+    assert band[9:] == ["netem", "delay", "15ms", "rate", "1gbit", "limit", "20000"]
+    assert filt[-4:] == ["dst", "172.29.0.12/32", "flowid", "1:3"]
+
+
+def test_shaping_finds_each_containers_device_and_says_what_failed() -> None:
+    calls: list[tuple[str, list[str]]] = []
+
+    def run(host: str, argv: list[str]) -> tuple[int, str]:
+        calls.append((host, argv))
+        if argv[:3] == ["ip", "-o", "route"]:
+            return 0, f"{argv[-1]} dev eth1 src 10.0.0.9 uid 0 \\    cache"
+        if host == "c2" and "netem" in argv:
+            return 2, "Error: Specified qdisc kind is unknown.\nUnknown qdisc \"netem\""
+        return 0, ""
+    nodes = [("c1", "10.0.1.1"), ("c2", "10.0.1.2")]
+    with pytest.raises(netem.ShapeError, match=r"(?s)c2: .*modprobe sch_netem"):
+        netem.shape(run, "10.0.0.12", nodes, netem.Shape("15ms", "1gbit"))
+    assert ("s3", ["ip", "-o", "route", "get", "10.0.1.1"]) in calls
+    assert all("eth1" in argv for host, argv in calls if argv[0] == "tc")
+    calls.clear()
+    netem.unshape(run, "10.0.0.12", nodes)
+    assert [h for h, argv in calls if argv[0] == "tc"] == ["s3", "c1", "c2"]
+
+
+@pytest.mark.parametrize("bad", ["15", "fast,1gbit", "15ms,lots", "15ms"])
+def test_a_shape_that_is_not_delay_and_rate_is_refused(bad: str) -> None:
+    with pytest.raises(netem.ShapeError):
+        netem.Shape.parse(bad)
+
+
+def test_unshaping_a_link_never_shaped_is_fine() -> None:
+    def run(host: str, argv: list[str]) -> tuple[int, str]:
+        if argv[0] == "ip":
+            return 0, "x dev eth0 src y"
+        return 2, "Error: Cannot delete qdisc with handle of zero."
+    netem.unshape(run, "10.0.0.12", [("c1", "10.0.1.1")])
+
+
+def test_dataclass_replace_keeps_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _spec(monkeypatch, "objstore")
+    assert dataclasses.replace(s, name="gwo0").site == "objstore"
