@@ -124,6 +124,8 @@ class Cluster:
         # What the containers installed: a changed tree means new containers.
         digest.update(b"wheel=" + wheel.digest(built).encode() + b"\0")
         digest.update(f"shm={NODE_SHM}".encode() + b"\0")
+        # What the containers ran at start: an edited entrypoint means new containers too.
+        digest.update((self.root / "docker-cluster/entrypoint.sh").read_bytes() + b"\0")
         # Containers made before the S3 link could be shaped lack NET_ADMIN (`_run`).
         digest.update(f"site={self.spec.site},cap=NET_ADMIN".encode() + b"\0")
         for name, text in sorted(files.items()):

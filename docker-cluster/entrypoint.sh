@@ -41,6 +41,13 @@ install_ckpt_key() {
     fi
 }
 
+# An objstore site (GPUWARDEN_SITE) mounts no /fsx; the image's empty mount point goes too, so
+# nothing can use a local /fsx by mistake (a restarted container finds it gone already).
+no_fsx() {
+    rm -rf /fsx/.canary
+    rmdir /fsx 2>/dev/null || [ ! -e /fsx ]
+}
+
 case "$role" in
 slurmdbd)
     start_munge
@@ -73,6 +80,7 @@ slurmctld)
     install -d -m 0755 /etc/gpuwarden
     cp "$state/gpuwarden.toml" /etc/gpuwarden/gpuwarden.toml
     install_ckpt_key
+    [ "${GPUWARDEN_SITE:-fsx}" = fsx ] || no_fsx
     # Placement (docs/placement.md): slurmctld loads job_submit.lua from beside slurm.conf; the
     # daemon keeps its snapshot current. Both come from the installed wheel.
     install -m 0644 /opt/gpuwarden/plugins/job_submit.lua /etc/slurm/job_submit.lua
@@ -93,8 +101,11 @@ node)
         > /var/lib/gpuwarden-fake/gpus.json
     : > /var/lib/gpuwarden-fake/kmsg
     install_ckpt_key
-    # An objstore site (GPUWARDEN_SITE) mounts no /fsx: nothing to mark there.
-    if [ -d /fsx ]; then install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"; fi
+    if [ "${GPUWARDEN_SITE:-fsx}" = fsx ]; then
+        install -d -m 0755 /fsx/.canary && echo ok > "/fsx/.canary/$(hostname)"
+    else
+        no_fsx
+    fi
     exec slurmd -D
     ;;
 s3)
