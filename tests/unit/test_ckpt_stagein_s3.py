@@ -460,3 +460,26 @@ def test_for_prolog_stages_from_s3_with_the_clusters_name(
     config = replace(config, ckpt=cfg, cluster=replace(config.cluster, name=CLUSTER))
     assert stagein.for_prolog(config, env_for()) == "staged"
     assert mem_steps(mem, 3) == [20]
+
+
+# ---- the prolog gives S3 stage-in its time, and the fast gate lets it happen ---------------------
+def test_the_prologs_limit_and_fast_gate_know_s3_stage_in(tmp_path: Path) -> None:
+    """Both asked only for shared_root: on an S3-only site the fast gate let a requeued job
+    skip the full prolog (no stage-in at all) and the prolog's limit left it no time."""
+    from gpuwarden.health import fastgate
+    from gpuwarden.hooks import cli as hcli
+    from tests.unit.test_fastgate import Site
+
+    s3_only = CkptConfig(s3_bucket=BUCKET, key_file="/etc/gpuwarden/ckpt.key")
+    cfg = replace(Config(), ckpt=s3_only)
+    assert hcli.stage_in_s(cfg, "prolog") == s3_only.stage_in_budget_s
+    assert hcli.stage_in_s(replace(cfg, ckpt=replace(s3_only, stage_in_s3=False)), "prolog") == 0
+
+    node = Site(tmp_path)
+    text = node.config.read_text()
+    node.config.write_text(text.replace(f'shared_root = "{node.fsx}"',
+                                        f's3_bucket = "{BUCKET}"\nkey_file = "/etc/gpuwarden/x.key"'))
+    node.verdict()
+    assert fastgate.remember(node.environ) == ""
+    assert "requeued" in node.check(SLURM_JOB_RESTART_COUNT="1")
+    assert node.check(SLURM_JOB_RESTART_COUNT="0") == ""
