@@ -106,14 +106,17 @@ class S3Settings:
     get_concurrency: int = 16
 
 
-def client(settings: S3Settings) -> Any:
-    """A boto3 S3 client with bounded timeouts and jittered ("adaptive") retries."""
+def client(settings: S3Settings, credentials: Mapping[str, str] | None = None) -> Any:
+    """A boto3 S3 client with bounded timeouts and jittered ("adaptive") retries; with
+    ``credentials`` (boto3.client's keyword arguments: the prolog's stage-in), those instead of
+    boto3's default chain."""
     cfg = Config(connect_timeout=settings.connect_timeout_s,
                  read_timeout=settings.read_timeout_s,
                  retries={"max_attempts": settings.retries, "mode": "adaptive"},
                  max_pool_connections=max(10, settings.concurrency * 2,
                                           settings.get_concurrency))
-    return boto3.client("s3", endpoint_url=settings.endpoint_url, config=cfg)
+    return boto3.client("s3", endpoint_url=settings.endpoint_url, config=cfg,
+                        **dict(credentials or {}))
 
 
 class S3Tier:
@@ -240,16 +243,33 @@ class S3Tier:
     def manifest(self, step: int) -> Manifest:
         """The step's manifest, authenticated with the job's key, verified and used only where
         it was found; CorruptStep if not."""
-        key = self._key(step, MANIFEST)
-        source = f"s3://{self.s.bucket}/{key}"
+        source = self._keyed(step)
+        raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES))
+        return self._verified(step, source, raw, self._mac(step))
+
+    def read_manifest(self, step: int) -> tuple[Manifest, bytes]:
+        """`manifest`, and its bytes as stored (stage-in copies them byte for byte); the MAC is
+        read first, so a step without one costs one small GET, not a manifest's."""
+        source = self._keyed(step)
+        mac = self._mac(step)
+        raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES))
+        return self._verified(step, source, raw, mac), raw
+
+    def _keyed(self, step: int) -> str:
+        source = f"s3://{self.s.bucket}/{self._key(step, MANIFEST)}"
         if self.keys is None:
             raise CorruptStep(f"{self.name} step {step}: {source}: no job key to authenticate "
                               "it with (S3 cannot tell who wrote it): refused")
-        raw = bytes(self._get(key, MAX_BYTES))
+        return source
+
+    def _mac(self, step: int) -> bytes:
         try:
-            mac = bytes(self._get(self._key(step, MAC), _MAC_MAX))
+            return bytes(self._get(self._key(step, MAC), _MAC_MAX))
         except CorruptStep as exc:
             raise CorruptStep(f"{exc}: refused") from None
+
+    def _verified(self, step: int, source: str, raw: bytes, mac: bytes) -> Manifest:
+        assert self.keys is not None  # _keyed checked it
         check_mac(self.keys, mac, raw, f"{self.name} step {step}: {source}")
         try:
             m = from_json(raw, source)

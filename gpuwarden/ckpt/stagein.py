@@ -1,10 +1,13 @@
 """Prolog stage-in: on a requeued job, copy the newest step every rank holds on the shared tier
-into this node's tier 0, so the job restores from node memory instead of the parallel filesystem.
+(or, on a site without one, in S3) into this node's tier 0, so the job restores from node memory
+instead of the parallel filesystem or the object store.
 
 The prolog runs as root, but the shared tier's job directories belong to the user: every read of
 them and every write into tier 0 happens in a forked child that has become the job's user, under
-a deadline. Root itself only creates (or checks) the tier-0 spool. Stage-in is an optimisation:
-whatever goes wrong is logged and skipped, and the job's own restore falls back to the shared tier.
+a deadline. Root itself only creates (or checks) the tier-0 spool and, for S3, derives the job's
+keys and reads the optional credentials file (`stagein_s3`), which the child gets in memory.
+Stage-in is an optimisation: whatever goes wrong is logged and skipped, and the job's own restore
+falls back to the durable tier.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from gpuwarden.ckpt import childcall
@@ -31,6 +34,8 @@ from gpuwarden.slurm.client import check_node_name
 from gpuwarden.slurm.hostlist import HostlistError, expand
 
 if TYPE_CHECKING:
+    from gpuwarden.ckpt.jobkey import JobKeys
+    from gpuwarden.ckpt.stagecopy import Source
     from gpuwarden.config import Config
     from gpuwarden.config.ckpt import CkptConfig
 
@@ -46,6 +51,19 @@ _MIB = float(1 << 20)
 
 
 @dataclass(frozen=True)
+class S3Source:
+    """Where a site without a shared tier stages from, and with what credentials (boto3.client
+    arguments from ``stage_in_s3_env``; empty: boto3's default chain). Never shown."""
+
+    bucket: str
+    prefix: str
+    endpoint: str
+    get_part_mb: int
+    get_concurrency: int
+    credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
 class Request:
     """A validated stage-in request for one node of one job."""
 
@@ -58,10 +76,39 @@ class Request:
     memory_root: str
     shared_root: str
     budget_s: float
+    source: str = "shared"  # or "s3" (CkptConfig.stage_in_source)
+    s3: S3Source | None = None
+    # S3's: derived by root before the fork (stagein_s3.with_secrets); in memory only.
+    keys: JobKeys | None = field(default=None, repr=False)
 
     @property
     def job(self) -> str:
         return f"job-{self.job_id}"
+
+    @property
+    def origin(self) -> str:
+        """Where the step comes from, as the log says it."""
+        if self.source == "s3" and self.s3 is not None:
+            return f"s3://{self.s3.bucket}/{self.s3.prefix}"
+        return self.shared_root
+
+    @property
+    def durable(self) -> str:
+        return "S3" if self.source == "s3" else "the shared tier"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a stage-in copies: ``todo`` {rank: bytes} of this node's ``ranks`` at ``step``,
+    each read from ``source(rank)``; ``there`` ranks already in tier 0, ``failed`` refused."""
+
+    step: int
+    world: int
+    ranks: range
+    todo: Mapping[int, int]
+    source: Callable[[int], Source]
+    there: int = 0
+    failed: int = 0
 
 
 @dataclass(frozen=True)
@@ -182,13 +229,16 @@ def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
         nodes = ()
     if not nodes:
         raise _Malformed(f"{jobenv.JOB_NODELIST}={raw_nodes[:40]!r} is malformed (expected a hostlist)")
+    source = cfg.stage_in_source()
+    s3 = S3Source(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint, cfg.s3_get_part_mb,
+                  cfg.s3_get_concurrency) if source == "s3" else None
     return Request(job, uid, gid, groups, node, nodes, cfg.memory_root, cfg.shared_root,
-                   cfg.stage_in_budget_s)
+                   cfg.stage_in_budget_s, source, s3)
 
 
 def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None:
     """A request when stage-in applies and the environment is well-formed; else None (logged)."""
-    if not cfg.stage_in or not cfg.shared_root:
+    if not cfg.stage_in_source():
         return None
     raw = jobenv.job_id(environ)
     shown = raw if _DIGITS.match(raw) else "?"
@@ -332,8 +382,8 @@ def _held(req: Request, rank: int) -> list[int]:
 
 
 def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
-    log.warning("stage-in job %s: rank %d step %d not staged (the job will read it from the "
-                "shared tier): %s", req.job_id, rank, step, exc)
+    log.warning("stage-in job %s: rank %d step %d not staged (the job will read it from %s): "
+                "%s", req.job_id, rank, step, req.durable, exc)
 
 
 # `stage`'s exit code when there was nothing to stage (counted apart: metrics); not 3, the
@@ -344,15 +394,25 @@ NOTHING = 4
 def stage(req: Request) -> int:
     """Copy this node's ranks of the newest common step; 0 when all went well, NOTHING when
     there was nothing to do."""
-    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
-    from gpuwarden.ckpt.stagecopy import Refused, StageSource, copy_step  # noqa: PLC0415
-    from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
-
     if (os.geteuid(), os.getegid()) != (req.uid, req.gid):
         # Root's privileges must never reach the user's files (see run_as).
         log.error("stage-in job %s: refusing to copy as uid %d gid %d: only as the job's user "
                   "(uid %d gid %d)", req.job_id, os.geteuid(), os.getegid(), req.uid, req.gid)
         return 2
+    if req.source == "s3":
+        from gpuwarden.ckpt import stagein_s3  # noqa: PLC0415 - boto3 only for S3 sites
+
+        planned = stagein_s3.plan(req)
+    else:
+        planned = _plan_shared(req)
+    return planned if isinstance(planned, int) else _copy(req, planned)
+
+
+def _plan_shared(req: Request) -> Plan | int:
+    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
+    from gpuwarden.ckpt.stagecopy import FsStageSource  # noqa: PLC0415
+    from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
+
     found = _discover(req)
     if found is None:
         log.info("stage-in job %s: no checkpoint of %s in %s: nothing to stage", req.job_id,
@@ -379,31 +439,45 @@ def stage(req: Request) -> int:
         except (CorruptStep, TierError, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
+    return Plan(step, world, sel.ranks, todo,
+                lambda r: FsStageSource(req.shared_root, req.job, r, step), there, failed)
+
+
+def _copy(req: Request, plan: Plan) -> int:
+    """Each rank of ``plan`` into tier 0, verified; the summary line. 0, or 1 if a rank
+    failed."""
+    from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
+    from gpuwarden.ckpt.stagecopy import Refused, copy_step  # noqa: PLC0415
+    from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
+
+    step, failed = plan.step, plan.failed
     start = time.monotonic()
-    progress = Progress(f"stage-in job {req.job_id}: step {step}", sum(todo.values()),
+    progress = Progress(f"stage-in job {req.job_id}: step {step}", sum(plan.todo.values()),
                         every_s=PROGRESS_AFTER_S)
-    for r in todo:
+    for r in plan.todo:
         try:
-            # File to file through one small buffer, verified on the way: never a whole step
-            # in memory (the prolog is outside the job's cgroup).
-            copy_step(StageSource(req.shared_root, req.job, r, step),
-                      FsTier("memory", req.memory_root, req.job, r), world, progress)
+            # Into a temp file through bounded buffers, verified on the way: never a whole
+            # step in memory (the prolog is outside the job's cgroup).
+            copy_step(plan.source(r), FsTier("memory", req.memory_root, req.job, r), plan.world,
+                      progress)
         except (CorruptStep, TierError, Refused, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
-    notes = [f"{n} of {len(sel.ranks)} ranks {what}" for n, what in
-             ((there, "already there"), (failed, "failed, see above")) if n]
+    notes = [f"{n} of {len(plan.ranks)} ranks {what}" for n, what in
+             ((plan.there, "already there"), (failed, "failed, see above")) if n]
     log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
-             req.job_id, step, span(sel.ranks), req.memory_root, req.shared_root,
+             req.job_id, step, span(plan.ranks), req.memory_root, req.origin,
              progress.done / _MIB,
              time.monotonic() - start, f" ({'; '.join(notes)})" if notes else "")
     return 1 if failed else 0
 
 
 # ---- the prolog's entry ------------------------------------------------------------------------
-def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_as) -> str:
+def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner | None = None,
+             cluster: str = "") -> str:
     """Stage in for the job in ``environ`` if it is a requeued one: "staged", "failed" or ""
-    (nothing to stage); logs, never raises on purpose."""
+    (nothing to stage); logs, never raises on purpose. ``cluster``: ``[cluster] name``, which
+    the job's key is derived from (S3 only)."""
     req = parse_request(cfg, environ)
     if req is None:
         return ""
@@ -411,20 +485,32 @@ def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner = run_a
     if problem:
         log.error("stage-in job %s: skipped: tier 0: %s", req.job_id, problem)
         return "failed"
+    extra = "ckpt,s3" if req.source == "s3" else "ckpt"
     try:
         # Loaded by root before the fork: the child then needs nothing but the two tiers.
-        import gpuwarden.ckpt.stagecopy  # noqa: F401, PLC0415
+        import gpuwarden.ckpt.stagecopy  # noqa: PLC0415
+        if req.source == "s3":
+            import gpuwarden.ckpt.stagein_s3  # noqa: F401, PLC0415
     except ImportError as exc:
         # ERROR: reaches syslog (a WARNING from a hook that exits 0 is seen by nobody).
         log.error("stage-in job %s: skipped: the checkpoint extra is not installed (%s): "
-                  "pip install 'gpuwarden[ckpt]' into the hooks' interpreter",
-                    req.job_id, exc)
+                  "pip install 'gpuwarden[%s]' into the hooks' interpreter",
+                  req.job_id, exc, extra)
         return "failed"
-    code = runner(lambda: stage(req), req)
+    if req.source == "s3":
+        from gpuwarden.ckpt.stagein_s3 import SetupError, with_secrets  # noqa: PLC0415
+
+        try:
+            req = with_secrets(cfg, req, cluster)
+        except SetupError as exc:
+            log.error("stage-in job %s: skipped: %s", req.job_id, exc)
+            return "failed"
+    final = req
+    code = (runner or run_as)(lambda: stage(final), final)
     if code is None:
         log.warning("stage-in job %s: not done within stage_in_budget_s = %.0f s: stopped it "
-                    "(the job will read its checkpoint from the shared tier)", req.job_id,
-                    req.budget_s)
+                    "(the job will read its checkpoint from %s)", req.job_id,
+                    req.budget_s, req.durable)
     elif code not in (0, NOTHING):
         log.debug("stage-in job %s: the copy exited with %d", req.job_id, code)
     return {0: "staged", NOTHING: ""}.get(code if code is not None else -1, "failed")
@@ -443,7 +529,7 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> str:
         if problem:
             log.error("checkpoint tier 0 %s: %s", config.ckpt.memory_root, problem)
             return ""
-        return stage_in(config.ckpt, environ)
+        return stage_in(config.ckpt, environ, cluster=config.cluster.name)
     except Exception:
         log.exception("stage-in: internal error: skipped")
         return "failed"

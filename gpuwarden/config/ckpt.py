@@ -42,6 +42,11 @@ class CkptConfig:
     # shared tier (or S3) into the new nodes' tier 0 before the job starts.
     stage_in: bool = True
     stage_in_budget_s: float = 120.0
+    # Without a shared tier, stage in from S3 (the index, then ranged GETs), as the job's user
+    # with the nodes' credentials: boto3's default chain (an instance role), or the KEY=VALUE
+    # file stage_in_s3_env (root's alone) read by root and handed to the copy in memory.
+    stage_in_s3: bool = True
+    stage_in_s3_env: str = ""
     # Sites without a shared filesystem: the site secret (root's, 0600, the same on every node)
     # the prolog derives each job's key from (ckpt.jobkey), and where it writes the job's key
     # for the job's user. Empty key_file: no derived keys.
@@ -66,6 +71,8 @@ class CkptConfig:
         require(bool(_ABS.match(self.topology_conf)), "topology_conf", "an absolute path")
         require(self.agree_timeout_s > 0, "agree_timeout_s", "seconds > 0")
         require(0 < self.stage_in_budget_s <= 3600, "stage_in_budget_s", "seconds, 0 to 3600")
+        require(self.stage_in_s3_env == "" or _plain_abs(self.stage_in_s3_env),
+                "stage_in_s3_env", "an absolute path (no . or ..) or empty")
         require(self.key_file == "" or _plain_abs(self.key_file), "key_file",
                 "an absolute path (no . or ..) or empty")
         require(_plain_abs(self.job_key_dir), "job_key_dir", "an absolute directory (no . or ..)")
@@ -75,3 +82,12 @@ class CkptConfig:
                 "the site secret file (docs/checkpointing.md): s3_bucket without shared_root "
                 "needs it, for the per-job key that authenticates S3 steps")
         require(self.mttf_h >= 0, "mttf_h", "hours >= 0 (0: measure from accounting)")
+
+    def stage_in_source(self) -> str:
+        """Where the prolog stages a requeued job's step from: "shared" (the shared tier),
+        "s3" (no shared tier; S3 and ``stage_in_s3``), or "" (no stage-in)."""
+        if not self.stage_in:
+            return ""
+        if self.shared_root:
+            return "shared"
+        return "s3" if self.s3_bucket and self.stage_in_s3 else ""

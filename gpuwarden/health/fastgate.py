@@ -425,7 +425,7 @@ def settings_for(config: Any, node: str, environ: Mapping[str, str]) -> dict[str
         "kernel_log": h.kernel_log, "gpu_probe": h.gpu_probe, "fake_gpu_file": h.fake_gpu_file,
         "mounts": [[m.path, m.canary] for m in exp.mounts],
         "memory_root": config.ckpt.memory_root, "shared_root": config.ckpt.shared_root,
-        "stage_in": bool(config.ckpt.stage_in and config.ckpt.shared_root),
+        "stage_in": bool(config.ckpt.stage_in_source()),
     }
 
 

@@ -73,7 +73,7 @@ def hook_limit(environ: Mapping[str, str]) -> float | None:
 
 def stage_in_s(cfg: Config, what: str) -> float:
     """The prolog's checkpoint stage-in budget, when stage-in can run (as fastgate decides)."""
-    on = what == "prolog" and cfg.ckpt.stage_in and cfg.ckpt.shared_root
+    on = what == "prolog" and cfg.ckpt.stage_in_source()
     return cfg.ckpt.stage_in_budget_s if on else 0.0
 
 

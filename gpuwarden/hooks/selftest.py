@@ -129,9 +129,12 @@ def _imports(cfg: Config | None) -> str:
     mods = list(_MODULES)
     if cfg is not None and cfg.health.gpu_probe == "nvml":
         mods.append("pynvml")
-    if cfg is not None and cfg.ckpt.shared_root:
-        # The prolog's stage-in needs the checkpoint extra (numpy, xxhash).
+    source = cfg.ckpt.stage_in_source() if cfg is not None else ""
+    if source:
+        # The prolog's stage-in needs the checkpoint extra (numpy, xxhash), and from S3 boto3.
         mods.append("gpuwarden.ckpt.stagecopy")
+    if source == "s3":
+        mods.append("gpuwarden.ckpt.stagein_s3")
     for m in mods:
         importlib.import_module(m)
     return f"{len(mods)} modules import"

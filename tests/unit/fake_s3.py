@@ -1,6 +1,6 @@
 """One in-memory S3 bucket for the unit tests, with what the checkpoint code asks of boto3's
 client: PUT, GET (whole or one ``Range: bytes=a-b``, answered as S3 answers it, 416 included),
-DELETE, a paginated LIST, and a log of the calls in order (the real SeaweedFS is in
+DELETE, a paginated LIST (lazy, each page logged), and a log of the calls in order (the real SeaweedFS is in
 tests/e2e/test_ckpt_core.py and test_ckpt_outages.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -79,12 +79,16 @@ class FakeS3:
         outer = self
 
         class Pages:
-            def paginate(self, Bucket: str, Prefix: str) -> list[dict[str, Any]]:
+            def paginate(self, Bucket: str, Prefix: str) -> Iterator[dict[str, Any]]:
+                """Lazily, as boto3's page iterator: each page is asked for (and logged,
+                ``list-page``) only when the caller gets to it."""
                 outer._log("list", Prefix)
                 keys = [k for k in sorted(outer.objects) if k.startswith(Prefix)]
                 size = outer.page_size
-                return [{"Contents": [{"Key": k} for k in keys[i:i + size]]}
-                        for i in range(0, len(keys), size)] or [{}]
+                for i in range(0, max(len(keys), 1), size):
+                    outer._log("list-page", Prefix)
+                    page = keys[i:i + size]
+                    yield {"Contents": [{"Key": k} for k in page]} if page else {}
         return Pages()
 
     def list_multipart_uploads(self, Bucket: str, Prefix: str) -> dict[str, Any]:
