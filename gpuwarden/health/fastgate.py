@@ -14,7 +14,8 @@ The fast path lets the job start when all of these hold (docs/health.md lists th
 * the stored verdict is this node's, complete (it checked every GPU and every check: not a
   prolog's verdict on a job's GPUs, not an epilog's with results left for a full check), at
   most ``verdict_max_age_s`` old, and no result in it is CRITICAL or UNKNOWN;
-* the job is not a requeued one needing checkpoint stage-in, and tier 0's spool is already as
+* the job is not a requeued one needing checkpoint stage-in, nor one whose checkpoint key the
+  full path derives (`[ckpt] key_file`), and tier 0's spool is already as
   the full prolog leaves it (a root-owned directory, mode 1777);
 * the kernel log has no record from the NVIDIA driver since shortly before the verdict (a
   kernel record starting with one of the driver's own prefixes, ``NVRM: ``,
@@ -36,7 +37,7 @@ import stat
 import time
 
 from gpuwarden import __version__
-from gpuwarden.core.safefs import StateDirError, read_private
+from gpuwarden.core.safefs import StateDirError, open_private_dir, read_private
 from gpuwarden.core.stdio import quiet_stdio
 from gpuwarden.health import mountprobe
 from gpuwarden.slurm import jobenv
@@ -54,7 +55,7 @@ DEFAULT_CONFIG = "/etc/gpuwarden/gpuwarden.toml"
 RUN_DIR_ENV = "GPUWARDEN_RUN_DIR"
 DEFAULT_RUN_DIR = "/run/gpuwarden"
 SETTINGS = "prolog-gate.marshal"
-FORMAT = 2
+FORMAT = 3
 # The stored verdict's summary for this path, beside the JSON (gpuwarden.health.store
 # FAST_SUMMARY, FAST_FORMAT: a test holds them equal).
 VERDICT = "verdict-fast.marshal"
@@ -103,8 +104,9 @@ def _check(environ: Mapping[str, str], now: float) -> str:
     s = _settings(environ, node)
     if isinstance(s, str):
         return s
-    if s["stage_in"] and jobenv.job_restart_count(environ) != "0":
-        return "a requeued job: checkpoint stage-in"
+    why = _ckpt_work(s, environ)
+    if why:
+        return why
     v = _verdict(s, node, now)
     if isinstance(v, str):
         return v
@@ -123,6 +125,15 @@ def _check(environ: Mapping[str, str], now: float) -> str:
     # per-check deadline and judges them: waiting longer here would only add to its time.
     deadline = min(FAST_ANSWER_S, float(s["check_deadline_s"]))
     return in_child(lambda: _live_checks(s, node, since, since_up, environ), deadline)
+
+
+def _ckpt_work(s: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """The checkpoint work only the full path does for this job, if any."""
+    if s["stage_in"] and jobenv.job_restart_count(environ) != "0":
+        return "a requeued job: checkpoint stage-in"
+    if s["key_file"]:
+        return "the job's checkpoint key: the full path derives it from the site secret"
+    return ""
 
 
 def _load(path: str) -> dict[str, Any] | None:
@@ -247,7 +258,33 @@ def job_dirs(s: Mapping[str, Any], environ: Mapping[str, str]) -> str:
             why = f"{exc.__class__.__name__}: {exc.strerror or exc}"
         if why:
             return f"checkpoint directory {root}/{name}: {why}"
+    if s["held_dir"]:
+        try:
+            _note_held(str(s["held_dir"]), job, int(uid))
+        except (OSError, StateDirError) as exc:
+            return f"the job's record for the checkpoint scan: {exc}"
     return ""
+
+
+def _note_held(directory: str, job: str, uid: int) -> None:
+    """`ckpt.jobsheld.record` without its imports (json, re, dataclasses; safefs.atomic's
+    secrets and contextlib: milliseconds): the same file, byte for byte (a test holds them
+    equal), so the periodic check's scan sees the jobs this path started as the full path's.
+    Written complete or not at all (a private temp name, then a rename), by the directory's
+    descriptor, which the one walk from / reaches (made 0700 when missing)."""
+    fd = open_private_dir(directory, "the full path records the job", create=0o700)
+    assert fd is not None  # made when missing
+    try:
+        tmp = f".job-{job}.{os.urandom(6).hex()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                      dir_fd=fd)
+        try:
+            os.write(out, f'{{"uid": {uid}, "since": {time.time()!r}}}'.encode())
+        finally:
+            os.close(out)
+        os.rename(tmp, f"job-{job}", src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def _own_dir(root: str, name: str, uid: int, gid: int) -> str:
@@ -426,6 +463,11 @@ def settings_for(config: Any, node: str, environ: Mapping[str, str]) -> dict[str
         "mounts": [[m.path, m.canary] for m in exp.mounts],
         "memory_root": config.ckpt.memory_root, "shared_root": config.ckpt.shared_root,
         "stage_in": bool(config.ckpt.stage_in_source()),
+        # A site secret: each job's key is derived by the full path (ckpt.jobkey).
+        "key_file": config.ckpt.key_file,
+        # Where the full path records a job for the checkpoint scan (ckpt.jobsheld), "" where
+        # the scan does not run ([health] prom_dir unset: ckpt.jobdirs._note_held).
+        "held_dir": os.path.join(h.state_dir, "ckpt-jobs") if h.prom_dir else "",
     }
 
 

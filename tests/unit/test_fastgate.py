@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden import config as configmod
+from gpuwarden.ckpt import jobsheld
 from gpuwarden.health import fastgate
 from gpuwarden.health import store as storemod
 from gpuwarden.health.model import CheckResult, Status, Verdict
@@ -290,3 +291,36 @@ def test_a_squatted_job_directory_sends_the_job_the_full_way(site: Site, squat: 
 def test_a_job_without_a_plain_uid_goes_the_full_way(site: Site) -> None:
     assert "not plain digits" in site.check(SLURM_JOB_UID="")
     assert "not plain digits" in site.check(SLURM_JOB_ID="7/../8")
+
+
+def test_an_objstore_sites_job_goes_the_full_way_for_its_checkpoint_key(tmp_path: Path) -> None:
+    """Found in the objstore test cluster: a node whose verdict was fresh let the job start by
+    the fast path, which never wrote the job's key (ckpt.jobkey.for_prolog): that node's rank
+    stopped at start, "job-2.key is missing"."""
+    s = Site(tmp_path)
+    key = tmp_path / "site.key"
+    key.write_text("k1 " + "ab" * 32 + "\n")
+    key.chmod(0o600)
+    s.config.write_text(s.config.read_text() + f'key_file = "{key}"\n')
+    s.verdict()
+    assert fastgate.remember(s.environ) == ""
+    assert "checkpoint key" in s.check()
+
+
+def test_the_fast_path_records_the_job_for_the_checkpoint_scan_as_the_full_path_does(
+        tmp_path: Path) -> None:
+    """With [health] prom_dir set, the periodic check's tier-0 scan reads root's record of the
+    jobs the prolog started here (ckpt.jobsheld): a job started by the fast path was never
+    recorded, so its steps were left out of the node's checkpoint metrics."""
+    s = Site(tmp_path, extra=f'prom_dir = "{tmp_path / "prom"}"')
+    s.verdict()
+    assert fastgate.remember(s.environ) == ""
+    assert s.check() == ""
+    held, left_out = jobsheld.held(str(s.state))
+    assert [(h.job_id, h.uid) for h in held] == [("7", JOB_UID)] and left_out == 0
+    assert abs(held[0].since - time.time()) < 60
+
+
+def test_without_prom_dir_the_fast_path_records_nothing(site: Site) -> None:
+    assert site.check() == ""
+    assert not (site.state / jobsheld.DIR).exists()
