@@ -137,7 +137,7 @@ class _Fetch:
             while done < n:
                 if self.cancel.is_set():
                     raise _Cancelled
-                k = body.readinto(out[done:min(n, done + CHUNK)])
+                k = _read_into(body, out[done:min(n, done + CHUNK)])
                 if not k:
                     raise CorruptStep(f"{self.where}: {self.key}: short body: bytes "
                                       f"{first}-{last} ended after {done} of {n}")
@@ -152,6 +152,17 @@ class _Fetch:
         finally:
             _close(body)
         return out if self.view is None else None
+
+
+def _read_into(body: Any, view: memoryview) -> int:
+    """Bytes of ``body`` into ``view``: its own readinto where it has one (botocore 1.38+),
+    else read and copy (Debian's botocore 1.37 has only read: found in the test cluster)."""
+    readinto = getattr(body, "readinto", None)
+    if readinto is not None:
+        return int(readinto(view))
+    data = body.read(len(view))
+    view[:len(data)] = data
+    return len(data)
 
 
 def _close(body: Any) -> None:

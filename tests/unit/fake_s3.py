@@ -22,6 +22,20 @@ def client_error(code: str, op: str, status: int = 400, message: str = "") -> Cl
                         "ResponseMetadata": {"HTTPStatusCode": status}}, op)
 
 
+class Body:
+    """A GET's body as botocore 1.37 (Debian's, the test cluster's) gives it: read and close,
+    no readinto (newer botocore has one; the code must not need it)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._io = io.BytesIO(data)
+
+    def read(self, amt: int | None = None) -> bytes:
+        return self._io.read(amt)
+
+    def close(self) -> None:
+        self._io.close()
+
+
 class FakeS3:
     def __init__(self, page_size: int = 1000) -> None:
         self.objects: dict[str, bytes] = {}
@@ -65,7 +79,7 @@ class FakeS3:
             raise client_error("NoSuchKey", "GetObject", 404, Key)
         data = self.objects[Key]
         if span is None:
-            return {"ContentLength": len(data), "Body": io.BytesIO(data)}
+            return {"ContentLength": len(data), "Body": Body(data)}
         first, last = span
         if first >= len(data):
             raise client_error("InvalidRange", "GetObject", 416,
@@ -73,7 +87,7 @@ class FakeS3:
         last = min(last, len(data) - 1)
         return {"ContentLength": last - first + 1,
                 "ContentRange": f"bytes {first}-{last}/{len(data)}",
-                "Body": io.BytesIO(data[first:last + 1])}
+                "Body": Body(data[first:last + 1])}
 
     def get_paginator(self, _op: str) -> Any:
         outer = self
