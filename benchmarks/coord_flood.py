@@ -10,17 +10,24 @@ printed quiet and under the flood, with the ratio, for a rank
   allocation's; the flood's is loopback), and
 * on the flooder's own host (its source is loopback too: what a user sharing the node gets).
 
-    python benchmarks/coord_flood.py --rank-from 192.0.2.2 [--addresses 256] [--each 16]
+The flooder is a child process forked from this one; with ``--flood-uid N`` (as root) it
+becomes user N first, as another user sharing the node would be (the servers tell this host's
+users apart by their sockets' owner, `peeruid`); without, it is this process's user, the job's
+own, whose connections count with the rank's.
+
+    python benchmarks/coord_flood.py --rank-from 192.0.2.2 [--flood-uid 65534]
+        [--addresses 256] [--each 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import selectors
+import signal
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
@@ -63,6 +70,21 @@ def flood(port: int, addresses: int, each: int, seconds: float) -> None:
     print(f"flooder: {opened} connections opened", file=sys.stderr)
 
 
+def fork_flooder(port: int, addresses: int, each: int, uid: int | None) -> int:
+    """The flooder's pid: a child of this process, user ``uid``'s when given."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            flood(port, addresses, each, 600.0)
+        finally:
+            os._exit(0)
+    return pid
+
+
 def latencies(addr: str, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -90,28 +112,26 @@ def main() -> None:
     ap.add_argument("--addresses", type=int, default=256)
     ap.add_argument("--each", type=int, default=16)
     ap.add_argument("--pings", type=int, default=20)
-    ap.add_argument("--flooder", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--seconds", type=float, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--flood-uid", type=int, default=None,
+                    help="the flooder's user (needs root): another user sharing the node")
     a = ap.parse_args()
-    if a.flooder:
-        flood(a.flooder, a.addresses, a.each, a.seconds)
-        return
+    if a.flood_uid is not None and os.geteuid() != 0:
+        ap.error("--flood-uid needs root (the flooder's process becomes that user)")
     srv = CoordServer(KEY, JOB, hosts=[a.rank_from])
     other, same = f"{a.rank_from}:{srv.port}", f"127.0.0.1:{srv.port}"
     try:
         quiet = {k: latencies(addr, a.pings) for k, addr in (("other", other), ("same", same))}
-        proc = subprocess.Popen([sys.executable, __file__, "--rank-from", a.rank_from,
-                                 "--addresses", str(a.addresses), "--each", str(a.each),
-                                 "--flooder", str(srv.port), "--seconds", "600"])
+        pid = fork_flooder(srv.port, a.addresses, a.each, a.flood_uid)
         try:
             time.sleep(10.0)  # the flood at its height: every handshake slot it can get taken
             busy = {k: latencies(addr, a.pings) for k, addr in (("other", other), ("same", same))}
         finally:
-            proc.terminate()
-            proc.wait()
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
     finally:
         srv.stop()
-    print(f"flood: {a.addresses} loopback addresses x {a.each} connections")
+    who = "the job's own user" if a.flood_uid is None else f"user {a.flood_uid}"
+    print(f"flood: {a.addresses} loopback addresses x {a.each} connections, as {who}")
     show("rank on another host", quiet["other"], busy["other"])
     show("rank on the flooder's host", quiet["same"], busy["same"])
 
