@@ -7,7 +7,8 @@ can. A rank (this process) pings the coordinator over and over; its latency, p50
 printed quiet and under the flood, with the ratio, for a rank
 
 * on another host (its source is this host's address given as ``--rank-from``, one of the
-  allocation's; the flood's is loopback), and
+  allocation's; the flood's is loopback; its socket is hidden from the servers' owner lookup,
+  as a remote client's is not in this host's tables), and
 * on the flooder's own host (its source is loopback too: what a user sharing the node gets).
 
 The flooder is a child process forked from this one; with ``--flood-uid N`` (as root) it
@@ -33,6 +34,8 @@ import time
 
 from gpuwarden.ckpt.coordnet import CoordIOError, NetCoordinator
 from gpuwarden.ckpt.coordsrv import CoordServer
+from gpuwarden.ckpt.peerauth import Owner
+from gpuwarden.ckpt.peeruid import local_uid
 
 KEY, JOB = b"k" * 32, "job-1"
 
@@ -85,6 +88,14 @@ def fork_flooder(port: int, addresses: int, each: int, uid: int | None) -> int:
     return pid
 
 
+def hiding(address: str, owner: Owner) -> Owner:
+    """``owner``, but a connection from ``address`` is a remote client's: the "other host"
+    rank is this host's too, and its socket must not be found."""
+    def hidden(ca: str, cp: int, sa: str, sp: int, family: int, timeout: float) -> int | None:
+        return None if ca == address else owner(ca, cp, sa, sp, family, timeout)
+    return hidden
+
+
 def latencies(addr: str, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -118,6 +129,7 @@ def main() -> None:
     if a.flood_uid is not None and os.geteuid() != 0:
         ap.error("--flood-uid needs root (the flooder's process becomes that user)")
     srv = CoordServer(KEY, JOB, hosts=[a.rank_from])
+    srv._srv.owner = hiding(a.rank_from, local_uid)  # before any connection comes
     other, same = f"{a.rank_from}:{srv.port}", f"127.0.0.1:{srv.port}"
     try:
         quiet = {k: latencies(addr, a.pings) for k, addr in (("other", other), ("same", same))}
