@@ -7,25 +7,35 @@ can. A rank (this process) pings the coordinator over and over; its latency, p50
 printed quiet and under the flood, with the ratio, for a rank
 
 * on another host (its source is this host's address given as ``--rank-from``, one of the
-  allocation's; the flood's is loopback), and
+  allocation's; the flood's is loopback; its socket is hidden from the servers' owner lookup,
+  as a remote client's is not in this host's tables), and
 * on the flooder's own host (its source is loopback too: what a user sharing the node gets).
 
-    python benchmarks/coord_flood.py --rank-from 192.0.2.2 [--addresses 256] [--each 16]
+The flooder is a child process forked from this one; with ``--flood-uid N`` (as root) it
+becomes user N first, as another user sharing the node would be (the servers tell this host's
+users apart by their sockets' owner, `peeruid`); without, it is this process's user, the job's
+own, whose connections count with the rank's.
+
+    python benchmarks/coord_flood.py --rank-from 192.0.2.2 [--flood-uid 65534]
+        [--addresses 256] [--each 16]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import selectors
+import signal
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
 from gpuwarden.ckpt.coordnet import CoordIOError, NetCoordinator
 from gpuwarden.ckpt.coordsrv import CoordServer
+from gpuwarden.ckpt.peerauth import Owner
+from gpuwarden.ckpt.peeruid import local_uid
 
 KEY, JOB = b"k" * 32, "job-1"
 
@@ -63,6 +73,29 @@ def flood(port: int, addresses: int, each: int, seconds: float) -> None:
     print(f"flooder: {opened} connections opened", file=sys.stderr)
 
 
+def fork_flooder(port: int, addresses: int, each: int, uid: int | None) -> int:
+    """The flooder's pid: a child of this process, user ``uid``'s when given."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            flood(port, addresses, each, 600.0)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def hiding(address: str, owner: Owner) -> Owner:
+    """``owner``, but a connection from ``address`` is a remote client's: the "other host"
+    rank is this host's too, and its socket must not be found."""
+    def hidden(ca: str, cp: int, sa: str, sp: int, family: int, timeout: float) -> int | None:
+        return None if ca == address else owner(ca, cp, sa, sp, family, timeout)
+    return hidden
+
+
 def latencies(addr: str, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -90,28 +123,27 @@ def main() -> None:
     ap.add_argument("--addresses", type=int, default=256)
     ap.add_argument("--each", type=int, default=16)
     ap.add_argument("--pings", type=int, default=20)
-    ap.add_argument("--flooder", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--seconds", type=float, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--flood-uid", type=int, default=None,
+                    help="the flooder's user (needs root): another user sharing the node")
     a = ap.parse_args()
-    if a.flooder:
-        flood(a.flooder, a.addresses, a.each, a.seconds)
-        return
+    if a.flood_uid is not None and os.geteuid() != 0:
+        ap.error("--flood-uid needs root (the flooder's process becomes that user)")
     srv = CoordServer(KEY, JOB, hosts=[a.rank_from])
+    srv._srv.owner = hiding(a.rank_from, local_uid)  # before any connection comes
     other, same = f"{a.rank_from}:{srv.port}", f"127.0.0.1:{srv.port}"
     try:
         quiet = {k: latencies(addr, a.pings) for k, addr in (("other", other), ("same", same))}
-        proc = subprocess.Popen([sys.executable, __file__, "--rank-from", a.rank_from,
-                                 "--addresses", str(a.addresses), "--each", str(a.each),
-                                 "--flooder", str(srv.port), "--seconds", "600"])
+        pid = fork_flooder(srv.port, a.addresses, a.each, a.flood_uid)
         try:
             time.sleep(10.0)  # the flood at its height: every handshake slot it can get taken
             busy = {k: latencies(addr, a.pings) for k, addr in (("other", other), ("same", same))}
         finally:
-            proc.terminate()
-            proc.wait()
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
     finally:
         srv.stop()
-    print(f"flood: {a.addresses} loopback addresses x {a.each} connections")
+    who = "the job's own user" if a.flood_uid is None else f"user {a.flood_uid}"
+    print(f"flood: {a.addresses} loopback addresses x {a.each} connections, as {who}")
     show("rank on another host", quiet["other"], busy["other"])
     show("rank on the flooder's host", quiet["same"], busy["same"])
 

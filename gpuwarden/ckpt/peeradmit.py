@@ -1,8 +1,11 @@
 """The peer server's and the coordinator's connection limits: no stranger may hold every slot.
 
-Until a connection has shown the job's key it is a stranger's, counted against its *source*:
-all of loopback (127/8, ``::1`` and their IPv4-mapped forms) is one source, since a local user
-can bind to any of 16M loopback addresses; an IPv4-mapped IPv6 address is its IPv4 address.
+Until a connection has shown the job's key it is a stranger's, counted against its *source*.
+A connection from this host counts against the user owning its client socket (`peeruid`, the
+kernel's word): the server's own user's are the job's, any other user's a stranger's, each
+user one source. Every other connection counts against its address: all of loopback (127/8,
+``::1`` and their IPv4-mapped forms) is one source, since a local user can bind to any of 16M
+loopback addresses; an IPv4-mapped IPv6 address is its IPv4 address.
 
 * ``total`` connections at once, in the handshake or not;
 * ``per_source`` from one source still in the handshake;
@@ -12,10 +15,12 @@ can bind to any of 16M loopback addresses; an IPv4-mapped IPv6 address is its IP
 
 A connection that has shown the key no longer counts against its source or the strangers'
 budget. A source at ``per_source`` whose oldest handshake is ``EVICT_AFTER_S`` old gives that
-slot up to its next connection (a rank's handshake takes milliseconds): one holding its
-slots idle does not shut out the ranks on its own host. One that opens connections as fast as
-it can still can: the servers cannot tell users of one host apart before the key
-(docs/design/object-store-sites.md, the progress note). Where the job's hosts are not known
+slot up to its next connection (a rank's handshake takes milliseconds). A user sharing a
+node with a rank and opening connections as fast as it can takes only its own source's slots,
+not the rank's: its socket's owner is another. Only where the owner cannot be learnt (no
+netlink, or a client gone before it was asked) do a host's users share its address's source
+again, as every user of another host does (docs/design/object-store-sites.md, the progress
+note). Where the job's hosts are not known
 (no ``SLURM_JOB_NODELIST``, or not resolved yet) its ranks share the strangers' budget, still
 ``per_source`` each.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -37,6 +43,7 @@ log = logging.getLogger(__name__)
 REFUSAL_LOG_S = 10.0  # at most one refusal line per source this often: attacks flood logs
 _MAX_LOGGED = 4096  # sources remembered for that; forgotten all at once beyond
 LOOPBACK = "loopback"  # the one source all of this host's loopback addresses count as
+_USER = "local uid "  # a source of this host's, by its socket's owner: never an address
 STRANGERS_SHARE = 4  # strangers' handshakes: at most a quarter of all connections
 FIRST_SHARE = 4  # the first frame within a quarter of the handshake deadline
 EVICT_AFTER_S = 1.0  # a handshake this old gives its source's slot up to a new connection
@@ -56,6 +63,11 @@ def source_of(address: str) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     return LOOPBACK if ip.is_loopback else str(ip)
+
+
+def local_source(uid: int) -> str:
+    """The source of the connections from this host whose client sockets ``uid`` owns."""
+    return f"{_USER}{uid}"
 
 
 def addresses_of(name: str) -> list[str]:
@@ -102,15 +114,18 @@ class Admission:
 
     def __init__(self, total: int, per_source: int, strangers: int | None = None,
                  evict_after: float = EVICT_AFTER_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, uid: int | None = None) -> None:
+        """``uid``: the user whose local connections are the job's (None: this process's)."""
         self.total, self.per_source, self.evict_after = total, per_source, evict_after
+        self.uid = os.geteuid() if uid is None else uid
         self.strangers = max(1, total // STRANGERS_SHARE) if strangers is None else strangers
         self._clock = clock
         self._lock = threading.Lock()
         self._active = 0
         self._strangers_in = 0
         self._pending: dict[str, dict[Ticket, None]] = {}  # in the handshake, oldest first
-        self._own: set[str] = {LOOPBACK}  # this host is always one of the job's
+        # This host is always one of the job's; its own user's sockets are the job's.
+        self._own: set[str] = {LOOPBACK, local_source(self.uid)}
         self._logged: dict[str, float] = {}
 
     def own(self, addresses: Iterable[str]) -> None:
@@ -136,10 +151,12 @@ class Admission:
         t.start()
         return t
 
-    def enter(self, address: str, hang_up: Callable[[], None] = lambda: None) -> Ticket | str:
+    def enter(self, address: str, hang_up: Callable[[], None] = lambda: None,
+              uid: int | None = None) -> Ticket | str:
         """A ticket when admitted (in the handshake); else why not. ``hang_up`` ends the
-        connection, should a later one from its source take its place."""
-        src = source_of(address)
+        connection, should a later one from its source take its place. ``uid``: the owner of
+        the client's socket when it is on this host (`peeruid.local_uid`), else None."""
+        src = source_of(address) if uid is None else local_source(uid)
         now = self._clock()
         with self._lock:
             stranger = src not in self._own
@@ -197,4 +214,6 @@ class Admission:
 
 
 def _named(src: str) -> str:
+    if src.startswith(_USER):
+        return f"this host's user {src[len(_USER):]}"
     return "this host's loopback" if src == LOOPBACK else src

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuwarden.ckpt.peeradmit import Ticket
+from gpuwarden.ckpt.peeruid import local_uid
 from gpuwarden.ckpt.peerwire import (
     BUSY,
     MAGIC,
@@ -46,6 +47,11 @@ from gpuwarden.ckpt.peerwire import (
 log = logging.getLogger(__name__)
 
 HEADER_LIMIT = 64 << 10  # a request header, read before its MAC is checked: kept small
+OWNER_S = 0.05  # the most the accept loop waits to learn a local client's owner
+
+# (client address, client port, server address, server port, family, timeout) -> the uid
+# owning the client's socket when it is this host's, else None; never raises
+Owner = Callable[[str, int, str, int, int, float], "int | None"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,8 @@ class Session:
 class Gate(Protocol):
     """Admission limits (gpuwarden.ckpt.peeradmit.Admission)."""
 
-    def enter(self, address: str, hang_up: Callable[[], None]) -> Ticket | str: ...
+    def enter(self, address: str, hang_up: Callable[[], None], uid: int | None = None
+              ) -> Ticket | str: ...
     def should_log(self, address: str) -> bool: ...
     def leave(self, ticket: Ticket) -> None: ...
 
@@ -107,25 +114,39 @@ class GatedServer(socketserver.ThreadingTCPServer):
     """A threading TCP server that admits each connection (`admitted`) in its accept loop,
     before a thread is started for it: a stranger turned away costs no thread, and a flood of
     them slows the accept loop less. ``serve(sock, address, ticket)`` runs in the connection's
-    thread and must ``gate.leave(ticket)`` when done."""
+    thread and must ``gate.leave(ticket)`` when done. ``owner`` (`peeruid.local_uid`: tens of
+    microseconds, in the accept loop) tells this host's users apart."""
 
     allow_reuse_address = True
     daemon_threads = True
 
     def __init__(self, where: tuple[str, int], gate: Gate, who: str,
-                 serve: Callable[[socket.socket, str, Ticket], None], backlog: int = 128
-                 ) -> None:
+                 serve: Callable[[socket.socket, str, Ticket], None], backlog: int = 128,
+                 owner: Owner | None = None) -> None:
         self.gate, self.who, self.serve = gate, who, serve
+        self.owner: Owner = local_uid if owner is None else owner
         self.request_queue_size = backlog
         self._tickets: dict[socket.socket, Ticket] = {}
         super().__init__(where, socketserver.BaseRequestHandler)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        ticket = admitted(self.gate, request, str(client_address[0]), self.who)
+        ticket = admitted(self.gate, request, str(client_address[0]), self.who,
+                          uid=self._uid_of(request, client_address))
         if ticket is None:
             return False
         self._tickets[request] = ticket
         return True
+
+    def _uid_of(self, request: socket.socket, client_address: Any) -> int | None:
+        """Who owns the client's socket, when it is this host's; None otherwise or when that
+        cannot be learnt (the address's rules then)."""
+        try:
+            here = request.getsockname()
+            return self.owner(str(client_address[0]), int(client_address[1]), str(here[0]),
+                              int(here[1]), self.address_family, OWNER_S)
+        except Exception:  # the accept loop must go on; the address's rules apply
+            log.debug("%s: no owner for %s", self.who, client_address, exc_info=True)
+            return None
 
     def process_request(self, request: Any, client_address: Any) -> None:
         try:
@@ -140,10 +161,12 @@ class GatedServer(socketserver.ThreadingTCPServer):
         self.serve(request, str(client_address[0]), self._tickets.pop(request))
 
 
-def admitted(gate: Gate, sock: socket.socket, address: str, who: str) -> Ticket | None:
+def admitted(gate: Gate, sock: socket.socket, address: str, who: str, uid: int | None = None
+             ) -> Ticket | None:
     """Let the connection from ``address`` in (its ticket), or turn it away (BUSY) over the
-    limits, logging it at most now and then (``who``: "peer", "coordinator")."""
-    got = gate.enter(address, functools.partial(_hang_up, sock))
+    limits, logging it at most now and then (``who``: "peer", "coordinator"). ``uid``: the
+    owner of the client's socket when it is this host's."""
+    got = gate.enter(address, functools.partial(_hang_up, sock), uid)
     if isinstance(got, Ticket):
         return got
     if gate.should_log(address):
