@@ -38,6 +38,9 @@ install_slurm_conf() {
 install_ckpt_key() {
     if [ -f "$state/ckpt.key" ]; then
         install -o root -g root -m 0600 "$state/ckpt.key" /etc/gpuwarden/ckpt.key
+        # The nodes' S3 credentials for the prolog's stage-in ([ckpt] stage_in_s3_env): the
+        # two AWS lines of the cluster's one identity, root's, 0600.
+        (umask 077; grep '^AWS_' "$state/s3.env" > /etc/gpuwarden/s3-stagein.env)
     fi
 }
 

@@ -47,6 +47,7 @@ def test_an_objstore_site_checkpoints_to_s3_with_the_site_secret_and_mounts_noth
     ckpt = conf["ckpt"]
     assert "shared_root" not in ckpt
     assert ckpt["s3_bucket"] == "gpuwarden" and ckpt["key_file"] == "/etc/gpuwarden/ckpt.key"
+    assert ckpt["stage_in_s3_env"] == "/etc/gpuwarden/s3-stagein.env"
     CkptConfig(**ckpt)  # the config gpuwarden accepts: s3 without a shared tier needs the key
     assert conf["health"]["expected"]["mounts"] == []
     assert "/fsx" not in files["gpuwarden.toml"]
