@@ -19,6 +19,8 @@ from gpuwarden.slurm.models import AcctJob, Job
 JOBS_DIR = f"{FSX_PATH}/jobs"
 FAKE_DIR = "/var/lib/gpuwarden-fake"
 CKPT_DIR = "/fsx/gpuwarden-ckpt"
+# An objstore site has no shared directory: each host's own (the batch host's holds the output).
+LOCAL_JOBS_DIR = "/srv/gpuwarden-jobs"
 # A training step on fake GPUs, for jobs to `srun` (see docker-cluster/fake-gpu-job).
 FAKE_JOB = f"{SRC}/docker-cluster/fake-gpu-job"
 TRAIN_EXAMPLE = "/opt/gpuwarden/ckpt/train_example.py"
@@ -91,7 +93,17 @@ class Harness:
         return self.exec(host, ["gpuwarden", *args], timeout=timeout)
 
     # ---- jobs ----------------------------------------------------------------------------------
+    @property
+    def jobs_dir(self) -> str:
+        """Where jobs are submitted from and write their output (`sbatch`)."""
+        return JOBS_DIR if self.cluster.spec.site == "fsx" else LOCAL_JOBS_DIR
+
     def prepare_jobs_dir(self) -> None:
+        if self.cluster.spec.site != "fsx":
+            for host in ["slurmctld", *self.cluster.spec.node_names]:
+                self.exec(host, ["install", "-d", "-m", "1777", LOCAL_JOBS_DIR]).check(
+                    f"mkdir jobs dir on {host}")
+            return
         self.exec("slurmctld", ["install", "-d", "-m", "1777", JOBS_DIR]).check("mkdir jobs dir")
         # The shared checkpoint tier's spool: sticky, like /tmp; each job's directory is private.
         self.exec("slurmctld", ["install", "-d", "-m", "1777", CKPT_DIR]).check("mkdir ckpt")
@@ -108,8 +120,8 @@ class Harness:
             raise ValueError("sbatch: give wrap or script, not both")
         tail = [f"--wrap={wrap}"] if wrap else list(script)
         argv = ["env", *(f"{k}={v}" for k, v in (env or {}).items()),
-                "sbatch", "--parsable", f"--job-name={name}", f"--chdir={JOBS_DIR}",
-                f"--output={JOBS_DIR}/%x-%j.out", *args, *tail]
+                "sbatch", "--parsable", f"--job-name={name}", f"--chdir={self.jobs_dir}",
+                f"--output={self.jobs_dir}/%x-%j.out", *args, *tail]
         res = self.exec("slurmctld", argv, timeout=30, user=user).check("sbatch")
         return int(res.out.strip().split(";")[0])
 

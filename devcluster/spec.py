@@ -24,8 +24,9 @@ LABEL = "gpuwarden.testcluster"
 NAME_LABEL = "gpuwarden.cluster"
 # Other clusters get a /23 each (services at .10, nodes from .257: 250 nodes fit) out of
 # 172.31.0.0/16: 128 slots. The e2e workers' clusters gw<t..y><n> (n < 16) own slots 0-95,
-# one each; any other name takes one of slots 96-127 by its CRC-32, where two names can meet
-# (docker then refuses the second network and GPUWARDEN_SUBNET picks one by hand).
+# one each, their objstore clusters gw<t..y><n>o 96-111; any other name takes one of slots
+# 112-127 by its CRC-32, where two names can meet (docker then refuses the second network and
+# GPUWARDEN_SUBNET picks one by hand).
 NAMED_POOL = "172.31.0.0/16"
 NAMED_SLOTS = 128
 _NAME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
@@ -34,7 +35,9 @@ _NAME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
 # gww<n>, ... Cleanup (`down --workers`) removes the clusters with such names.
 WORKER_BASE = "gwt"
 SITES = ("fsx", "objstore")
-WORKER_NAME_RE = re.compile(r"gw([t-y])([0-9]{1,2})")
+WORKER_NAME_RE = re.compile(r"gw([t-y])([0-9]{1,2})(o?)")
+# A worker's objstore cluster (`objstore_name`): its name and "o".
+OBJSTORE_SUFFIX = "o"
 
 
 def check_name(name: str) -> str:
@@ -47,11 +50,20 @@ def check_name(name: str) -> str:
 
 
 def slot(name: str) -> int:
-    """The number (0..NAMED_SLOTS-1) of a named cluster's address block."""
+    """The number (0..NAMED_SLOTS-1) of a named cluster's address block: the workers' clusters
+    0-95, their objstore clusters 96-111 (workers 0-3 of each release), any other 112-127."""
     worker = WORKER_NAME_RE.fullmatch(name)
-    if worker and int(worker[2]) < 16:
+    if worker and int(worker[2]) < 16 and not worker[3]:
         return (ord(worker[1]) - ord("t")) * 16 + int(worker[2])
-    return 96 + zlib.crc32(name.encode()) % 32
+    if worker and int(worker[2]) < 4:
+        return 96 + ((ord(worker[1]) - ord("t")) * 4 + int(worker[2])) % 16
+    return 112 + zlib.crc32(name.encode()) % 16
+
+
+def objstore_name(name: str) -> str:
+    """The objstore-site cluster that goes with cluster ``name`` (tests/e2e's
+    `objstore_cluster`): gwt1 -> gwt1o."""
+    return check_name(name + OBJSTORE_SUFFIX)
 
 
 def subnet_for(name: str) -> str:

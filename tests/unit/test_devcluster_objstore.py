@@ -149,3 +149,14 @@ def test_unshaping_a_link_never_shaped_is_fine() -> None:
 def test_dataclass_replace_keeps_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
     s = _spec(monkeypatch, "objstore")
     assert dataclasses.replace(s, name="gwo0").site == "objstore"
+
+
+def test_each_workers_objstore_cluster_has_an_address_block_of_its_own() -> None:
+    workers = [f"gw{letter}{n}" for letter in "tuvwxy" for n in range(16)]
+    objstores = [spec.objstore_name(f"gw{letter}{n}") for letter in "tv" for n in range(4)]
+    assert objstores[:2] == ["gwt0o", "gwt1o"]
+    slots = [spec.slot(name) for name in workers + objstores]
+    assert len(set(slots)) == len(slots)
+    assert all(96 <= spec.slot(n) < 112 for n in objstores)
+    assert 112 <= spec.slot("mycluster") < 128
+    assert spec.WORKER_NAME_RE.fullmatch("gwv2o")  # `down --workers` removes them too
