@@ -177,17 +177,25 @@ def load_site_keys(path: str) -> list[tuple[str, bytes]]:
     """The site's keys, signing first, from ``path``: only when it is a regular file of ours
     (root's), neither readable nor writable by anyone else, in a directory nobody else can
     write, reached without a link; JobKeyError saying what is wrong otherwise."""
+    data = read_root_file(path, MAX_SITE_FILE, "site key file ",
+                          "it must be root's alone: chown root, chmod 600")
+    return parse_keys(data, path, comments=True)
+
+
+def read_root_file(path: str, limit: int, what: str, fix: str) -> bytes:
+    """A secret of root's (the site key file, stage-in's credentials): a regular file of ours,
+    neither readable nor writable by anyone else, in a directory nobody else can write,
+    reached without a link, at most ``limit`` bytes; JobKeyError starting with ``what``, saying
+    what is wrong and ``fix``, never the contents."""
     directory, name = os.path.split(os.path.abspath(path))
     try:
         dfd = safefs.open_trusted_dir(directory)
     except safefs.StateDirError as exc:
-        raise JobKeyError(f"site key file {path}: {exc}") from None
+        raise JobKeyError(f"{what}{path}: {exc}") from None
     if dfd is None:
-        raise JobKeyError(f"site key file {path}: its directory {directory} is missing")
+        raise JobKeyError(f"{what}{path}: its directory {directory} is missing")
     with safefs.closing(dfd):
-        data = _read_private(dfd, name, path, os.geteuid(), MAX_SITE_FILE, "site key file ",
-                             "it must be root's alone: chown root, chmod 600")
-    return parse_keys(data, path, comments=True)
+        return _read_private(dfd, name, path, os.geteuid(), limit, what, fix)
 
 
 def _read_private(dfd: int, name: str, path: str, owner: int, limit: int, what: str,

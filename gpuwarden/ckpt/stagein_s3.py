@@ -17,11 +17,8 @@ tier 0 as the shared tier's are. Whatever goes wrong is logged; the job restores
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import re
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -77,30 +74,11 @@ def read_env_file(path: str) -> dict[str, str]:
     problem = safefs.admin_file_problem(path)
     if problem:
         raise SetupError(f"{what}: {problem}: refused")
-    directory, name = os.path.split(path)
     try:
-        dfd = safefs.open_trusted_dir(directory)
-    except safefs.StateDirError as exc:
-        raise SetupError(f"{what}: {exc}") from None
-    if dfd is None:
-        raise SetupError(f"{what}: its directory is missing")
-    with safefs.closing(dfd):
-        try:
-            fd = os.open(name, safefs.FILE_FLAGS, dir_fd=dfd)
-        except OSError as exc:
-            link = exc.errno in (errno.ELOOP, errno.EMLINK)
-            raise SetupError(f"{what}: {'a symbolic link' if link else exc.strerror}: "
-                             "refused") from None
-        with safefs.closing(fd):
-            st = os.fstat(fd)
-            mode = stat.S_IMODE(st.st_mode)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or mode & 0o077:
-                raise SetupError(f"{what}: uid {st.st_uid}, mode {mode:o}: readable or writable "
-                                 "by group or others, or not root's regular file (chown root, "
-                                 "chmod 600): refused")
-            data = os.read(fd, MAX_ENV_FILE + 1)
-    if len(data) > MAX_ENV_FILE:
-        raise SetupError(f"{what}: larger than {MAX_ENV_FILE} bytes: refused")
+        data = jobkey.read_root_file(path, MAX_ENV_FILE, "stage_in_s3_env ",
+                                     "chown root, chmod 600")
+    except jobkey.JobKeyError as exc:
+        raise SetupError(str(exc)) from None
     return _parse_env(data, what)
 
 
