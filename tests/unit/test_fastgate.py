@@ -319,6 +319,10 @@ def test_the_fast_path_records_the_job_for_the_checkpoint_scan_as_the_full_path_
     held, left_out = jobsheld.held(str(s.state))
     assert [(h.job_id, h.uid) for h in held] == [("7", JOB_UID)] and left_out == 0
     assert abs(held[0].since - time.time()) < 60
+    # Byte for byte the record jobsheld.record writes for the same job and moment.
+    written = (s.state / jobsheld.DIR / "job-7").read_bytes()
+    jobsheld.record(str(s.state), "8", JOB_UID, held[0].since)
+    assert written == (s.state / jobsheld.DIR / "job-8").read_bytes()
 
 
 def test_without_prom_dir_the_fast_path_records_nothing(site: Site) -> None:
