@@ -143,6 +143,7 @@ def _write_year(root: Any, month: str, copies: int) -> dict[str, float]:
 
     from gpuwarden.accounting.store import events as eventstore  # noqa: PLC0415
     from gpuwarden.accounting.store import files, manifest, snapshot  # noqa: PLC0415
+    from gpuwarden.accounting.store.ingest import key_of  # noqa: PLC0415
     from gpuwarden.slurm.models import NodeEvent  # noqa: PLC0415
     t0 = time.perf_counter()
     snap = snapshot.opened(month)
@@ -169,7 +170,7 @@ def _write_year(root: Any, month: str, copies: int) -> dict[str, float]:
             df = pl.read_parquet([str(base / f) for f in e.files]).with_columns(
                 pl.col("job_id") + k * top,
                 *(pl.col(c) + by for c in ("submit_time", "start_time", "end_time")))
-            written = files.write_days(root, f"c{k:02d}{manifest_key(e.path)}", df)
+            written = files.write_days(root, f"c{k:02d}{key_of(e.path)}", df)
             exports.append(manifest.Export(
                 f"{e.path}#copy{k}", e.size, e.mtime_ns, e.fingerprint, _later(e.lo, by),
                 _later(e.hi, by), (_later(e.named[0], by), _later(e.named[1], by)), e.cluster,
@@ -187,11 +188,6 @@ def _write_year(root: Any, month: str, copies: int) -> dict[str, float]:
 
 def _later(t: float | None, by: int) -> float | None:
     return None if t is None else t + by
-
-
-def manifest_key(path: str) -> str:
-    from gpuwarden.accounting.store.ingest import key_of  # noqa: PLC0415
-    return key_of(path)
 
 
 def in_child(fn: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
