@@ -35,8 +35,9 @@ _NAME_RE = re.compile(r"[a-z][a-z0-9]{0,15}")
 # gww<n>, ... Cleanup (`down --workers`) removes the clusters with such names.
 WORKER_BASE = "gwt"
 SITES = ("fsx", "objstore")
-# A worker's objstore cluster is its name and "o" (gwt0o): GPUWARDEN_SITE=objstore.
 WORKER_NAME_RE = re.compile(r"gw([t-y])([0-9]{1,2})(o?)")
+# A worker's objstore cluster (`objstore_name`): its name and "o".
+OBJSTORE_SUFFIX = "o"
 
 
 def check_name(name: str) -> str:
@@ -57,6 +58,12 @@ def slot(name: str) -> int:
     if worker and int(worker[2]) < 4:
         return 96 + ((ord(worker[1]) - ord("t")) * 4 + int(worker[2])) % 16
     return 112 + zlib.crc32(name.encode()) % 16
+
+
+def objstore_name(name: str) -> str:
+    """The objstore-site cluster that goes with cluster ``name`` (tests/e2e's
+    `objstore_cluster`): gwt1 -> gwt1o."""
+    return check_name(name + OBJSTORE_SUFFIX)
 
 
 def subnet_for(name: str) -> str:

@@ -51,6 +51,14 @@ no_fsx() {
     rmdir /fsx 2>/dev/null || [ ! -e /fsx ]
 }
 
+# A node's syslog, as on a real host: gpuwarden's hooks send their own errors to /dev/log
+# (a prolog that exits 0 has its output discarded by Slurm). No kernel log in a container.
+start_syslog() {
+    rm -f /run/rsyslogd.pid
+    sed -i 's/^module(load="imklog")/#&/' /etc/rsyslog.conf
+    rsyslogd
+}
+
 case "$role" in
 slurmdbd)
     start_munge
@@ -91,6 +99,7 @@ slurmctld)
     exec slurmctld -D -i
     ;;
 node)
+    start_syslog
     start_munge
     install_gpuwarden
     install_slurm_conf

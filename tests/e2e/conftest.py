@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from devcluster.cluster import Cluster
 from devcluster.harness import Harness
-from devcluster.spec import Spec, from_env, name_for_worker
+from devcluster.spec import Spec, from_env, name_for_worker, objstore_name, subnet_for
 from tests.conftest import in_ci
 
 # The modules by their wall time on one cluster, longest first, from the parallel run of
@@ -24,6 +25,8 @@ from tests.conftest import in_ci
 # modules in this order, so the longest does not start last. Modules not listed (each under
 # 80 s) run after these, in file order.
 DURATION_ORDER = (
+    # Its own cluster's start (about a minute) and a requeue (about two and a half): first.
+    "test_ckpt_objstore.py",  # ~240, measured by hand on 24.11 (2026-12-05)
     "test_ckpt_spares.py",  # 400
     "test_ckpt_requeue.py",  # 343
     "test_lemons.py",  # 243
@@ -92,6 +95,25 @@ def cluster(docker_client: object, cluster_spec: Spec) -> Iterator[Harness]:
     h = Harness(c)
     h.prepare_jobs_dir()
     yield h
+
+
+@pytest.fixture(scope="module")
+def objstore_cluster(docker_client: object, cluster_spec: Spec) -> Iterator[Harness]:
+    """A second cluster of the same release beside this session's, of the object-store site
+    (GPUWARDEN_SITE=objstore: no /fsx, checkpoints on node memory, peers and S3): brought up
+    for the module that asks for it and taken down after it (11 more containers only then)."""
+    name = objstore_name(cluster_spec.name)
+    spec = replace(cluster_spec, name=name, subnet=subnet_for(name), site="objstore")
+    c = Cluster(docker_client, spec,
+                progress=lambda m: print(f"[cluster {name}] {m}", file=sys.stderr))
+    c.down(keep_state=True)
+    c.up(timeout=240)
+    h = Harness(c)
+    h.prepare_jobs_dir()
+    try:
+        yield h
+    finally:
+        c.down()
 
 
 def _module_rank(item: pytest.Item) -> int:

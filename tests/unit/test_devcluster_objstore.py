@@ -153,7 +153,8 @@ def test_dataclass_replace_keeps_the_site(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_each_workers_objstore_cluster_has_an_address_block_of_its_own() -> None:
     workers = [f"gw{letter}{n}" for letter in "tuvwxy" for n in range(16)]
-    objstores = [f"gw{letter}{n}o" for letter in "tv" for n in range(4)]
+    objstores = [spec.objstore_name(f"gw{letter}{n}") for letter in "tv" for n in range(4)]
+    assert objstores[:2] == ["gwt0o", "gwt1o"]
     slots = [spec.slot(name) for name in workers + objstores]
     assert len(set(slots)) == len(slots)
     assert all(96 <= spec.slot(n) < 112 for n in objstores)

@@ -1,0 +1,84 @@
+"""Issue 37 through Slurm: tiered checkpointing on a site that chose an object store over a
+parallel filesystem (the objstore cluster: node memory, peers and S3; no /fsx anywhere).
+
+A 2-rank training job (ckpt/train.sbatch: the job's own coordinator on the batch host, each
+job's key derived by the prolog from the site secret) loses its other node once step 10 is in
+S3's authenticated index. Slurm requeues it onto a new node; the prolog stages the newest step
+every rank holds from S3 into the new nodes' memory (FSx-linked-to-S3 style), every rank
+restores it from memory, and the job ends bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from devcluster.harness import LOCAL_JOBS_DIR, TRAIN_SBATCH, Harness
+from tests.e2e.test_ckpt_outages import s3_env
+from tests.e2e.test_ckpt_requeue import hostnames, lose_node
+from tests.e2e.test_foundation import wait_for
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.versions]
+
+_LIST = """
+import os, sys, boto3
+s3 = boto3.client("s3", endpoint_url=os.environ["GPUWARDEN_S3_ENDPOINT"])
+got = s3.list_objects_v2(Bucket=os.environ["GPUWARDEN_S3_BUCKET"],
+                         Prefix=f"gpuwarden-ckpt/job-{sys.argv[1]}/index/")
+print("\\n".join(o["Key"] for o in got.get("Contents", [])))
+"""
+
+
+def indexed(h: Harness, job: int, env: dict[str, str]) -> dict[int, set[int]]:
+    """The steps each rank's index marker names in S3 (whatever their tags: a listing)."""
+    vars_ = " ".join(f"{k}={v}" for k, v in env.items())
+    out = h.sh("c1", f"env {vars_} python3 -c '{_LIST}' {job}").out
+    held: dict[int, set[int]] = {}
+    for step, rank in re.findall(r"/step-(\d+)/rank-(\d+)\.", out):
+        held.setdefault(int(rank), set()).add(int(step))
+    return held
+
+
+def logs(h: Harness, job: int) -> str:
+    """The job's output from every node (each run's batch host writes its own part)."""
+    return "".join(h.exec(n, ["cat", f"{LOCAL_JOBS_DIR}/train-{job}.out"]).out
+                   for n in h.cluster.spec.node_names)
+
+
+def syslog(h: Harness) -> str:
+    """gpuwarden's lines in every node's syslog (the hooks' errors go there: Slurm discards
+    the output of a prolog that exits 0), for a failure's message."""
+    return "".join(f"{n}: {line}\n" for n in h.cluster.spec.node_names
+                   for line in h.sh(n, "grep -a gpuwarden /var/log/syslog || true").out
+                   .splitlines()[-20:])
+
+
+def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_else(
+        objstore_cluster: Harness) -> None:
+    h = objstore_cluster
+    for node in ("slurmctld", *h.cluster.spec.node_names):
+        assert h.exec(node, ["test", "-e", "/fsx"]).rc != 0, f"{node} has a /fsx"
+    env = s3_env(h)
+    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    args = ["--steps", "60", "--every", "5", "--mb", "4", "--step-s", "1"]
+    expected = h.train_reference(2, args)
+    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
+                   env=creds)
+    wait_for(lambda: all(10 in s for s in indexed(h, job, env).values())
+             and len(indexed(h, job, env)) == 2, 240, "step 10 of both ranks in S3's index")
+    first = hostnames(h, h.job_fields(job)["NodeList"])
+    batch = h.job_fields(job)["BatchHost"]
+    victim = next(n for n in first if n != batch)
+    lose_node(h, job, victim)
+    assert victim not in hostnames(h, h.job_fields(job)["NodeList"])
+    log = logs(h, job)
+    restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
+    assert len(restored) == 2, log[-3000:]
+    assert len({step for _, step, _ in restored}) == 1, "every rank resumed from the same step"
+    assert int(restored[0][1]) >= 10
+    # The prolog staged that step from S3 into the new node's memory before the job started.
+    assert {tier for _, _, tier in restored} == {"memory"}, f"{restored}\n{syslog(h)}"
+    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
+    assert [finals.get(str(r)) for r in range(2)] == expected, \
+        "the resumed run ends bit-identical to an uninterrupted one"
