@@ -2,14 +2,22 @@
 the periodic check) and what root's prolog did for jobs' checkpoints (squatters moved aside,
 stage-ins), counted in the state directory (`ckpt-metrics.json`, gpuwarden.core.counterfile)
 so the counts survive runs and reboots and never go backwards. The prolog only counts; the
-periodic check writes the file (a counter shows at most one check interval late)."""
+periodic check writes the file (a counter shows at most one check interval late).
+
+The last requeued job's stage-in is also kept whole in the state directory
+(``ckpt-stagein.json``: its outcome, its line, everything its child said), for whoever looks at
+the node (`cat`, the e2e tests): the counter says how often, the record says why."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.core import counterfile, metrics
 from gpuwarden.core.metrics import Metric, Sample
+from gpuwarden.core.safefs import atomic_write, ensure_private_dir, read_private
 
 if TYPE_CHECKING:
     # Imported where a scan runs: the prolog only counts and must not load it.
@@ -20,6 +28,7 @@ COUNTS = "ckpt-metrics.json"
 SQUATTERS = "squatters"
 _STAGEIN = "stageins."  # + the outcome
 SCAN_S = 5.0  # the scan runs in a child killed after this (the shared filesystem may hang)
+LAST_STAGEIN = "ckpt-stagein.json"
 
 
 def count(state_dir: str, squatters: int = 0, stagein: str = "", wait_s: float = 1.0) -> None:
@@ -34,6 +43,24 @@ def count(state_dir: str, squatters: int = 0, stagein: str = "", wait_s: float =
         add[_STAGEIN + stagein] = 1.0
     if add:
         counterfile.update(state_dir, COUNTS, add, {}, wait_s=wait_s)
+
+
+def note_stagein(state_dir: str, record: Mapping[str, object]) -> None:
+    """Keep ``record`` (`stagein.Outcome.record`: JSON-able, about 10 KiB at most) as the
+    last stage-in, root's alone, replaced atomically. Raises OSError or StateDirError."""
+    ensure_private_dir(state_dir)
+    atomic_write(state_dir, LAST_STAGEIN, json.dumps(record).encode(), 0o600)
+
+
+def last_stagein(state_dir: str) -> dict[str, Any] | None:
+    """The last stage-in's record, or None when there is none (or it is not a JSON object).
+    Raises StateDirError when the file or its directory is not root's alone."""
+    data = read_private(os.path.join(state_dir, LAST_STAGEIN))
+    try:
+        doc = json.loads(data) if data else None
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def samples(node: str, held: Held | None, counts: dict[str, float]

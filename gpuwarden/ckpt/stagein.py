@@ -6,8 +6,11 @@ The prolog runs as root, but the shared tier's job directories belong to the use
 them and every write into tier 0 happens in a forked child that has become the job's user, under
 a deadline. Root itself only creates (or checks) the tier-0 spool and, for S3, derives the job's
 keys and reads the optional credentials file (`stagein_s3`), which the child gets in memory.
-Stage-in is an optimisation: whatever goes wrong is logged and skipped, and the job's own restore
-falls back to the durable tier.
+Stage-in is an optimisation: whatever goes wrong is skipped, and the job's own restore falls
+back to the durable tier; but never unseen. The child's stdio is /dev/null, so what it logs at
+WARNING and above, and its plan and result, come back over a pipe (`stagereport`), and the
+prolog logs one line per stage-in (`attempt`): at ERROR, which reaches syslog, whenever a
+requeued job's ranks were not all staged, with the child's reasons; at INFO otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gpuwarden.slurm.hostlist import HostlistError, expand
 if TYPE_CHECKING:
     from gpuwarden.ckpt.jobkey import JobKeys
     from gpuwarden.ckpt.stagecopy import Source
+    from gpuwarden.ckpt.stagereport import Channel, Report
     from gpuwarden.config import Config
     from gpuwarden.config.ckpt import CkptConfig
 
@@ -109,6 +113,31 @@ class Plan:
     source: Callable[[int], Source]
     there: int = 0
     failed: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One stage-in, as the prolog logs it (``line`` at ``level``) and counts it: ``outcome``
+    "staged", "partial" (some of this node's ranks not staged), "failed", "nothing" (a
+    requeued job with nothing to stage), or "" (no stage-in: a first start, or off)."""
+
+    outcome: str
+    line: str = ""
+    level: int = logging.INFO
+    job_id: str = ""
+    step: int | None = None
+    ranks: str = ""
+    said: tuple[str, ...] = ()  # the child's warnings and errors, escaped
+
+    @property
+    def coarse(self) -> str:
+        """"staged", "failed" or "": did every rank stage (`stage_in`'s answer)."""
+        return {"partial": "failed", "nothing": ""}.get(self.outcome, self.outcome)
+
+    def record(self, now: float) -> dict[str, object]:
+        """As ``nodemetrics.note_stagein`` keeps the last one."""
+        return {"job": self.job_id, "outcome": self.outcome, "at": now, "step": self.step,
+                "ranks": self.ranks, "line": self.line, "said": list(self.said)}
 
 
 @dataclass(frozen=True)
@@ -237,9 +266,22 @@ def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
 
 
 def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None:
-    """A request when stage-in applies and the environment is well-formed; else None (logged)."""
-    if not cfg.stage_in_source():
+    """A request when stage-in applies and the environment is well-formed; else None (an
+    unusable one logged)."""
+    got = _parse(cfg, environ)
+    if isinstance(got, Outcome):
+        if got.outcome:
+            log.warning("%s", got.line)
         return None
+    return got
+
+
+def _parse(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | Outcome:
+    """The request, or the outcome of a stage-in that cannot start: "" when it does not apply
+    (off; a first start, with its line), "failed" when the environment is unusable."""
+    source = cfg.stage_in_source()
+    if not source:
+        return Outcome("")
     raw = jobenv.job_id(environ)
     shown = raw if _DIGITS.match(raw) else "?"
     try:
@@ -248,11 +290,18 @@ def parse_request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request | None
             raise _Malformed(f"{jobenv.JOB_RESTART_COUNT}={restarts[:40]!r} is malformed "
                              "(expected an integer)")
         if int(restarts) == 0:
-            return None  # a first start: nothing of this job's is checkpointed anywhere yet
+            # A first start: nothing of this job's is checkpointed anywhere yet.
+            return Outcome("", f"stage-in job {shown}: nothing to stage: a first start "
+                               f"({jobenv.JOB_RESTART_COUNT}={restarts})", job_id=shown)
         return _request(cfg, environ)
     except _Malformed as exc:
-        log.warning("stage-in job %s: skipped: %s", shown, exc)
-        return None
+        return _failed(shown, "S3" if source == "s3" else "the shared tier", f"skipped: {exc}")
+
+
+def _failed(job_id: str, durable: str, why: str) -> Outcome:
+    """A requeued job's stage-in that could not start (root's side): ERROR."""
+    return Outcome("failed", f"stage-in job {job_id}: NOT staged (the job will read its "
+                             f"checkpoint from {durable}): {why}", logging.ERROR, job_id)
 
 
 # ---- root's part: the tier-0 spool ---------------------------------------------------------------
@@ -285,10 +334,15 @@ def run_as(work: Callable[[], int], req: Request) -> int | None:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - measured in the child, which leaves through os._exit
         # A copier stuck in a hung filesystem must not hold the hook's stdout/stderr.
+        from gpuwarden.core.logsetup import SyslogHandler  # noqa: PLC0415
         from gpuwarden.core.stdio import quiet_stdio  # noqa: PLC0415
 
         with contextlib.suppress(OSError):
             quiet_stdio()
+        # Its errors reach syslog in the prolog's one line for this stage-in (stagereport).
+        root = logging.getLogger()
+        for h in [h for h in root.handlers if isinstance(h, SyslogHandler)]:
+            root.removeHandler(h)
         _child(work, req)
     deadline = time.monotonic() + req.budget_s
     pause = 0.01
@@ -386,14 +440,17 @@ def _fail(req: Request, rank: int, step: int, exc: Exception) -> None:
                 "%s", req.job_id, rank, step, req.durable, exc)
 
 
-# `stage`'s exit code when there was nothing to stage (counted apart: metrics); not 3, the
-# child's code when its work never ran.
+# `stage`'s exit codes when there was nothing to stage, and when some of this node's ranks
+# were staged (or already there) and some not (counted apart: metrics); not 3, the child's
+# code when its work never ran.
 NOTHING = 4
+PARTIAL = 5
 
 
-def stage(req: Request) -> int:
+def stage(req: Request, report: Channel | None = None) -> int:
     """Copy this node's ranks of the newest common step; 0 when all went well, NOTHING when
-    there was nothing to do."""
+    there was nothing to do, PARTIAL when some ranks were not staged, else 1 or 2. The plan
+    and the copy's result go to ``report`` (the prolog's summary), else to the log."""
     if (os.geteuid(), os.getegid()) != (req.uid, req.gid):
         # Root's privileges must never reach the user's files (see run_as).
         log.error("stage-in job %s: refusing to copy as uid %d gid %d: only as the job's user "
@@ -405,7 +462,11 @@ def stage(req: Request) -> int:
         planned = stagein_s3.plan(req)
     else:
         planned = _plan_shared(req)
-    return planned if isinstance(planned, int) else _copy(req, planned)
+    if isinstance(planned, int):
+        return planned
+    if report is not None:
+        report.plan(planned.step, planned.ranks, sum(planned.todo.values()))
+    return _copy(req, planned, report)
 
 
 def _plan_shared(req: Request) -> Plan | int:
@@ -443,9 +504,9 @@ def _plan_shared(req: Request) -> Plan | int:
                 lambda r: FsStageSource(req.shared_root, req.job, r, step), there, failed)
 
 
-def _copy(req: Request, plan: Plan) -> int:
-    """Each rank of ``plan`` into tier 0, verified; the summary line. 0, or 1 if a rank
-    failed."""
+def _copy(req: Request, plan: Plan, report: Channel | None = None) -> int:
+    """Each rank of ``plan`` into tier 0, verified; the result to ``report`` (else the summary
+    line). 0; PARTIAL if a rank failed and another is in tier 0; 1 if none is."""
     from gpuwarden.ckpt.fstier import FsTier  # noqa: PLC0415
     from gpuwarden.ckpt.stagecopy import Refused, copy_step  # noqa: PLC0415
     from gpuwarden.ckpt.tier import CorruptStep, TierError  # noqa: PLC0415
@@ -454,37 +515,57 @@ def _copy(req: Request, plan: Plan) -> int:
     start = time.monotonic()
     progress = Progress(f"stage-in job {req.job_id}: step {step}", sum(plan.todo.values()),
                         every_s=PROGRESS_AFTER_S)
+    copied = 0
     for r in plan.todo:
         try:
             # Into a temp file through bounded buffers, verified on the way: never a whole
             # step in memory (the prolog is outside the job's cgroup).
             copy_step(plan.source(r), FsTier("memory", req.memory_root, req.job, r), plan.world,
                       progress)
+            copied += 1
         except (CorruptStep, TierError, Refused, OSError) as exc:
             _fail(req, r, step, exc)
             failed += 1
-    notes = [f"{n} of {len(plan.ranks)} ranks {what}" for n, what in
-             ((plan.there, "already there"), (failed, "failed, see above")) if n]
-    log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
-             req.job_id, step, span(plan.ranks), req.memory_root, req.origin,
-             progress.done / _MIB,
-             time.monotonic() - start, f" ({'; '.join(notes)})" if notes else "")
-    return 1 if failed else 0
+    took = time.monotonic() - start
+    if report is not None:
+        report.copied(progress.done, took, plan.there, failed)
+    else:
+        notes = [f"{n} of {len(plan.ranks)} ranks {what}" for n, what in
+                 ((plan.there, "already there"), (failed, "failed, see above")) if n]
+        log.info("stage-in job %s: step %d of ranks %s into %s from %s: %.1f MiB in %.2f s%s",
+                 req.job_id, step, span(plan.ranks), req.memory_root, req.origin,
+                 progress.done / _MIB, took, f" ({'; '.join(notes)})" if notes else "")
+    if not failed:
+        return 0
+    return PARTIAL if copied or plan.there else 1
 
 
 # ---- the prolog's entry ------------------------------------------------------------------------
 def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner | None = None,
              cluster: str = "") -> str:
-    """Stage in for the job in ``environ`` if it is a requeued one: "staged", "failed" or ""
-    (nothing to stage); logs, never raises on purpose. ``cluster``: ``[cluster] name``, which
-    the job's key is derived from (S3 only)."""
-    req = parse_request(cfg, environ)
-    if req is None:
-        return ""
+    """`attempt`, answered "staged", "failed" (a rank not staged) or "" (nothing to stage)."""
+    return attempt(cfg, environ, runner, cluster).coarse
+
+
+def attempt(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner | None = None,
+            cluster: str = "") -> Outcome:
+    """Stage in for the job in ``environ`` if it is a requeued one, and log one line for it
+    (marked ``stagein_summary``); never raises on purpose. ``cluster``: ``[cluster] name``,
+    which the job's key is derived from (S3 only)."""
+    got = _attempt(cfg, environ, runner, cluster)
+    if got.line:
+        log.log(got.level, "%s", got.line, extra={"stagein_summary": True})
+    return got
+
+
+def _attempt(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner | None,
+             cluster: str) -> Outcome:
+    req = _parse(cfg, environ)
+    if isinstance(req, Outcome):
+        return req
     problem = prepare_memory_root(req.memory_root)
     if problem:
-        log.error("stage-in job %s: skipped: tier 0: %s", req.job_id, problem)
-        return "failed"
+        return _failed(req.job_id, req.durable, f"skipped: tier 0: {problem}")
     extra = "ckpt,s3" if req.source == "s3" else "ckpt"
     try:
         # Loaded by root before the fork: the child then needs nothing but the two tiers.
@@ -492,33 +573,119 @@ def stage_in(cfg: CkptConfig, environ: Mapping[str, str], runner: Runner | None 
         if req.source == "s3":
             import gpuwarden.ckpt.stagein_s3  # noqa: F401, PLC0415
     except ImportError as exc:
-        # ERROR: reaches syslog (a WARNING from a hook that exits 0 is seen by nobody).
-        log.error("stage-in job %s: skipped: the checkpoint extra is not installed (%s): "
-                  "pip install 'gpuwarden[%s]' into the hooks' interpreter",
-                  req.job_id, exc, extra)
-        return "failed"
+        return _failed(req.job_id, req.durable, "skipped: the checkpoint extra is not installed "
+                       f"({exc}): pip install 'gpuwarden[{extra}]' into the hooks' interpreter")
     if req.source == "s3":
         from gpuwarden.ckpt.stagein_s3 import SetupError, with_secrets  # noqa: PLC0415
 
         try:
             req = with_secrets(cfg, req, cluster)
         except SetupError as exc:
-            log.error("stage-in job %s: skipped: %s", req.job_id, exc)
-            return "failed"
+            return _failed(req.job_id, req.durable, f"skipped: {exc}")
+    from gpuwarden.ckpt.stagereport import Channel  # noqa: PLC0415 - light
+
     final = req
-    code = (runner or run_as)(lambda: stage(final), final)
-    if code is None:
-        log.warning("stage-in job %s: not done within stage_in_budget_s = %.0f s: stopped it "
-                    "(the job will read its checkpoint from %s)", req.job_id,
-                    req.budget_s, req.durable)
-    elif code not in (0, NOTHING):
-        log.debug("stage-in job %s: the copy exited with %d", req.job_id, code)
-    return {0: "staged", NOTHING: ""}.get(code if code is not None else -1, "failed")
+    # Set up before the fork: the child inherits the pipe and the handler that feeds it.
+    with Channel(_secrets(final)) as channel:
+        code = (runner or run_as)(lambda: _reported(final, channel), final)
+        report = channel.collect()
+    return summary(final, code, report)
+
+
+def _reported(req: Request, report: Channel) -> int:
+    """The child's work: `stage`, its last word sent whatever happens."""
+    try:
+        return stage(req, report)
+    except Exception:
+        log.exception("stage-in job %s: the copy failed", req.job_id)
+        return 2
+    finally:
+        report.finish()
+
+
+def _secrets(req: Request) -> list[str]:
+    """What must never come back in the child's lines: the S3 credentials (not the region)
+    and the job's keys."""
+    out = [v for k, v in (req.s3.credentials if req.s3 else {}).items() if k != "region_name"]
+    if req.keys is not None:
+        out += [key.hex() for key in req.keys.by_kid.values()]
+    return out
+
+
+def summary(req: Request, code: int | None, report: Report) -> Outcome:
+    """The one line for a stage-in whose child exited with ``code`` (None: killed at the
+    budget) and sent ``report``. Pure."""
+    from gpuwarden.ckpt.stagereport import LINE_MAX, bounded  # noqa: PLC0415 - light
+
+    prefix = f"stage-in job {req.job_id}: "
+    said = tuple(s.removeprefix(prefix) for s in report.said)
+    where = f"from {req.origin}"
+    step, ranks = None, ""
+    if report.plan is not None:
+        step, first, final, _ = report.plan
+        ranks = span(range(first, final + 1))
+        where = f"step {step} of ranks {ranks} into {req.memory_root} {where}"
+    did = ""
+    if report.copied is not None:
+        c = report.copied
+        n = report.plan[2] - report.plan[1] + 1 if report.plan else 0
+        notes = [f"{k} of {n} ranks {what}" for k, what in
+                 ((c.there, "already there"), (c.failed, "failed")) if k]
+        did = f": {c.bytes / _MIB:.1f} MiB in {c.seconds:.2f} s" + \
+            (f" ({'; '.join(notes)})" if notes else "")
+    level = logging.ERROR
+    if code == 0:
+        outcome, level = "staged", logging.INFO
+        line = prefix + where + did if report.plan else f"{prefix}staged into {req.memory_root} " \
+            f"{where}"
+    elif code == NOTHING:
+        outcome, level = "nothing", logging.INFO
+        last = report.last.removeprefix(prefix)
+        said = tuple(s for s in said if s != last)
+        why = last.removesuffix(": nothing to stage") or "(the copy gave no reason)"
+        line = f"{prefix}nothing to stage from {req.origin}: {why}"
+    elif code == PARTIAL:
+        outcome = "partial"
+        line = f"{prefix}{where}{did}: NOT every rank staged (the job will read the others " \
+               f"from {req.durable})"
+    else:
+        outcome = "failed"
+        if code is None:
+            cause = f"not done within stage_in_budget_s = {req.budget_s:g} s: killed it"
+        elif code < 0:
+            cause = f"the copy was killed by signal {-code}"
+        else:
+            cause = f"the copy failed (exit {code})"
+        head = f"{prefix}{where}{did}: NOT staged" if report.plan else \
+            f"{prefix}NOT staged {where}"
+        line = f"{head}: {cause} (the job will read its checkpoint from {req.durable})"
+    line = bounded(_with_said(line, said, report.cut, LINE_MAX), LINE_MAX)
+    return Outcome(outcome, line, level, req.job_id, step, ranks, said)
+
+
+def _with_said(line: str, said: Sequence[str], cut: bool, limit: int) -> str:
+    """``line`` and as many of the child's lines as fit in ``limit`` (syslog's), in order: the
+    first is usually the cause. All of them are in the state record (`for_prolog`)."""
+    if not said and not cut:
+        return line
+    line += "; the copy said: "
+    shown = 0
+    for s in said:
+        piece = f"{' | ' if shown else ''}{s}"
+        if len(line) + len(piece) > limit - 40:
+            break
+        line += piece
+        shown += 1
+    if shown < len(said) or cut:
+        line += f" (+{len(said) - shown} more lines" + \
+            (", and more cut at the child's bound)" if cut else ")")
+    return line
 
 
 def for_prolog(config: Config, environ: Mapping[str, str]) -> str:
-    """The prolog's hook: stage-in must never change the prolog's exit status. What was done:
-    "staged", "failed" or "" (nothing to stage).
+    """The prolog's hook: stage-in must never change the prolog's exit status. What was done,
+    for the node metric: "staged", "partial", "failed", "nothing" or "" (no stage-in); a
+    requeued job's is also kept in the state directory (`nodemetrics.note_stagein`).
 
     Every job's prolog also makes sure tier 0's spool exists as root's, mode 1777: a spool
     created by the first user's job would belong to that user, and so would everyone's job
@@ -529,7 +696,21 @@ def for_prolog(config: Config, environ: Mapping[str, str]) -> str:
         if problem:
             log.error("checkpoint tier 0 %s: %s", config.ckpt.memory_root, problem)
             return ""
-        return stage_in(config.ckpt, environ, cluster=config.cluster.name)
+        got = attempt(config.ckpt, environ, cluster=config.cluster.name)
     except Exception:
         log.exception("stage-in: internal error: skipped")
         return "failed"
+    if got.outcome:
+        _note(config.health.state_dir, got)
+    return got.outcome
+
+
+def _note(state_dir: str, got: Outcome) -> None:
+    """The last stage-in, for `cat` and the e2e tests; logged, never raised."""
+    from gpuwarden.ckpt import nodemetrics  # noqa: PLC0415 - light
+
+    try:
+        nodemetrics.note_stagein(state_dir, got.record(time.time()))
+    except (GpuwardenError, OSError, ValueError) as exc:
+        log.error("stage-in job %s: outcome %s not recorded in %s/%s: %s", got.job_id,
+                  got.outcome, state_dir, nodemetrics.LAST_STAGEIN, exc)

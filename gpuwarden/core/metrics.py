@@ -37,7 +37,8 @@ NODE_STATES = ("idle", "allocated", "mixed", "drained_health", "drained_lemon", 
                "down", "other")
 ROUND_OUTCOMES = ("ok", "failed")
 JOB_OUTCOMES = ("placed", "excluded", "user_set", "relaxed", "shadow", "unchanged")
-STAGEIN_OUTCOMES = ("staged", "failed")
+# "partial": some of the node's ranks not staged; "nothing": a requeued job with no step to stage.
+STAGEIN_OUTCOMES = ("staged", "partial", "failed", "nothing")
 LOST_JOB_STATES = ("running", "pending")
 USER_BUCKETS = tuple(str(i) for i in range(8))  # gpuwarden.ckpt.nodescan.BUCKETS
 
@@ -116,7 +117,9 @@ SQUATTERS = Metric("gpuwarden_ckpt_squatters_moved_total", COUNTER,
                    "not its user's, moved aside by the prolog.", ("node",))
 STAGEINS = Metric("gpuwarden_ckpt_stageins_total", COUNTER,
                   "Stage-ins of a requeued job's checkpoint into tier 0 by the prolog, by "
-                  "outcome.", ("node", "outcome"), {"outcome": STAGEIN_OUTCOMES})
+                  "outcome (staged; partial: some of the node's ranks not staged; failed; "
+                  "nothing: no step to stage).", ("node", "outcome"),
+                  {"outcome": STAGEIN_OUTCOMES})
 
 # Admin host: its `[health] prom_dir`.
 SNAPSHOT_TIMESTAMP = Metric("gpuwarden_placement_snapshot_timestamp_seconds", GAUGE,

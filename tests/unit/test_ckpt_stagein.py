@@ -310,7 +310,7 @@ def test_for_prolog_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     def boom(*_: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(stagein, "stage_in", boom)
+    monkeypatch.setattr(stagein, "attempt", boom)
     spool = tmp_path / "shm"
     stagein.for_prolog(replace(Config(), ckpt=CkptConfig(memory_root=str(spool))), env_for())
     assert "stage-in: internal error" in caplog.text
@@ -320,7 +320,8 @@ def test_for_prolog_never_raises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 def test_a_planted_spool_is_reported_and_nothing_is_staged(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(stagein, "stage_in", lambda *_: pytest.fail("staged into a planted spool"))
+    monkeypatch.setattr(stagein, "attempt", lambda *_, **__: pytest.fail("staged into a planted "
+                                                                           "spool"))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "shm").symlink_to(tmp_path / "elsewhere")
     stagein.for_prolog(replace(Config(), ckpt=CkptConfig(memory_root=str(tmp_path / "shm"))),
