@@ -11,9 +11,15 @@ is in, so the check at the end costs nothing more, and parts done early wait for
 at most ``concurrency`` parts ahead of the hasher are ever started into a file, which bounds the
 memory in flight to ``concurrency x part_size``.
 
+With ``keyed`` (every step written since the keyed digests, `s3mac`), each worker also hashes
+its own part's 1 MiB leaves as soon as the part is in (parts are then whole leaves: the part
+size is rounded up to one), and the in-order hasher only strings their 32-byte digests
+together, so the keyed check, which xxh3 cannot stand in for against a person, runs in
+``concurrency`` threads and does not hold a fast download back. It is checked first.
+
 Nothing S3 answers is trusted: a part whose ``Content-Range`` is not the range asked for within
 an object of the manifest's size, a 416 (the object is shorter), a body shorter or longer than
-its range, a read that fails, and a size or checksum that differs at the end are all
+its range, a read that fails, and a size, keyed digest or checksum that differs at the end are all
 `CorruptStep` (restore then walks on). Every GET has the client's connect and read timeouts;
 ``deadline`` (a `time.monotonic` time) bounds the whole fetch: `FetchTimeout`.
 """
@@ -31,12 +37,14 @@ from typing import Any
 import xxhash
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gpuwarden.ckpt.s3mac import LEAF, MISMATCH, Keyed
 from gpuwarden.ckpt.tier import CorruptStep, TierError
 
 CHUNK = 1 << 20  # a worker reads at most this much at once: a cancelled fetch stops within one
 _CONTENT_RANGE = re.compile(r"bytes ([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20})")
 
 Dest = bytearray | memoryview | int
+Part = tuple[memoryview | None, bytes]  # a part's own buffer (into a file) and its leaves' digests
 
 
 class FetchTimeout(TierError):
@@ -83,14 +91,15 @@ class _Fetch:
     """One object's fetch: its parts, the workers' job, the caller's loop."""
 
     def __init__(self, s3: Any, bucket: str, key: str, size: int, dest: Dest,
-                 progress: Callable[[int], None] | None, where: str) -> None:
+                 progress: Callable[[int], None] | None, where: str,
+                 keyed: Keyed | None = None) -> None:
         self.s3, self.bucket, self.key, self.size = s3, bucket, key, size
         self.fd = dest if isinstance(dest, int) else -1
         self.view = None if isinstance(dest, int) else memoryview(dest).cast("B")
         if self.view is not None and (self.view.readonly or self.view.nbytes != size):
             raise ValueError(f"destination of {self.view.nbytes} bytes"
                              f"{' (read-only)' if self.view.readonly else ''} for {size}")
-        self.progress, self.where = progress, where
+        self.progress, self.where, self.keyed = progress, where, keyed
         self.cancel = threading.Event()
 
     def _get(self, **kw: Any) -> dict[str, Any]:
@@ -114,9 +123,10 @@ class _Fetch:
         if total or extra:
             raise _sized(self.where, self.key, max(total, extra), 0)
 
-    def part(self, first: int, last: int) -> memoryview | None:
+    def part(self, first: int, last: int) -> Part:
         """Bytes ``first``-``last``: into their place in the buffer (None), or into a buffer
-        of their own for the caller to write to the file."""
+        of their own for the caller to write to the file; and, with ``keyed``, the digests of
+        their leaves (``first`` is a leaf's start), hashed here, in this worker's thread."""
         if self.cancel.is_set():
             raise _Cancelled
         obj = self._get(Range=f"bytes={first}-{last}")
@@ -151,7 +161,10 @@ class _Fetch:
             raise _read_error(self.where, self.key, self.size, exc) from None
         finally:
             _close(body)
-        return out if self.view is None else None
+        if self.cancel.is_set():
+            raise _Cancelled
+        leaves = b"" if self.keyed is None else self.keyed.leaves(out)
+        return (out if self.view is None else None), leaves
 
 
 def _read_into(body: Any, view: memoryview) -> int:
@@ -173,36 +186,43 @@ def _close(body: Any) -> None:
 
 def fetch(s3: Any, bucket: str, key: str, size: int, checksum: str, dest: Dest, *,
           part_size: int, concurrency: int, deadline: float | None = None,
-          progress: Callable[[int], None] | None = None, where: str = "s3") -> None:
+          progress: Callable[[int], None] | None = None, where: str = "s3",
+          keyed: Keyed | None = None) -> None:
     """Fill ``dest`` (a writable buffer of ``size`` bytes, or a file descriptor open for
     writing, written at offsets 0 to ``size``) with the object ``key``, verified against the
-    manifest's ``size`` and ``checksum``. ``where`` starts every message (the tier, step and
-    shard). CorruptStep, FetchTimeout; ValueError for a destination of another size. After a
+    manifest's ``size`` and ``checksum`` and, with ``keyed``, the shard's keyed digest (checked
+    first: a mismatch says so). ``where`` starts every message (the tier, step and shard).
+    CorruptStep, FetchTimeout; ValueError for a destination of another size. After a
     FetchTimeout, a worker still blocked in a read may yet write into a buffer ``dest``: the
     caller discards it (never a descriptor: only this thread writes those)."""
     if part_size < 1 or concurrency < 1:
         raise ValueError(f"part size {part_size} and concurrency {concurrency}: expected >= 1")
-    job = _Fetch(s3, bucket, key, size, dest, progress, where)
+    if keyed is not None:
+        part_size = -(-part_size // LEAF) * LEAF  # whole leaves: each worker hashes its own
+    job = _Fetch(s3, bucket, key, size, dest, progress, where, keyed)
     start = time.monotonic()
     digest = xxhash.xxh3_64()
+    leaves: list[bytes] = []
     if size == 0:
         job.empty()
     else:
-        _run(job, parts(size, part_size), concurrency, digest, start, deadline)
+        _run(job, parts(size, part_size), concurrency, digest, leaves, start, deadline)
+    if keyed is not None and not keyed.matches(b"".join(leaves)):
+        raise CorruptStep(f"{where}: {MISMATCH}")
     if digest.hexdigest() != checksum:
         raise CorruptStep(f"{where}: checksum mismatch")
 
 
 def _run(job: _Fetch, spans: list[tuple[int, int]], concurrency: int,
-         digest: Any, start: float, deadline: float | None) -> None:
+         digest: Any, leaves: list[bytes], start: float, deadline: float | None) -> None:
     # Into a file, parts done ahead of the hasher are held in memory: start at most
     # `concurrency` ahead of it. Into a buffer they are already in place: start them all (the
     # pool still runs `concurrency` at once).
     window = concurrency if job.view is None else len(spans)
     pool = ThreadPoolExecutor(max_workers=min(concurrency, len(spans)),
                               thread_name_prefix="s3fetch")
-    running: dict[Future[memoryview | None], int] = {}
-    ready: dict[int, memoryview | None] = {}
+    running: dict[Future[Part], int] = {}
+    ready: dict[int, Part] = {}
     started = hashed = 0
     timed_out = False
     try:
@@ -221,7 +241,8 @@ def _run(job: _Fetch, spans: list[tuple[int, int]], concurrency: int,
             for f in finished:
                 ready[running.pop(f)] = f.result()  # a worker's CorruptStep is raised here
             while hashed in ready:  # the contiguous prefix, in order
-                buf = ready.pop(hashed)
+                buf, part_leaves = ready.pop(hashed)
+                leaves.append(part_leaves)
                 first, last = spans[hashed]
                 if job.view is not None:
                     digest.update(job.view[first:last + 1])

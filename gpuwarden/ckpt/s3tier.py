@@ -19,15 +19,18 @@ old kid keeps verifying until it is retired) or, on a shared-filesystem site wit
 (`peer.job_key`; the MAC is plain ``<hex>``, and only such a key verifies it). A step whose MAC
 is missing, malformed or wrong, or read without the key it names, is refused (CorruptStep) and
 restore walks on.
+
+A shard's checksum in the manifest (xxh3_64) is no defence against someone with the bucket's
+credentials: it can be collided. So ``MANIFEST.mac`` also holds a keyed digest of every shard
+(`s3mac`), which every read checks before a byte is used: `load` and the prolog's stage-in as
+the ranged GETs land (`s3fetch`), `verify` as it streams. A step written before that (a MAC
+without digests) still restores, logged once as legacy: its shards are bound by xxh3 alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import io
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,56 +42,37 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gpuwarden.ckpt import s3mac
 from gpuwarden.ckpt.codec import Buf
-from gpuwarden.ckpt.jobkey import KID, LEGACY, JobKeys
+from gpuwarden.ckpt.jobkey import JobKeys
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
 from gpuwarden.ckpt.s3fetch import fetch
 from gpuwarden.ckpt.s3index import INDEX, Index, marker_name, rank_prefix
+from gpuwarden.ckpt.s3mac import MAC, Keyed, manifest_mac
 from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_writable
 
 log = logging.getLogger(__name__)
 
-MAC = "MANIFEST.mac"
-_MAC_LABEL = b"gpuwarden-s3-manifest\0"
+__all__ = ["MAC", "S3Settings", "S3Step", "S3Tier", "client", "manifest_mac"]
+
+_LEGACY_SEEN: set[str] = set()
+_LEGACY_SEEN_MAX = 100_000  # bounded: a long job reading many legacy steps
 
 
-_MAC_BODY = re.compile(rb"(?:(" + KID.pattern.encode() + rb"):)?([0-9a-f]{64})")
-_MAC_MAX = 128  # "<kid>:" (at most 33 bytes) and 64 hex digits
+@dataclass(frozen=True)
+class S3Step:
+    """A step's manifest, verified with its MAC where it was found, its bytes as stored (stage-in
+    copies them byte for byte), and each shard's keyed digest (None: a legacy step, its shards
+    bound by their xxh3 alone)."""
 
+    manifest: Manifest
+    raw: bytes
+    keyed: Mapping[str, Keyed] | None
 
-def manifest_mac(key: bytes, raw: bytes) -> str:
-    """The MAC of a manifest's bytes under the job's key (hex)."""
-    return hmac.new(key, _MAC_LABEL + raw, hashlib.sha256).hexdigest()
-
-
-def mac_body(signing: tuple[str, bytes], raw: bytes) -> bytes:
-    """``MANIFEST.mac``'s contents: ``<kid>:<hex>``, or plain ``<hex>`` under a shared tier's
-    key (`jobkey.LEGACY`)."""
-    kid, key = signing
-    mac = manifest_mac(key, raw).encode()
-    return mac if kid == LEGACY else kid.encode() + b":" + mac
-
-
-def check_mac(keys: JobKeys, body: bytes, raw: bytes, where: str) -> None:
-    """Raise CorruptStep (``where`` first) unless ``body`` is a MAC of ``raw`` under the key it
-    names among ``keys``."""
-    m = _MAC_BODY.fullmatch(body)
-    if m is None:
-        raise CorruptStep(f"{where}: {MAC} is not '<key id>:<64 hex>' nor '<64 hex>': refused")
-    kid = (m.group(1) or b"").decode()
-    key = keys.by_kid.get(kid)
-    if key is None and kid == LEGACY:
-        raise CorruptStep(f"{where}: its MAC has no key id (written under a shared tier's "
-                          "peer.key), and this job has no shared-tier key to check it with: "
-                          "refused")
-    if key is None:
-        raise CorruptStep(f"{where}: signed with site key kid {kid}, which this node no longer "
-                          "has (retired?): refused")
-    if not hmac.compare_digest(m.group(2), manifest_mac(key, raw).encode()):
-        raise CorruptStep(f"{where}: not authenticated with this job's key (written by someone "
-                          "else, or damaged): refused")
+    def keyed_for(self, name: str) -> Keyed | None:
+        return None if self.keyed is None else self.keyed[name]
 
 
 @dataclass(frozen=True)
@@ -163,18 +147,32 @@ class S3Tier:
         if progress is None:
             progress = Progress(f"{self.name}: uploading step {manifest.step}",
                                 manifest.total_bytes)
+        dkey = s3mac.digest_key(self.keys.signing[1])
+        views = {s.name: memoryview(data[s.name]).cast("B") for s in manifest.shards}
+        # Each shard's keyed digest, hashed by a few threads while the shards go up (the
+        # bytes hashed are the bytes uploaded: both read the same buffers).
+        hashing = s3mac.Hashing(
+            [(Keyed(dkey, s3mac.context(self.job, self.rank, manifest.step, s.name, s.size)),
+              views[s.name]) for s in manifest.shards], s3mac.threads())
         try:
             for shard in manifest.shards:
-                body = io.BytesIO(memoryview(data[shard.name]).cast("B"))
-                self.s3.upload_fileobj(body, self.s.bucket, self._key(manifest.step, shard.name),
+                self.s3.upload_fileobj(io.BytesIO(views[shard.name]), self.s.bucket,
+                                       self._key(manifest.step, shard.name),
                                        Config=self._transfer, Callback=progress)
+            mac = s3mac.body(self.keys.signing, raw, hashing.result())
+            if len(mac) > s3mac.MAX_SIZE:  # never write what no reader takes
+                raise TierError(f"{self.name}: step {manifest.step}: {len(manifest.shards)} "
+                                f"shards: their digests do not fit in {MAC}")
+            # The MAC (with the digests) before the manifest: a step is visible only whole.
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MAC),
-                               Body=mac_body(self.keys.signing, raw))
+                               Body=mac)
             self.s3.put_object(Bucket=self.s.bucket, Key=self._key(manifest.step, MANIFEST),
                                Body=raw)
         except (BotoCoreError, ClientError) as exc:
             raise TierError(f"{self.name}: cannot upload step {manifest.step} to "
                             f"s3://{self.s.bucket}/{self.base} ({exc})") from None
+        finally:
+            hashing.close()
         self._mark(manifest)
 
     def _mark(self, manifest: Manifest) -> None:
@@ -221,19 +219,21 @@ class S3Tier:
                             f"({exc})") from None
         return sorted(out)
 
-    def _get(self, key: str, limit: int) -> Buf:
+    def _get(self, key: str, limit: int, what: str) -> Buf:
         """A small object (a manifest, its MAC), at most ``limit`` bytes, read in chunks into
-        one buffer."""
+        one buffer: a larger one is refused (``what``: the limit, as the message says it)
+        before it is read, or as soon as it says more than it is."""
         try:
             obj = self.s3.get_object(Bucket=self.s.bucket, Key=key)
             size = int(obj.get("ContentLength", limit))
+            too_big = CorruptStep(f"{self.name}: {key}: larger than {what}")
             if size > limit:
-                raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
+                raise too_big
             buf = bytearray(size)
             pos = 0
-            while chunk := obj["Body"].read(8 << 20):
+            while chunk := obj["Body"].read(min(8 << 20, size - pos + 1)):
                 if pos + len(chunk) > size:
-                    raise CorruptStep(f"{self.name}: {key}: larger than the manifest says")
+                    raise too_big
                 buf[pos:pos + len(chunk)] = chunk
                 pos += len(chunk)
         except (BotoCoreError, ClientError) as exc:
@@ -243,47 +243,56 @@ class S3Tier:
     def manifest(self, step: int) -> Manifest:
         """The step's manifest, authenticated with the job's key, verified and used only where
         it was found; CorruptStep if not."""
-        source = self._keyed(step)
-        raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES))
-        return self._verified(step, source, raw, self._mac(step))
+        return self.read_manifest(step).manifest
 
-    def read_manifest(self, step: int) -> tuple[Manifest, bytes]:
-        """`manifest`, and its bytes as stored (stage-in copies them byte for byte); the MAC is
-        read first, so a step without one costs one small GET, not a manifest's."""
-        source = self._keyed(step)
-        mac = self._mac(step)
-        raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES))
-        return self._verified(step, source, raw, mac), raw
-
-    def _keyed(self, step: int) -> str:
+    def read_manifest(self, step: int) -> S3Step:
+        """The step's manifest, its bytes as stored and its shards' keyed digests, all
+        authenticated with the job's key (CorruptStep if not). The MAC is read first, so a step
+        without one costs one small GET, not a manifest's."""
         source = f"s3://{self.s.bucket}/{self._key(step, MANIFEST)}"
         if self.keys is None:
             raise CorruptStep(f"{self.name} step {step}: {source}: no job key to authenticate "
                               "it with (S3 cannot tell who wrote it): refused")
-        return source
-
-    def _mac(self, step: int) -> bytes:
+        where = f"{self.name} step {step}: {source}"
         try:
-            return bytes(self._get(self._key(step, MAC), _MAC_MAX))
+            mac = bytes(self._get(self._key(step, MAC), s3mac.MAX_SIZE,
+                                  f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
         except CorruptStep as exc:
             raise CorruptStep(f"{exc}: refused") from None
-
-    def _verified(self, step: int, source: str, raw: bytes, mac: bytes) -> Manifest:
-        assert self.keys is not None  # _keyed checked it
-        check_mac(self.keys, mac, raw, f"{self.name} step {step}: {source}")
+        raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES,
+                              f"{MAX_BYTES} bytes (a manifest)"))
+        checked = s3mac.check(self.keys, mac, raw, where)
         try:
             m = from_json(raw, source)
             check_identity(m, self.job, self.rank, step, source)
         except ManifestError as exc:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
-        return m
+        keyed = s3mac.bind(checked, m, where)
+        if keyed is None:
+            self._legacy(step, source)
+        return S3Step(m, raw, keyed)
+
+    def _legacy(self, step: int, source: str) -> None:
+        """Warned once per step in this process (restore, retention and listing each read it)."""
+        if source in _LEGACY_SEEN:
+            return
+        if len(_LEGACY_SEEN) < _LEGACY_SEEN_MAX:
+            _LEGACY_SEEN.add(source)
+        log.warning("%s step %d: %s: a legacy step (its %s, from before keyed shard digests, "
+                    "has none): its shards are bound to it only by their xxh3_64 checksums, "
+                    "which someone with the bucket's credentials can forge; restored all the "
+                    "same (the job's next steps are written with digests)", self.name, step,
+                    source, MAC)
 
     def verify(self, step: int) -> Manifest:
-        """The manifest and every shard's checksum, streamed: memory stays bounded whatever
-        the manifest declares (root's `ckpt verify`)."""
-        m = self.manifest(step)
+        """The manifest and every shard's keyed digest (a legacy step: its checksum), streamed:
+        memory stays bounded whatever the manifest declares (root's `ckpt verify`)."""
+        got = self.read_manifest(step)
+        m = got.manifest
         for shard in m.shards:
             key = self._key(step, shard.name)
+            keyed = got.keyed_for(shard.name)
+            stream = None if keyed is None else keyed.stream()
             digest, size = xxhash.xxh3_64(), 0
             try:
                 body = self.s3.get_object(Bucket=self.s.bucket, Key=key)["Body"]
@@ -292,17 +301,25 @@ class S3Tier:
                     if size > shard.size:
                         break
                     digest.update(chunk)
+                    if stream is not None:
+                        stream.update(chunk)
             except (BotoCoreError, ClientError) as exc:
                 raise CorruptStep(f"{self.name}: {key}: cannot read ({exc})") from None
-            if size != shard.size or digest.hexdigest() != shard.checksum:
-                raise CorruptStep(f"{self.name} step {step}: shard {shard.name}: checksum "
-                                  "mismatch")
+            where = f"{self.name} step {step}: shard {shard.name}"
+            if size != shard.size:
+                relation = "larger" if size > shard.size else "smaller"
+                raise CorruptStep(f"{where}: {relation} than the manifest says")
+            if stream is not None and not stream.keyed.matches(stream.leaves()):
+                raise CorruptStep(f"{where}: {s3mac.MISMATCH}")
+            if digest.hexdigest() != shard.checksum:
+                raise CorruptStep(f"{where}: checksum mismatch")
         return m
 
     def load(self, step: int) -> tuple[Manifest, dict[str, Buf]]:
         """Each shard by parallel ranged GETs into a buffer the restored array then owns,
-        verified as it lands (s3fetch)."""
-        m = self.manifest(step)
+        verified (its keyed digest, and its checksum) as it lands (s3fetch)."""
+        got = self.read_manifest(step)
+        m = got.manifest
         out: dict[str, Buf] = {}
         progress = Progress(f"{self.name}: downloading step {step}", m.total_bytes)
         for shard in m.shards:
@@ -310,7 +327,8 @@ class S3Tier:
             fetch(self.s3, self.s.bucket, self._key(step, shard.name), shard.size,
                   shard.checksum, data, part_size=self.s.get_part_size,
                   concurrency=self.s.get_concurrency, progress=progress,
-                  where=f"{self.name} step {step}: shard {shard.name}")
+                  where=f"{self.name} step {step}: shard {shard.name}",
+                  keyed=got.keyed_for(shard.name))
             out[shard.name] = data
         return m, out
 

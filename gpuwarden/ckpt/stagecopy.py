@@ -9,7 +9,9 @@ regular files of the user this runs as (the job's user), so a FIFO cannot hang t
 
 From S3 (a site without a shared tier), each shard comes by parallel ranged GETs (`s3fetch`),
 at most ``concurrency x s3_get_part_mb`` in memory ahead of the checksum, written with
-``pwrite`` into the same temp directory and committed the same way (`_commit_step`).
+``pwrite`` into the same temp directory and committed the same way (`_commit_step`); its keyed
+digest (`s3mac`: the checksum can be collided by anyone with the bucket's credentials) is
+checked as the parts land, before the step can become visible.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from gpuwarden.core import safefs as safeio
 from gpuwarden.core.safefs import Refused, closing
 
 if TYPE_CHECKING:
-    from gpuwarden.ckpt.s3tier import S3Tier
+    from gpuwarden.ckpt.s3tier import S3Step, S3Tier
 
 CHUNK = 1 << 20  # the most of a step held in memory at once, besides its manifest
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,11 +75,11 @@ StageSource = FsStageSource  # today's name
 
 
 class S3StageSource:
-    """One rank's step in S3, its manifest already authenticated and verified (`S3Tier.
-    read_manifest`): each shard by parallel ranged GETs (`s3fetch`) written with ``pwrite``
-    into tier 0's temp file and verified as it lands."""
+    """One rank's step in S3, its manifest and shards' keyed digests already authenticated
+    (`S3Tier.read_manifest`): each shard by parallel ranged GETs (`s3fetch`) written with
+    ``pwrite`` into tier 0's temp file and verified (keyed digest, checksum) as it lands."""
 
-    def __init__(self, tier: S3Tier, step: int, verified: tuple[Manifest, bytes], *,
+    def __init__(self, tier: S3Tier, step: int, verified: S3Step, *,
                  concurrency: int, deadline: float | None = None) -> None:
         self.tier, self.step, self.verified = tier, step, verified
         self.concurrency, self.deadline = concurrency, deadline
@@ -90,7 +92,7 @@ class S3StageSource:
         pass
 
     def manifest(self, world: int) -> tuple[Manifest, bytes]:
-        m, raw = self.verified
+        m, raw = self.verified.manifest, self.verified.raw
         if m.world_size != world or m.algo != ALGO:
             raise CorruptStep(f"{self.shown}: a step of {m.world_size} ranks in {m.algo}, "
                               f"expected {world} ranks in {ALGO}")
@@ -103,7 +105,8 @@ class S3StageSource:
         fetch(t.s3, t.s.bucket, f"{t.base}/{step_dir(self.step)}/{shard.name}", shard.size,
               shard.checksum, out, part_size=t.s.get_part_size, concurrency=self.concurrency,
               deadline=self.deadline, progress=progress,
-              where=f"{self.shown}: shard {shard.name}")
+              where=f"{self.shown}: shard {shard.name}",
+              keyed=self.verified.keyed_for(shard.name))
         os.fsync(out)
 
 

@@ -9,9 +9,10 @@ and are never logged: the keys show as key ids and fingerprints, the credentials
 The user's part (`plan`, in the child that has become the job's user): one paginated LIST of the
 job's authenticated index (`s3index`), read up to `MAX_INDEX_NAMES` names (a user flooding the
 prefix can make stage-in give up, never make the prolog slow); the newest step every rank holds;
-this node's ranks' manifests, MAC first (`S3Tier.read_manifest`); a rank of this node failing
-walks back to the next step every rank holds, at most `MAX_TRIED` steps. The shards are then
-fetched by `stagecopy.S3StageSource` (ranged GETs, verified as they land) and committed into
+this node's ranks' manifests, MAC first (`S3Tier.read_manifest`: the MAC also authenticates the
+shards' keyed digests); a rank of this node failing walks back to the next step every rank
+holds, at most `MAX_TRIED` steps. The shards are then fetched by `stagecopy.S3StageSource`
+(ranged GETs, each shard's keyed digest and checksum verified as it lands) and committed into
 tier 0 as the shared tier's are. Whatever goes wrong is logged; the job restores from S3 itself.
 """
 
@@ -26,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwarden.ckpt import jobkey
 from gpuwarden.ckpt.fstier import FsTier
-from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.s3index import INDEX, Index
-from gpuwarden.ckpt.s3tier import S3Settings, S3Tier, client
+from gpuwarden.ckpt.s3tier import S3Settings, S3Step, S3Tier, client
 from gpuwarden.ckpt.stagecopy import S3StageSource
 from gpuwarden.ckpt.stagein import NOTHING, Plan, Request, select
 from gpuwarden.ckpt.tier import CorruptStep, TierError
@@ -158,7 +158,7 @@ def _list(s3: Any, settings: S3Settings, req: Request) -> tuple[Index, int, bool
     return Index.read(names, req.keys, req.job), len(names), more
 
 
-Verified = tuple[S3Tier, Manifest, bytes]
+Verified = tuple[S3Tier, S3Step]
 
 
 def _verify(req: Request, s3: Any, settings: S3Settings, step: int, world: int,
@@ -179,14 +179,15 @@ def _verify(req: Request, s3: Any, settings: S3Settings, step: int, world: int,
             continue
         tier = S3Tier("s3", settings, req.job, r, s3=s3, keys=req.keys)
         try:
-            m, raw = tier.read_manifest(step)
-            if m.world_size != world:
-                raise CorruptStep(f"a step of {m.world_size} ranks, the index says {world}")
+            got = tier.read_manifest(step)
+            if got.manifest.world_size != world:
+                raise CorruptStep(f"a step of {got.manifest.world_size} ranks, the index says "
+                                  f"{world}")
         except (CorruptStep, TierError) as exc:
             log.warning("stage-in job %s: rank %d step %d in S3 refused: %s", req.job_id, r,
                         step, exc)
             return None
-        todo[r] = (tier, m, raw)
+        todo[r] = (tier, got)
     return todo, there, unfit
 
 
@@ -232,11 +233,12 @@ def plan(req: Request) -> Plan | int:
         todo, there, unfit = got
 
         def source(r: int, step: int = step, todo: dict[int, Verified] = todo) -> S3StageSource:
-            tier, m, raw = todo[r]
-            return S3StageSource(tier, step, (m, raw), concurrency=settings.get_concurrency,
+            tier, got = todo[r]
+            return S3StageSource(tier, step, got, concurrency=settings.get_concurrency,
                                  deadline=deadline)
 
-        return Plan(step, world, sel.ranks, {r: v[1].total_bytes for r, v in todo.items()},
+        return Plan(step, world, sel.ranks,
+                    {r: v[1].manifest.total_bytes for r, v in todo.items()},
                     source, len(there), len(unfit))
     log.warning("stage-in job %s: gave up after %d steps (%s): none of them verified for ranks "
                 "%s in %s; the job restores from S3 itself", req.job_id, len(tried),

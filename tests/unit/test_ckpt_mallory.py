@@ -25,6 +25,7 @@ from gpuwarden.ckpt.checkpointer import Checkpointer
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.manifest import LEGACY, Manifest, Shard
 from gpuwarden.ckpt.restore import restore
+from gpuwarden.ckpt.s3mac import step_mac
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
 from gpuwarden.ckpt.tier import CorruptStep, TierError
 from gpuwarden.config import Config
@@ -244,7 +245,8 @@ def test_s3_steps_written_with_the_jobs_key_restore(tmp_path: Path) -> None:
     tier.commit(Manifest("job-1", 3, 1, 0, tuple(shards), 1.0, {}), data)
     raw = s3.objects["gpuwarden-ckpt/job-1/rank-00000/step-000000000003/MANIFEST.json"]
     mac = s3.objects[f"gpuwarden-ckpt/job-1/rank-00000/step-000000000003/{MAC}"]
-    assert mac == manifest_mac(key, raw).encode()
+    head, records = mac.split(b"\n", 1)  # the MAC, then each shard's keyed digest
+    assert head == b"v2 " + step_mac(key, raw, records).encode() and records.count(b"\n") == 1
     got = restore([tier])
     assert got is not None and got.step == 3
     assert tier.verify(3).step == 3

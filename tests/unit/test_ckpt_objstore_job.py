@@ -166,7 +166,7 @@ def test_s3_bucket_without_shared_root_accepted_with_key_file(tmp_path: Path, ke
     assert ck.finish(5, timeout=30)
     assert bucket.steps(0) == [5]
     mac = bucket.objects[f"{PREFIX}/{JOB}/rank-00000/step-{5:012d}/MANIFEST.mac"]
-    assert mac.startswith(b"k1:")  # signed with the prolog's derived key, its key id named
+    assert mac.startswith(b"v2 k1:")  # signed with the prolog's derived key, its key id named
 
 
 def test_three_ranks_without_a_shared_filesystem_restore_bit_identical_from_memory(
@@ -243,7 +243,7 @@ def test_a_shared_site_that_adds_key_file_signs_with_it_and_still_reads_older_st
     ck.save(5, state(5, 0))
     assert ck.finish(5, timeout=30)
     assert not bucket.objects[f"{PREFIX}/{JOB}/rank-00000/step-{5:012d}/MANIFEST.mac"
-                              ].startswith(b"k1:")
+                              ].startswith(b"v2 k1:")
     shutil.rmtree(Path(shared) / JOB / "rank-00000")  # only S3 holds step 5 now
     after = config(tmp_path, "m2", key_dir, shared_root=shared, peer_replicas=0)
     ck = JobCheckpointer(after, JobEnv(JOB_ID, 0, 1, 1, "0", "n2"))
@@ -253,4 +253,4 @@ def test_a_shared_site_that_adds_key_file_signs_with_it_and_still_reads_older_st
     ck.save(6, state(6, 0))
     assert ck.finish(6, timeout=30)
     assert bucket.objects[f"{PREFIX}/{JOB}/rank-00000/step-{6:012d}/MANIFEST.mac"
-                          ].startswith(b"k1:")
+                          ].startswith(b"v2 k1:")

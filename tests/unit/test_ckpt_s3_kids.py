@@ -14,6 +14,7 @@ from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.ckpt.jobkey import JobKeys, derive
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.restore import restore
+from gpuwarden.ckpt.s3mac import step_mac
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier, manifest_mac
 from gpuwarden.ckpt.tier import CorruptStep, TierError
 
@@ -42,11 +43,17 @@ def mac_of(s3: FakeS3, step: int) -> bytes:
     return s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{step:012d}/{MAC}"]
 
 
+def head_of(s3: FakeS3, step: int) -> bytes:
+    """MANIFEST.mac's first line: ``v2 <kid>:<hex>`` (the shards' digests follow)."""
+    return mac_of(s3, step).split(b"\n")[0]
+
+
 def test_a_derived_key_signs_with_its_key_id() -> None:
     s3, k = FakeS3(), keys(A)
     commit(tier(s3, k), 1)
     raw = s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{1:012d}/MANIFEST.json"]
-    assert mac_of(s3, 1) == b"ka:" + manifest_mac(k.signing[1], raw).encode()
+    records = mac_of(s3, 1).split(b"\n", 1)[1]
+    assert head_of(s3, 1) == b"v2 ka:" + step_mac(k.signing[1], raw, records).encode()
     assert tier(s3, k).manifest(1).step == 1
 
 
@@ -55,7 +62,7 @@ def test_a_step_signed_before_a_rotation_verifies_after_it_and_not_after_retirem
     commit(tier(s3, keys(A)), 1)
     rotated = keys(B, A)  # B signs now, A still verifies
     commit(tier(s3, rotated), 2)
-    assert mac_of(s3, 2).startswith(b"kb:")
+    assert head_of(s3, 2).startswith(b"v2 kb:")
     assert [tier(s3, rotated).manifest(s).step for s in (1, 2)] == [1, 2]
     retired = keys(B)
     assert tier(s3, retired).manifest(2).step == 2
@@ -68,9 +75,16 @@ def test_a_legacy_mac_verifies_only_with_a_shared_tier_key() -> None:
     s3 = FakeS3()
     commit(tier(s3, key=SHARED), 1)  # today's shared-tier job: plain hex
     raw = s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{1:012d}/MANIFEST.json"]
-    assert mac_of(s3, 1) == manifest_mac(SHARED, raw).encode()
+    records = mac_of(s3, 1).split(b"\n", 1)[1]
+    assert head_of(s3, 1) == b"v2 " + step_mac(SHARED, raw, records).encode()
     assert tier(s3, key=SHARED).manifest(1).step == 1
     assert tier(s3, JobKeys.shared(SHARED)).manifest(1).step == 1
+    with pytest.raises(CorruptStep, match="no shared-tier key"):
+        tier(s3, keys(A)).manifest(1)
+    # The previous release's MAC of the same manifest (version 1: plain hex, no digests).
+    s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{1:012d}/{MAC}"] = \
+        manifest_mac(SHARED, raw).encode()
+    assert tier(s3, key=SHARED).manifest(1).step == 1
     with pytest.raises(CorruptStep, match="no shared-tier key"):
         tier(s3, keys(A)).manifest(1)
     # A site that set key_file under a running shared-tier job: its old steps still verify,
@@ -78,7 +92,7 @@ def test_a_legacy_mac_verifies_only_with_a_shared_tier_key() -> None:
     both = keys(A).with_shared(SHARED)
     assert tier(s3, both).manifest(1).step == 1
     commit(tier(s3, both), 2)
-    assert mac_of(s3, 2).startswith(b"ka:")
+    assert head_of(s3, 2).startswith(b"v2 ka:")
 
 
 def test_a_derived_mac_never_verifies_against_a_shared_tier_key_alone() -> None:
@@ -110,7 +124,8 @@ def test_a_mac_relabelled_with_another_key_id_is_refused() -> None:
     s3, k = FakeS3(), keys(B, A)
     commit(tier(s3, k), 1)
     body = mac_of(s3, 1)
-    s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{1:012d}/{MAC}"] = b"ka:" + body[3:]
+    assert body.startswith(b"v2 kb:")
+    s3.objects[f"gpuwarden-ckpt/{JOB}/rank-00000/step-{1:012d}/{MAC}"] = b"v2 ka:" + body[6:]
     with pytest.raises(CorruptStep, match="not authenticated with this job's key"):
         tier(s3, k).manifest(1)
 
@@ -141,7 +156,7 @@ def test_the_shared_key_setter_of_todays_callers_still_signs_plain_hex() -> None
     t = tier(s3)
     t.key = SHARED  # JobCheckpointer on a shared-tier site (until step 5)
     commit(t, 1)
-    assert b":" not in mac_of(s3, 1) and t.key == SHARED
+    assert b":" not in head_of(s3, 1) and t.key == SHARED
     assert tier(s3, key=SHARED).manifest(1).step == 1
     t.key = None
     assert t.keys is None

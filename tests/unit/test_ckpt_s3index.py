@@ -225,7 +225,9 @@ def test_a_failed_marker_put_leaves_the_step_committed_and_says_so(
 
 
 def test_the_module_keeps_its_label_apart_from_the_manifest_macs() -> None:
-    """A MANIFEST.mac's MAC and an index tag never share a label (a MAC of one is never the
-    tag of another)."""
-    from gpuwarden.ckpt import s3tier
-    assert s3index.LABEL != s3tier._MAC_LABEL and s3index.LABEL == b"gpuwarden-s3-index\0"
+    """A MANIFEST.mac's MACs, the shards' digest key and an index tag never share a label (a MAC
+    of one is never the tag of another)."""
+    from gpuwarden.ckpt import s3mac
+    labels = [s3index.LABEL, s3mac.V1_LABEL, s3mac.V2_LABEL, s3mac.DIGEST_LABEL]
+    assert len(set(labels)) == 4 and s3index.LABEL == b"gpuwarden-s3-index\0"
+    assert s3mac.V1_LABEL == b"gpuwarden-s3-manifest\0"  # what earlier releases' MACs are under

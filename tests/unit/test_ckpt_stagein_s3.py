@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import hmac
 import logging
 import os
 import sys
@@ -36,6 +38,7 @@ from gpuwarden.config.ckpt import CkptConfig
 from tests.unit.test_ckpt_stagein import NOBODY, Inline, env_for, mem_steps, rank_state
 
 from .fake_s3 import FakeS3
+from .test_ckpt_s3_keyed import forge_xxh3
 
 JOB = "job-42"
 BUCKET, PREFIX = "site-bucket", "gpuwarden-ckpt"
@@ -247,9 +250,47 @@ def test_a_corrupt_shard_fails_that_rank_only(
     s3.objects[step_key(3, 20, "weights")] = bytes(raw)
     assert run(cfg) == "failed"
     assert [mem_steps(mem, r) for r in (2, 3)] == [[20], []]
-    assert "rank 3 step 20 not staged" in caplog.text and "checksum mismatch" in caplog.text
+    assert "rank 3 step 20 not staged" in caplog.text
+    assert "shard weights: content does not match its keyed digest" in caplog.text
     leftovers = os.listdir(mem / JOB / "rank-00003")
     assert leftovers == []  # a failed copy removes its temp directory
+
+
+def test_a_shard_forged_with_the_same_xxh3_is_never_staged(
+        site: tuple[CkptConfig, FakeS3, Path, Clients], caplog: pytest.LogCaptureFixture) -> None:
+    """Another user, with the bucket's credentials, replaces rank 3's weights with bytes of the
+    same size and xxh3_64 (the hostile review): the keyed digest refuses them as they land, and
+    tier 0 never holds them (the job restores from S3 itself, which walks back)."""
+    cfg, s3, mem, _ = site
+    key = step_key(3, 20, "weights")
+    forged = forge_xxh3(s3.objects[key], np.full(224, 666.0, "<f4").tobytes())
+    s3.objects[key] = forged
+    assert run(cfg) == "failed"
+    assert [mem_steps(mem, r) for r in (2, 3)] == [[20], []]
+    assert f"s3://{BUCKET}/{BASE}/rank-00003/step-000000000020: shard weights: content does " \
+           "not match its keyed digest: changed by someone without the job's key" in caplog.text
+    assert os.listdir(mem / JOB / "rank-00003") == []
+    # The job, agreeing on step 20 (what every rank holds), restores an older one instead.
+    got = restore([s3_tier(s3, 3, job_keys())], at_most=20)
+    assert got is not None and got.step == 10
+
+
+def test_a_legacy_step_is_staged_and_logged_as_legacy(
+        site: tuple[CkptConfig, FakeS3, Path, Clients], caplog: pytest.LogCaptureFixture) -> None:
+    """Steps written before the keyed digests (a MAC of the manifest alone) are staged as
+    before: a job checkpointed before an upgrade is staged after it, with a warning."""
+    cfg, s3, mem, _ = site
+    kid, key = job_keys().signing
+    for rank in range(4):
+        raw = s3.objects[step_key(rank, 20, MANIFEST)]
+        mac = hmac.new(key, b"gpuwarden-s3-manifest\0" + raw, hashlib.sha256).hexdigest()
+        s3.objects[step_key(rank, 20, MAC)] = f"{kid}:{mac}".encode()
+    assert run(cfg) == "staged"
+    assert [mem_steps(mem, r) for r in (2, 3)] == [[20], [20]]
+    for r in (2, 3):
+        assert_restores(mem, r, 20)
+    legacy = [r.message for r in caplog.records if "legacy step" in r.message]
+    assert len(legacy) == 2 and all("only by their xxh3_64" in m for m in legacy)
 
 
 # ---- who copies, with what ----------------------------------------------------------------------
