@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from gpuwarden.ckpt import codec
+from gpuwarden.ckpt import codec, s3tier
 from gpuwarden.ckpt.jobkey import JobKeys, derive
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, Shard
 from gpuwarden.ckpt.restore import restore
@@ -46,6 +46,13 @@ _SECRET = bytes.fromhex(
     "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
 _M64, _LO = (1 << 64) - 1, 0xFFFFFFFF
 BLOCK = 1024  # 16 stripes of 64 bytes: what xxh3 sums before it scrambles its accumulators
+
+
+@pytest.fixture(autouse=True)
+def _legacy_warnings_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A legacy step is warned of once per process: each test starts with none seen, whatever
+    ran before it in this worker."""
+    monkeypatch.setattr(s3tier, "_LEGACY_SEEN", set())
 
 
 def _block_sums(block: bytes) -> list[int]:
