@@ -1,6 +1,10 @@
 """Issue 37 through Slurm: tiered checkpointing on a site that chose an object store over a
 parallel filesystem (the objstore cluster: node memory, peers and S3; no /fsx anywhere).
 
+A 3-rank job with one spare (ckpt/train_spares.sbatch) loses a training node: the launcher
+relaunches the step on the survivors and the spare, the survivors restore from their own memory
+and the lost rank from its partner's replica, with no requeue, bit-identical.
+
 A 2-rank training job (ckpt/train.sbatch: the job's own coordinator on the batch host, each
 job's key derived by the prolog from the site secret) loses its other node once step 10 is in
 S3's authenticated index. Slurm requeues it onto a new node; the prolog stages the newest step
@@ -17,7 +21,9 @@ import pytest
 from devcluster.harness import LOCAL_JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_ckpt_outages import s3_env
 from tests.e2e.test_ckpt_requeue import hostnames, lose_node
+from tests.e2e.test_ckpt_spares import SPARES_SBATCH
 from tests.e2e.test_foundation import wait_for
+from tests.e2e.test_health import nodes
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.versions]
 
@@ -54,19 +60,63 @@ def syslog(h: Harness) -> str:
                    .splitlines()[-20:])
 
 
+def no_fsx(h: Harness) -> None:
+    for node in ("slurmctld", *h.cluster.spec.node_names):
+        assert h.exec(node, ["test", "-e", "/fsx"]).rc != 0, f"{node} has a /fsx"
+
+
+def at_step_10(h: Harness, job: int, env: dict[str, str], ranks: int) -> None:
+    def held() -> bool:
+        got = indexed(h, job, env)
+        return len(got) == ranks and all(10 in s for s in got.values())
+    wait_for(held, 240, f"step 10 of all {ranks} ranks in S3's index")
+
+
+def test_a_lost_node_is_replaced_by_a_spare_without_a_shared_filesystem(
+        objstore_cluster: Harness) -> None:
+    h = objstore_cluster
+    no_fsx(h)
+    env = s3_env(h)
+    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    args = ["--steps", "60", "--every", "5", "--mb", "4", "--step-s", "1"]
+    expected = h.train_reference(3, args)
+    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
+                   env={**creds, "SPARES": "1", "LAUNCH_OPTS": "--deadline-s 5"})
+    at_step_10(h, job, env, 3)
+    allocated = hostnames(h, h.job_fields(job)["NodeList"])
+    # Not the first node: the batch script and the launcher run there (the requeue's case).
+    victim = allocated[1]
+    h.kill(victim)
+    try:
+        h.wait_job(job, timeout=400)
+    finally:
+        h.heal(victim)
+    assert h.job_fields(job).get("Restarts", "0") == "0", "no requeue"
+    log = logs(h, job)
+    restored = re.findall(r"rank (\d): restored step (\d+) from (\w+)", log)
+    assert len(restored) >= 3 and len({s for _, s, _ in restored}) == 1, log[-3000:]
+    # Memory speed with no shared filesystem and no S3 read: the survivors from their own
+    # node's memory, the lost rank (now on the spare) from its partner's replica.
+    tiers = {int(r): tier for r, _, tier in restored}
+    lost_rank = allocated.index(victim)
+    assert tiers[lost_rank] == "peer" and all(
+        t == "memory" for r, t in tiers.items() if r != lost_rank), f"{tiers}\n{syslog(h)}"
+    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
+    assert [finals.get(str(r)) for r in range(3)] == expected, "bit-identical"
+    wait_for(lambda: not nodes(h)[victim].down, 180, f"{victim} back in service")
+
+
 def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_else(
         objstore_cluster: Harness) -> None:
     h = objstore_cluster
-    for node in ("slurmctld", *h.cluster.spec.node_names):
-        assert h.exec(node, ["test", "-e", "/fsx"]).rc != 0, f"{node} has a /fsx"
+    no_fsx(h)
     env = s3_env(h)
     creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     args = ["--steps", "60", "--every", "5", "--mb", "4", "--step-s", "1"]
     expected = h.train_reference(2, args)
     job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
                    env=creds)
-    wait_for(lambda: all(10 in s for s in indexed(h, job, env).values())
-             and len(indexed(h, job, env)) == 2, 240, "step 10 of both ranks in S3's index")
+    at_step_10(h, job, env, 2)
     first = hostnames(h, h.job_fields(job)["NodeList"])
     batch = h.job_fields(job)["BatchHost"]
     victim = next(n for n in first if n != batch)
