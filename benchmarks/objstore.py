@@ -3,7 +3,7 @@ store's (issue 37; docs/design/object-store-sites.md 5.4).
 
 On a test cluster of the objstore site (no /fsx; checkpoints in node memory, on peers and in S3,
 each job's key derived by the prolog from the site secret), with `--shape DELAY,RATE` (default
-15ms,1gbit; devcluster/netem.py: every node's downloads share the s3 container's uplink, each
+15ms,1gbit; devcluster/s3shape.py: every node's downloads share the s3 container's uplink, each
 node's uploads to S3 capped on its own) on for every arm and taken off at the end whatever
 happens:
 
@@ -33,7 +33,7 @@ figures measured in this run.
 
 Output: the probe's RTT (a 1-byte GET from c1, connection warm) in the header, then each ratio
 with its seconds, goal and PASS/FAIL. Exit 0: every goal met; 1: a goal missed; 2: no verdict
-(not an objstore cluster, not up, no `sch_netem` on the docker host, the shaping not in effect,
+(not an objstore cluster, not up, the S3 relay or its redirect failed, the shaping not in effect,
 or a step of the run that failed: the message says which).
 
     GPUWARDEN_CLUSTER_NAME=gwobj GPUWARDEN_SITE=objstore .venv/bin/python -m devcluster up
@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from devcluster import netem
+from devcluster import s3shape
 from devcluster.cluster import VENV_PYTHON, Cluster
 from devcluster.exec import run_in
 from devcluster.harness import LOCAL_JOBS_DIR, TERMINAL, TRAIN_SBATCH, Harness, job_status
@@ -85,25 +85,25 @@ class NoResult(Exception):
 
 
 # ---- pure parts (tests/unit/test_bench_objstore.py) ----------------------------------------------
-def parse_shape(text: str) -> netem.Shape | None:
-    """`--shape`: "DELAY,RATE" (15ms,1gbit) as netem's Shape, or "none" for an unshaped link."""
+def parse_shape(text: str) -> s3shape.Shape | None:
+    """`--shape`: "DELAY,RATE" (15ms,1gbit) as s3shape's Shape, or "none" for an unshaped link."""
     if text.strip().lower() == "none":
         return None
     try:
-        return netem.Shape.parse(text)
-    except netem.ShapeError as exc:
+        return s3shape.Shape.parse(text)
+    except s3shape.ShapeError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc} (DELAY,RATE like 15ms,1gbit, or "
                                          "none)") from None
 
 
-def delay_ms(shape: netem.Shape) -> float:
+def delay_ms(shape: s3shape.Shape) -> float:
     m = _DELAY_MS.fullmatch(shape.delay)
     if m is None:  # Shape checked it already
         raise ValueError(f"delay {shape.delay!r}")
     return float(m.group(1))
 
 
-def shaping_seen(rtt_ms: float, shape: netem.Shape | None) -> bool:
+def shaping_seen(rtt_ms: float, shape: s3shape.Shape | None) -> bool:
     """Whether a probe's round trip shows the shaping: the delay is paid each way (the s3
     container's egress and the node's), so a round trip takes at least twice it (10% slack for
     timer granularity). An unshaped link passes."""
@@ -208,12 +208,12 @@ def restored_ranks(text: str) -> set[int]:
 
 
 class Link(Protocol):
-    def shape(self, how: netem.Shape) -> None: ...
+    def shape(self, how: s3shape.Shape) -> None: ...
     def unshape(self) -> None: ...
 
 
 @contextlib.contextmanager
-def shaped(link: Link, how: netem.Shape | None, say: Callable[[str], None]) -> Iterator[None]:
+def shaped(link: Link, how: s3shape.Shape | None, say: Callable[[str], None]) -> Iterator[None]:
     """The S3 link as ``how`` says for the block, unshaped after it whatever happens (a shaping
     that failed half way too). ``None``: unshaped for the block (a shaping left by `shape-s3`
     would make an "unshaped" run a shaped one)."""
@@ -367,32 +367,29 @@ def inside(cluster: Cluster, mode: str, *args: str, env: Mapping[str, str] | Non
 
 # ---- the cluster -------------------------------------------------------------------------------
 class S3Link:
-    """The S3 link's shaping (devcluster.netem), by `docker exec` in the containers."""
+    """The S3 link's shaping (devcluster.s3shape), by `docker exec` in the s3 container."""
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        addrs = cluster.spec.addresses()
-        self.s3_addr = addrs["s3"]
-        self.nodes = [(n, addrs[n]) for n in cluster.spec.node_names]
-        self.how: netem.Shape | None = None
+        self.how: s3shape.Shape | None = None
 
     def run(self, host: str, argv: list[str]) -> tuple[int, str]:
         got = self.cluster.exec(host, argv, timeout=30)
         return got.rc, got.out + got.err
 
-    def shape(self, how: netem.Shape) -> None:
+    def shape(self, how: s3shape.Shape) -> None:
         self.how = how
-        netem.shape(self.run, self.s3_addr, self.nodes, how)
+        s3shape.shape(self.run, how)
 
     def reshape(self, host: str) -> None:
-        """A node that came back (a restarted container has a new network namespace: no
-        shaping): shaped again, as the rest are."""
+        """A node that came back: the shaping is in the s3 container and outlives the node's
+        restart; this checks the relay still runs as asked (restarted if not)."""
         if self.how is not None:
-            netem.shape(self.run, self.s3_addr, [n for n in self.nodes if n[0] == host], self.how)
+            s3shape.shape(self.run, self.how)
 
     def unshape(self) -> None:
         self.how = None
-        netem.unshape(self.run, self.s3_addr, self.nodes)
+        s3shape.unshape(self.run)
 
 
 def up_command(spec: Spec) -> str:
@@ -686,7 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say = Say()
     try:
         return run(args, spec, say)
-    except (NoResult, netem.ShapeError) as exc:
+    except (NoResult, s3shape.ShapeError) as exc:
         print(f"objstore benchmark: no verdict: {exc}", file=sys.stderr)
     except Exception:
         traceback.print_exc()

@@ -123,17 +123,16 @@ def image() -> None:
     click.echo(tag)
 
 
-def _s3_link() -> tuple[Callable[[str, list[str]], tuple[int, str]], list[tuple[str, str]], str]:
-    """How to run a command in a container, the nodes' (host, address), the s3 address."""
+def _s3_run() -> Callable[[str, list[str]], tuple[int, str]]:
+    """How to run a command in one of the cluster's containers."""
     from devcluster.cluster import Cluster  # noqa: PLC0415
 
     cluster = Cluster(_client(), from_env(), progress=_progress)
-    addrs = cluster.spec.addresses()
 
     def run(host: str, argv: list[str]) -> tuple[int, str]:
         got = cluster.exec(host, argv, timeout=30)
         return got.rc, got.out + got.err
-    return run, [(n, addrs[n]) for n in cluster.spec.node_names], addrs["s3"]
+    return run
 
 
 @main.command("shape-s3")
@@ -141,14 +140,14 @@ def _s3_link() -> tuple[Callable[[str, list[str]], tuple[int, str]], list[tuple[
 @click.argument("rate")
 def shape_s3(delay: str, rate: str) -> None:
     """Shape the S3 link like a remote object store's: DELAY each way (15ms) and RATE (1gbit),
-    downloads shared by every node (docs/test-cluster.md)."""
-    from devcluster import netem  # noqa: PLC0415
+    downloads shared by every node, uploads capped per node; a relay in the s3 container
+    (docs/test-cluster.md). Again with other values: replaced."""
+    from devcluster import s3shape  # noqa: PLC0415
 
     try:
-        how = netem.Shape(delay, rate)
-        run, nodes, s3 = _s3_link()
-        netem.shape(run, s3, nodes, how)
-    except netem.ShapeError as exc:
+        how = s3shape.Shape(delay, rate)
+        s3shape.shape(_s3_run(), how)
+    except s3shape.ShapeError as exc:
         raise click.ClickException(str(exc)) from None
     _progress(f"S3 link shaped: {delay} each way, {rate}")
 
@@ -156,12 +155,11 @@ def shape_s3(delay: str, rate: str) -> None:
 @main.command("unshape-s3")
 def unshape_s3() -> None:
     """Take the S3 link's shaping off."""
-    from devcluster import netem  # noqa: PLC0415
+    from devcluster import s3shape  # noqa: PLC0415
 
     try:
-        run, nodes, s3 = _s3_link()
-        netem.unshape(run, s3, nodes)
-    except netem.ShapeError as exc:
+        s3shape.unshape(_s3_run())
+    except s3shape.ShapeError as exc:
         raise click.ClickException(str(exc)) from None
     _progress("S3 link unshaped")
 

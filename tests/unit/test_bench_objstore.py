@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from benchmarks import objstore as bench
-from devcluster import netem
+from devcluster import s3shape
 from gpuwarden.ckpt import jobkey, s3tier, stagein_s3
 from gpuwarden.ckpt.jobkey import JobKeys
 from gpuwarden.ckpt.manifest import Manifest
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # ---- arguments -----------------------------------------------------------------------------------
 def test_shape_is_delay_and_rate_or_none() -> None:
-    assert bench.parse_shape("15ms,1gbit") == netem.Shape("15ms", "1gbit")
-    assert bench.parse_shape(" 40ms , 500mbit ") == netem.Shape("40ms", "500mbit")
+    assert bench.parse_shape("15ms,1gbit") == s3shape.Shape("15ms", "1gbit")
+    assert bench.parse_shape(" 40ms , 500mbit ") == s3shape.Shape("40ms", "500mbit")
     assert bench.parse_shape("none") is None
     assert bench.parse_shape("None") is None
     for bad in ("15ms", "15,1gbit", "15ms,fast", "", "1gbit,15ms"):
@@ -43,7 +43,7 @@ def test_shape_is_delay_and_rate_or_none() -> None:
 def test_defaults_are_the_designs_run() -> None:
     args = bench.parse_args([])
     assert (args.mb, args.shape, args.repeat, args.skip_recovery) == \
-        (256, netem.Shape("15ms", "1gbit"), 3, False)
+        (256, s3shape.Shape("15ms", "1gbit"), 3, False)
     args = bench.parse_args(["--shape", "none", "--mb", "8", "--repeat", "5", "--skip-recovery"])
     assert (args.mb, args.shape, args.repeat, args.skip_recovery) == (8, None, 5, True)
 
@@ -110,7 +110,7 @@ def test_restored_ranks_are_read_from_the_jobs_output() -> None:
 
 
 def test_the_probe_must_show_the_delay_each_way() -> None:
-    shape = netem.Shape("15ms", "1gbit")
+    shape = s3shape.Shape("15ms", "1gbit")
     assert bench.shaping_seen(31.0, shape)
     assert bench.shaping_seen(27.5, shape)  # timer slack
     assert not bench.shaping_seen(2.0, shape)  # the link is not shaped
@@ -123,11 +123,11 @@ class FakeLink:
         self.calls: list[str] = []
         self.fail_shape = fail_shape
 
-    def shape(self, how: netem.Shape) -> None:
+    def shape(self, how: s3shape.Shape) -> None:
         self.calls.append(f"shape {how.delay} {how.rate}")
         if self.fail_shape:
-            raise netem.ShapeError("c2: tc qdisc replace ...: Unknown qdisc (modprobe sch_netem "
-                                   "on the docker host)")
+            raise s3shape.ShapeError("container s3: `nft ...` failed (exit 1): Error: Could not "
+                                     "process rule: Operation not permitted")
 
     def unshape(self) -> None:
         self.calls.append("unshape")
@@ -135,7 +135,7 @@ class FakeLink:
 
 def test_the_link_is_unshaped_after_the_arms_even_when_one_fails() -> None:
     link = FakeLink()
-    with pytest.raises(bench.NoResult), bench.shaped(link, netem.Shape("15ms", "1gbit"),
+    with pytest.raises(bench.NoResult), bench.shaped(link, s3shape.Shape("15ms", "1gbit"),
                                                      lambda m: None):
         link.calls.append("arm")
         raise bench.NoResult("an arm failed")
@@ -144,8 +144,8 @@ def test_the_link_is_unshaped_after_the_arms_even_when_one_fails() -> None:
 
 def test_a_shaping_that_fails_half_way_is_taken_off_and_says_why() -> None:
     link = FakeLink(fail_shape=True)
-    with pytest.raises(netem.ShapeError, match="modprobe sch_netem"), \
-            bench.shaped(link, netem.Shape("15ms", "1gbit"), lambda m: None):
+    with pytest.raises(s3shape.ShapeError, match="Operation not permitted"), \
+            bench.shaped(link, s3shape.Shape("15ms", "1gbit"), lambda m: None):
         link.calls.append("arm")
     assert link.calls == ["shape 15ms 1gbit", "unshape"]
 

@@ -1,5 +1,6 @@
 """The test cluster's object-store site (GPUWARDEN_SITE=objstore): no /fsx anywhere, checkpoints
-on node memory, peers and S3 with the site secret; and the S3 link's shaping commands."""
+on node memory, peers and S3 with the site secret (the S3 link's shaping:
+test_devcluster_s3shape.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import netem, spec
+from devcluster import spec
 from devcluster.cluster import Cluster, rendered
 from gpuwarden.ckpt.jobkey import parse_keys
 from gpuwarden.config.ckpt import CkptConfig
@@ -97,53 +98,6 @@ def test_only_an_fsx_site_mounts_the_shared_volume_and_shaped_roles_get_net_admi
     assert node["cap_add"] == ["NET_ADMIN"] and s3["cap_add"] == ["NET_ADMIN"]
     assert ctld["cap_add"] is None
     assert node["environment"]["GPUWARDEN_SITE"] == site  # type: ignore[index]
-
-
-def test_the_s3_link_is_shaped_both_ways_and_node_to_node_traffic_is_not() -> None:
-    how = netem.Shape.parse("15ms,1gbit")
-    assert netem.s3_commands("eth0", how) == [
-        ["tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "delay", "15ms", "rate",
-         "1gbit", "limit", "20000"]]
-    prio, band, filt = netem.node_commands("eth0", "172.29.0.12", how)
-    assert prio[:8] == ["tc", "qdisc", "replace", "dev", "eth0", "root", "handle", "1:"]
-    assert prio[-16:] == ["1"] * 16  # everything else in the unshaped band
-    assert band[5:9] == ["parent", "1:3", "handle", "30:"]
-    assert band[9:] == ["netem", "delay", "15ms", "rate", "1gbit", "limit", "20000"]
-    assert filt[-4:] == ["dst", "172.29.0.12/32", "flowid", "1:3"]
-
-
-def test_shaping_finds_each_containers_device_and_says_what_failed() -> None:
-    calls: list[tuple[str, list[str]]] = []
-
-    def run(host: str, argv: list[str]) -> tuple[int, str]:
-        calls.append((host, argv))
-        if argv[:3] == ["ip", "-o", "route"]:
-            return 0, f"{argv[-1]} dev eth1 src 10.0.0.9 uid 0 \\    cache"
-        if host == "c2" and "netem" in argv:
-            return 2, "Error: Specified qdisc kind is unknown.\nUnknown qdisc \"netem\""
-        return 0, ""
-    nodes = [("c1", "10.0.1.1"), ("c2", "10.0.1.2")]
-    with pytest.raises(netem.ShapeError, match=r"(?s)c2: .*modprobe sch_netem"):
-        netem.shape(run, "10.0.0.12", nodes, netem.Shape("15ms", "1gbit"))
-    assert ("s3", ["ip", "-o", "route", "get", "10.0.1.1"]) in calls
-    assert all("eth1" in argv for host, argv in calls if argv[0] == "tc")
-    calls.clear()
-    netem.unshape(run, "10.0.0.12", nodes)
-    assert [h for h, argv in calls if argv[0] == "tc"] == ["s3", "c1", "c2"]
-
-
-@pytest.mark.parametrize("bad", ["15", "fast,1gbit", "15ms,lots", "15ms"])
-def test_a_shape_that_is_not_delay_and_rate_is_refused(bad: str) -> None:
-    with pytest.raises(netem.ShapeError):
-        netem.Shape.parse(bad)
-
-
-def test_unshaping_a_link_never_shaped_is_fine() -> None:
-    def run(host: str, argv: list[str]) -> tuple[int, str]:
-        if argv[0] == "ip":
-            return 0, "x dev eth0 src y"
-        return 2, "Error: Cannot delete qdisc with handle of zero."
-    netem.unshape(run, "10.0.0.12", [("c1", "10.0.1.1")])
 
 
 def test_dataclass_replace_keeps_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
