@@ -126,8 +126,8 @@ class Cluster:
         digest.update(f"shm={NODE_SHM}".encode() + b"\0")
         # What the containers ran at start: an edited entrypoint means new containers too.
         digest.update((self.root / "docker-cluster/entrypoint.sh").read_bytes() + b"\0")
-        # Containers made before the S3 link could be shaped lack NET_ADMIN (`_run`).
-        digest.update(f"site={self.spec.site},cap=NET_ADMIN".encode() + b"\0")
+        # Containers keep the capabilities they were made with (`_run`): only s3's NET_ADMIN.
+        digest.update(f"site={self.spec.site},cap=s3:NET_ADMIN".encode() + b"\0")
         for name, text in sorted(files.items()):
             path = self.state_dir / name
             path.write_text(text)
@@ -182,8 +182,9 @@ class Cluster:
             labels={**self.spec.labels, "gpuwarden.role": role, "gpuwarden.config": config_hash},
             environment={"GPUWARDEN_GPUS": str(self.spec.cluster.gpus_per_node),
                          "GPUWARDEN_SITE": self.spec.site},
-            # tc netem shapes the S3 link from inside the containers (devcluster.netem).
-            cap_add=["NET_ADMIN"] if role in ("node", "s3") else None,
+            # The S3 link is shaped inside the s3 container (nft redirect to a relay:
+            # devcluster.s3shape); nothing else needs NET_ADMIN.
+            cap_add=["NET_ADMIN"] if role == "s3" else None,
             volumes=volumes,
             extra_hosts={h: a for h, a in hosts.items() if h != host},
             network=self.spec.network,

@@ -95,8 +95,8 @@ def test_only_an_fsx_site_mounts_the_shared_volume_and_shaped_roles_get_net_admi
     for kw in (node, ctld):
         binds = [v["bind"] for v in kw["volumes"].values()]  # type: ignore[attr-defined]
         assert ("/fsx" in binds) is fsx
-    assert node["cap_add"] == ["NET_ADMIN"] and s3["cap_add"] == ["NET_ADMIN"]
-    assert ctld["cap_add"] is None
+    assert s3["cap_add"] == ["NET_ADMIN"]
+    assert node["cap_add"] is None and ctld["cap_add"] is None
     assert node["environment"]["GPUWARDEN_SITE"] == site  # type: ignore[index]
 
 
