@@ -74,7 +74,9 @@ MORE_SLURM ?= 26.05
 # the first release, gww<n>, gwx<n>, gwy<n> for more); see docs/test-cluster.md.
 # E2E_WORKERS=1: the serial run on the one default cluster (gpuwarden), as before.
 E2E_WORKERS ?= 4
-VERSIONS_WORKERS ?= 1
+# 2: the objstore module (its own second cluster) and the lemon test no longer queue behind
+# each other on one release's single cluster, the run's critical path (2026-12-05).
+VERSIONS_WORKERS ?= 2
 # The unit tests on 2 cores: 115 s with -n 2 against 265 s serially (2026-12-05, loaded host).
 UNIT_WORKERS ?= 2
 XDIST = --dist loadfile --no-loadscope-reorder
