@@ -3,17 +3,22 @@ filesystem, S3 (peers are added by a running job, see `job`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.ckpt.fstier import FsTier
 from gpuwarden.config.ckpt import CkptConfig
 
+if TYPE_CHECKING:
+    from gpuwarden.ckpt.jobkey import JobKeys
+
 
 def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
-          s3_key: bytes | None = None) -> list[Any]:
+          s3_key: bytes | None = None, s3_keys: JobKeys | None = None) -> list[Any]:
     """``owner``: the job's user, whom the filesystem tiers hold every file to (None: whoever
-    runs this; `fstier.ANY_JOB_USER` for root's commands). ``s3_key``: the job's key, which
-    authenticates S3 manifests (None: S3 steps are refused, none written)."""
+    runs this; `fstier.ANY_JOB_USER` for root's commands). ``s3_keys``: the job's keys, which
+    authenticate S3 manifests (every key id a step may name: derived keys from before a
+    rotation, a shared tier's ``peer.key``); ``s3_key``: a shared tier's ``peer.key`` alone.
+    Neither: S3 steps are refused, none written."""
     out: list[Any] = [FsTier("memory", cfg.memory_root, job, rank, owner, map_reads=True)]
     if cfg.shared_root:
         out.append(FsTier("shared", cfg.shared_root, job, rank, owner))
@@ -24,5 +29,5 @@ def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
                               cfg.part_size_mb << 20, cfg.concurrency,
                               get_part_size=cfg.s3_get_part_mb << 20,
                               get_concurrency=cfg.s3_get_concurrency)
-        out.append(S3Tier("s3", settings, job, rank, key=s3_key))
+        out.append(S3Tier("s3", settings, job, rank, key=s3_key, keys=s3_keys))
     return out

@@ -10,10 +10,13 @@ from typing import Any, NoReturn
 import click
 
 from gpuwarden.accounting.options import load_history, parse_cost, since_option
+from gpuwarden.ckpt import jobkey
+from gpuwarden.ckpt.jobkey import JobKeys
 from gpuwarden.ckpt.names import BadName, check_name
 from gpuwarden.config.context import Context
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.extras import Needs
+from gpuwarden.slurm.jobuid import MAX_UID
 
 # numpy and xxhash: the base install still lists and explains these commands (--help).
 with Needs("ckpt") as CKPT:
@@ -26,32 +29,134 @@ with Needs("lemon") as MTTF:
     from gpuwarden.accounting.mttf import daly, human_hours, young
 
 
-def _tiers_or_exit(obj: Context, job: str, rank: int) -> list[Any]:
+def _tiers_or_exit(obj: Context, job: str, rank: int, uid: int | None) -> list[Any]:
     # Root looks at any user's job: the job directory's owner is taken as the job's user and
     # everything below must be that user's; nothing is followed through a link, nor read
     # unless it is a regular file (fstier, safeio).
-    owner = ANY_JOB_USER if os.geteuid() == 0 else None
-    cfg = obj.config_or_exit().ckpt
+    root = os.geteuid() == 0
+    owner = ANY_JOB_USER if root else None
+    config = obj.config_or_exit()
+    cfg = config.ckpt
+    _check_uid(cfg, root, uid)
     try:
-        return tiers(cfg, job, rank, owner, _s3_key(cfg, job, owner))
+        check_name(job, "job")
+        return tiers(cfg, job, rank, owner, s3_keys=_s3_keys(config, job, root, uid))
     except BadName as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _s3_key(cfg: Any, job: str, owner: int | None) -> bytes | None:
-    """The job's key from the shared tier, which authenticates its S3 steps; None (S3 steps
-    are then refused, and said so) when it cannot be read."""
-    if not (cfg.s3_bucket and cfg.shared_root):
+def _check_uid(cfg: Any, root: bool, uid: int | None) -> None:
+    """--uid only where it is used: root deriving a job's keys for S3."""
+    why = ("" if uid is None else
+           "only root derives a job's keys; the job's user runs this on a node of the job"
+           if not root else
+           "[ckpt] key_file is not set: this site derives no job keys" if not cfg.key_file else
+           "[ckpt] s3_bucket is not set: no S3 steps to authenticate" if not cfg.s3_bucket
+           else "")
+    if why:
+        raise click.UsageError(f"--uid: {why}")
+
+
+def _s3_keys(config: Any, job: str, root: bool, uid: int | None) -> JobKeys | None:
+    """The keys the job signs its S3 steps with, to authenticate them here: on a site with
+    ``key_file``, derived from the site secret (root) or the prolog's key file (the job's
+    user, on a node of the job), with the shared tier's ``peer.key`` where there is one (what
+    the job signed before the site set key_file); else that ``peer.key``. None (S3 steps are
+    then refused, and said so) when none can be had."""
+    cfg = config.ckpt
+    if not cfg.s3_bucket:
+        return None
+    # Where key_file is set a job has no peer.key unless it ran before: nothing to say then.
+    shared = _shared_key(cfg, job, root, quiet=bool(cfg.key_file))
+    derived = None
+    if cfg.key_file:
+        derived = _derived(config, job, uid) if root else _key_file(cfg, job)
+    if derived is None:
+        return None if shared is None else JobKeys.shared(shared)
+    return derived if shared is None else derived.with_shared(shared)
+
+
+def _shared_key(cfg: Any, job: str, root: bool, quiet: bool) -> bytes | None:
+    """The job's ``peer.key`` from the shared tier; None (said unless ``quiet``) when it
+    cannot be read."""
+    if not cfg.shared_root:
         return None
     from gpuwarden.ckpt.peer import read_job_key  # noqa: PLC0415 - S3 only
     from gpuwarden.ckpt.peerwire import PeerError  # noqa: PLC0415
 
-    check_name(job, "job")
     try:
-        return read_job_key(cfg.shared_root, job,
-                            None if owner == ANY_JOB_USER else os.geteuid())
+        return read_job_key(cfg.shared_root, job, None if root else os.geteuid())
     except PeerError as exc:
-        click.echo(f"s3       steps cannot be authenticated: {exc}", err=True)
+        if not quiet:
+            _unauthenticated(str(exc))
+        return None
+
+
+def _unauthenticated(why: str) -> None:
+    click.echo(f"s3       steps cannot be authenticated: {why}", err=True)
+
+
+def _job_id(job: str) -> str | None:
+    """N of ``job-N``, the Slurm job id a job's keys are derived for; None (and said) for any
+    other name."""
+    from gpuwarden.slurm import jobenv  # noqa: PLC0415
+
+    job_id = job.removeprefix("job-")
+    if job_id == job or not jobenv.digits(job_id, jobenv.JOB_ID_DIGITS):
+        _unauthenticated(f"{job} is not job-<Slurm job id>, which its keys are made for")
+        return None
+    return job_id
+
+
+def _derived(config: Any, job: str, uid: int | None) -> JobKeys | None:
+    """Root's: the job's keys derived from the site secret for the uid it ran as (``uid``,
+    else Slurm's), as its prolog derived them. ClickException when no uid can be had."""
+    from gpuwarden.slurm import jobuid  # noqa: PLC0415 - root's, on key_file sites only
+
+    job_id = _job_id(job)
+    if job_id is None:
+        return None
+    try:  # first: without a secret to derive from, Slurm need not be asked
+        site = jobkey.load_site_keys(config.ckpt.key_file)
+    except jobkey.JobKeyError as exc:
+        _unauthenticated(f"{exc} (root derives the job's keys from the site secret, [ckpt] "
+                         "key_file: run this where it can be read)")
+        return None
+    source = "--uid"
+    if uid is None:
+        found = jobuid.lookup(job_id, config.slurm)
+        if found.uid is None:
+            raise click.ClickException(
+                f"job {job_id}'s S3 steps are signed with keys derived for the uid it ran as, "
+                f"and Slurm does not say which ({found.why}): give it with --uid N")
+        uid, source = found.uid, found.source
+    try:
+        keys = JobKeys.of(jobkey.derive(site, config.cluster.name, job_id, uid))
+    except jobkey.JobKeyError as exc:
+        _unauthenticated(str(exc))
+        return None
+    # Key ids and fingerprints only (never a key): a fingerprint that differs from the
+    # prolog's log for this job means another uid, [cluster] name or site file.
+    click.echo(f"s3       keys derived for uid {uid} ({source}), cluster "
+               f"{config.cluster.name}: {keys!r}", err=True)
+    return keys
+
+
+def _key_file(cfg: Any, job: str) -> JobKeys | None:
+    """The job's user's: the prolog's key file on this node (a node of the job); None, and
+    where the steps can be authenticated instead, when there is none."""
+    job_id = _job_id(job)
+    if job_id is None:
+        return None
+    try:
+        return jobkey.read_job_keys(cfg.job_key_dir, job_id)
+    except jobkey.JobKeyError as exc:
+        command = click.get_current_context().info_name
+        click.echo(f"s3       S3 steps cannot be authenticated on this host: {exc}. They can "
+                   f"be on a node of job {job_id} while it runs there (the prolog's key file), "
+                   f"or by root where the site secret ([ckpt] key_file) is: `gpuwarden ckpt "
+                   f"{command} {job}` as root (with --uid N once Slurm no longer knows the "
+                   "job)", err=True)
         return None
 
 
@@ -69,10 +174,16 @@ def _listed(tiers_: list[Any]) -> Iterator[tuple[Any, list[int]]]:
             click.echo(f"{t.name:<8} unavailable: {exc}")
 
 
+_uid_option = click.option(
+    "--uid", type=click.IntRange(0, MAX_UID), default=None,
+    help="root, where [ckpt] key_file is set: the uid the job ran as, whose keys (derived "
+         "from the site secret) authenticate its S3 steps  [default: Slurm's]")
+
+
 def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
     """The JOB argument and --rank option, handed to the command as that rank's tiers."""
-    def command(obj: Context, /, job: str, rank: int, **options: Any) -> None:
-        tiers_ = _tiers_or_exit(obj, job, rank)
+    def command(obj: Context, /, job: str, rank: int, uid: int | None, **options: Any) -> None:
+        tiers_ = _tiers_or_exit(obj, job, rank, uid)
         # One rank's steps, this host's memory: say so, or they read as the whole job's.
         host = os.uname().nodename.split(".")[0]
         click.echo(f"{job} rank {rank}, memory tier on {host} (this host); --rank N for "
@@ -82,7 +193,7 @@ def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
     command.__dict__.update(fn.__dict__)  # the command's own options (click keeps them there)
     with_obj = click.pass_obj(command)
     rank = click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True)
-    return click.argument("job")(rank(with_obj))
+    return click.argument("job")(rank(_uid_option(with_obj)))
 
 
 @ckpt.command("ls")
@@ -91,15 +202,17 @@ def _job_tiers(fn: Callable[..., None]) -> Callable[..., None]:
 @click.option("--rank", type=click.IntRange(min=0), default=None,
               help="this rank only  [default: every rank]")
 @click.option("--json", "as_json", is_flag=True, help="one object per tier and rank")
+@_uid_option
 @click.pass_obj
-def ls(obj: Context, job: str, rank: int | None, as_json: bool) -> None:
+def ls(obj: Context, job: str, rank: int | None, as_json: bool, uid: int | None) -> None:
     """Committed steps of JOB, per tier and rank: this host's memory (ranks that ran here),
     the replicas it holds for other ranks (peer), the shared filesystem and S3."""
     import json  # noqa: PLC0415 - the import block above is the extras check's
 
     from gpuwarden.ckpt import listing  # noqa: PLC0415
 
-    rows = list(listing.rows(listing.with_peer(_tiers_or_exit(obj, job, rank or 0)), rank))
+    tiers_ = _tiers_or_exit(obj, job, rank or 0, uid)
+    rows = list(listing.rows(listing.with_peer(tiers_), rank))
     if rank is None:  # every rank listed: say which old steps other ranks still need
         rows = listing.needed(rows, obj.config_or_exit().ckpt.keep)
     if as_json:
@@ -113,13 +226,20 @@ def ls(obj: Context, job: str, rank: int | None, as_json: bool) -> None:
 @CKPT.required
 @_job_tiers
 def verify(obj: Context, tiers_: list[Any]) -> None:
-    """Read every step back and check every shard; exit 1 when any copy is corrupt. Changes
-    nothing."""
+    """Read every step back and check every shard; exit 1 when any copy is corrupt, or is an S3
+    step that cannot be authenticated here. Changes nothing."""
     bad = 0
     for t, steps in _listed(tiers_):
         if not steps:
             click.echo(f"{t.name:<8} no steps to verify")
+        # Without the job's key an S3 step is anyone's: never "ok", never read (said above).
+        keyless = getattr(t, "keys", ()) is None
         for step in steps:
+            if keyless:
+                bad += 1
+                click.echo(f"{t.name:<8} step {step}: NOT AUTHENTICATED: no job key here to "
+                           "check it with (S3 cannot tell who wrote it)")
+                continue
             try:
                 m = t.verify(step)  # streamed: bounded memory whatever the manifest says
                 click.echo(f"{t.name:<8} step {step}: ok ({len(m.shards)} shards, "
@@ -217,8 +337,6 @@ def _tidy_shared(root: str, jobs: Callable[[], list[Any]], verbose: bool) -> str
 def _tidy_keys(key_dir: str, jobs: Callable[[], list[Any]], verbose: bool) -> str:
     """This node's job key files tidied and said; why they could not be ("" when they
     were)."""
-    from gpuwarden.ckpt import jobkey  # noqa: PLC0415 - light
-
     try:
         got = jobkey.tidy(key_dir, jobs)
     except (GpuwardenError, OSError) as exc:
@@ -271,7 +389,7 @@ def coord(obj: Context, host: str | None, command: tuple[str, ...]) -> None:
     job_id = jobenv.valid_job_id(environ)
     if not job_id:
         raise click.UsageError("SLURM_JOB_ID is not set: run this in a batch script")
-    from gpuwarden.ckpt import coordwrap, jobkey  # noqa: PLC0415
+    from gpuwarden.ckpt import coordwrap  # noqa: PLC0415
 
     try:
         keys = jobkey.read_job_keys(cfg.job_key_dir, job_id)
