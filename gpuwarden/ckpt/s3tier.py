@@ -33,6 +33,7 @@ import io
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,14 @@ from botocore.exceptions import BotoCoreError, ClientError
 from gpuwarden.ckpt import s3mac
 from gpuwarden.ckpt.codec import Buf
 from gpuwarden.ckpt.jobkey import JobKeys
-from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, ManifestError, check_identity, from_json
+from gpuwarden.ckpt.manifest import (
+    MAX_BYTES,
+    Manifest,
+    ManifestError,
+    Shard,
+    check_identity,
+    from_json,
+)
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
 from gpuwarden.ckpt.s3fetch import fetch
@@ -56,6 +64,10 @@ from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_writable
 log = logging.getLogger(__name__)
 
 __all__ = ["MAC", "S3Settings", "S3Step", "S3Tier", "client", "manifest_mac"]
+
+# A shard restored from S3 gets at least this many of `s3_get_concurrency`'s parts in flight
+# (`load` spreads the rest over more shards at once).
+SHARD_PARTS_MIN = 4
 
 _LEGACY_SEEN: set[str] = set()
 _LEGACY_SEEN_MAX = 100_000  # bounded: a long job reading many legacy steps
@@ -320,16 +332,31 @@ class S3Tier:
         verified (its keyed digest, and its checksum) as it lands (s3fetch)."""
         got = self.read_manifest(step)
         m = got.manifest
-        out: dict[str, Buf] = {}
         progress = Progress(f"{self.name}: downloading step {step}", m.total_bytes)
-        for shard in m.shards:
+        # Several shards at once, the parts in flight shared among them (get_concurrency in
+        # all): one shard after another, each one's last parts leave a remote link idle while
+        # the next one's first requests travel (a round trip or two per shard).
+        lanes = max(1, min(len(m.shards), self.s.get_concurrency // SHARD_PARTS_MIN))
+        per_lane = max(1, self.s.get_concurrency // lanes)
+
+        def one(shard: Shard) -> bytearray:
             data = bytearray(shard.size)
             fetch(self.s3, self.s.bucket, self._key(step, shard.name), shard.size,
                   shard.checksum, data, part_size=self.s.get_part_size,
-                  concurrency=self.s.get_concurrency, progress=progress,
+                  concurrency=per_lane, progress=progress,
                   where=f"{self.name} step {step}: shard {shard.name}",
                   keyed=got.keyed_for(shard.name))
-            out[shard.name] = data
+            return data
+        if lanes == 1:
+            return m, {shard.name: one(shard) for shard in m.shards}
+        with ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="s3load") as pool:
+            futures = [(shard.name, pool.submit(one, shard)) for shard in m.shards]
+            try:
+                out: dict[str, Buf] = {name: f.result() for name, f in futures}
+            except BaseException:
+                for _, f in futures:  # a refused shard: the step is unusable, stop the rest
+                    f.cancel()
+                raise
         return m, out
 
     def delete(self, step: int) -> None:
