@@ -7,10 +7,11 @@ the tier it read, the step, its bytes and the seconds the verified read took (ag
 between ranks left out). A site without a shared tier keeps them in S3 instead
 (`S3RecordSink`): the same JSON at ``<prefix>/job-N/coord/restore-<run>.rank-R`` and, since
 anyone with the bucket's credentials could write there, its MAC under the job's key beside it
-(``.mac``, ``<kid>:<hex>``, as the S3 manifests'; reading them back is work-plan step 12).
+(``.mac``, ``<kid>:<hex>``, as the S3 manifests').
 `read_records` is the admin's side: it reads every job's records under a shared root as
 untrusted input (directories and files opened by descriptor, never through a link, owned by
-the job directory's user, small, strictly parsed) and names each record it skips and why.
+the job directory's user, small, strictly parsed) and names each record it skips and why;
+`restorelog_s3` reads the S3 ones back (each verified with its MAC under its job's key).
 Records are not matched against accounting: a user can file records in job directories of
 their own making, so the figures are the jobs' own word (docs/report.md)."""
 
@@ -46,6 +47,8 @@ MAX_RECORDS = 1_000_000  # in all: past it the rest are skipped, and the report 
 MAX_PER_OWNER = 200_000
 _FILE = re.compile(r"restore-r[0-9]{1,9}-s[0-9]{1,9}\.rank-[0-9]{1,9}")
 _JOB = re.compile(r"job-[1-9][0-9]{0,11}")  # as Slurm numbers jobs: no leading zeros
+# The names both readers take (restorelog_s3 reads S3's by the same rules).
+RECORD_NAME, JOB_NAME = _FILE, _JOB
 TIERS = ("memory", "peer", "shared", "s3")
 _FIELDS = ("bytes", "job", "rank", "run", "seconds", "step", "tier", "at", "saved_at")
 # Records written before `saved_at` was (the release that added restore records) lack it.
@@ -65,8 +68,9 @@ class RestoreRecord:
     # When the restored step was saved (its manifest's created_at): the failure's lost work is
     # the failed run's end less this. None in a record from before it was written.
     saved_at: float | None = None
-    # The uid owning the job directory the record was read from (the reader sets it; not
-    # written): the report counts a record for job N only when N's user owns it.
+    # The uid owning the job directory the record was read from, or (from S3) whose job key
+    # its MAC verified under (the reader sets it; not written): the report counts a record
+    # for job N only when N's user owns it.
     owner: int | None = None
 
     @property
@@ -200,7 +204,7 @@ class Skipped:
 LINES_PER_OWNER = 20
 
 
-class _Reading:
+class Reading:
     """One read's caps: record files opened per owner of job directories (well-formed or not:
     junk costs a user's share as much as records do), records kept in all, log lines per
     owner."""
@@ -223,13 +227,14 @@ class _Reading:
         else:
             self.quiet[uid] = self.quiet.get(uid, 0) + 1
 
-    def summary(self, root: str) -> None:
+    def summary(self, root: str, dirs_are: str = "job directories") -> None:
+        """``dirs_are``: what a job's records are kept in, in words (S3: job prefixes)."""
         for uid, n in sorted(self.quiet.items()):
             self.skipped.append(Skipped(root, f"{n} more records of uid {uid} left out as "
                                               "unreadable or malformed (not listed)", n))
         for uid, dirs in sorted(self.dirs_past.items()):
             self.skipped.append(Skipped(os.path.join(root, "job-*"),
-                                        f"{dirs} job directories of uid {uid} not read: it "
+                                        f"{dirs} {dirs_are} of uid {uid} not read: it "
                                         f"has used its share of {self.per_owner} record "
                                         "files", 0, True))
 
@@ -243,7 +248,7 @@ def read_records(shared_root: str, per_owner: int = MAX_PER_OWNER, in_all: int =
     missing root is an error (the caller names the option); an unfit one (a link, another
     user's) is Refused."""
     records: list[RestoreRecord] = []
-    r = _Reading(per_owner, in_all)
+    r = Reading(per_owner, in_all)
     spool = safeio.open_spool(shared_root)
     with closing(spool):
         jobs = sorted((n for n in os.listdir(spool) if _JOB.fullmatch(n)),
@@ -271,7 +276,7 @@ def read_records(shared_root: str, per_owner: int = MAX_PER_OWNER, in_all: int =
     return records, r.skipped
 
 
-def _job_records(spool: int, job: str, where: str, r: _Reading) -> list[RestoreRecord]:
+def _job_records(spool: int, job: str, where: str, r: Reading) -> list[RestoreRecord]:
     job_fd, st = safeio.open_dir(spool, job, None, os.path.dirname(where))
     uid = st.st_uid
     with closing(job_fd):

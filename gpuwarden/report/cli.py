@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import pwd
 import sys
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,8 @@ from gpuwarden.accounting.options import (
     parse_since,
     store_of,
 )
-from gpuwarden.ckpt import restorelog
+from gpuwarden.ckpt import jobkey, restorelog, restorelog_s3
+from gpuwarden.config import Config
 from gpuwarden.config.context import Context
 from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
@@ -153,6 +156,100 @@ def _read_restores(given: str | None, configured: str) -> Read | None:
             any(s.capped for s in skipped))
 
 
+@dataclass(frozen=True)
+class S3Site:
+    """A site's restore records in S3 (no shared tier: `restorelog.S3RecordSink`), with what
+    verifies them, and the jobs listed there before the history (whose pass then learns their
+    users: `RunTally.watched_users`)."""
+
+    place: restorelog_s3.Place
+    site: list[tuple[str, bytes]] = field(repr=False)  # the site secret's keys
+    cluster: str
+    s3: Any = field(repr=False)
+    jobs: list[str] = field(default_factory=list)
+    skipped: list[restorelog.Skipped] = field(default_factory=list)
+
+
+def _s3_client(place: restorelog_s3.Place) -> Any:
+    return restorelog_s3.client(place)  # the tests' seam: a fake bucket
+
+
+def _s3_site(given: bool | None, cfg: Config) -> S3Site | None:
+    """The restore records in S3, listed before the history: with ``--ckpt-s3``, or by
+    default on a site whose config keeps them there (``[ckpt] s3_bucket`` and ``key_file``, no
+    ``shared_root``). None when not read: ``--ckpt-s3`` without what it needs is an error; for
+    the config's default, or a bucket that cannot be listed, a warning saying what to check,
+    and the report goes on without them."""
+    c = cfg.ckpt
+    if not (given if given is not None else c.s3_bucket and c.key_file and not c.shared_root):
+        return None
+
+    def refused(why: str) -> S3Site | None:
+        if given:
+            raise click.UsageError(f"--ckpt-s3: {why}")
+        log.warning("restore records in S3: %s: none on the page", why)
+        return None
+
+    if not (c.s3_bucket and c.key_file):
+        return refused("needs [ckpt] s3_bucket and key_file (the site secret each job's key "
+                       "is derived from)")
+    try:
+        site = jobkey.load_site_keys(c.key_file)
+    except jobkey.JobKeyError as exc:
+        return refused(str(exc))
+    place = restorelog_s3.Place(c.s3_bucket, c.s3_prefix, c.s3_endpoint)
+    try:
+        s3 = _s3_client(place)
+    except ModuleNotFoundError as exc:
+        return refused(f"needs {exc.name}: pip install 'gpuwarden[s3]'")
+    try:
+        jobs, skipped = restorelog_s3.list_jobs(s3, place,
+                                                time.monotonic() + restorelog_s3.LIST_S)
+    except restorelog_s3.S3ReadError as exc:
+        log.warning("restore records: %s; the report goes on without them", exc)
+        return None
+    return S3Site(place, site, cfg.cluster.name, s3, jobs, skipped)
+
+
+def _read_s3(src: S3Site | None, users: dict[int, set[str]]) -> Read | None:
+    """The records of the listed jobs accounting names a user of (``users``: the tally's
+    `watched_users`), each verified under that user's job key (`restorelog_s3`)."""
+    if src is None:
+        return None
+    uids: dict[str, int | None] = {}
+    owners: dict[int, restorelog_s3.Owners] = {}
+    for job in src.jobs:
+        names = users.get(int(job[len("job-"):]))
+        if not names:
+            continue
+        for n in names:
+            if n not in uids:
+                uids[n] = _uid(n)
+        got = sorted({u for n in names if (u := uids[n]) is not None})
+        shown = ", ".join(repr(n[:40]) for n in sorted(names)[:3])
+        owners[int(job[len("job-"):])] = got or (
+            f"accounting names user {shown} for it, with no uid on this host: its key cannot "
+            "be derived")
+    records, skipped = restorelog_s3.read_records(
+        src.s3, src.place, src.jobs, owners, src.site, src.cluster,
+        time.monotonic() + restorelog_s3.READ_S)
+    skipped = [*src.skipped, *skipped]
+    for s in skipped:
+        log.warning("restore record %s left out: %s", s.where, s.why)
+    return (str(src.place), records, sum(s.records for s in skipped if not s.capped),
+            any(s.capped for s in skipped))
+
+
+def _both(*reads: Read | None) -> Read | None:
+    """The records of every place read, as one read (a site can hold both kinds: a shared
+    tier now, S3 before)."""
+    got = [r for r in reads if r is not None]
+    if len(got) < 2:
+        return got[0] if got else None
+    return (" and ".join(r[0] for r in got), [x for r in got for x in r[1]],
+            sum(r[2] for r in got), any(r[3] for r in got))
+
+
 def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
     """The records in the history's span (its window, where the accounting named it)."""
     if read is None:
@@ -194,12 +291,15 @@ def _restores(read: Read | None, hist: Any) -> RestoreTimes | None:
 @click.option("--ckpt-root", default=None, type=click.Path(file_okay=False),
               help="the checkpoints' shared tier, for restore times per tier "
                    "[default: [ckpt] shared_root, where it is mounted]")
+@click.option("--ckpt-s3/--no-ckpt-s3", default=None,
+              help="read the restore records jobs keep in S3 ([ckpt] s3_bucket, verified "
+                   "with keys from [ckpt] key_file) [default: when there is no shared_root]")
 @click.pass_obj
 def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_file: str | None,
            store: str | None, live: bool,
            output: str, json_out: str | None, ckpt_cost: str, ckpt_interval: str,
            restart_cost: str, restore_cost: str, spares: int, spare_swap: str, gpus_per_node: int,
-           topology: str | None, ckpt_root: str | None) -> None:
+           topology: str | None, ckpt_root: str | None, ckpt_s3: bool | None) -> None:
     """Where the site's GPU time went, and what four design choices would change: one
     self-contained HTML page from the site's own accounting."""
     interval = _seconds(ckpt_interval, "--ckpt-interval", positive=True)
@@ -219,10 +319,17 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
     blamable = Blamable.of(_store_events(where) if where is not None
                            else _events_first(obj, since, from_files, events_file), lc.grace_s)
     read = _read_restores(ckpt_root, cfg.ckpt.shared_root)
-    watch = frozenset(r.job_id for r in (read[1] if read else ()) if r.restarts > 0)
+    in_s3 = _s3_site(ckpt_s3, cfg)
+    # Every job listed in S3 is watched, not only those restored after a restart: its user,
+    # whose key verifies its records, is known only from accounting.
+    watch = frozenset(r.job_id for r in (read[1] if read else ()) if r.restarts > 0) | \
+        frozenset(int(j[len("job-"):]) for j in (in_s3.jobs if in_s3 else ()))
     hist = load_history(obj, since, from_files, events_file, lc.grace_s,
                         collector=RunTally.factory(leaves, blamable, watch), store=where,
                         live=live)
+    tally = hist.collected
+    read = _both(read, _read_s3(in_s3, tally.watched_users if isinstance(tally, RunTally)
+                                else {}))
     opts = Options(
         source=("files: " + ", ".join(from_files)) if from_files
         else (f"the accounting store {where}" + (f", {since} back" if since else ""))

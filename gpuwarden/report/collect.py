@@ -128,6 +128,9 @@ class RunTally:
         # restore is placed in the run that made it (`report.restarts`).
         self.watch = watch
         self.watched: dict[int, list[tuple[int, int]]] = {}
+        # The users accounting names for each watched job (usually one; a job id Slurm gave
+        # out again, more): the keys of a job's S3 restore records are derived from its uid.
+        self.watched_users: dict[int, set[str]] = {}
         # Runs after a requeue (restart count 1 or more) by job: (start, restart count, user),
         # so a blamed run's requeue wait (its job's next run's start less its end) is measured
         # from accounting.
@@ -181,7 +184,7 @@ class RunTally:
                 acc[0] += 1
                 acc[1] += secs
             if watch and ids[i] in watch:
-                self.watched.setdefault(ids[i], []).append((start, end))
+                self._watched(ids[i], start, end, recs[i].user)
             if restarts[i]:
                 self._requeued(recs[i], start, restarts[i])
             if leaf_of is not None and ("[" in text or "," in text):
@@ -224,9 +227,9 @@ class RunTally:
         self._add_groups(((d, p, st, g), (r, sc)) for d, p, st, g, r, sc in cells.iter_rows())
         if self.watch:
             got = (lf.filter(pl.col("job_id").is_in(list(self.watch))).sort("rid")
-                   .select("job_id", "start_time", "end_time").collect())
-            for job, a, b in got.iter_rows():
-                self.watched.setdefault(job, []).append((a, b))
+                   .select("job_id", "start_time", "end_time", "user").collect())
+            for job, a, b, user in got.iter_rows():
+                self._watched(job, a, b, user)
         again = (lf.filter(pl.col("restart_count") > 0).sort("rid")
                  .select("job_id", "start_time", "restart_count", "user").collect())
         for job, a, n, user in again.iter_rows():
@@ -268,6 +271,10 @@ class RunTally:
         # One tuple per distinct cell: a million failed runs share a few hundred.
         return self._shared.setdefault(cell, cell)
 
+    def _watched(self, job: int, start: int, end: int, user: str) -> None:
+        self.watched.setdefault(job, []).append((start, end))
+        self.watched_users.setdefault(job, set()).add(self._users.setdefault(user, user))
+
     def _requeued(self, r: AcctRecord, start: int, restarts: int) -> None:
         user = r.user
         self.requeued.setdefault(r.job_id, []).append(
@@ -294,7 +301,7 @@ class RunTally:
                 self._cell(cell), gpus, end - start, self._users.setdefault(user, user),
                 restarts)
         if self.watch and r.job_id in self.watch:
-            self.watched.setdefault(r.job_id, []).append((start, end))
+            self._watched(r.job_id, start, end, r.user)
         if restarts:
             self._requeued(r, start, restarts)
         if self.leaf_of is not None:
@@ -321,6 +328,8 @@ class RunTally:
         self.blamable.update(other.blamable)
         for job, runs in other.watched.items():
             self.watched.setdefault(job, []).extend(runs)
+        for job, users in other.watched_users.items():
+            self.watched_users.setdefault(job, set()).update(users)
         for job, starts in other.requeued.items():
             self.requeued.setdefault(job, []).extend(starts)
         self.gang_runs.update(other.gang_runs)

@@ -82,7 +82,7 @@ def checkpoint_vs_redundancy(e: EttrSection) -> Tradeoff:
 class RestoreTimes:
     """What the jobs recorded of their restores (`ckpt.restorelog`), for this history's span."""
 
-    where: str  # the shared root read, in words
+    where: str  # what was read, in words: the shared root, s3://<bucket>/<prefix>, or both
     tiers: list[TierRestores]
     skipped: int  # records left out as unreadable or malformed (named in the log)
     # The records inside the span, each rank's (for lost work and restarts: `restarts.match`).
@@ -123,7 +123,9 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
     missing = []
     if restores is None:
         missing.append("restore times per tier: the jobs record them on the shared tier "
-                       "([ckpt] shared_root); pass --ckpt-root where it is mounted")
+                       "([ckpt] shared_root; pass --ckpt-root where it is mounted) or, without "
+                       "one, in S3 ([ckpt] s3_bucket and key_file, or --ckpt-s3): none were read "
+                       "here")
     else:
         assumptions.append(
             f"restore times as the jobs' ranks measured them (the verified read of their own "

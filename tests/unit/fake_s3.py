@@ -93,16 +93,32 @@ class FakeS3:
         outer = self
 
         class Pages:
-            def paginate(self, Bucket: str, Prefix: str) -> Iterator[dict[str, Any]]:
+            def paginate(self, Bucket: str, Prefix: str,
+                         Delimiter: str | None = None) -> Iterator[dict[str, Any]]:
                 """Lazily, as boto3's page iterator: each page is asked for (and logged,
-                ``list-page``) only when the caller gets to it."""
+                ``list-page``) only when the caller gets to it. With ``Delimiter``, as S3: the
+                keys with it after the prefix rolled up into one common prefix each (up to and
+                with the delimiter), each taking one place on a page."""
                 outer._log("list", Prefix)
-                keys = [k for k in sorted(outer.objects) if k.startswith(Prefix)]
+                items: list[tuple[str, bool]] = []  # (key or common prefix, is a prefix)
+                for k in sorted(outer.objects):
+                    if not k.startswith(Prefix):
+                        continue
+                    cut = k.find(Delimiter, len(Prefix)) if Delimiter else -1
+                    item = (k[:cut + len(Delimiter or "")], True) if cut >= 0 else (k, False)
+                    if not items or items[-1] != item:
+                        items.append(item)
                 size = outer.page_size
-                for i in range(0, max(len(keys), 1), size):
+                for i in range(0, max(len(items), 1), size):
                     outer._log("list-page", Prefix)
-                    page = keys[i:i + size]
-                    yield {"Contents": [{"Key": k} for k in page]} if page else {}
+                    page = items[i:i + size]
+                    out: dict[str, Any] = {}
+                    if keys := [{"Key": k, "Size": len(outer.objects[k])}
+                                for k, common in page if not common]:
+                        out["Contents"] = keys
+                    if common := [{"Prefix": k} for k, c in page if c]:
+                        out["CommonPrefixes"] = common
+                    yield out
         return Pages()
 
     def list_multipart_uploads(self, Bucket: str, Prefix: str) -> dict[str, Any]:

@@ -211,10 +211,16 @@ def test_random_histories_give_the_same_figures_from_the_store(
             # (every one's lemon drain cleared): a known fault of the scoring, the same for
             # both paths (reported apart).
             return f"IndexError: {exc}"
-    tally = RunTally.factory(None, Blamable.of(events))
+    # Every other job watched (its restore records' jobs): the same runs and users either way.
+    tally = RunTally.factory(None, Blamable.of(events), frozenset(range(1000, 1040, 2)))
     files = from_files(paths, events, workers=1, collector=tally)
     stored = from_store(str(d / "store"), collector=tally)
     assert stored.records == files.records
+    a, b = stored.collected, files.collected
+    assert isinstance(a, RunTally) and isinstance(b, RunTally)
+    assert a.watched_users == b.watched_users
+    assert {j: sorted(set(v)) for j, v in a.watched.items()} == \
+        {j: sorted(set(v)) for j, v in b.watched.items()}
     assert stored.windows == files.windows
     same(figures(files), figures(stored))
     # A read `since`: whole days by their rollups, a day taken in part rolled up from its

@@ -108,7 +108,7 @@ def tally_summary(t: RunTally) -> tuple[Any, ...]:
     # A job's runs in any order: report.restarts reads them sorted, or the earliest.
     return (dict(t.cells), t.never_ran, t.cpu_runs, dict(t.gpu_seconds), t.blamable,
             {j: sorted(v) for j, v in t.requeued.items()},
-            {j: sorted(v) for j, v in t.watched.items()},
+            {j: sorted(v) for j, v in t.watched.items()}, t.watched_users,
             dict(t.gang_runs), dict(t.gang_wait_s), dict(t.gang_waited))
 
 
