@@ -102,17 +102,18 @@ class S3Settings:
     get_concurrency: int = 16
 
 
-def client(settings: S3Settings, credentials: Mapping[str, str] | None = None) -> Any:
+def client(settings: S3Settings, credentials: Mapping[str, str] | None = None,
+           session: Any = None) -> Any:
     """A boto3 S3 client with bounded timeouts and jittered ("adaptive") retries; with
     ``credentials`` (boto3.client's keyword arguments: the prolog's stage-in), those instead of
-    boto3's default chain."""
+    boto3's default chain; ``session``: a boto3 Session of the caller's (default: boto3's)."""
     cfg = Config(connect_timeout=settings.connect_timeout_s,
                  read_timeout=settings.read_timeout_s,
                  retries={"max_attempts": settings.retries, "mode": "adaptive"},
                  max_pool_connections=max(10, settings.concurrency * 2,
                                           settings.get_concurrency))
-    return boto3.client("s3", endpoint_url=settings.endpoint_url, config=cfg,
-                        **dict(credentials or {}))
+    return (session or boto3).client("s3", endpoint_url=settings.endpoint_url, config=cfg,
+                                     **dict(credentials or {}))
 
 
 class S3Tier:

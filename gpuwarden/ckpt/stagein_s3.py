@@ -19,6 +19,7 @@ tier 0 as the shared tier's are. Whatever goes wrong is logged; the job restores
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -129,8 +130,22 @@ def with_secrets(cfg: CkptConfig, req: Request, cluster: str) -> Request:
 
 # ---- the user's part, in the child ---------------------------------------------------------------
 def make_client(settings: S3Settings, credentials: Mapping[str, str]) -> Any:
-    """The child's S3 client: boto3's default chain (an instance role), or ``credentials``."""
-    return client(settings, credentials)
+    """The child's S3 client: boto3's default chain (an instance role), or ``credentials``.
+
+    The child is the job's user, and Slurm gives the prolog no HOME: botocore would read that
+    user's ~/.aws/config, credentials and models, and an endpoint_url or ca_bundle there would
+    steer the client that carries root's stage-in credentials to the user. So its session
+    reads no file of anyone's (config and credentials files /dev/null, no extra data path,
+    HOME=/ for the models it searches by default)."""
+    import boto3  # noqa: PLC0415 - the child has it loaded already (stage_in imports us)
+    import botocore.session  # noqa: PLC0415
+
+    os.environ["HOME"] = "/"
+    core = botocore.session.Session()
+    for name, value in (("config_file", os.devnull), ("credentials_file", os.devnull),
+                        ("data_path", "")):
+        core.set_config_variable(name, value)
+    return client(settings, credentials, session=boto3.session.Session(botocore_session=core))
 
 
 def _settings(req: Request) -> S3Settings:

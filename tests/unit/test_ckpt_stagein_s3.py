@@ -535,3 +535,31 @@ def test_the_prologs_limit_and_fast_gate_know_s3_stage_in(tmp_path: Path) -> Non
     assert "requeued" in node.check(SLURM_JOB_RESTART_COUNT="1")
     # A first run still goes the full way, for the job's key (test_fastgate).
     assert "checkpoint key" in node.check(SLURM_JOB_RESTART_COUNT="0")
+
+
+def test_the_childs_client_reads_nothing_from_the_users_home(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy runs as the job's user, and Slurm gives the prolog no HOME: that user's
+    ~/.aws/config must not steer the client that carries root's stage-in credentials (an
+    endpoint_url of theirs would receive root's signed requests and session token)."""
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "config").write_text(
+        "[default]\nendpoint_url = http://attacker.example:8080\nregion = eu-west-9\n"
+        "ca_bundle = /tmp/attacker-ca.pem\n")
+    (home / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIAUSERS\naws_secret_access_key = users\n")
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role to ask here
+    creds = {"aws_access_key_id": "AKIAROOTSTAGEIN", "aws_secret_access_key": "s" * 40,
+             "region_name": "us-east-1"}
+    c = stagein_s3.make_client(S3Settings("site-bucket"), creds)
+    assert "attacker" not in c.meta.endpoint_url and c.meta.region_name == "us-east-1"
+    assert c._get_credentials().access_key == "AKIAROOTSTAGEIN"
+    # Without credentials of root's (an instance role), the user's file is not read either.
+    bare = stagein_s3.make_client(S3Settings("site-bucket"), {})
+    assert "attacker" not in bare.meta.endpoint_url
+    creds_found = bare._get_credentials()
+    assert creds_found is None or creds_found.access_key != "AKIAUSERS"

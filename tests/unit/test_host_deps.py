@@ -237,7 +237,7 @@ def test_make_test_runs_the_e2e_tests_on_clusters_side_by_side_and_removes_them(
                     "docker info", "python -m devcluster down --workers"], ran
     # The other release's versions tests at the same time, on clusters of their own.
     assert versions == [
-        f"python -m pytest tests/e2e -q -m versions -n 1 {XDIST} --durations=10",
+        f"python -m pytest tests/e2e -q -m versions -n 2 {XDIST} --durations=10",
         "  on 26.05 gwv"], ran
     # It says which phase it is in.
     for phase in ("make test: unit tests", "make test: e2e tests on 4 clusters side by side",
