@@ -15,8 +15,10 @@ The report reads in two passes around its accounting read, which says whose the 
    ``<prefix>/job-N/coord/`` and two ranged GETs per record (its MAC, then the record, each at
    most its size limit: an object larger than its LIST said is never read whole), a few jobs
    and records at once (`WORKERS`), under `restorelog.read_records`' caps: record files per
-   user, records in all, entries per job. Each call has the client's timeouts, the whole read a
-   deadline: what it did not reach is named, and the report goes on.
+   user, records in all, entries per job. The users take turns, the one who has spent least
+   of the read's time first: one user's objects cost only that user's share. Each call has
+   the client's timeouts, the whole read a deadline: what it did not reach is named, and the
+   report goes on.
 
 Only the job's user can make a record count (the key is theirs); anyone with the bucket's
 credentials can plant junk under a job's prefix, which costs that job's user's share of record
@@ -26,12 +28,14 @@ files read, as junk in their own directories does on a shared tier (docs/report.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from gpuwarden.ckpt import jobkey
 from gpuwarden.ckpt.restorelog import (
@@ -60,10 +64,6 @@ LIST_S = 120.0  # the jobs' listing, before the accounting read
 READ_S = 300.0  # the records, after it
 # The report's client: S3's own limits are generous for a job's gigabytes; a page is small.
 CONNECT_S, CALL_S, RETRIES = 5.0, 20.0, 3
-
-T = TypeVar("T")
-R = TypeVar("R")
-
 
 class S3ReadError(GpuwardenError):
     """The bucket cannot be listed (the message says what to check)."""
@@ -164,7 +164,11 @@ def read_records(s3: Any, place: Place, jobs: Sequence[str], owners: Mapping[int
     are none; a job not in it is not read (not in the accounting read: older, or no job of
     this cluster). ``site``: the site secret's keys (`jobkey.load_site_keys`), ``cluster``:
     `[cluster] name`, as the prolog derives each job's key. The caps as
-    `restorelog.read_records`'; ``deadline``: time.monotonic()'s, for the whole read."""
+    `restorelog.read_records`'; ``deadline``: time.monotonic()'s, for the whole read.
+
+    The users take turns (`TURN` S3 calls each, their own jobs newest first): whatever one
+    user files under their jobs, junk included, costs the read only that user's turns, so a
+    deadline it makes pass leaves the other users' few records read, not theirs unread."""
     root = str(place)
     r = Reading(per_owner, in_all)
     records: list[RestoreRecord] = []
@@ -173,50 +177,152 @@ def read_records(s3: Any, place: Place, jobs: Sequence[str], owners: Mapping[int
         r.skipped.append(Skipped(f"{root}/job-*", f"{len(jobs) - len(todo)} jobs' records not "
                                  "read: accounting names no user for them in the span read "
                                  "(older jobs, or prefixes no job of this cluster made)", 0))
+    # One queue per set of users a job's key may be derived for (usually one user).
+    queues: dict[tuple[int, ...] | str, deque[_Job]] = {}
+    for job in todo:
+        who = owners[int(job[len("job-"):])]
+        queues.setdefault(who if isinstance(who, str) else tuple(sorted(who)),
+                          deque()).append(_Job(job, who))
     pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="gpuwarden-s3-records")
+    # The next turn is the user's who has spent the least of the read's time so far (ties:
+    # the one with the newest job).
+    turns = [(0.0, i, who) for i, who in enumerate(queues)]
+    why = ""
     try:
-        listings = _ahead(pool, lambda job: _listing(s3, place, job, deadline), todo, workers)
-        for i, (job, listing) in enumerate(listings):
-            left = len(todo) - i
-            if len(records) >= in_all or time.monotonic() > deadline:
-                why = (f"{in_all} records kept in all" if len(records) >= in_all
-                       else "the read's deadline passed")
-                r.skipped.append(Skipped(f"{root}/job-*", f"{left} older jobs not read: {why}",
-                                         0, True))
+        while turns:
+            if len(records) >= in_all:
+                why = f"{in_all} records kept in all"
+            elif time.monotonic() > deadline:
+                why = "the read's deadline passed"
+            if why:
                 break
-            where = f"{root}/{job}/coord"
-            if isinstance(listing, Skipped):
-                r.skipped.append(listing)
-                continue
-            recs = _job_records(pool, s3, place, job, listing, owners[int(job[len("job-"):])],
-                                site, cluster, deadline, r)
-            room = in_all - len(records)
-            records.extend(recs[:room])
-            if len(recs) > room:
-                r.skipped.append(Skipped(where, f"{len(recs) - room} records not counted: "
-                                                f"{in_all} records kept in all",
-                                         len(recs) - room, True))
+            spent, i, who = heapq.heappop(turns)
+            q = queues[who]
+            t0 = time.monotonic()
+            for job, got in _turn(pool, s3, place, q, site, cluster, deadline, r):
+                room = in_all - len(records)
+                records.extend(got[:room])
+                if len(got) > room:
+                    r.skipped.append(Skipped(f"{root}/{job}/coord",
+                                             f"{len(got) - room} records not counted: "
+                                             f"{in_all} records kept in all",
+                                             len(got) - room, True))
+            if q:
+                heapq.heappush(turns, (spent + time.monotonic() - t0, i, who))
+        for _, _, who in sorted(turns, key=lambda t: t[1]):
+            q = queues[who]
+            late = sum(len(j.wanted) for j in q)
+            if late:
+                r.skipped.append(Skipped(f"{root}/{q[0].name}/coord" if q[0].wanted
+                                         else f"{root}/job-*",
+                                         f"{late} record files not read: {why}", late, True))
+            if n := sum(not j.listed for j in q):
+                whose = (f"of uid {', '.join(str(u) for u in who)} " if isinstance(who, tuple)
+                         else "")
+                r.skipped.append(Skipped(f"{root}/job-*", f"{n} jobs {whose}not read: {why}",
+                                         0, True))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     r.summary(root, "job prefixes")
+    records.sort(key=lambda x: x.job_id, reverse=True)  # newest first, as listed
     return records, r.skipped
 
 
-def _ahead(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: Iterable[T],
-           window: int) -> Iterator[tuple[T, R]]:
-    """``fn`` of each item, in order, at most ``window`` running ahead of the caller."""
-    pending: deque[tuple[T, Future[R]]] = deque()
-    it = iter(items)
-    for item in it:
-        pending.append((item, pool.submit(fn, item)))
-        if len(pending) >= window:
-            break
-    while pending:
-        item, fut = pending.popleft()
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append((nxt, pool.submit(fn, nxt)))
-        yield item, fut.result()
+TURN = 16  # S3 calls in one user's turn (LISTs of their next jobs, or GETs), at once
+
+
+@dataclasses.dataclass
+class _Job:
+    """One job's read, done a turn at a time."""
+
+    name: str
+    owners: Owners
+    listed: bool = False
+    listing: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    wanted: deque[str] = dataclasses.field(default_factory=deque)
+    keys: list[tuple[int, jobkey.JobKeys]] = dataclasses.field(default_factory=list)
+
+
+def _turn(pool: ThreadPoolExecutor, s3: Any, place: Place, q: deque[_Job],
+          site: Sequence[tuple[str, bytes]], cluster: str, deadline: float, r: Reading
+          ) -> list[tuple[str, list[RestoreRecord]]]:
+    """One user's turn on their jobs ``q`` (newest first): the LISTs of their next jobs not
+    listed yet, or else at most `TURN` record files of those listed; each job's verified
+    records. Jobs done leave ``q``."""
+    out: list[tuple[str, list[RestoreRecord]]] = []
+    if not q[0].listed:
+        jobs = [j for j in itertools.islice(q, TURN) if not j.listed]
+        for job, listing in zip(jobs, pool.map(lambda j: _listing(s3, place, j.name, deadline),
+                                               jobs), strict=True):
+            job.listed = True
+            if isinstance(listing, Skipped):
+                r.skipped.append(listing)
+                continue
+            job.listing = listing
+            job.wanted = deque(_wanted(job, listing, site, cluster, r,
+                                       f"{place}/{job.name}/coord"))
+    else:
+        batch: list[tuple[_Job, str]] = []
+        for job in q:
+            if not job.listed or len(batch) >= TURN:
+                break
+            while job.wanted and len(batch) < TURN:
+                batch.append((job, job.wanted.popleft()))
+        got: dict[str, list[RestoreRecord]] = {}
+        late: dict[str, int] = {}
+        for (job, _), rec in zip(batch, pool.map(
+                lambda jn: _record(s3, place, jn[0].name, jn[1], jn[0].listing, jn[0].keys,
+                                   deadline), batch), strict=True):
+            if isinstance(rec, RestoreRecord):
+                got.setdefault(job.name, []).append(rec)
+            elif rec is None:
+                late[job.name] = late.get(job.name, 0) + 1
+            else:
+                r.left_out(job.keys[0][0], rec)
+        for name, n in late.items():
+            r.skipped.append(Skipped(f"{place}/{name}/coord", f"{n} record files not read: "
+                                     "the read's deadline passed", n, True))
+        out = list(got.items())
+    while q and q[0].listed and not q[0].wanted:
+        q.popleft()
+    return out
+
+
+def _wanted(job: _Job, listing: Mapping[str, int | None], site: Sequence[tuple[str, bytes]],
+            cluster: str, r: Reading, where: str) -> list[str]:
+    """The record files of the job to read, within its users' share (and its keys, set on
+    ``job``); why the others are not read, in ``r``."""
+    wanted = sorted(n for n in listing if RECORD_NAME.fullmatch(n))
+    if not wanted:
+        return []
+    owners = job.owners
+    if isinstance(owners, str):
+        r.skipped.append(Skipped(where, f"{len(wanted)} records not read: {owners}",
+                                 len(wanted)))
+        return []
+    try:
+        job.keys = [(uid, jobkey.JobKeys.of(jobkey.derive(site, cluster,
+                                                          job.name[len("job-"):], uid)))
+                    for uid in owners]
+    except jobkey.JobKeyError as exc:
+        r.skipped.append(Skipped(where, f"{len(wanted)} records not read: {exc}",
+                                 len(wanted)))
+        return []
+    # Junk filed under the job costs its users' share, as records do (one for each user
+    # accounting names for the job: the owner is known only once a MAC verifies).
+    room = min(r.room(uid) for uid, _ in job.keys)
+    if room <= 0:
+        for uid, _ in job.keys:
+            r.dirs_past[uid] = r.dirs_past.get(uid, 0) + 1
+        return []
+    if len(wanted) > room:
+        r.skipped.append(Skipped(where, f"{len(wanted) - room} record files not read: uid "
+                                        f"{job.keys[0][0]} has used its share of "
+                                        f"{r.per_owner}", len(wanted) - room, True))
+        wanted = wanted[:room]
+    for uid, _ in job.keys:
+        r.opened[uid] = r.opened.get(uid, 0) + len(wanted)
+    return wanted
 
 
 def _listing(s3: Any, place: Place, job: str, deadline: float) -> dict[str, int | None] | Skipped:
@@ -241,55 +347,6 @@ def _listing(s3: Any, place: Place, job: str, deadline: float) -> dict[str, int 
                 return Skipped(where, "listing cut short: the read's deadline passed", 0, True)
     except _s3_errors() as exc:
         return Skipped(where, f"cannot list: {advice(exc)}", 0)
-    return out
-
-
-def _job_records(pool: ThreadPoolExecutor, s3: Any, place: Place, job: str,
-                 listing: Mapping[str, int | None], owners: Owners,
-                 site: Sequence[tuple[str, bytes]], cluster: str, deadline: float,
-                 r: Reading) -> list[RestoreRecord]:
-    where = f"{place}/{job}/coord"
-    wanted = sorted(n for n in listing if RECORD_NAME.fullmatch(n))
-    if not wanted:
-        return []
-    if isinstance(owners, str):
-        r.skipped.append(Skipped(where, f"{len(wanted)} records not read: {owners}",
-                                 len(wanted)))
-        return []
-    try:
-        keys = [(uid, jobkey.JobKeys.of(jobkey.derive(site, cluster, job[len("job-"):], uid)))
-                for uid in owners]
-    except jobkey.JobKeyError as exc:
-        r.skipped.append(Skipped(where, f"{len(wanted)} records not read: {exc}",
-                                 len(wanted)))
-        return []
-    # Junk filed under the job costs its users' share, as records do (one for each user
-    # accounting names for the job: the owner is known only once a MAC verifies).
-    room = min(r.room(uid) for uid, _ in keys)
-    if room <= 0:
-        for uid, _ in keys:
-            r.dirs_past[uid] = r.dirs_past.get(uid, 0) + 1
-        return []
-    if len(wanted) > room:
-        r.skipped.append(Skipped(where, f"{len(wanted) - room} record files not read: uid "
-                                        f"{keys[0][0]} has used its share of {r.per_owner}",
-                                 len(wanted) - room, True))
-        wanted = wanted[:room]
-    for uid, _ in keys:
-        r.opened[uid] = r.opened.get(uid, 0) + len(wanted)
-    out: list[RestoreRecord] = []
-    late = 0
-    for got in pool.map(lambda name: _record(s3, place, job, name, listing, keys, deadline),
-                        wanted):
-        if isinstance(got, RestoreRecord):
-            out.append(got)
-        elif got is None:
-            late += 1
-        else:
-            r.left_out(keys[0][0], got)
-    if late:
-        r.skipped.append(Skipped(where, f"{late} record files not read: the read's deadline "
-                                        "passed", late, True))
     return out
 
 

@@ -218,6 +218,11 @@ def _read_s3(src: S3Site | None, users: dict[int, set[str]]) -> Read | None:
         return None
     uids: dict[str, int | None] = {}
     owners: dict[int, restorelog_s3.Owners] = {}
+    if any(users.get(int(j[len("job-"):])) for j in src.jobs):
+        # Against jobuid's rule (a job's uid as Slurm's number): accounting records no uid.
+        log.info("restore records in S3: each job's uid is its accounting user name's on "
+                 "this host (accounting records no uid): a user renamed or renumbered since "
+                 "the job ran has its records left out")
     for job in src.jobs:
         names = users.get(int(job[len("job-"):]))
         if not names:

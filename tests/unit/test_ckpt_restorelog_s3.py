@@ -207,9 +207,8 @@ def test_one_user_filling_the_caps_leaves_the_other_users_restores_on_the_page()
     assert got[f"2 job prefixes of uid {BOB} not read: it has used its share of 5 record "
                "files"] == (0, True)
     records, skipped = read(s3, owners, in_all=4)
-    assert len(records) == 4
-    assert {s.why for s in skipped} == {"3 older jobs not read: 4 records kept in all",
-                                        "2 records not counted: 4 records kept in all"}
+    assert len(records) == 4 and "job-2" in {r.job for r in records}  # alice's, all the same
+    assert {s.why for s in skipped} == {"3 records not counted: 4 records kept in all"}
 
 
 def test_junk_filed_under_a_job_costs_a_few_log_lines_and_a_job_too_big_is_not_read(
@@ -307,8 +306,34 @@ def test_the_whole_read_has_a_deadline() -> None:
     records, skipped = read_records(s3, PLACE, jobs, {j: [ALICE] for j in range(1, 8)}, SITE,
                                     CLUSTER, time.monotonic() - 1)
     assert records == []
-    assert "7 older jobs not read: the read's deadline passed" in [s.why for s in skipped]
+    assert f"7 jobs of uid {ALICE} not read: the read's deadline passed" in [
+        s.why for s in skipped]
     assert not any(op == "get" for op, _ in s3.calls)
+
+
+def test_one_users_junk_spends_only_their_turns_of_the_reads_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob files 2000 junk record/.mac pairs under his own newest job; the read's deadline
+    passes while they are read. Alice's records, under older jobs, are read all the same."""
+    s3 = FakeS3()
+    for j in range(600, 610):
+        write(s3, rec(j, 0, "s3", 30.0), keys(j, ALICE))
+    for i in range(2000):
+        base = f"{PLACE.prefix}/job-900/coord/restore-r{i}-s0.rank-0"
+        s3.objects[base], s3.objects[base + MAC_SUFFIX] = b"{}", b"0" * 64
+    clock = [0.0]  # each GET costs 1 s of the read's 100 s: no wall clock, no flake
+    monkeypatch.setattr(restorelog_s3.time, "monotonic", lambda: clock[0])
+
+    def tick(_k: str, _span: tuple[int, int] | None) -> None:
+        clock[0] += 1.0
+    s3.on_get = tick
+    jobs, _ = list_jobs(s3, PLACE, 60.0)
+    owners: dict[int, Any] = {j: [ALICE] for j in range(600, 610)} | {900: [BOB]}
+    records, skipped = read_records(s3, PLACE, jobs, owners, SITE, CLUSTER, 100.0)
+    assert sorted(r.job_id for r in records if r.owner == ALICE) == list(range(600, 610))
+    assert 0 < sum(op == "get" and "job-900" in k for op, k in s3.calls) < 200
+    late = [s for s in skipped if "job-900" in s.where and "deadline passed" in s.why]
+    assert late and all(s.capped for s in late)  # bob's own records are what went unread
 
 
 def test_the_tally_learns_the_users_of_the_jobs_it_watches() -> None:
