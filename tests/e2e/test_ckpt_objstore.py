@@ -132,3 +132,43 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
     finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
     assert [finals.get(str(r)) for r in range(2)] == expected, \
         "the resumed run ends bit-identical to an uninterrupted one"
+
+
+def newest_in_memory(h: Harness, host: str, job: int) -> int:
+    """The newest step any rank holds in ``host``'s node memory (a listing)."""
+    out = h.sh(host, f"ls -d /dev/shm/gpuwarden-ckpt/job-{job}/rank-*/step-* 2>/dev/null "
+                     "|| true").out.split()
+    return max((int(p.rsplit("step-", 1)[1]) for p in out), default=0)
+
+
+def test_s3_away_without_a_shared_filesystem_costs_no_training_and_loses_nothing(
+        objstore_cluster: Harness) -> None:
+    """The fault trial of the shared-filesystem site, here: S3 is the only durable tier and is
+    stopped; training goes on in node memory and peers, the writer retries, and once S3 is
+    back it catches up; root's `ckpt verify` (keys derived from the site secret, the job's
+    uid from Slurm) finds the last step whole."""
+    h = objstore_cluster
+    env = s3_env(h)
+    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    args = ["--steps", "80", "--every", "5", "--mb", "4", "--step-s", "1"]
+    expected = h.train_reference(2, args)
+    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
+                   env=creds)
+    at_step_10(h, job, env, 2)
+    batch = h.job_fields(job)["BatchHost"]
+    h.stop("s3", timeout=2)
+    try:
+        away_at = newest_in_memory(h, batch, job)
+        wait_for(lambda: newest_in_memory(h, batch, job) >= away_at + 30, 120,
+                 "30 more steps saved to node memory while S3 is away")
+    finally:
+        h.start("s3")
+    h.wait_job(job, timeout=400)
+    log = logs(h, job)
+    assert "will retry (training goes on)" in log, log[-2000:]
+    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
+    assert [finals.get(str(r)) for r in range(2)] == expected, "bit-identical"
+    for rank in range(2):
+        got = h.sh("c1", "env $(cat /etc/gpuwarden-cluster/s3.env | xargs) gpuwarden ckpt "
+                         f"verify job-{job} --rank {rank}", timeout=120)
+        assert got.rc == 0 and re.search(r"s3\s+step 80: ok", got.out), got.out
