@@ -25,6 +25,10 @@ credentials: it can be collided. So ``MANIFEST.mac`` also holds a keyed digest o
 (`s3mac`), which every read checks before a byte is used: `load` and the prolog's stage-in as
 the ranged GETs land (`s3fetch`), `verify` as it streams. A step written before that (a MAC
 without digests) still restores, logged once as legacy: its shards are bound by xxh3 alone.
+
+A manifest's name is anyone's to write too, and each one a restore tries costs a GET: so the
+steps a rank holds (`held`) are those whose index marker (`s3index`, HMAC-tagged) verifies, and
+at most `MAX_UNMARKED` without one (from before the index, or a marker whose PUT failed).
 """
 
 from __future__ import annotations
