@@ -63,7 +63,22 @@ def at_rank(tier: Any, rank: int) -> Any:
     """The same tier, for another rank of the job."""
     if isinstance(tier, FsTier):
         return FsTier(tier.name, tier.root, tier.namespace, rank, tier.owner)
-    return type(tier)(tier.name, tier.s, tier.job, rank, s3=tier.s3, key=tier.key)
+    # The job's keys as they are (derived ones name their kid: ``key=`` would make them a
+    # shared tier's key, which verifies no other rank's step).
+    return type(tier)(tier.name, tier.s, tier.job, rank, s3=tier.s3, keys=tier.keys)
+
+
+def _s3_index(tier: Any) -> Any:
+    """The S3 job's index, read once for all its ranks (None: not S3, or no key to verify
+    its markers with: each rank's steps are then listed alone)."""
+    if isinstance(tier, FsTier) or getattr(tier, "keys", None) is None:
+        return None
+    return tier.index()
+
+
+def _held(tier: Any, rank: int, index: Any) -> list[int]:
+    t = tier if rank == tier.rank else at_rank(tier, rank)
+    return list(t.steps() if index is None else t.held(index).steps)
 
 
 def ranks(tier: Any) -> list[int]:
@@ -124,9 +139,14 @@ def rows(tiers: Iterable[Any], rank: int | None) -> Iterator[Row]:
             continue
         if not wanted:
             yield Row(t.name, place, None)
+        try:
+            index = _s3_index(t) if len(wanted) > 1 else None
+        except TierError as exc:
+            yield Row(t.name, place, None, error=str(exc))
+            continue
         for r in wanted:
             try:
-                yield Row(t.name, place, r, tuple(at_rank(t, r).steps()))
+                yield Row(t.name, place, r, tuple(_held(t, r, index)))
             except TierError as exc:
                 yield Row(t.name, place, r, error=str(exc))
 
@@ -166,7 +186,8 @@ def restart_floor(tier: Any) -> tuple[int | None, str]:
     there), which retention keeps with every step after it, and who holds it; or None and
     why it cannot be known (retention then deletes nothing there, as the writer does): no
     readable step of this rank to take the world size from, a world past `MAX_RANKS`, or a
-    rank with no step there yet (its first may be any step the others hold). What `needed`
+    rank with no verified step there yet (its first may be any step the others hold; on S3
+    a step name counts once its index marker, or its manifest, verifies). What `needed`
     marks, read from the tier itself for one rank's `gc`. TierError when a rank's directory
     cannot be listed."""
     ws = None
@@ -180,14 +201,35 @@ def restart_floor(tier: Any) -> tuple[int | None, str]:
         return None, "no readable step gives the job's world size"
     if ws > MAX_RANKS:
         return None, f"the world size {ws} is more than {MAX_RANKS}"
+    # On S3 a rank's step names are anyone's to write: its newest step is the newest whose
+    # index marker verifies under the job's keys, or (a step from before the index) whose
+    # manifest does; an unverified name never moves the floor.
+    index = _s3_index(tier)
     newest: dict[int, int] = {}
     for r in range(ws):
-        held = tier.steps() if r == tier.rank else at_rank(tier, r).steps()
-        if not held:
-            return None, f"rank {r} holds no step there yet"
-        newest[r] = held[-1]
+        found, listed = _newest_verified(tier if r == tier.rank else at_rank(tier, r), index)
+        if found is None:
+            return None, f"rank {r} holds no {'verified ' if listed else ''}step there yet"
+        newest[r] = found
     floor = min(newest.values())
     return floor, f"the newest step {_who([r for r, s in newest.items() if s == floor])}"
+
+
+def _newest_verified(t: Any, index: Any) -> tuple[int | None, bool]:
+    """The rank's newest step that verifies (None: none), and whether it lists any."""
+    if isinstance(t, FsTier):  # the job's own directory: only its user writes there
+        held = t.steps()
+        return (held[-1] if held else None), bool(held)
+    got = t.held(index)
+    for s in reversed(got.steps):
+        if s in got.marked:
+            return int(s), True
+        try:
+            t.manifest(s)  # MAC'd under the job's keys
+            return int(s), True
+        except COPY_ERRORS:
+            continue
+    return None, bool(got.steps)
 
 
 def _who(ranks_: list[int]) -> str:

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # (RecursionError: a manifest nested too deeply for some parser; MemoryError: a copy too large
 # for this node, when an older one may fit). A bug elsewhere (TypeError...) still surfaces.
 COPY_ERRORS = (GpuwardenError, OSError, ValueError, RecursionError, MemoryError)
+# Why copies were skipped, as `Restored.skipped` and the log line say it: the first this many
+# and a count (a tier holding many bad names must not make one line grow with them).
+MAX_SKIPPED = 32
 
 
 class TiersUnavailable(TierError):
@@ -99,19 +102,29 @@ def restore(tiers: Sequence[Tier], at_most: int | None = None,
             except COPY_ERRORS as exc:
                 why = str(exc) if isinstance(exc, GpuwardenError) else \
                     f"{t.name} step {step}: {type(exc).__name__}: {str(exc)[:200]}"
-                log.warning("%s; trying the next copy", why)
-                skipped.append(why)
+                log.warning("%s; trying the next copy", why[:1000])
+                _note(skipped, why)
                 if refused is not None:
                     refused.add((t.name, step))
                 continue
             if skipped:
                 log.warning("restored step %d from %s after skipping: %s", step, t.name,
-                            "; ".join(skipped))
-            return Restored(step, t.name, state, manifest, tuple(skipped))
-        skipped.append(f"step {step}: no tier holds a verified copy; walking back")
+                            "; ".join(_shown(skipped)))
+            return Restored(step, t.name, state, manifest, tuple(_shown(skipped)))
+        _note(skipped, f"step {step}: no tier holds a verified copy; walking back")
         log.warning("step %d: no tier holds a verified copy; walking back to an older step",
                     step)
     if failed:
         raise TiersUnavailable("nothing restored, and some tiers could not be listed (they may "
                                "hold the step; not starting fresh): " + "; ".join(failed))
     return None
+
+
+def _note(skipped: list[str], why: str) -> None:
+    """Kept: the first `MAX_SKIPPED` reasons, each cut short; only counted after that."""
+    skipped.append(why[:1000] if len(skipped) < MAX_SKIPPED else "")
+
+
+def _shown(skipped: list[str]) -> list[str]:
+    more = len(skipped) - MAX_SKIPPED
+    return skipped if more <= 0 else [*skipped[:MAX_SKIPPED], f"and {more} more"]

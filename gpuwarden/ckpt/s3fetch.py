@@ -51,6 +51,10 @@ class FetchTimeout(TierError):
     """The fetch did not finish by its deadline (S3 too slow, or stuck)."""
 
 
+class Stopped(TierError):
+    """The caller's ``stop`` was set: another shard of the step was refused."""
+
+
 class _Cancelled(Exception):
     """A worker's part, abandoned because the fetch already failed or ran out of time."""
 
@@ -92,7 +96,7 @@ class _Fetch:
 
     def __init__(self, s3: Any, bucket: str, key: str, size: int, dest: Dest,
                  progress: Callable[[int], None] | None, where: str,
-                 keyed: Keyed | None = None) -> None:
+                 keyed: Keyed | None = None, stop: threading.Event | None = None) -> None:
         self.s3, self.bucket, self.key, self.size = s3, bucket, key, size
         self.fd = dest if isinstance(dest, int) else -1
         self.view = None if isinstance(dest, int) else memoryview(dest).cast("B")
@@ -101,6 +105,11 @@ class _Fetch:
                              f"{' (read-only)' if self.view.readonly else ''} for {size}")
         self.progress, self.where, self.keyed = progress, where, keyed
         self.cancel = threading.Event()
+        # The caller's: set when a fetch beside this one failed (`S3Tier.load`'s lanes).
+        self.stop = stop
+
+    def stopped(self) -> bool:
+        return self.cancel.is_set() or (self.stop is not None and self.stop.is_set())
 
     def _get(self, **kw: Any) -> dict[str, Any]:
         try:
@@ -119,7 +128,10 @@ class _Fetch:
             raise _read_error(self.where, self.key, 0, exc) from None
         finally:
             _close(obj["Body"])
-        total = int(obj.get("ContentLength", extra))
+        total = obj.get("ContentLength", extra)
+        if type(total) is not int or total < 0:  # a bool is no length either
+            raise CorruptStep(f"{self.where}: {self.key}: a Content-Length of "
+                              f"{str(total)[:40]!r}")
         if total or extra:
             raise _sized(self.where, self.key, max(total, extra), 0)
 
@@ -127,7 +139,7 @@ class _Fetch:
         """Bytes ``first``-``last``: into their place in the buffer (None), or into a buffer
         of their own for the caller to write to the file; and, with ``keyed``, the digests of
         their leaves (``first`` is a leaf's start), hashed here, in this worker's thread."""
-        if self.cancel.is_set():
+        if self.stopped():
             raise _Cancelled
         obj = self._get(Range=f"bytes={first}-{last}")
         body, n = obj["Body"], last - first + 1
@@ -145,7 +157,7 @@ class _Fetch:
             out = memoryview(bytearray(n)) if self.view is None else self.view[first:last + 1]
             done = 0
             while done < n:
-                if self.cancel.is_set():
+                if self.stopped():
                     raise _Cancelled
                 k = _read_into(body, out[done:min(n, done + CHUNK)])
                 if not k:
@@ -161,7 +173,7 @@ class _Fetch:
             raise _read_error(self.where, self.key, self.size, exc) from None
         finally:
             _close(body)
-        if self.cancel.is_set():
+        if self.stopped():
             raise _Cancelled
         leaves = b"" if self.keyed is None else self.keyed.leaves(out)
         return (out if self.view is None else None), leaves
@@ -187,19 +199,21 @@ def _close(body: Any) -> None:
 def fetch(s3: Any, bucket: str, key: str, size: int, checksum: str, dest: Dest, *,
           part_size: int, concurrency: int, deadline: float | None = None,
           progress: Callable[[int], None] | None = None, where: str = "s3",
-          keyed: Keyed | None = None) -> None:
+          keyed: Keyed | None = None, stop: threading.Event | None = None) -> None:
     """Fill ``dest`` (a writable buffer of ``size`` bytes, or a file descriptor open for
     writing, written at offsets 0 to ``size``) with the object ``key``, verified against the
     manifest's ``size`` and ``checksum`` and, with ``keyed``, the shard's keyed digest (checked
     first: a mismatch says so). ``where`` starts every message (the tier, step and shard).
     CorruptStep, FetchTimeout; ValueError for a destination of another size. After a
     FetchTimeout, a worker still blocked in a read may yet write into a buffer ``dest``: the
-    caller discards it (never a descriptor: only this thread writes those)."""
+    caller discards it (never a descriptor: only this thread writes those). ``stop``: once
+    set (by the caller, from another thread), the workers stop within one chunk and this
+    raises `Stopped`."""
     if part_size < 1 or concurrency < 1:
         raise ValueError(f"part size {part_size} and concurrency {concurrency}: expected >= 1")
     if keyed is not None:
         part_size = -(-part_size // LEAF) * LEAF  # whole leaves: each worker hashes its own
-    job = _Fetch(s3, bucket, key, size, dest, progress, where, keyed)
+    job = _Fetch(s3, bucket, key, size, dest, progress, where, keyed, stop)
     start = time.monotonic()
     digest = xxhash.xxh3_64()
     leaves: list[bytes] = []
@@ -239,7 +253,11 @@ def _run(job: _Fetch, spans: list[tuple[int, int]], concurrency: int,
                                    f"{(deadline or start) - start:.1f} s ({hashed} of "
                                    f"{len(spans)} parts in)")
             for f in finished:
-                ready[running.pop(f)] = f.result()  # a worker's CorruptStep is raised here
+                try:
+                    ready[running.pop(f)] = f.result()  # a worker's CorruptStep is raised here
+                except _Cancelled:  # only `stop` sets `cancel` before the finally below
+                    raise Stopped(f"{job.where}: {job.key}: stopped ({hashed} of "
+                                  f"{len(spans)} parts in)") from None
             while hashed in ready:  # the contiguous prefix, in order
                 buf, part_leaves = ready.pop(hashed)
                 leaves.append(part_leaves)

@@ -25,15 +25,20 @@ credentials: it can be collided. So ``MANIFEST.mac`` also holds a keyed digest o
 (`s3mac`), which every read checks before a byte is used: `load` and the prolog's stage-in as
 the ranged GETs land (`s3fetch`), `verify` as it streams. A step written before that (a MAC
 without digests) still restores, logged once as legacy: its shards are bound by xxh3 alone.
+
+A manifest's name is anyone's to write too, and each one a restore tries costs a GET: so the
+steps a rank holds (`held`) are those whose index marker (`s3index`, HMAC-tagged) verifies, and
+at most `MAX_UNMARKED` without one (from before the index, or a marker whose PUT failed).
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,18 +61,24 @@ from gpuwarden.ckpt.manifest import (
 )
 from gpuwarden.ckpt.names import check_name, parse_step_dir, step_dir
 from gpuwarden.ckpt.progress import Progress
-from gpuwarden.ckpt.s3fetch import fetch
+from gpuwarden.ckpt.s3fetch import Stopped, fetch
 from gpuwarden.ckpt.s3index import INDEX, Index, marker_name, rank_prefix
 from gpuwarden.ckpt.s3mac import MAC, Keyed, manifest_mac
 from gpuwarden.ckpt.tier import MANIFEST, CorruptStep, TierError, check_writable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAC", "S3Settings", "S3Step", "S3Tier", "client", "manifest_mac"]
+__all__ = ["MAC", "MAX_UNMARKED", "Held", "S3Settings", "S3Step", "S3Tier", "client", "manifest_mac"]
 
 # A shard restored from S3 gets at least this many of `s3_get_concurrency`'s parts in flight
 # (`load` spreads the rest over more shards at once).
 SHARD_PARTS_MIN = 4
+
+# A step is held when its index marker verifies under the job's keys; a manifest listed without
+# one (a step from before the index, or whose marker's PUT failed) may still be the job's, and
+# costs a restore a GET to refuse when it is not. Anyone with the bucket's credentials can write
+# such names, so no more than this many per rank are taken (an honest rank has `keep` or so).
+MAX_UNMARKED = 64
 
 _LEGACY_SEEN: set[str] = set()
 _LEGACY_SEEN_MAX = 100_000  # bounded: a long job reading many legacy steps
@@ -85,6 +96,17 @@ class S3Step:
 
     def keyed_for(self, name: str) -> Keyed | None:
         return None if self.keyed is None else self.keyed[name]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A rank's steps in S3 (`S3Tier.held`): ``steps``, sorted; ``marked``, those of them
+    whose index marker verifies under the job's keys; ``left_out``, how many names without a
+    marker were not taken (more than `MAX_UNMARKED`)."""
+
+    steps: tuple[int, ...]
+    marked: frozenset[int]
+    left_out: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,6 +237,37 @@ class S3Tier:
         return Index.read(names, self.keys, self.job)
 
     def steps(self) -> list[int]:
+        return list(self.held().steps)
+
+    def held(self, index: Index | None = None) -> Held:
+        """This rank's steps: each manifest listed under its prefix whose index marker verifies
+        under the job's keys, and those without one (see `MAX_UNMARKED`). ``index``: the job's,
+        read once for many ranks (root's `ckpt ls` and `gc`); without it, the markers of the
+        listed steps alone are listed (a LIST per step, not the whole job's index), or the
+        whole index when there are more than `MAX_UNMARKED` of them. TierError when they
+        cannot be listed, or when only names no marker vouches for are there, too many to
+        try (they may hide this rank's steps from before the index: not "none")."""
+        listed = set(self._manifests())
+        if index is None and self.keys is not None and listed:
+            index = self._markers(sorted(listed)) if len(listed) <= MAX_UNMARKED else \
+                self.index()
+        marked = listed.intersection(m.step for m in (index.markers if index else ())
+                                     if m.rank == self.rank)
+        unmarked = len(listed) - len(marked)
+        if unmarked <= MAX_UNMARKED:
+            return Held(tuple(sorted(listed)), frozenset(marked), 0)
+        where = f"s3://{self.s.bucket}/{self.base}"
+        if not marked:
+            raise TierError(f"{self.name}: {where}: {unmarked} step names and no index marker "
+                            f"of this job's: more than {MAX_UNMARKED} to try (someone with the "
+                            "bucket's credentials planted them?)")
+        log.warning("%s: %s: %d step names without an index marker of this job's left out "
+                    "(more than %d: planted?); its %d marked steps are used", self.name, where,
+                    unmarked, MAX_UNMARKED, len(marked))
+        return Held(tuple(sorted(marked)), frozenset(marked), unmarked)
+
+    def _manifests(self) -> list[int]:
+        """The steps with a manifest listed under this rank's prefix: names anyone can write."""
         out = []
         try:
             pages = self.s3.get_paginator("list_objects_v2").paginate(
@@ -232,13 +285,31 @@ class S3Tier:
                             f"({exc})") from None
         return sorted(out)
 
+    def _markers(self, steps: list[int]) -> Index:
+        """This rank's markers of ``steps``: a LIST each (a rank holds a few steps, a job's
+        index a few per rank: the whole of it would be every rank's LISTs at a restart)."""
+        names: list[str] = []
+        try:
+            for step in steps:
+                prefix = self.index_base + rank_prefix(step, self.rank)
+                pages = self.s3.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.s.bucket, Prefix=prefix)
+                names += [obj["Key"][len(self.index_base):]
+                          for page in pages for obj in page.get("Contents", [])]
+        except (BotoCoreError, ClientError) as exc:
+            raise TierError(f"{self.name}: cannot list s3://{self.s.bucket}/{self.index_base} "
+                            f"({exc})") from None
+        return Index.read(names, self.keys, self.job)
+
     def _get(self, key: str, limit: int, what: str) -> Buf:
         """A small object (a manifest, its MAC), at most ``limit`` bytes, read in chunks into
         one buffer: a larger one is refused (``what``: the limit, as the message says it)
         before it is read, or as soon as it says more than it is."""
         try:
             obj = self.s3.get_object(Bucket=self.s.bucket, Key=key)
-            size = int(obj.get("ContentLength", limit))
+            size = obj.get("ContentLength", limit)
+            if type(size) is not int or size < 0:  # a bool is no length either
+                raise CorruptStep(f"{self.name}: {key}: a Content-Length of {str(size)[:40]!r}")
             too_big = CorruptStep(f"{self.name}: {key}: larger than {what}")
             if size > limit:
                 raise too_big
@@ -340,25 +411,35 @@ class S3Tier:
         lanes = max(1, min(len(m.shards), self.s.get_concurrency // SHARD_PARTS_MIN))
         per_lane = max(1, self.s.get_concurrency // lanes)
 
+        # One refused shard makes the step unusable: the other lanes stop within a chunk.
+        stop = threading.Event()
+
         def one(shard: Shard) -> bytearray:
             data = bytearray(shard.size)
-            fetch(self.s3, self.s.bucket, self._key(step, shard.name), shard.size,
-                  shard.checksum, data, part_size=self.s.get_part_size,
-                  concurrency=per_lane, progress=progress,
-                  where=f"{self.name} step {step}: shard {shard.name}",
-                  keyed=got.keyed_for(shard.name))
+            try:
+                fetch(self.s3, self.s.bucket, self._key(step, shard.name), shard.size,
+                      shard.checksum, data, part_size=self.s.get_part_size,
+                      concurrency=per_lane, progress=progress,
+                      where=f"{self.name} step {step}: shard {shard.name}",
+                      keyed=got.keyed_for(shard.name), stop=stop)
+            except BaseException:
+                stop.set()
+                raise
             return data
         if lanes == 1:
             return m, {shard.name: one(shard) for shard in m.shards}
         with ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="s3load") as pool:
             futures = [(shard.name, pool.submit(one, shard)) for shard in m.shards]
-            try:
-                out: dict[str, Buf] = {name: f.result() for name, f in futures}
-            except BaseException:
-                for _, f in futures:  # a refused shard: the step is unusable, stop the rest
+            wait([f for _, f in futures], return_when=FIRST_EXCEPTION)
+            if stop.is_set():
+                for _, f in futures:  # not started yet: never started
                     f.cancel()
-                raise
-        return m, out
+        # Every lane is done: raise the refusal itself, not a lane it stopped.
+        errors = [f.exception() for _, f in futures if not f.cancelled()]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise next((e for e in failed if not isinstance(e, Stopped)), failed[0])
+        return m, {name: f.result() for name, f in futures}
 
     def delete(self, step: int) -> None:
         """The index marker first, then the manifest: a step half deleted is never taken for
