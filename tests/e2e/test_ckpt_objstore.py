@@ -72,16 +72,31 @@ def at_step_10(h: Harness, job: int, env: dict[str, str], ranks: int) -> None:
     wait_for(held, 240, f"step 10 of all {ranks} ranks in S3's index")
 
 
+def start(h: Harness, world: int, nodes_: int, script: str,
+          extra: dict[str, str] | None = None, steps: int = 60) -> tuple[dict[str, str], list[str], int]:
+    """A training job of ``world`` ranks on ``nodes_`` nodes with the jobs' S3 credentials, as a
+    user submits it: (the cluster's S3 settings, an uninterrupted run's checksums, job id)."""
+    env = s3_env(h)
+    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    args = ["--steps", str(steps), "--every", "5", "--mb", "4", "--step-s", "1"]
+    expected = h.train_reference(world, args)
+    job = h.sbatch(f"-N{nodes_}", "--gpus-per-node=8", name="train", script=[script, *args],
+                   env={**creds, **(extra or {})})
+    return env, expected, job
+
+
+def finals(log: str, world: int) -> list[str | None]:
+    """Each rank's final checksum, as the ranks printed it (no shared place to write it)."""
+    got = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
+    return [got.get(str(r)) for r in range(world)]
+
+
 def test_a_lost_node_is_replaced_by_a_spare_without_a_shared_filesystem(
         objstore_cluster: Harness) -> None:
     h = objstore_cluster
     no_fsx(h)
-    env = s3_env(h)
-    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    args = ["--steps", "60", "--every", "5", "--mb", "4", "--step-s", "1"]
-    expected = h.train_reference(3, args)
-    job = h.sbatch("-N4", "--gpus-per-node=8", name="train", script=[SPARES_SBATCH, *args],
-                   env={**creds, "SPARES": "1", "LAUNCH_OPTS": "--deadline-s 5"})
+    env, expected, job = start(h, 3, 4, SPARES_SBATCH,
+                               {"SPARES": "1", "LAUNCH_OPTS": "--deadline-s 5"})
     at_step_10(h, job, env, 3)
     allocated = hostnames(h, h.job_fields(job)["NodeList"])
     # Not the first node: the batch script and the launcher run there (the requeue's case).
@@ -101,8 +116,7 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_shared_filesystem(
     lost_rank = allocated.index(victim)
     assert tiers[lost_rank] == "peer" and all(
         t == "memory" for r, t in tiers.items() if r != lost_rank), f"{tiers}\n{syslog(h)}"
-    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
-    assert [finals.get(str(r)) for r in range(3)] == expected, "bit-identical"
+    assert finals(log, 3) == expected, "bit-identical"
     wait_for(lambda: not nodes(h)[victim].down, 180, f"{victim} back in service")
 
 
@@ -110,12 +124,7 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
         objstore_cluster: Harness) -> None:
     h = objstore_cluster
     no_fsx(h)
-    env = s3_env(h)
-    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    args = ["--steps", "60", "--every", "5", "--mb", "4", "--step-s", "1"]
-    expected = h.train_reference(2, args)
-    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
-                   env=creds)
+    env, expected, job = start(h, 2, 2, TRAIN_SBATCH)
     at_step_10(h, job, env, 2)
     first = hostnames(h, h.job_fields(job)["NodeList"])
     batch = h.job_fields(job)["BatchHost"]
@@ -129,9 +138,7 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
     assert int(restored[0][1]) >= 10
     # The prolog staged that step from S3 into the new node's memory before the job started.
     assert {tier for _, _, tier in restored} == {"memory"}, f"{restored}\n{syslog(h)}"
-    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
-    assert [finals.get(str(r)) for r in range(2)] == expected, \
-        "the resumed run ends bit-identical to an uninterrupted one"
+    assert finals(log, 2) == expected, "the resumed run ends bit-identical to an uninterrupted one"
 
 
 def newest_in_memory(h: Harness, host: str, job: int) -> int:
@@ -148,12 +155,7 @@ def test_s3_away_without_a_shared_filesystem_costs_no_training_and_loses_nothing
     back it catches up; root's `ckpt verify` (keys derived from the site secret, the job's
     uid from Slurm) finds the last step whole."""
     h = objstore_cluster
-    env = s3_env(h)
-    creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    args = ["--steps", "80", "--every", "5", "--mb", "4", "--step-s", "1"]
-    expected = h.train_reference(2, args)
-    job = h.sbatch("-N2", "--gpus-per-node=8", name="train", script=[TRAIN_SBATCH, *args],
-                   env=creds)
+    env, expected, job = start(h, 2, 2, TRAIN_SBATCH, steps=80)
     at_step_10(h, job, env, 2)
     batch = h.job_fields(job)["BatchHost"]
     h.stop("s3", timeout=2)
@@ -166,8 +168,7 @@ def test_s3_away_without_a_shared_filesystem_costs_no_training_and_loses_nothing
     h.wait_job(job, timeout=400)
     log = logs(h, job)
     assert "will retry (training goes on)" in log, log[-2000:]
-    finals = dict(re.findall(r"rank (\d): final checksum (\w+)", log))
-    assert [finals.get(str(r)) for r in range(2)] == expected, "bit-identical"
+    assert finals(log, 2) == expected, "bit-identical"
     for rank in range(2):
         got = h.sh("c1", "env $(cat /etc/gpuwarden-cluster/s3.env | xargs) gpuwarden ckpt "
                          f"verify job-{job} --rank {rank}", timeout=120)
