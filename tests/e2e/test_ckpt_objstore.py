@@ -54,10 +54,12 @@ def logs(h: Harness, job: int) -> str:
 
 def syslog(h: Harness) -> str:
     """gpuwarden's lines in every node's syslog (the hooks' errors go there: Slurm discards
-    the output of a prolog that exits 0), for a failure's message."""
+    the output of a prolog that exits 0) and each node's last stage-in (its outcome, line and
+    what its child said), for a failure's message."""
     return "".join(f"{n}: {line}\n" for n in h.cluster.spec.node_names
-                   for line in h.sh(n, "grep -a gpuwarden /var/log/syslog || true").out
-                   .splitlines()[-20:])
+                   for line in h.sh(n, "grep -a gpuwarden /var/log/syslog || true; "
+                                       "cat /var/lib/gpuwarden/ckpt-stagein.json 2>/dev/null "
+                                       "|| true").out.splitlines()[-20:])
 
 
 def no_fsx(h: Harness) -> None:
@@ -137,7 +139,8 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
     assert len({step for _, step, _ in restored}) == 1, "every rank resumed from the same step"
     assert int(restored[0][1]) >= 10
     # The prolog staged that step from S3 into the new node's memory before the job started.
-    assert {tier for _, _, tier in restored} == {"memory"}, f"{restored}\n{syslog(h)}"
+    assert {tier for _, _, tier in restored} == {"memory"}, \
+        f"{restored}\n{syslog(h)}\n{log[-4000:]}"
     assert finals(log, 2) == expected, "the resumed run ends bit-identical to an uninterrupted one"
 
 
