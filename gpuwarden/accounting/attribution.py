@@ -50,11 +50,13 @@ in pieces, in parallel.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import accumulate
 
 from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.incidence import IncidenceBuilder
@@ -651,12 +653,13 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
         if b.job_id is not None and b.node in drains:
             blamed[b.node].append((b.started if b.started is not None else b.at, b.at))
     for node, ds in drains.items():
+        runs = _Spans([(s - LEAD_S, e + grace_s) for s, e in blamed.get(node, [])])
         for d in ds:
             if d.at <= clears.get(node, 0.0):
                 continue
             if not inside(d.at, windows or ((att.first_start, att.last_end),), grace_s):
                 continue  # outside the history read (sacctmgr lists events that overlap it)
-            if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
+            if runs.holds(d.at):
                 continue  # the drain explains a run already blamed: count it once
             if att.blames_on is None:
                 att.incidence.add_failure(None, d.at, 0.0, 0, [node], [node])
@@ -664,6 +667,22 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                 continue
             att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
     return att
+
+
+class _Spans:
+    """Closed spans (lo, hi), asked whether any holds a time: by bisection over the starts and
+    the largest end so far. Looking at every blamed run of the node for each of its drains
+    grew with the square of the history (a year's drained nodes: a dozen times the drains,
+    each against a dozen times the runs)."""
+
+    def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
+        ordered = sorted(spans)
+        self.starts = [lo for lo, _ in ordered]
+        self.reach = list(accumulate((hi for _, hi in ordered), max))
+
+    def holds(self, t: float) -> bool:
+        k = bisect_right(self.starts, t)
+        return k > 0 and self.reach[k - 1] >= t
 
 
 def attribute(jobs: Iterable[AcctRecord], drains: Iterable[HealthDrain] = (),
