@@ -20,7 +20,6 @@ from gpuwarden.accounting.attribution import (
     LEAD_S,
     NODE_STATES,
     Attribution,
-    Blame,
     HealthDrain,
     Held,
     Pending,
@@ -60,7 +59,7 @@ def _names(text: str) -> tuple[str, ...]:
 class _List:
     """What judging a failed run reads of its node list, worked out once per list."""
 
-    __slots__ = ("ixs", "names", "scope", "size", "with_events")
+    __slots__ = ("blamed", "ixs", "names", "scope", "size", "with_events")
 
     def __init__(self, text: str, failures: Mapping[str, list[HealthDrain]]) -> None:
         self.names = _names(text)
@@ -69,22 +68,7 @@ class _List:
         # In the list's order: `_claims` looks at each node's events in that order.
         self.with_events = tuple(n for n in self.names if n in failures)
         self.ixs: list[int] | None = None  # the names' incidence numbers, once one failed
-
-
-def _blames(into: list[Blame], nodes: Sequence[str], weight: float, job_id: int, at: float,
-            reason: str, size: int, pinned: bool, started: float, gpus: int) -> None:
-    """Blame(n, weight, ...) for each n of ``nodes``: the dataclass's __init__ sets each frozen
-    field through object.__setattr__, 3x the cost of filling the instance's dict, and a
-    failed gang run has a Blame per node (tests/unit/test_attribution_counted.py)."""
-    new = object.__new__
-    fields = {"weight": weight, "job_id": job_id, "at": at, "reason": reason, "size": size,
-              "pinned": pinned, "started": started, "gpus": gpus}
-    for n in nodes:
-        b = new(Blame)
-        d = b.__dict__
-        d["node"] = n
-        d.update(fields)
-        into.append(b)
+        self.blamed: list[int] | None = None  # their numbers in the blames (`Blames`)
 
 
 class Judge:
@@ -158,9 +142,8 @@ class Judge:
             (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += \
                 len(targets)
             kept = [n for n in targets if n in keep]
-            if kept:
-                _blames(result.blames, kept, 1.0 / len(targets), job.job_id, float(end),
-                        reason, facts.size, pinned, float(start), gclass)
+            result.blames.add_run(result.blames.numbers(kept), 1.0 / len(targets), job.job_id,
+                                  float(end), reason, facts.size, pinned, float(start), gclass)
             return
         named, script = _submit_facts(job.submit_line)
         if named:
@@ -179,8 +162,15 @@ class Judge:
         targets = culprits or all_nodes
         pinned = len(all_nodes) == 1 or bool(culprits)
         (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
-        _blames(result.blames, targets, 1.0 / len(targets), job.job_id, float(end), reason,
-                facts.size, pinned, float(start), gclass)
+        blames = result.blames
+        if culprits:
+            numbers = blames.numbers(culprits)
+        else:
+            if facts.blamed is None:
+                facts.blamed = blames.numbers(all_nodes)
+            numbers = facts.blamed
+        blames.add_run(numbers, 1.0 / len(targets), job.job_id, float(end), reason, facts.size,
+                       pinned, float(start), gclass)
 
 
 def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],

@@ -1,0 +1,75 @@
+"""The attribution's blames as columns (issue 36, the year case): read back, they are the
+Blames that were added, in order, however they were added (a run's at once, one by one,
+another attribution's merged in), and the column readers say what a walk over them says."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuwarden.accounting.attribution import Attribution
+from gpuwarden.accounting.blames import Blame, Blames
+
+NODES = ("n1", "n2", "n3", "m1")
+
+run_st = st.tuples(
+    st.lists(st.sampled_from(NODES), max_size=4), st.sampled_from([1.0, 0.5, 0.25]),
+    st.one_of(st.none(), st.integers(1, 10**12)), st.integers(0, 4 * 10**9).map(float),
+    st.sampled_from(["node failure (NODE_FAIL)", "health drain: x", ""]),
+    st.integers(0, 12), st.booleans(), st.one_of(st.none(), st.floats(0, 4e9)),
+    st.sampled_from([0, 1, 8, 64]))
+op_st = st.tuples(st.sampled_from(["run", "append", "extend", "merge"]), run_st)
+
+
+def _blames(run: tuple[Any, ...]) -> list[Blame]:
+    nodes, *fields = run
+    return [Blame(n, *fields) for n in nodes]
+
+
+@given(st.lists(op_st, max_size=25), st.lists(st.integers(-60, 60), max_size=5))
+def test_blames_read_back_as_the_blames_added(ops: list[tuple[str, tuple[Any, ...]]],
+                                              places: list[int]) -> None:
+    got, model = Blames(), []
+    firsts = []  # the first blame of each run added at once, or of each added alone
+    for how, run in ops:
+        made = _blames(run)
+        if how == "run":
+            got.add_run(got.numbers(run[0]), *run[1:])
+            firsts += made[:1]
+        elif how == "append":
+            for b in made:
+                got.append(b)
+            firsts += made
+        elif how == "extend":
+            got.extend(made)
+            firsts += made
+        else:  # another attribution's, merged
+            other = Blames()
+            other.add_run(other.numbers(reversed(run[0])), *run[1:])
+            got.extend(other)
+            made = made[::-1]
+            firsts += made[:1]
+        model += made
+    assert len(got) == len(model) and list(got) == model and got == model
+    for k in places:
+        if -len(model) <= k < len(model):
+            assert got[k] == model[k]
+    assert got[1:-1:2] == model[1:-1:2]
+    assert list(got.firsts()) == firsts
+    assert got.lone() == sum(1 for b in model if b.job_id is None)
+    wanted = {"n1", "m1", "zz"}
+    assert list(got.on_nodes(wanted)) == [(b.node, b.started, b.at, b.gpus, b.job_id)
+                                          for b in model if b.node in wanted]
+    assert [got.names[c] for c in got.node_codes().tolist()] == [b.node for b in model]
+    back = pickle.loads(pickle.dumps(got))
+    assert isinstance(back, Blames) and list(back) == model
+
+
+def test_an_attribution_given_a_list_of_blames_keeps_them() -> None:
+    b = Blame("n3", 1.0, 42, 100.0, "FAILED", 1, True, 50.0, 8)
+    att = Attribution(blames=[b])  # type: ignore[arg-type]
+    assert isinstance(att.blames, Blames) and att.blames == [b]
+    assert att.merge(Attribution(blames=[b])).blames == [b, b]  # type: ignore[arg-type]
