@@ -140,17 +140,25 @@ class Blames(Sequence[Blame]):
     def __iter__(self) -> Iterator[Blame]:
         return self.at_rows(range(len(self)))
 
-    def at_rows(self, rows: Iterable[int]) -> Iterator[Blame]:
-        """The blames at the places ``rows``, in that order."""
+    def at_rows(self, rows: Iterable[int], reasons: Iterable[str] | None = None
+                ) -> Iterator[Blame]:
+        """The blames at the places ``rows``, in that order; ``reasons``: theirs instead (one
+        per place)."""
         names, node, run = self.names, self.node, self.run
-        weight, job, at, reason = self.weight, self.job, self.at, self.reason
+        weight, job, at = self.weight, self.job, self.at
         size, pinned, started, gpus = self.size, self.pinned, self.started, self.gpus
         isnan = math.isnan
-        for i in rows:
+        if reasons is None:
+            reason = self.reason
+            pairs: Iterable[tuple[int, str | None]] = zip(rows, repeat(None))
+        else:
+            pairs = zip(rows, reasons, strict=True)
+        for i, why in pairs:
             r = run[i]
             s = started[r]
-            yield _make(names[node[i]], weight[r], job[r], at[r], reason[r], size[r],
-                        bool(pinned[r]), None if isnan(s) else s, gpus[r])
+            yield _make(names[node[i]], weight[r], job[r], at[r],
+                        reason[r] if why is None else why, size[r], bool(pinned[r]),
+                        None if isnan(s) else s, gpus[r])
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or len(other) != len(self):
@@ -171,6 +179,10 @@ class Blames(Sequence[Blame]):
 
     def runs(self) -> int:
         return len(self.at)
+
+    def run_of(self, i: int) -> int:
+        """The run of the blame at place ``i`` (its job, time and reason are the run's)."""
+        return self.run[i]
 
     def lone(self) -> int:
         """Blames without a run (health drains, rule 5)."""

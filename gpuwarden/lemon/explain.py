@@ -15,7 +15,7 @@ from typing import overload
 
 import numpy as np
 
-from gpuwarden.accounting.blames import Blame
+from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, IntArray
 from gpuwarden.lemon.inference import Fit
 
@@ -183,31 +183,24 @@ class RowIndex:
                                         strict=True))}
         return self._rows
 
-    def get(self, b: Blame) -> int | None:
-        return self.table().get((NO_JOB if b.job_id is None else b.job_id, b.at))
 
-
-def _noted(b: Blame, reason: str) -> Blame:
-    """``b`` with another reason: `dataclasses.replace` made each through __init__, 10 times
-    the cost, for every piece of a year's lemons' evidence (1.4 million)."""
-    out = object.__new__(Blame)
-    out.__dict__.update(b.__dict__)
-    out.__dict__["reason"] = reason
-    return out
-
-
-def annotate(view: RowView, node: int, blames: Sequence[Blame], rows_by_job: RowIndex,
-             entries: IntArray) -> list[Blame]:
-    """Each blamed run with the node's share of it, or what explains it instead."""
+def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int],
+             rows_by_job: RowIndex, entries: IntArray) -> list[Blame]:
+    """The blames at ``places``, each blamed run with the node's share of it, or what explains
+    it instead, added to its reason. Made once each from the columns: a copy of each Blame
+    with its reason changed (`dataclasses.replace`) was most of a year's lemons' evidence
+    (1.4 million pieces)."""
     table = rows_by_job.table()
-    found = [(i, r) for i, b in enumerate(blames)
-             if (r := table.get((NO_JOB if b.job_id is None else b.job_id, b.at))) is not None]
-    rows = np.array([r for _, r in found], dtype=np.int64)
+    runs = [blames.run_of(i) for i in places]
+    job, at, reason = blames.job, blames.at, blames.reason
+    found = [(k, row) for k, r in enumerate(runs)
+             if (row := table.get((NO_JOB if (j := job[r]) is None else j, at[r]))) is not None]
+    rows = np.array([row for _, row in found], dtype=np.int64)
     shares = view.node_shares(rows, entries).tolist()
     who = view.explainers(rows, node).tolist()
-    out = list(blames)
+    reasons = [reason[r] for r in runs]
     label: dict[int, str] = {}
-    for (i, _), s, w in zip(found, shares, who, strict=True):
+    for (k, _), s, w in zip(found, shares, who, strict=True):
         if s >= 0.5:
             note = f"{s:.0%} of it on this node"
         elif w == LEFT:
@@ -217,9 +210,8 @@ def annotate(view: RowView, node: int, blames: Sequence[Blame], rows_by_job: Row
             if name is None:
                 name = label[w] = view.label(w)
             note = f"explained by {name} ({s:.0%} on this node)"
-        b = blames[i]
-        out[i] = _noted(b, f"{b.reason}; {note}")
-    return out
+        reasons[k] = f"{reasons[k]}; {note}"
+    return list(blames.at_rows(places, reasons))
 
 
 class LazyEvidence(Sequence[Blame]):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.accounting.incidence import Incidence, IncidenceBuilder
 from gpuwarden.lemon.distinct import distinct_rows
-from gpuwarden.lemon.inference import _design, _Em, fit
+from gpuwarden.lemon.inference import _design, _Em, design, fit
 
 NODES = [f"n{i}" for i in range(6)]
 LISTS = [("n0",), ("n1",), ("n0", "n1"), ("n1", "n0"), ("n2", "n3", "n4", "n5"),
@@ -85,6 +85,18 @@ def test_the_merged_fit_is_the_per_run_fit(failures: list[tuple[Any, ...]], hour
                                each.background * inc.bucket_hours, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(merged.row_rate, each.row_rate, rtol=1e-6, atol=1e-12)
     np.testing.assert_array_equal(merged.use, each.use)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(failure_st, min_size=1, max_size=40), hours_st, st.booleans())
+def test_the_design_from_the_plain_one_is_the_design(failures: list[tuple[Any, ...]],
+                                                     hours: list[float],
+                                                     with_keep: bool) -> None:
+    """Sources left out (``keep``) drop only the runs they weigh nothing in."""
+    inc, keep = _incidence(failures, hours)
+    k = keep if with_keep else None
+    for got, want in zip(design(inc, k), _design(inc, k), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_repeated_runs_are_one_row_and_unlike_ones_stay_apart() -> None:
