@@ -80,16 +80,17 @@ class Judge:
         self._lists: dict[str, _List] = {}
         self._times: dict[str, tuple[list[float], list[int]]] = {}
 
-    def _near(self, node: str, ds: Sequence[HealthDrain], lo: float, hi: float) -> list[int]:
-        """The positions in ``ds`` (``node``'s failure events) of those at ``lo``..``hi``, in
-        their order, by bisection: each failed run looked at every event of its nodes, which
-        over a year of a fleet was most of `fleet mttf` (45 of 49 s at 12M runs)."""
+    def _by_time(self, node: str) -> tuple[list[float], list[int]]:
+        """``node``'s failure events' times in order, and their positions in its list: the
+        events of a failed run's nodes around its end are found by bisection (`add`); each
+        failed run looked at every event of its nodes, which over a year of a fleet was most
+        of `fleet mttf` (45 of 49 s at 12M runs)."""
         got = self._times.get(node)
         if got is None:
+            ds = self.failures[node]
             order = sorted(range(len(ds)), key=lambda i: ds[i].at)
             got = self._times[node] = ([ds[i].at for i in order], order)
-        times, order = got
-        return sorted(order[bisect_left(times, lo):bisect_right(times, hi)])
+        return got
 
     def add(self, job: AcctRecord) -> None:
         """One failed run (state in `BLAMABLE`, start and end times, a `countable` node list
@@ -108,9 +109,14 @@ class Judge:
         else:
             found: list[HealthDrain] = []
             lo, hi = end - LEAD_S, end + grace_s
+            times_of = self._times
             for n in facts.with_events:
+                times, order = times_of.get(n) or self._by_time(n)
+                a, b = bisect_left(times, lo), bisect_right(times, hi)
+                if a == b:
+                    continue  # most runs: none of the node's events near the end
                 ds = self.failures[n]
-                for i in self._near(n, ds, lo, hi):
+                for i in sorted(order[a:b]):  # in the node's list's order
                     d = ds[i]
                     if d not in found:
                         found.append(d)

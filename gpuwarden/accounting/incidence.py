@@ -64,6 +64,15 @@ class IncidenceBuilder:
     bucket_hours: dict[int, float] = field(default_factory=dict)
     user_hours: dict[int, float] = field(default_factory=dict)  # node-hours, by user index
     script_hours: dict[int, float] = field(default_factory=dict)  # by script index
+    _numbered: dict[tuple[str, ...], list[int]] = field(default_factory=dict, repr=False,
+                                                        compare=False)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (a worker's builder, sent back to be merged) without `_numbers`' cache."""
+        return {k: v for k, v in self.__dict__.items() if k != "_numbered"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _numbered={})
 
     def add_hours(self, size: int, hours: float) -> None:
         self.bucket_hours[size] = self.bucket_hours.get(size, 0.0) + hours
@@ -81,10 +90,23 @@ class IncidenceBuilder:
                     named: Iterable[str] = (), user: str = "", script: str = "",
                     gameable: bool = False) -> None:
         culprit, pinned = set(culprits), set(named)
-        for n in nodes:
-            self.node.append(_ix(self.nodes, n))
-            self.flags.append((CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0))
+        listed = nodes if isinstance(nodes, tuple) else tuple(nodes)
+        self.node.extend(self._numbers(listed))
+        if culprit or pinned:
+            self.flags.extend([(CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0)
+                               for n in listed])
+        else:
+            self.flags.frombytes(bytes(len(listed)))
         self._end_row(job_id, end, hours, size, user, script, gameable)
+
+    def _numbers(self, nodes: tuple[str, ...]) -> list[int]:
+        """`node_numbers` of a node list, kept per list: failed runs repeat their lists (a
+        gang's block, a year's months), and numbering each node of each was most of judging
+        the runs that claim failure events (`attribution.settle`)."""
+        got = self._numbered.get(nodes)
+        if got is None:
+            got = self._numbered[nodes] = self.node_numbers(nodes)
+        return got
 
     def node_numbers(self, nodes: Iterable[str]) -> list[int]:
         """Each node's number in the rows, numbering new ones as `add_failure` would."""

@@ -185,7 +185,7 @@ class RowIndex:
 
 
 def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int],
-             rows_by_job: RowIndex, entries: IntArray) -> list[Blame]:
+             rows_by_job: RowIndex, entries: IntArray) -> Annotated:
     """The blames at ``places``, each blamed run with the node's share of it, or what explains
     it instead, added to its reason. Made once each from the columns: a copy of each Blame
     with its reason changed (`dataclasses.replace`) was most of a year's lemons' evidence
@@ -211,7 +211,42 @@ def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int],
                 name = label[w] = view.label(w)
             note = f"explained by {name} ({s:.0%} on this node)"
         reasons[k] = f"{reasons[k]}; {note}"
-    return list(blames.at_rows(places, reasons))
+    return Annotated(blames, places, reasons)
+
+
+class Annotated(Sequence[Blame]):
+    """The blames at ``places`` with ``reasons`` (`annotate`'s), made when read; `pieces`
+    reads them without making any (a year's lemons hold 1.4 million: as Blames, 0.3 GiB
+    and seconds the report then turned into its own rows)."""
+
+    def __init__(self, blames: Blames, places: Sequence[int], reasons: list[str]) -> None:
+        self._blames, self._places, self._reasons = blames, places, reasons
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    @overload
+    def __getitem__(self, i: int) -> Blame: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Blame]: ...
+    def __getitem__(self, i: int | slice) -> Blame | list[Blame]:
+        if isinstance(i, slice):
+            at = range(len(self))[i]
+            return list(self._blames.at_rows([self._places[k] for k in at],
+                                             [self._reasons[k] for k in at]))
+        k = range(len(self))[i]
+        return next(self._blames.at_rows((self._places[k],), (self._reasons[k],)))
+
+    def __iter__(self) -> Iterator[Blame]:
+        return self._blames.at_rows(self._places, self._reasons)
+
+    def pieces(self) -> Iterator[tuple[float, int | None, str, float]]:
+        """(at, job id, reason, weight) of each, in order."""
+        b = self._blames
+        run, job, at, weight = b.run, b.job, b.at, b.weight
+        for i, why in zip(self._places, self._reasons, strict=True):
+            r = run[i]
+            yield at[r], job[r], why, weight[r]
 
 
 class LazyEvidence(Sequence[Blame]):
@@ -220,18 +255,28 @@ class LazyEvidence(Sequence[Blame]):
 
     def __init__(self, build: Callable[[], Sequence[Blame]]) -> None:
         self._build: Callable[[], Sequence[Blame]] | None = build
-        self._items: tuple[Blame, ...] = ()
+        self._items: Sequence[Blame] = ()
 
-    def _get(self) -> tuple[Blame, ...]:
+    def _get(self) -> Sequence[Blame]:
         if self._build is not None:
-            self._items, self._build = tuple(self._build()), None
+            self._items, self._build = self._build(), None
         return self._items
+
+    def pieces(self) -> Iterator[tuple[float, int | None, str, float]]:
+        """(at, job id, reason, weight) of each, in order, without making the Blames where
+        the list was annotated (`Annotated.pieces`)."""
+        got = self._get()
+        if isinstance(got, Annotated):
+            return got.pieces()
+        return ((b.at, b.job_id, b.reason, b.weight) for b in got)
 
     @overload
     def __getitem__(self, i: int) -> Blame: ...
     @overload
     def __getitem__(self, i: slice) -> tuple[Blame, ...]: ...
     def __getitem__(self, i: int | slice) -> Blame | tuple[Blame, ...]:
+        if isinstance(i, slice):
+            return tuple(self._get()[i])
         return self._get()[i]
 
     def __len__(self) -> int:
@@ -241,13 +286,13 @@ class LazyEvidence(Sequence[Blame]):
         return iter(self._get())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and self._get() == tuple(other)
+        return isinstance(other, Sequence) and tuple(self._get()) == tuple(other)
 
     def __hash__(self) -> int:
-        return hash(self._get())
+        return hash(tuple(self._get()))
 
     def __repr__(self) -> str:
-        return repr(self._get())
+        return repr(tuple(self._get()))
 
     def __reduce__(self) -> tuple[type, tuple[tuple[Blame, ...]]]:
-        return tuple, (self._get(),)  # pickled as what it reads as
+        return tuple, (tuple(self._get()),)  # pickled as what it reads as

@@ -202,7 +202,7 @@ def _by_node(blames: Blames) -> dict[str, IntArray]:
 
 
 def _evidence(view: RowView, node: int, blames: Blames, mine: IntArray, rows_by_job: RowIndex,
-              entries: IntArray) -> list[Blame]:
+              entries: IntArray) -> Sequence[Blame]:
     return annotate(view, node, blames, mine.tolist(), rows_by_job, entries)
 
 
