@@ -14,7 +14,7 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from typing import overload
 
 import numpy as np
@@ -97,6 +97,29 @@ class Blames(Sequence[Blame]):
         self.pinned.append(pinned)
         self.started.append(math.nan if started is None else started)
         self.gpus.append(gpus)
+
+    def add_runs(self, numbers: Sequence[Sequence[int]], weights: Sequence[float],
+                 job_ids: Sequence[int | None], ats: Sequence[float], reasons: Sequence[str],
+                 sizes: Sequence[int], pinned: Sequence[bool], started: Sequence[float],
+                 gpus: Sequence[int]) -> None:
+        """`add_run` of each run, by column (none without nodes; ``started`` all known)."""
+        if not all(numbers):
+            for k, nums in enumerate(numbers):
+                self.add_run(nums, weights[k], job_ids[k], ats[k], reasons[k], sizes[k],
+                             pinned[k], started[k], gpus[k])
+            return
+        r = len(self.at)
+        self.node.extend(chain.from_iterable(numbers))
+        self.run.extend(chain.from_iterable(repeat(r + k, len(nums))
+                                            for k, nums in enumerate(numbers)))
+        self.weight.extend(weights)
+        self.job.extend(job_ids)
+        self.at.extend(ats)
+        self.reason.extend(reasons)
+        self.size.extend(sizes)
+        self.pinned.extend(pinned)
+        self.started.extend(started)
+        self.gpus.extend(gpus)
 
     def append(self, b: Blame) -> None:
         self.add_run(self.numbers((b.node,)), b.weight, b.job_id, b.at, b.reason, b.size,

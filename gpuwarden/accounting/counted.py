@@ -71,6 +71,12 @@ class _List:
         self.blamed: list[int] | None = None  # their numbers in the blames (`Blames`)
 
 
+# A plain blamed run as `Judge.flush` writes it: (job id, end, hours, size, incidence numbers,
+# user, script, gameable, blames' numbers, weight, reason, pinned, start, GPU class).
+_Plain = tuple[int, float, float, int, list[int], str, str, bool, list[int], float, str, bool,
+               float, int]
+
+
 class Judge:
     """Judges the counted failed runs into one Attribution (`add`), in the order given."""
 
@@ -79,6 +85,21 @@ class Judge:
         self.result, self.drains, self.failures, self.grace_s = result, drains, failures, grace_s
         self._lists: dict[str, _List] = {}
         self._times: dict[str, tuple[list[float], list[int]]] = {}
+        # Plain blamed runs (no culprit, no node named) not yet written, in order (`flush`).
+        self._plain: list[_Plain] = []
+
+    def flush(self) -> None:
+        """The plain blamed runs written into the incidence and the blames, by column: the
+        caller's before anything else writes to them, so that the order stays the runs'."""
+        if not self._plain:
+            return
+        rows, self._plain = self._plain, []
+        (job_ids, ends, hours, sizes, ixs, users, scripts, gameable, numbers, weights,
+         reasons, pinned, started, gpus) = zip(*rows, strict=True)
+        self.result.incidence.add_plain_failures(job_ids, ends, hours, sizes, ixs, users,
+                                                 scripts, gameable)
+        self.result.blames.add_runs(numbers, weights, job_ids, ends, reasons, sizes, pinned,
+                                    started, gpus)
 
     def _by_time(self, node: str) -> tuple[list[float], list[int]]:
         """``node``'s failure events' times in order, and their positions in its list: the
@@ -155,28 +176,25 @@ class Judge:
         if named:
             named = facts.scope if named == ALL_NODES else named & facts.scope
         hours = run_seconds(start, end) / 3600
-        inc = result.incidence
         gameable = job.state == "FAILED" and not culprits
-        if culprits or named:
-            inc.add_failure(job.job_id, float(end), hours, facts.size, all_nodes, culprits,
-                            named, job.user, script, gameable=gameable)
-        else:
-            if facts.ixs is None:
-                facts.ixs = inc.node_numbers(all_nodes)
-            inc.add_plain_failure(job.job_id, float(end), hours, facts.size, facts.ixs,
-                                  job.user, script, gameable)
         targets = culprits or all_nodes
         pinned = len(all_nodes) == 1 or bool(culprits)
         (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
+        if not (culprits or named):  # most: a gang's failure spread over its nodes
+            if facts.ixs is None:
+                facts.ixs = result.incidence.node_numbers(all_nodes)
+                facts.blamed = result.blames.numbers(all_nodes)
+            assert facts.blamed is not None
+            self._plain.append((job.job_id, float(end), hours, facts.size, facts.ixs, job.user,
+                                script, gameable, facts.blamed, 1.0 / len(targets), reason,
+                                pinned, float(start), gclass))
+            return
+        self.flush()
+        result.incidence.add_failure(job.job_id, float(end), hours, facts.size, all_nodes,
+                                     culprits, named, job.user, script, gameable=gameable)
         blames = result.blames
-        if culprits:
-            numbers = blames.numbers(culprits)
-        else:
-            if facts.blamed is None:
-                facts.blamed = blames.numbers(all_nodes)
-            numbers = facts.blamed
-        blames.add_run(numbers, 1.0 / len(targets), job.job_id, float(end), reason, facts.size,
-                       pinned, float(start), gclass)
+        blames.add_run(blames.numbers(culprits or all_nodes), 1.0 / len(targets), job.job_id,
+                       float(end), reason, facts.size, pinned, float(start), gclass)
 
 
 def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
@@ -191,4 +209,6 @@ def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
         if fast:
             judge.add(rec)
         else:
+            judge.flush()
             _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
+    judge.flush()

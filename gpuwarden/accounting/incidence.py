@@ -23,9 +23,10 @@ files or workers merge (`merge`), remapping node, user and script numbers.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate, chain
 
 import numpy as np
 import numpy.typing as npt
@@ -119,6 +120,27 @@ class IncidenceBuilder:
         self.node.extend(numbers)
         self.flags.frombytes(bytes(len(numbers)))
         self._end_row(job_id, end, hours, size, user, script, gameable)
+
+    def add_plain_failures(self, job_ids: Sequence[int], ends: Sequence[float],
+                           hours: Sequence[float], sizes: Sequence[int],
+                           numbers: Sequence[list[int]], users: Sequence[str],
+                           scripts: Sequence[str], gameable: Sequence[bool]) -> None:
+        """`add_plain_failure` of each run, by column: a call and eight appends a run were a
+        third of judging a year's failed runs (`counted.Judge`)."""
+        if not numbers:
+            return
+        base = len(self.node)
+        self.node.extend(chain.from_iterable(numbers))
+        self.flags.frombytes(bytes(len(self.node) - base))
+        self.ptr.extend(list(accumulate(map(len, numbers), initial=base))[1:])
+        self.hours.extend(hours)
+        self.end.extend(ends)
+        self.job.extend(job_ids)
+        table, names = self.users, self.scripts
+        self.user.extend([_ix(table, u) for u in users])
+        self.script.extend([_ix(names, k) if k else NO_SCRIPT for k in scripts])
+        self.size.extend(sizes)
+        self.gameable.extend([1 if g else 0 for g in gameable])
 
     def _end_row(self, job_id: int | None, end: float, hours: float, size: int, user: str,
                  script: str, gameable: bool) -> None:

@@ -21,7 +21,7 @@ run_st = st.tuples(
     st.sampled_from(["node failure (NODE_FAIL)", "health drain: x", ""]),
     st.integers(0, 12), st.booleans(), st.one_of(st.none(), st.floats(0, 4e9)),
     st.sampled_from([0, 1, 8, 64]))
-op_st = st.tuples(st.sampled_from(["run", "append", "extend", "merge"]), run_st)
+op_st = st.tuples(st.sampled_from(["run", "append", "extend", "merge", "batch"]), run_st)
 
 
 def _blames(run: tuple[Any, ...]) -> list[Blame]:
@@ -46,6 +46,13 @@ def test_blames_read_back_as_the_blames_added(ops: list[tuple[str, tuple[Any, ..
         elif how == "extend":
             got.extend(made)
             firsts += made
+        elif how == "batch":  # the run, and again at a later time, by column
+            later = (*run[:3], run[3] + 1, *run[4:7], run[7] or 0.0, run[8])
+            runs = [(*run[:7], run[7] or 0.0, run[8]), later]
+            nodes, *cols = zip(*runs, strict=True)
+            got.add_runs([got.numbers(n) for n in nodes], *cols)
+            made = [b for r in runs for b in _blames(r)]
+            firsts += [b for r in runs for b in _blames(r)[:1]]
         else:  # another attribution's, merged
             other = Blames()
             other.add_run(other.numbers(reversed(run[0])), *run[1:])
@@ -73,3 +80,33 @@ def test_an_attribution_given_a_list_of_blames_keeps_them() -> None:
     att = Attribution(blames=[b])  # type: ignore[arg-type]
     assert isinstance(att.blames, Blames) and att.blames == [b]
     assert att.merge(Attribution(blames=[b])).blames == [b, b]  # type: ignore[arg-type]
+
+
+plain_st = st.tuples(st.integers(1, 10**9), st.floats(0, 4e9), st.floats(0, 100),
+                     st.integers(1, 8), st.lists(st.sampled_from(NODES), min_size=1, max_size=4),
+                     st.sampled_from(["ann", "bob"]), st.sampled_from(["", "a.sh"]),
+                     st.booleans())
+
+
+@given(st.lists(plain_st, max_size=6), st.lists(plain_st, max_size=6))
+def test_plain_failures_by_column_are_the_ones_added_one_by_one(
+        first: list[tuple[Any, ...]], then: list[tuple[Any, ...]]) -> None:
+    from gpuwarden.accounting.incidence import IncidenceBuilder  # noqa: PLC0415
+
+    one, cols = IncidenceBuilder(), IncidenceBuilder()
+    for b in (one, cols):
+        b.add_failure(7, 1.0, 1.0, 1, ["m1"], ["m1"])  # a row before
+    for runs in (first, then):
+        for job, end, hours, size, nodes, user, script, gameable in runs:
+            one.add_plain_failure(job, end, hours, size, one.node_numbers(nodes), user, script,
+                                  gameable)
+        if runs:
+            job, end, hours, size, nodes, user, script, gameable = zip(*runs, strict=True)
+            cols.add_plain_failures(job, end, hours, size,
+                                    [cols.node_numbers(n) for n in nodes], user, script,
+                                    gameable)
+    a, b = one.freeze({}), cols.freeze({})
+    for name in ("ptr", "node", "flags", "hours", "end", "job", "user", "script", "size",
+                 "gameable"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    assert (a.names, a.users, a.scripts) == (b.names, b.users, b.scripts)
