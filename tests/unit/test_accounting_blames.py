@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.accounting.attribution import Attribution
 from gpuwarden.accounting.blames import Blame, Blames
+from gpuwarden.accounting.incidence import IncidenceBuilder
 
 NODES = ("n1", "n2", "n3", "m1")
 
@@ -91,8 +92,6 @@ plain_st = st.tuples(st.integers(1, 10**9), st.floats(0, 4e9), st.floats(0, 100)
 @given(st.lists(plain_st, max_size=6), st.lists(plain_st, max_size=6))
 def test_plain_failures_by_column_are_the_ones_added_one_by_one(
         first: list[tuple[Any, ...]], then: list[tuple[Any, ...]]) -> None:
-    from gpuwarden.accounting.incidence import IncidenceBuilder  # noqa: PLC0415
-
     one, cols = IncidenceBuilder(), IncidenceBuilder()
     for b in (one, cols):
         b.add_failure(7, 1.0, 1.0, 1, ["m1"], ["m1"])  # a row before

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.accounting.incidence import Incidence, IncidenceBuilder
+from gpuwarden.lemon import distinct
 from gpuwarden.lemon.distinct import distinct_rows
 from gpuwarden.lemon.inference import _design, _Em, design, fit
 
@@ -119,8 +120,6 @@ def test_repeated_runs_are_one_row_and_unlike_ones_stay_apart() -> None:
 def test_a_hash_collision_keeps_the_rows_apart(monkeypatch: Any) -> None:
     """Every row hashed alike: each is compared with the first entry by entry, so only
     truly equal rows merge."""
-    import gpuwarden.lemon.distinct as distinct  # noqa: PLC0415
-
     monkeypatch.setattr(distinct, "_mix", lambda x: x & np.uint64(0))
     node = np.array([0, 1, 1, 0, 0, 1, 3], dtype=np.int64)
     row = np.array([0, 0, 1, 1, 2, 2, 3], dtype=np.int64)
