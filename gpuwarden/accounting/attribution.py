@@ -50,12 +50,15 @@ in pieces, in parallel.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
+from itertools import accumulate
 
+from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.incidence import IncidenceBuilder
 from gpuwarden.accounting.rangetally import RangeTally
@@ -82,21 +85,6 @@ def run_seconds(start: int, end: int) -> int:
     return max(end - start, MIN_RUN_S)
 
 
-@dataclass(frozen=True)
-class Blame:
-    node: str
-    weight: float
-    job_id: int | None
-    at: float
-    reason: str
-    size: int = 0  # size bucket of the run; 0 for a drain without a run (rule 5)
-    # The evidence names this node (a one-node run, the node an event says failed, a drain),
-    # rather than spreading a gang job's failure over all of its nodes.
-    pinned: bool = True
-    started: float | None = None  # when the blamed run started
-    gpus: int = 0  # the blamed run's GPU class (`gpu_class`); 0 without GPUs, or no run
-
-
 @dataclass
 class Exposure:
     jobs: int = 0
@@ -112,7 +100,8 @@ class Exposure:
 
 @dataclass
 class Attribution:
-    blames: list[Blame] = field(default_factory=list)
+    # Built as columns (`Blames`); a list of Blame given is made into them.
+    blames: Blames = field(default_factory=Blames)
     exposure: dict[str, Exposure] = field(default_factory=lambda: defaultdict(Exposure))
     skipped: Counter[str] = field(default_factory=Counter)
     runs_by_size: Counter[int] = field(default_factory=Counter)   # node-runs per bucket
@@ -138,6 +127,10 @@ class Attribution:
     # every count above is the same. `fleet mttf` reads no more than the blames of the nodes
     # health gating drained (`mttf.drained_nodes`), and making the rest was most of its read.
     blames_on: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.blames, Blames):
+            self.blames = Blames(self.blames)
 
     @property
     def gpu_hours_total(self) -> float:
@@ -302,6 +295,11 @@ def by_node(drains: Iterable[HealthDrain]) -> dict[str, list[HealthDrain]]:
 
 def _failed_nodes(nodes: tuple[str, ...], end: int, failures: Mapping[str, list[HealthDrain]],
                   grace_s: float) -> list[str]:
+    if len(failures) < len(nodes):
+        # A pending run's own events (`settle`): a node or two of a gang of dozens.
+        near = {n for n, ds in failures.items()
+                if any(end - LEAD_S <= d.at <= end + grace_s for d in ds)}
+        return [n for n in nodes if n in near] if near else []
     hit = []
     for n in nodes:
         ds = failures.get(n)
@@ -605,11 +603,10 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
     pinned = len(all_nodes) == 1 or bool(culprits)
     (result.pinned_by_size if pinned else result.spread_by_size)[size] += len(blamed)
     keep = result.blames_on
+    blames = result.blames
     if keep is not None:
-        for n in blamed:
-            if n in keep:
-                result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
-                                           float(start), gclass))
+        blames.add_run(blames.numbers(n for n in blamed if n in keep), weight, job_id,
+                       float(end), reason, size, pinned, float(start), gclass)
         return
     named, script = _submit_facts(job.submit_line)
     if named:
@@ -617,9 +614,8 @@ def _blame(result: Attribution, job: AcctRecord | Held, all_nodes: tuple[str, ..
     result.incidence.add_failure(
         job_id, float(end), run_seconds(start, end) / 3600, size, in_scope, culprits, named, job.user,
         script, gameable=job.state == "FAILED" and not culprits)
-    for n in blamed:
-        result.blames.append(Blame(n, weight, job_id, float(end), reason, size, pinned,
-                                   float(start), gclass))
+    blames.add_run(blames.numbers(blamed), weight, job_id, float(end), reason, size, pinned,
+                   float(start), gclass)
 
 
 def spread_exposure(exposure: dict[str, Exposure], tally: RangeTally) -> None:
@@ -646,17 +642,18 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
     settle(att, grace_s)
     clears = clears or {}
     blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for b in att.blames:
-        # Only a drained node's runs are looked at: a million blames at fleet scale.
-        if b.job_id is not None and b.node in drains:
-            blamed[b.node].append((b.started if b.started is not None else b.at, b.at))
+    # Only a drained node's runs are looked at: millions of blames at fleet scale.
+    for node, started, at, _, job_id in att.blames.on_nodes(drains):
+        if job_id is not None:
+            blamed[node].append((started if started is not None else at, at))
     for node, ds in drains.items():
+        runs = _Spans([(s - LEAD_S, e + grace_s) for s, e in blamed.get(node, [])])
         for d in ds:
             if d.at <= clears.get(node, 0.0):
                 continue
             if not inside(d.at, windows or ((att.first_start, att.last_end),), grace_s):
                 continue  # outside the history read (sacctmgr lists events that overlap it)
-            if any(s - LEAD_S <= d.at <= e + grace_s for s, e in blamed[node]):
+            if runs.holds(d.at):
                 continue  # the drain explains a run already blamed: count it once
             if att.blames_on is None:
                 att.incidence.add_failure(None, d.at, 0.0, 0, [node], [node])
@@ -664,6 +661,22 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
                 continue
             att.blames.append(Blame(node, 1.0, None, d.at, f"health drain: {d.reason}"))
     return att
+
+
+class _Spans:
+    """Closed spans (lo, hi), asked whether any holds a time: by bisection over the starts and
+    the largest end so far. Looking at every blamed run of the node for each of its drains
+    grew with the square of the history (a year's drained nodes: a dozen times the drains,
+    each against a dozen times the runs)."""
+
+    def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
+        ordered = sorted(spans)
+        self.starts = [lo for lo, _ in ordered]
+        self.reach = list(accumulate((hi for _, hi in ordered), max))
+
+    def holds(self, t: float) -> bool:
+        k = bisect_right(self.starts, t)
+        return k > 0 and self.reach[k - 1] >= t
 
 
 def attribute(jobs: Iterable[AcctRecord], drains: Iterable[HealthDrain] = (),

@@ -20,7 +20,6 @@ from gpuwarden.accounting.attribution import (
     LEAD_S,
     NODE_STATES,
     Attribution,
-    Blame,
     HealthDrain,
     Held,
     Pending,
@@ -60,7 +59,7 @@ def _names(text: str) -> tuple[str, ...]:
 class _List:
     """What judging a failed run reads of its node list, worked out once per list."""
 
-    __slots__ = ("ixs", "names", "scope", "size", "with_events")
+    __slots__ = ("blamed", "ixs", "names", "scope", "size", "with_events")
 
     def __init__(self, text: str, failures: Mapping[str, list[HealthDrain]]) -> None:
         self.names = _names(text)
@@ -69,22 +68,13 @@ class _List:
         # In the list's order: `_claims` looks at each node's events in that order.
         self.with_events = tuple(n for n in self.names if n in failures)
         self.ixs: list[int] | None = None  # the names' incidence numbers, once one failed
+        self.blamed: list[int] | None = None  # their numbers in the blames (`Blames`)
 
 
-def _blames(into: list[Blame], nodes: Sequence[str], weight: float, job_id: int, at: float,
-            reason: str, size: int, pinned: bool, started: float, gpus: int) -> None:
-    """Blame(n, weight, ...) for each n of ``nodes``: the dataclass's __init__ sets each frozen
-    field through object.__setattr__, 3x the cost of filling the instance's dict, and a
-    failed gang run has a Blame per node (tests/unit/test_attribution_counted.py)."""
-    new = object.__new__
-    fields = {"weight": weight, "job_id": job_id, "at": at, "reason": reason, "size": size,
-              "pinned": pinned, "started": started, "gpus": gpus}
-    for n in nodes:
-        b = new(Blame)
-        d = b.__dict__
-        d["node"] = n
-        d.update(fields)
-        into.append(b)
+# A plain blamed run as `Judge.flush` writes it: (job id, end, hours, size, incidence numbers,
+# user, script, gameable, blames' numbers, weight, reason, pinned, start, GPU class).
+_Plain = tuple[int, float, float, int, list[int], str, str, bool, list[int], float, str, bool,
+               float, int]
 
 
 class Judge:
@@ -95,17 +85,33 @@ class Judge:
         self.result, self.drains, self.failures, self.grace_s = result, drains, failures, grace_s
         self._lists: dict[str, _List] = {}
         self._times: dict[str, tuple[list[float], list[int]]] = {}
+        # Plain blamed runs (no culprit, no node named) not yet written, in order (`flush`).
+        self._plain: list[_Plain] = []
 
-    def _near(self, node: str, ds: Sequence[HealthDrain], lo: float, hi: float) -> list[int]:
-        """The positions in ``ds`` (``node``'s failure events) of those at ``lo``..``hi``, in
-        their order, by bisection: each failed run looked at every event of its nodes, which
-        over a year of a fleet was most of `fleet mttf` (45 of 49 s at 12M runs)."""
+    def flush(self) -> None:
+        """The plain blamed runs written into the incidence and the blames, by column: the
+        caller's before anything else writes to them, so that the order stays the runs'."""
+        if not self._plain:
+            return
+        rows, self._plain = self._plain, []
+        (job_ids, ends, hours, sizes, ixs, users, scripts, gameable, numbers, weights,
+         reasons, pinned, started, gpus) = zip(*rows, strict=True)
+        self.result.incidence.add_plain_failures(job_ids, ends, hours, sizes, ixs, users,
+                                                 scripts, gameable)
+        self.result.blames.add_runs(numbers, weights, job_ids, ends, reasons, sizes, pinned,
+                                    started, gpus)
+
+    def _by_time(self, node: str) -> tuple[list[float], list[int]]:
+        """``node``'s failure events' times in order, and their positions in its list: the
+        events of a failed run's nodes around its end are found by bisection (`add`); each
+        failed run looked at every event of its nodes, which over a year of a fleet was most
+        of `fleet mttf` (45 of 49 s at 12M runs)."""
         got = self._times.get(node)
         if got is None:
+            ds = self.failures[node]
             order = sorted(range(len(ds)), key=lambda i: ds[i].at)
             got = self._times[node] = ([ds[i].at for i in order], order)
-        times, order = got
-        return sorted(order[bisect_left(times, lo):bisect_right(times, hi)])
+        return got
 
     def add(self, job: AcctRecord) -> None:
         """One failed run (state in `BLAMABLE`, start and end times, a `countable` node list
@@ -124,9 +130,14 @@ class Judge:
         else:
             found: list[HealthDrain] = []
             lo, hi = end - LEAD_S, end + grace_s
+            times_of = self._times
             for n in facts.with_events:
+                times, order = times_of.get(n) or self._by_time(n)
+                a, b = bisect_left(times, lo), bisect_right(times, hi)
+                if a == b:
+                    continue  # most runs: none of the node's events near the end
                 ds = self.failures[n]
-                for i in self._near(n, ds, lo, hi):
+                for i in sorted(order[a:b]):  # in the node's list's order
                     d = ds[i]
                     if d not in found:
                         found.append(d)
@@ -158,29 +169,32 @@ class Judge:
             (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += \
                 len(targets)
             kept = [n for n in targets if n in keep]
-            if kept:
-                _blames(result.blames, kept, 1.0 / len(targets), job.job_id, float(end),
-                        reason, facts.size, pinned, float(start), gclass)
+            result.blames.add_run(result.blames.numbers(kept), 1.0 / len(targets), job.job_id,
+                                  float(end), reason, facts.size, pinned, float(start), gclass)
             return
         named, script = _submit_facts(job.submit_line)
         if named:
             named = facts.scope if named == ALL_NODES else named & facts.scope
         hours = run_seconds(start, end) / 3600
-        inc = result.incidence
         gameable = job.state == "FAILED" and not culprits
-        if culprits or named:
-            inc.add_failure(job.job_id, float(end), hours, facts.size, all_nodes, culprits,
-                            named, job.user, script, gameable=gameable)
-        else:
-            if facts.ixs is None:
-                facts.ixs = inc.node_numbers(all_nodes)
-            inc.add_plain_failure(job.job_id, float(end), hours, facts.size, facts.ixs,
-                                  job.user, script, gameable)
         targets = culprits or all_nodes
         pinned = len(all_nodes) == 1 or bool(culprits)
         (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
-        _blames(result.blames, targets, 1.0 / len(targets), job.job_id, float(end), reason,
-                facts.size, pinned, float(start), gclass)
+        if not (culprits or named):  # most: a gang's failure spread over its nodes
+            if facts.ixs is None:
+                facts.ixs = result.incidence.node_numbers(all_nodes)
+                facts.blamed = result.blames.numbers(all_nodes)
+            assert facts.blamed is not None
+            self._plain.append((job.job_id, float(end), hours, facts.size, facts.ixs, job.user,
+                                script, gameable, facts.blamed, 1.0 / len(targets), reason,
+                                pinned, float(start), gclass))
+            return
+        self.flush()
+        result.incidence.add_failure(job.job_id, float(end), hours, facts.size, all_nodes,
+                                     culprits, named, job.user, script, gameable=gameable)
+        blames = result.blames
+        blames.add_run(blames.numbers(culprits or all_nodes), 1.0 / len(targets), job.job_id,
+                       float(end), reason, facts.size, pinned, float(start), gclass)
 
 
 def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
@@ -195,4 +209,6 @@ def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
         if fast:
             judge.add(rec)
         else:
+            judge.flush()
             _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
+    judge.flush()

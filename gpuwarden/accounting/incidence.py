@@ -23,9 +23,10 @@ files or workers merge (`merge`), remapping node, user and script numbers.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate, chain
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +65,15 @@ class IncidenceBuilder:
     bucket_hours: dict[int, float] = field(default_factory=dict)
     user_hours: dict[int, float] = field(default_factory=dict)  # node-hours, by user index
     script_hours: dict[int, float] = field(default_factory=dict)  # by script index
+    _numbered: dict[tuple[str, ...], list[int]] = field(default_factory=dict, repr=False,
+                                                        compare=False)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled (a worker's builder, sent back to be merged) without `_numbers`' cache."""
+        return {k: v for k, v in self.__dict__.items() if k != "_numbered"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state, _numbered={})
 
     def add_hours(self, size: int, hours: float) -> None:
         self.bucket_hours[size] = self.bucket_hours.get(size, 0.0) + hours
@@ -81,10 +91,23 @@ class IncidenceBuilder:
                     named: Iterable[str] = (), user: str = "", script: str = "",
                     gameable: bool = False) -> None:
         culprit, pinned = set(culprits), set(named)
-        for n in nodes:
-            self.node.append(_ix(self.nodes, n))
-            self.flags.append((CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0))
+        listed = nodes if isinstance(nodes, tuple) else tuple(nodes)
+        self.node.extend(self._numbers(listed))
+        if culprit or pinned:
+            self.flags.extend([(CULPRIT if n in culprit else 0) | (NAMED if n in pinned else 0)
+                               for n in listed])
+        else:
+            self.flags.frombytes(bytes(len(listed)))
         self._end_row(job_id, end, hours, size, user, script, gameable)
+
+    def _numbers(self, nodes: tuple[str, ...]) -> list[int]:
+        """`node_numbers` of a node list, kept per list: failed runs repeat their lists (a
+        gang's block, a year's months), and numbering each node of each was most of judging
+        the runs that claim failure events (`attribution.settle`)."""
+        got = self._numbered.get(nodes)
+        if got is None:
+            got = self._numbered[nodes] = self.node_numbers(nodes)
+        return got
 
     def node_numbers(self, nodes: Iterable[str]) -> list[int]:
         """Each node's number in the rows, numbering new ones as `add_failure` would."""
@@ -97,6 +120,27 @@ class IncidenceBuilder:
         self.node.extend(numbers)
         self.flags.frombytes(bytes(len(numbers)))
         self._end_row(job_id, end, hours, size, user, script, gameable)
+
+    def add_plain_failures(self, job_ids: Sequence[int], ends: Sequence[float],
+                           hours: Sequence[float], sizes: Sequence[int],
+                           numbers: Sequence[list[int]], users: Sequence[str],
+                           scripts: Sequence[str], gameable: Sequence[bool]) -> None:
+        """`add_plain_failure` of each run, by column: a call and eight appends a run were a
+        third of judging a year's failed runs (`counted.Judge`)."""
+        if not numbers:
+            return
+        base = len(self.node)
+        self.node.extend(chain.from_iterable(numbers))
+        self.flags.frombytes(bytes(len(self.node) - base))
+        self.ptr.extend(list(accumulate(map(len, numbers), initial=base))[1:])
+        self.hours.extend(hours)
+        self.end.extend(ends)
+        self.job.extend(job_ids)
+        table, names = self.users, self.scripts
+        self.user.extend([_ix(table, u) for u in users])
+        self.script.extend([_ix(names, k) if k else NO_SCRIPT for k in scripts])
+        self.size.extend(sizes)
+        self.gameable.extend([1 if g else 0 for g in gameable])
 
     def _end_row(self, job_id: int | None, end: float, hours: float, size: int, user: str,
                  script: str, gameable: bool) -> None:

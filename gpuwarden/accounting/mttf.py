@@ -169,10 +169,9 @@ def drain_runs(att: Attribution, events: Iterable[NodeEvent],
     events = list(events)
     drained = drained_nodes(events)  # the nodes looked up
     runs: dict[str, list[tuple[float, float, int]]] = {}
-    for b in att.blames:
-        if b.job_id is not None and b.node in drained:
-            runs.setdefault(b.node, []).append(
-                (b.started if b.started is not None else b.at, b.at, b.gpus))
+    for node, started, at, gpus, job_id in att.blames.on_nodes(drained):
+        if job_id is not None:
+            runs.setdefault(node, []).append((started if started is not None else at, at, gpus))
     near = {node: _Runs(rs) for node, rs in runs.items()}
     for lo, hi in spans:
         for e, at in gating_drain_events(events, lo, hi):

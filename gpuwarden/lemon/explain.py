@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import overload
 
 import numpy as np
 
-from gpuwarden.accounting.attribution import Blame
+from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.incidence import CULPRIT, NO_JOB, FloatArray, Incidence, IntArray
 from gpuwarden.lemon.inference import Fit
 
@@ -176,27 +176,77 @@ class RowIndex:
         self._inc = inc
         self._rows: dict[tuple[int, float], int] | None = None
 
-    def get(self, b: Blame) -> int | None:
+    def table(self) -> dict[tuple[int, float], int]:
         if self._rows is None:
             self._rows = {(int(j), float(t)): r for r, (j, t) in
                           enumerate(zip(self._inc.job.tolist(), self._inc.end.tolist(),
                                         strict=True))}
-        return self._rows.get((NO_JOB if b.job_id is None else b.job_id, b.at))
+        return self._rows
 
 
-def annotate(view: RowView, node: int, blames: Sequence[Blame], rows_by_job: RowIndex,
-             entries: IntArray) -> list[Blame]:
-    """Each blamed run with the node's share of it, or what explains it instead."""
-    found = [(i, r) for i, b in enumerate(blames) if (r := rows_by_job.get(b)) is not None]
-    rows = np.array([r for _, r in found], dtype=np.int64)
+def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int],
+             rows_by_job: RowIndex, entries: IntArray) -> Annotated:
+    """The blames at ``places``, each blamed run with the node's share of it, or what explains
+    it instead, added to its reason. Made once each from the columns: a copy of each Blame
+    with its reason changed (`dataclasses.replace`) was most of a year's lemons' evidence
+    (1.4 million pieces)."""
+    table = rows_by_job.table()
+    runs = [blames.run_of(i) for i in places]
+    job, at, reason = blames.job, blames.at, blames.reason
+    found = [(k, row) for k, r in enumerate(runs)
+             if (row := table.get((NO_JOB if (j := job[r]) is None else j, at[r]))) is not None]
+    rows = np.array([row for _, row in found], dtype=np.int64)
     shares = view.node_shares(rows, entries).tolist()
     who = view.explainers(rows, node).tolist()
-    out = list(blames)
-    for (i, _), s, w in zip(found, shares, who, strict=True):
-        note = (f"{s:.0%} of it on this node" if s >= 0.5 else LEFT_OUT if w == LEFT else
-                f"explained by {view.label(w)} ({s:.0%} on this node)")
-        out[i] = replace(blames[i], reason=f"{blames[i].reason}; {note}")
-    return out
+    reasons = [reason[r] for r in runs]
+    label: dict[int, str] = {}
+    for (k, _), s, w in zip(found, shares, who, strict=True):
+        if s >= 0.5:
+            note = f"{s:.0%} of it on this node"
+        elif w == LEFT:
+            note = LEFT_OUT
+        else:
+            name = label.get(w)
+            if name is None:
+                name = label[w] = view.label(w)
+            note = f"explained by {name} ({s:.0%} on this node)"
+        reasons[k] = f"{reasons[k]}; {note}"
+    return Annotated(blames, places, reasons)
+
+
+class Annotated(Sequence[Blame]):
+    """The blames at ``places`` with ``reasons`` (`annotate`'s), made when read; `pieces`
+    reads them without making any (a year's lemons hold 1.4 million: as Blames, 0.3 GiB
+    and seconds the report then turned into its own rows)."""
+
+    def __init__(self, blames: Blames, places: Sequence[int], reasons: list[str]) -> None:
+        self._blames, self._places, self._reasons = blames, places, reasons
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    @overload
+    def __getitem__(self, i: int) -> Blame: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Blame]: ...
+    def __getitem__(self, i: int | slice) -> Blame | list[Blame]:
+        if isinstance(i, slice):
+            at = range(len(self))[i]
+            return list(self._blames.at_rows([self._places[k] for k in at],
+                                             [self._reasons[k] for k in at]))
+        k = range(len(self))[i]
+        return next(self._blames.at_rows((self._places[k],), (self._reasons[k],)))
+
+    def __iter__(self) -> Iterator[Blame]:
+        return self._blames.at_rows(self._places, self._reasons)
+
+    def pieces(self) -> Iterator[tuple[float, int | None, str, float]]:
+        """(at, job id, reason, weight) of each, in order."""
+        b = self._blames
+        run, job, at, weight = b.run, b.job, b.at, b.weight
+        for i, why in zip(self._places, self._reasons, strict=True):
+            r = run[i]
+            yield at[r], job[r], why, weight[r]
 
 
 class LazyEvidence(Sequence[Blame]):
@@ -205,18 +255,28 @@ class LazyEvidence(Sequence[Blame]):
 
     def __init__(self, build: Callable[[], Sequence[Blame]]) -> None:
         self._build: Callable[[], Sequence[Blame]] | None = build
-        self._items: tuple[Blame, ...] = ()
+        self._items: Sequence[Blame] = ()
 
-    def _get(self) -> tuple[Blame, ...]:
+    def _get(self) -> Sequence[Blame]:
         if self._build is not None:
-            self._items, self._build = tuple(self._build()), None
+            self._items, self._build = self._build(), None
         return self._items
+
+    def pieces(self) -> Iterator[tuple[float, int | None, str, float]]:
+        """(at, job id, reason, weight) of each, in order, without making the Blames where
+        the list was annotated (`Annotated.pieces`)."""
+        got = self._get()
+        if isinstance(got, Annotated):
+            return got.pieces()
+        return ((b.at, b.job_id, b.reason, b.weight) for b in got)
 
     @overload
     def __getitem__(self, i: int) -> Blame: ...
     @overload
     def __getitem__(self, i: slice) -> tuple[Blame, ...]: ...
     def __getitem__(self, i: int | slice) -> Blame | tuple[Blame, ...]:
+        if isinstance(i, slice):
+            return tuple(self._get()[i])
         return self._get()[i]
 
     def __len__(self) -> int:
@@ -226,13 +286,13 @@ class LazyEvidence(Sequence[Blame]):
         return iter(self._get())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and self._get() == tuple(other)
+        return isinstance(other, Sequence) and tuple(self._get()) == tuple(other)
 
     def __hash__(self) -> int:
-        return hash(self._get())
+        return hash(tuple(self._get()))
 
     def __repr__(self) -> str:
-        return repr(self._get())
+        return repr(tuple(self._get()))
 
     def __reduce__(self) -> tuple[type, tuple[tuple[Blame, ...]]]:
-        return tuple, (self._get(),)  # pickled as what it reads as
+        return tuple, (tuple(self._get()),)  # pickled as what it reads as

@@ -13,7 +13,6 @@ the false discovery rate across the fleet at `fdr`. A lemon also needs a minimum
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -21,7 +20,8 @@ from functools import partial
 import numpy as np
 
 from gpuwarden.accounting.aside import Aside
-from gpuwarden.accounting.attribution import Attribution, Blame, Exposure
+from gpuwarden.accounting.attribution import Attribution, Exposure
+from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.incidence import FloatArray, Incidence, IntArray
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
@@ -114,7 +114,7 @@ def _expected(att: Attribution, failed: dict[int, int], lone: int) -> dict[str, 
 
 def expected_failures(att: Attribution) -> dict[str, float]:
     """What the fleet's rates predict for each node's exposure (pinned and spread together)."""
-    lone = sum(1 for b in att.blames if b.job_id is None)
+    lone = att.blames.lone()
     failed = att.pinned_by_size + att.spread_by_size
     return _expected(att, dict(failed), lone)
 
@@ -139,13 +139,12 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     in turn; Benjamini-Hochberg runs
     across the fleet.
     """
-    per_node: dict[str, list[Blame]] = defaultdict(list)
-    for b in att.blames:
-        per_node[b.node].append(b)
+    blames = att.blames
+    per_node = _by_node(blames)
     nodes = sorted(set(att.exposure) | set(per_node))
     exposure = {n: att.exposure.get(n) or Exposure() for n in nodes}
     total_runs = sum(e.jobs for e in exposure.values())
-    rate = len(att.blames) / total_runs if total_runs else 0.0
+    rate = len(blames) / total_runs if total_runs else 0.0
     inc = att.incidence.freeze({n: e.hours for n, e in exposure.items()})
     index = {n: i for i, n in enumerate(inc.names)}
     order, bounds = inc.by_node()
@@ -156,19 +155,23 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     view = RowView.of(inc, f)
     rows_by_job = RowIndex(inc)
     out = []
+    at = np.frombuffer(blames.at, dtype=np.float64)[np.frombuffer(blames.run, dtype=np.int32)]
     for n in nodes:
         i = index[n]
         t = tests.get(n)
         lemon = n in flagged
-        blames = per_node[n]
+        # The node's blames by time (stable: in the order they were added at a tie).
+        mine = per_node.get(n, _NONE)
+        mine = mine[np.argsort(at[mine], kind="stable")]
         shown = len(entries[n]) > 0
         out.append(NodeScore(
-            node=n, jobs=exposure[n].jobs, hours=exposure[n].hours, failures=len(blames),
+            node=n, jobs=exposure[n].jobs, hours=exposure[n].hours, failures=len(mine),
             blame=float(f.rate[i] * inc.node_hours[i]), expected=null * float(inc.node_hours[i]),
             fleet_rate=rate, p_value=t.p_value if t else 1.0, q_value=q_values.get(n, 1.0),
             lemon=lemon,
-            evidence=LazyEvidence(partial(_evidence, view, i, blames, rows_by_job, entries[n]))
-            if shown else tuple(sorted(blames, key=_when)),
+            evidence=LazyEvidence(partial(_evidence, view, i, blames, mine, rows_by_job,
+                                          entries[n]))
+            if shown else tuple(blames.at_rows(mine.tolist())),
             attributed=t.attributed if t else float(f.rate[i] * inc.node_hours[i]),
             explanation=explain(view, i, entries[n], null, _left_out(r, n, t, cfg),
                                 t.attributed if t else None)
@@ -186,13 +189,21 @@ def _left_out(r: _Rounds, n: str, t: NodeTest | None, cfg: ScoreConfig) -> str:
     return t.left_out if t and min(t.full_p, t.p_value) <= cfg.fdr else ""
 
 
-def _when(b: Blame) -> float:
-    return b.at
+_NONE = np.zeros(0, dtype=np.int64)
 
 
-def _evidence(view: RowView, node: int, blames: list[Blame], rows_by_job: RowIndex,
-              entries: IntArray) -> list[Blame]:
-    return annotate(view, node, sorted(blames, key=_when), rows_by_job, entries)
+def _by_node(blames: Blames) -> dict[str, IntArray]:
+    """Per node blamed, the places of its blames (ascending)."""
+    codes = blames.node_codes()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(blames.names) + 1))
+    return {n: order[bounds[k]:bounds[k + 1]] for k, n in enumerate(blames.names)
+            if bounds[k + 1] > bounds[k]}
+
+
+def _evidence(view: RowView, node: int, blames: Blames, mine: IntArray, rows_by_job: RowIndex,
+              entries: IntArray) -> Sequence[Blame]:
+    return annotate(view, node, blames, mine.tolist(), rows_by_job, entries)
 
 
 @dataclass(frozen=True, eq=False)

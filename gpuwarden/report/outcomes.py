@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.accounting.attribution import Attribution, Blame
+from gpuwarden.accounting.attribution import Attribution
+from gpuwarden.accounting.blames import Blame
 from gpuwarden.report.bins import bin_days, day_label
 from gpuwarden.report.collect import Cell, RunTally, run_key
 from gpuwarden.report.text import clean
@@ -67,7 +68,7 @@ def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit 
     length) or None where the tally did not see it)."""
     seen: set[int] = set()
     last: tuple[int | None, float] = (None, 0.0)
-    for b in att.blames:
+    for b in att.blames.firsts():  # a gang run's blames come together: its first, once
         job, at = b.job_id, b.at
         if job is None:
             continue  # a drain without a run: no run to move

@@ -25,7 +25,8 @@ from gpuwarden.accounting.attribution import (
     node_failures,
     spread_exposure,
 )
-from gpuwarden.accounting.counted import _blames, _names, countable
+from gpuwarden.accounting.blames import Blames
+from gpuwarden.accounting.counted import _names, countable
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.store import rollup, scan, schema
 from gpuwarden.slurm.hostlist import expand
@@ -177,8 +178,9 @@ def test_a_lists_names_are_those_expand_gives(text: str) -> None:
 
 
 def test_blames_made_at_once_equal_the_dataclass() -> None:
-    got: list[Blame] = []
-    _blames(got, ("n1", "n2"), 0.5, 7, 10.0, "r", 2, False, 3.0, 8)
+    blames = Blames()
+    blames.add_run(blames.numbers(("n1", "n2")), 0.5, 7, 10.0, "r", 2, False, 3.0, 8)
+    got = list(blames)
     want = [Blame(n, 0.5, 7, 10.0, "r", 2, False, 3.0, 8) for n in ("n1", "n2")]
     assert got == want
     assert [hash(b) for b in got] == [hash(b) for b in want]
