@@ -76,7 +76,14 @@ slurmdbd)
     # --datadir: forky's MariaDB defaults to /var/lib/mariadb; trixie's is /var/lib/mysql.
     mariadbd --user=mysql --datadir=/var/lib/mysql --skip-networking=0 --bind-address=127.0.0.1 \
         "${db_opts[@]}" &
-    for _ in $(seq 1 60); do mariadb -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
+    db=$!
+    # Until MariaDB answers, as long as it runs: with eight clusters starting on 2 cores it took
+    # longer than the 30 s this waited before, and the container exited (CI, 2026-12-05). The
+    # cluster's own start deadline (`up --timeout`) bounds the wait.
+    until mariadb -e 'select 1' >/dev/null 2>&1; do
+        kill -0 "$db" 2>/dev/null || { echo "mariadbd exited before it answered" >&2; exit 1; }
+        sleep 0.5
+    done
     pass=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)
     mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$pass';
                 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
