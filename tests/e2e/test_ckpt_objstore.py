@@ -8,9 +8,13 @@ and the lost rank from its partner's replica, with no requeue, bit-identical.
 S3 stopped while a job trains: training goes on in node memory, the writer catches up once S3
 is back, and root's `ckpt verify` derives the job's keys to find the last step whole.
 
-Held back (commit d9552c9): a killed node costs a requeue and the prolog stages the step from
-S3 into the new node's memory. It passed by hand on both releases, under load too, and failed
-in both CI runs on 26.05 with neither node's stage-in staging; docs/design/object-store-sites.md.
+A 2-rank training job (ckpt/train.sbatch: the job's own coordinator on the batch host, each
+job's key derived by the prolog from the site secret) loses its other node once step 10 is in
+S3's authenticated index. Slurm requeues it, and the node it gets instead sorts before the
+survivor, so the survivor's rank changes: rank 0 now runs on the new node and the survivor
+holds rank 0's own steps but runs rank 1. Each node's prolog stages its new ranks' newest
+common step from S3 into memory (FSx-linked-to-S3 style), every rank restores it from memory,
+and the job ends bit-identical to an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import pytest
 
 from devcluster.harness import LOCAL_JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_ckpt_outages import s3_env
-from tests.e2e.test_ckpt_requeue import hostnames
+from tests.e2e.test_ckpt_requeue import hostnames, lose_node
 from tests.e2e.test_ckpt_spares import SPARES_SBATCH
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes
@@ -60,7 +64,17 @@ def syslog(h: Harness) -> str:
     return "".join(f"{n}: {line}\n" for n in h.cluster.spec.node_names
                    for line in h.sh(n, "grep -a gpuwarden /var/log/syslog || true; "
                                        "cat /var/lib/gpuwarden/ckpt-stagein.json 2>/dev/null "
-                                       "|| true").out.splitlines()[-20:])
+                                       "|| true").out.splitlines()[-20:]) + slurmd_prolog(h)
+
+
+def slurmd_prolog(h: Harness) -> str:
+    """What each node's slurmd said about prologs (it logs to the container's output)."""
+    out = []
+    for n in h.cluster.spec.node_names:
+        text = h.container(n).logs(tail=400).decode(errors="replace")
+        out += [f"{n} slurmd: {line}" for line in text.splitlines()
+                if re.search(r"(?i)prolog|requeue|stage", line)][-8:]
+    return "\n".join(out) + "\n"
 
 
 def no_fsx(h: Harness) -> None:
@@ -121,6 +135,41 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_shared_filesystem(
         t == "memory" for r, t in tiers.items() if r != lost_rank), f"{tiers}\n{syslog(h)}"
     assert finals(log, 3) == expected, "bit-identical"
     wait_for(lambda: not nodes(h)[victim].down, 180, f"{victim} back in service")
+
+
+def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_else(
+        objstore_cluster: Harness) -> None:
+    h = objstore_cluster
+    no_fsx(h)
+    # c1 held while the job starts, so the job runs on two later nodes; freed before the loss,
+    # so the requeued job gets c1, which sorts before the survivor: every rank moves.
+    holder = h.sbatch("-N1", "-w", "c1", "--exclusive", name="holder", wrap="sleep 600")
+    try:
+        wait_for(lambda: h.job_fields(holder).get("JobState") == "RUNNING", 120,
+                 "the job holding c1 to run")
+        env, expected, job = start(h, 2, 2, TRAIN_SBATCH)
+        at_step_10(h, job, env, 2)
+    finally:
+        h.exec("slurmctld", ["scancel", str(holder)])
+    wait_for(lambda: nodes(h)["c1"].state == ("IDLE",), 120, "c1 idle again")
+    first = hostnames(h, h.job_fields(job)["NodeList"])
+    assert "c1" not in first, first
+    batch = h.job_fields(job)["BatchHost"]
+    victim = next(n for n in first if n != batch)
+    lose_node(h, job, victim)
+    second = hostnames(h, h.job_fields(job)["NodeList"])
+    # Rank 0 moved to c1; rank 1 to the survivor (which ran rank 0) or to another node.
+    assert victim not in second and second[0] == "c1", (first, second)
+    log = logs(h, job)
+    restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
+    assert len(restored) == 2, log[-3000:]
+    assert len({step for _, step, _ in restored}) == 1, "every rank resumed from the same step"
+    assert int(restored[0][1]) >= 10
+    # Each node's prolog staged its ranks of that step from S3 into memory before the job
+    # started, whichever ranks the node ran before.
+    assert {tier for _, _, tier in restored} == {"memory"}, \
+        f"{restored}\n{syslog(h)}\n{log[-4000:]}"
+    assert finals(log, 2) == expected, "the resumed run ends bit-identical to an uninterrupted one"
 
 
 def newest_in_memory(h: Harness, host: str, job: int) -> int:
