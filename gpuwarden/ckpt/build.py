@@ -28,6 +28,7 @@ def tiers(cfg: CkptConfig, job: str, rank: int, owner: int | None = None,
         settings = S3Settings(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint or None,
                               cfg.part_size_mb << 20, cfg.concurrency,
                               get_part_size=cfg.s3_get_part_mb << 20,
-                              get_concurrency=cfg.s3_get_concurrency)
+                              get_concurrency=cfg.s3_get_concurrency,
+                              legacy_steps=cfg.s3_legacy_steps)
         out.append(S3Tier("s3", settings, job, rank, key=s3_key, keys=s3_keys))
     return out

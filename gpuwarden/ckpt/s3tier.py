@@ -122,6 +122,8 @@ class S3Settings:
     # Restores: each shard by ranged GETs of this size, this many at once (s3fetch).
     get_part_size: int = 16 << 20
     get_concurrency: int = 16
+    # Steps without keyed shard digests: "restore" (warned once each) or "refuse".
+    legacy_steps: str = "restore"
 
 
 def client(settings: S3Settings, credentials: Mapping[str, str] | None = None,
@@ -353,11 +355,16 @@ class S3Tier:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
         keyed = s3mac.bind(checked, m, where)
         if keyed is None:
-            self._legacy(step, source)
+            self._legacy(step, source, where)
         return S3Step(m, raw, keyed)
 
-    def _legacy(self, step: int, source: str) -> None:
-        """Warned once per step in this process (restore, retention and listing each read it)."""
+    def _legacy(self, step: int, source: str, where: str) -> None:
+        """Refused where the site says so; else warned once per step in this process (restore,
+        retention and listing each read it)."""
+        if self.s.legacy_steps == "refuse":
+            raise CorruptStep(f"{where}: a legacy step (its {MAC} has no keyed shard digests): "
+                              "refused ([ckpt] s3_legacy_steps = \"refuse\"; \"restore\" "
+                              "takes it, bound by its xxh3_64 checksums alone)")
         if source in _LEGACY_SEEN:
             return
         if len(_LEGACY_SEEN) < _LEGACY_SEEN_MAX:

@@ -64,6 +64,7 @@ class S3Source:
     endpoint: str
     get_part_mb: int
     get_concurrency: int
+    legacy_steps: str = "restore"
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
@@ -260,7 +261,7 @@ def _request(cfg: CkptConfig, environ: Mapping[str, str]) -> Request:
         raise _Malformed(f"{jobenv.JOB_NODELIST}={raw_nodes[:40]!r} is malformed (expected a hostlist)")
     source = cfg.stage_in_source()
     s3 = S3Source(cfg.s3_bucket, cfg.s3_prefix, cfg.s3_endpoint, cfg.s3_get_part_mb,
-                  cfg.s3_get_concurrency) if source == "s3" else None
+                  cfg.s3_get_concurrency, cfg.s3_legacy_steps) if source == "s3" else None
     return Request(job, uid, gid, groups, node, nodes, cfg.memory_root, cfg.shared_root,
                    cfg.stage_in_budget_s, source, s3)
 

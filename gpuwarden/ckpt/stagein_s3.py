@@ -152,7 +152,8 @@ def _settings(req: Request) -> S3Settings:
     assert req.s3 is not None
     s = req.s3
     return S3Settings(s.bucket, s.prefix, s.endpoint or None, get_part_size=s.get_part_mb << 20,
-                      get_concurrency=min(s.get_concurrency, PROLOG_CONCURRENCY))
+                      get_concurrency=min(s.get_concurrency, PROLOG_CONCURRENCY),
+                      legacy_steps=s.legacy_steps)
 
 
 def _list(s3: Any, settings: S3Settings, req: Request) -> tuple[Index, int, bool]:

@@ -28,6 +28,10 @@ class CkptConfig:
     # s3_get_concurrency x s3_get_part_mb in memory ahead of the checksum).
     s3_get_part_mb: int = 16
     s3_get_concurrency: int = 16
+    # S3 steps from before keyed shard digests (bound by xxh3_64 alone, which someone with the
+    # bucket's credentials can collide): "restore" (with a warning each) or "refuse", once
+    # every job writes digests.
+    s3_legacy_steps: str = "restore"
     keep: int = 2
     ckpt_cost_s: float = 30.0  # for `ckpt interval` when the job has not measured its own
     mttf_h: float = 0.0  # fallback when the accounting history has no failures to measure
@@ -62,6 +66,8 @@ class CkptConfig:
         require(1 <= self.s3_get_part_mb <= 64, "s3_get_part_mb", "1 to 64 (MiB per ranged GET)")
         require(1 <= self.s3_get_concurrency <= 64, "s3_get_concurrency",
                 "1 to 64 (ranged GETs at once)")
+        require(self.s3_legacy_steps in ("restore", "refuse"), "s3_legacy_steps",
+                "restore or refuse")
         require(self.keep >= 1, "keep", "an integer >= 1")
         require(self.ckpt_cost_s > 0, "ckpt_cost_s", "seconds > 0")
         require(0 <= self.peer_replicas <= 8, "peer_replicas", "0 to 8")

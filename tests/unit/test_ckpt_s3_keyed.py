@@ -22,12 +22,14 @@ import numpy as np
 import pytest
 import xxhash
 
-from gpuwarden.ckpt import codec, s3tier
+from gpuwarden.ckpt import build, codec, s3tier, stagein, stagein_s3
 from gpuwarden.ckpt.jobkey import JobKeys, derive
 from gpuwarden.ckpt.manifest import MAX_BYTES, Manifest, Shard
 from gpuwarden.ckpt.restore import restore
 from gpuwarden.ckpt.s3tier import MAC, S3Settings, S3Tier
 from gpuwarden.ckpt.tier import MANIFEST, CorruptStep
+from gpuwarden.config.ckpt import CkptConfig
+from gpuwarden.core.configload import FieldError
 
 from .fake_s3 import Body, FakeS3
 
@@ -289,6 +291,38 @@ def test_a_legacy_step_restores_and_is_logged_once(caplog: pytest.LogCaptureFixt
     assert "s3 step 1:" in lines[0].message and "only by their xxh3_64" in lines[0].message
     # The next step is written with digests, whatever the one before was.
     assert s3.objects[key_of(2, MAC)].startswith(b"v2 ka:")
+
+
+def test_a_site_that_refuses_legacy_steps_restores_none_and_says_how_to_allow_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Once every job writes digests, an admin closes the xxh3-only path: `[ckpt]
+    s3_legacy_steps = "refuse"` makes every read refuse a legacy step (restore walks on)."""
+    s3 = FakeS3()
+    t = tier(s3, legacy_steps="refuse")
+    commit(t, 1)
+    commit(t, 2)
+    as_legacy(s3, 2, keys())
+    for read in (t.load, t.verify, t.manifest):
+        with pytest.raises(CorruptStep, match=r"legacy step.*s3_legacy_steps"):
+            read(2)
+    _, data = t.load(1)
+    assert np.array_equal(np.frombuffer(data["w"], "<f4"), weights(1))
+    assert t.verify(1).step == 1
+
+
+def test_the_legacy_switch_is_checked_and_reaches_every_s3_reader() -> None:
+    with pytest.raises(FieldError, match="s3_legacy_steps"):
+        CkptConfig(s3_legacy_steps="ignore")
+    cfg = CkptConfig(s3_bucket="b", s3_legacy_steps="refuse", key_file="/etc/k")
+    got = [x for x in build.tiers(cfg, JOB, 0, s3_keys=keys()) if isinstance(x, S3Tier)]
+    assert [x.s.legacy_steps for x in got] == ["refuse"]
+    # The prolog's stage-in, as the job's user, reads S3 with the same rule.
+    env = {"SLURM_JOB_ID": "612", "SLURM_JOB_UID": str(os.getuid()),
+           "SLURM_JOB_GID": str(os.getgid()), "SLURM_JOB_RESTART_COUNT": "1",
+           "SLURMD_NODENAME": "c1", "SLURM_JOB_NODELIST": "c1"}
+    req = stagein.parse_request(cfg, env)
+    assert req is not None
+    assert stagein_s3._settings(req).legacy_steps == "refuse"
 
 
 def test_a_step_stripped_of_its_digests_is_not_taken_for_a_legacy_one() -> None:
