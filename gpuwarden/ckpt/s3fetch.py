@@ -138,7 +138,9 @@ class _Fetch:
     def part(self, first: int, last: int) -> Part:
         """Bytes ``first``-``last``: into their place in the buffer (None), or into a buffer
         of their own for the caller to write to the file; and, with ``keyed``, the digests of
-        their leaves (``first`` is a leaf's start), hashed here, in this worker's thread."""
+        their leaves (``first`` is a leaf's start), hashed here, in this worker's thread, as
+        the bytes arrive: a step's parts share a remote link and land together at its end, so
+        a part hashed only once whole would put the step's hashing after its last byte."""
         if self.stopped():
             raise _Cancelled
         obj = self._get(Range=f"bytes={first}-{last}")
@@ -155,6 +157,7 @@ class _Fetch:
                 raise CorruptStep(f"{self.where}: {self.key}: answered bytes {got[0]}-{got[1]} "
                                   f"when asked for {first}-{last}")
             out = memoryview(bytearray(n)) if self.view is None else self.view[first:last + 1]
+            stream = None if self.keyed is None else self.keyed.stream()
             done = 0
             while done < n:
                 if self.stopped():
@@ -163,6 +166,8 @@ class _Fetch:
                 if not k:
                     raise CorruptStep(f"{self.where}: {self.key}: short body: bytes "
                                       f"{first}-{last} ended after {done} of {n}")
+                if stream is not None:
+                    stream.update(out[done:done + k])
                 done += k
                 if self.progress is not None:
                     self.progress(k)
@@ -175,8 +180,7 @@ class _Fetch:
             _close(body)
         if self.stopped():
             raise _Cancelled
-        leaves = b"" if self.keyed is None else self.keyed.leaves(out)
-        return (out if self.view is None else None), leaves
+        return (out if self.view is None else None), b"" if stream is None else stream.leaves()
 
 
 def _read_into(body: Any, view: memoryview) -> int:

@@ -471,17 +471,54 @@ def test_fetch_hashes_each_part_in_its_worker() -> None:
     t = tier(s3, get_part_size=1 << 20, get_concurrency=4)
     commit(t, 1, big=b"z" * (6 << 20))
     threads: list[str] = []
-    real = s3mac.Keyed.leaves
+    real = s3mac.Stream.update
 
-    def leaves(self: s3mac.Keyed, data: Any) -> bytes:
+    def update(self: s3mac.Stream, data: Any) -> None:
         threads.append(threading.current_thread().name)
-        return real(self, data)
+        real(self, data)
     try:
-        s3mac.Keyed.leaves = leaves  # type: ignore[method-assign]
+        s3mac.Stream.update = update  # type: ignore[method-assign]
         t.load(1)
     finally:
-        s3mac.Keyed.leaves = real  # type: ignore[method-assign]
+        s3mac.Stream.update = real  # type: ignore[method-assign]
     assert len(threads) >= 6 and all(n.startswith("s3fetch") for n in threads)
+
+
+def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole() -> None:
+    """On a remote link a step's parts share it and land together at the end: a part hashed
+    only once whole puts every shard's keyed hashing after the last byte (benchmarks/
+    objstore.py: S3Tier.load 2.54 s against boto3's 2.49 s for 256 MiB at 1 Gbit/s)."""
+    from gpuwarden.ckpt import s3mac
+
+    events: list[str] = []
+
+    class Recording(FakeS3):
+        def get_object(self, Bucket: str, Key: str, Range: str | None = None) -> dict[str, Any]:
+            got = super().get_object(Bucket, Key, Range)
+            if Key.endswith("/big"):
+                read = got["Body"].read
+
+                def recorded(amt: int | None = None) -> bytes:
+                    events.append("read")
+                    return read(amt)  # type: ignore[no-any-return]
+                got["Body"].read = recorded
+            return got
+
+    s3 = Recording()
+    t = tier(s3, get_part_size=4 << 20, get_concurrency=1)
+    commit(t, 1, big=b"z" * (4 << 20))
+    real = s3mac.Stream.update
+
+    def update(self: s3mac.Stream, data: Any) -> None:
+        events.append("hash")
+        real(self, data)
+    try:
+        s3mac.Stream.update = update  # type: ignore[method-assign]
+        t.load(1)
+    finally:
+        s3mac.Stream.update = real  # type: ignore[method-assign]
+    reads = [i for i, e in enumerate(events) if e == "read"]
+    assert "hash" in events and events.index("hash") < reads[-2], events
 
 
 def test_the_mac_with_the_digests_goes_up_after_the_shards_and_before_the_manifest() -> None:
