@@ -26,7 +26,7 @@ from tests.conftest import in_ci
 # 80 s) run after these, in file order.
 DURATION_ORDER = (
     # Its own cluster's start (about a minute) and a requeue (about two and a half): first.
-    "test_ckpt_objstore.py",  # ~240, measured by hand on 24.11 (2026-12-05)
+    "test_ckpt_objstore.py",  # 634 with its own cluster's start (CI-like run, 2026-12-06)
     "test_ckpt_spares.py",  # 400
     "test_ckpt_requeue.py",  # 343
     "test_lemons.py",  # 243
