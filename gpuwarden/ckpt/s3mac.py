@@ -229,6 +229,12 @@ def check(keys: JobKeys, mac: bytes, raw: bytes, where: str) -> Checked:
     return Checked(key, kid, tuple(line.decode() for line in records.split(b"\n")[:-1]))
 
 
+def is_legacy(mac: bytes) -> bool:
+    """Whether ``mac`` has the legacy (version 1) form: one line, no shard digests. Says
+    nothing of whether it verifies: only which rule applies (`[ckpt] s3_legacy_steps`)."""
+    return b"\n" not in mac
+
+
 def _parse(mac: bytes, where: str) -> tuple[int, str, bytes, bytes]:
     """(version, key id, MAC in hex, the digests' lines); CorruptStep for anything else."""
     if b"\n" not in mac:

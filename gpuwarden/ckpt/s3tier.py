@@ -257,7 +257,7 @@ class S3Tier:
                                      if m.rank == self.rank)
         unmarked = len(listed) - len(marked)
         if unmarked <= MAX_UNMARKED:
-            return Held(tuple(sorted(listed)), frozenset(marked), 0)
+            return self._without_legacy(Held(tuple(sorted(listed)), frozenset(marked), 0))
         where = f"s3://{self.s.bucket}/{self.base}"
         if not marked:
             raise TierError(f"{self.name}: {where}: {unmarked} step names and no index marker "
@@ -266,7 +266,7 @@ class S3Tier:
         log.warning("%s: %s: %d step names without an index marker of this job's left out "
                     "(more than %d: planted?); its %d marked steps are used", self.name, where,
                     unmarked, MAX_UNMARKED, len(marked))
-        return Held(tuple(sorted(marked)), frozenset(marked), unmarked)
+        return self._without_legacy(Held(tuple(sorted(marked)), frozenset(marked), unmarked))
 
     def _manifests(self) -> list[int]:
         """The steps with a manifest listed under this rank's prefix: names anyone can write."""
@@ -345,6 +345,8 @@ class S3Tier:
                                   f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
         except CorruptStep as exc:
             raise CorruptStep(f"{exc}: refused") from None
+        if self.s.legacy_steps == "refuse" and s3mac.is_legacy(mac):
+            raise self._refused_legacy(where)  # before the manifest's GET: it cannot count
         raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES,
                               f"{MAX_BYTES} bytes (a manifest)"))
         checked = s3mac.check(self.keys, mac, raw, where)
@@ -362,9 +364,7 @@ class S3Tier:
         """Refused where the site says so; else warned once per step in this process (restore,
         retention and listing each read it)."""
         if self.s.legacy_steps == "refuse":
-            raise CorruptStep(f"{where}: a legacy step (its {MAC} has no keyed shard digests): "
-                              "refused ([ckpt] s3_legacy_steps = \"refuse\"; \"restore\" "
-                              "takes it, bound by its xxh3_64 checksums alone)")
+            raise self._refused_legacy(where)
         if source in _LEGACY_SEEN:
             return
         if len(_LEGACY_SEEN) < _LEGACY_SEEN_MAX:
@@ -374,6 +374,32 @@ class S3Tier:
                     "which someone with the bucket's credentials can forge; restored all the "
                     "same (the job's next steps are written with digests)", self.name, step,
                     source, MAC)
+
+    @staticmethod
+    def _refused_legacy(where: str) -> CorruptStep:
+        return CorruptStep(f"{where}: a legacy step (its {MAC} has no keyed shard digests): "
+                           "refused ([ckpt] s3_legacy_steps = \"refuse\"; \"restore\" takes "
+                           "it, bound by its xxh3_64 checksums alone)")
+
+    def _without_legacy(self, held: Held) -> Held:
+        """``held`` less the steps whose MAC object has the legacy form, where the site refuses
+        them: a marker (from a release with markers and no digests, or a replayed step) must
+        not make one count, for root's gc floor or retention. One small GET per step."""
+        if self.s.legacy_steps != "refuse":
+            return held
+        legacy = set()
+        for step in held.steps:
+            try:
+                mac = bytes(self._get(self._key(step, MAC), s3mac.MAX_SIZE,
+                                      f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
+            except CorruptStep:
+                continue  # unreadable or too big: every read of the step refuses it anyway
+            if s3mac.is_legacy(mac):
+                legacy.add(step)
+        if not legacy:
+            return held
+        return Held(tuple(s for s in held.steps if s not in legacy), held.marked - legacy,
+                    held.left_out)
 
     def verify(self, step: int) -> Manifest:
         """The manifest and every shard's keyed digest (a legacy step: its checksum), streamed:

@@ -73,7 +73,11 @@ def slurmd_prolog(h: Harness) -> str:
     """What each node's slurmd said about prologs (it logs to the container's output)."""
     out = []
     for n in h.cluster.spec.node_names:
-        text = h.container(n).logs(tail=400).decode(errors="replace")
+        try:
+            text = h.container(n).logs(tail=400).decode(errors="replace")
+        except Exception as exc:  # a failure's message must not hide the failure
+            out.append(f"{n} slurmd: (its log could not be read: {exc})")
+            continue
         out += [f"{n} slurmd: {line}" for line in text.splitlines()
                 if re.search(r"(?i)prolog|requeue|stage", line)][-8:]
     return "\n".join(out) + "\n"
@@ -145,25 +149,30 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
         objstore_cluster: Harness) -> None:
     h = objstore_cluster
     no_fsx(h)
-    # c1 held while the job starts, so the job runs on two later nodes; freed before the loss,
-    # so the requeued job gets c1, which sorts before the survivor: every rank moves.
-    holder = h.sbatch("-N1", "-w", "c1", "--exclusive", name="holder", wrap="sleep 600")
+    # c1 held while the job starts, so the job runs on two later nodes. Before the loss every
+    # other node is held instead and c1 freed: the requeued job can only get c1 and the
+    # survivor, and c1 sorts first, so every rank moves (the survivor ran rank 0: it now runs
+    # rank 1, beside rank 0's own steps and rank 1's replica, neither of which may be used).
+    holders = [h.sbatch("-N1", "-w", "c1", "--exclusive", name="holder", wrap="sleep 600")]
     try:
-        wait_for(lambda: h.job_fields(holder).get("JobState") == "RUNNING", 120,
-                 "the job holding c1 to run")
+        running(h, holders[0], "the job holding c1")
         env, expected, job = start(h, 2, 2, TRAIN_SBATCH)
         at_step_10(h, job, env, 2)
+        first = hostnames(h, h.job_fields(job)["NodeList"])
+        assert "c1" not in first, first
+        survivor = h.job_fields(job)["BatchHost"]
+        victim = next(n for n in first if n != survivor)
+        others = [n for n in h.cluster.spec.node_names if n not in ("c1", *first)]
+        holders.append(h.sbatch(f"-N{len(others)}", "-w", ",".join(others), "--exclusive",
+                                name="holder", wrap="sleep 600"))
+        running(h, holders[1], "the job holding every other node")
+        h.exec("slurmctld", ["scancel", str(holders[0])])
+        wait_for(lambda: nodes(h)["c1"].state == ("IDLE",), 120, "c1 idle again")
+        lose_node(h, job, victim)
     finally:
-        h.exec("slurmctld", ["scancel", str(holder)])
-    wait_for(lambda: nodes(h)["c1"].state == ("IDLE",), 120, "c1 idle again")
-    first = hostnames(h, h.job_fields(job)["NodeList"])
-    assert "c1" not in first, first
-    batch = h.job_fields(job)["BatchHost"]
-    victim = next(n for n in first if n != batch)
-    lose_node(h, job, victim)
+        h.exec("slurmctld", ["scancel", *map(str, holders)])
     second = hostnames(h, h.job_fields(job)["NodeList"])
-    # Rank 0 moved to c1; rank 1 to the survivor (which ran rank 0) or to another node.
-    assert victim not in second and second[0] == "c1", (first, second)
+    assert second == ["c1", survivor], (first, second)
     log = logs(h, job)
     restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
     assert len(restored) == 2, log[-3000:]
@@ -174,6 +183,11 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
     assert {tier for _, _, tier in restored} == {"memory"}, \
         f"{restored}\n{syslog(h)}\n{log[-4000:]}"
     assert finals(log, 2) == expected, "the resumed run ends bit-identical to an uninterrupted one"
+    wait_for(lambda: not nodes(h)[victim].down, 180, f"{victim} back in service")
+
+
+def running(h: Harness, job: int, what: str) -> None:
+    wait_for(lambda: h.job_fields(job).get("JobState") == "RUNNING", 120, f"{what} to run")
 
 
 def newest_in_memory(h: Harness, host: str, job: int) -> int:

@@ -310,6 +310,36 @@ def test_a_site_that_refuses_legacy_steps_restores_none_and_says_how_to_allow_th
     assert t.verify(1).step == 1
 
 
+def test_under_refuse_a_legacy_step_is_not_held_so_gc_keeps_what_every_rank_can_restore(
+        ) -> None:
+    """A legacy step whose index marker survives (written by a release with markers and no
+    digests, or replayed) must not count as held: it would raise root's gc floor past the
+    newest step every rank can restore, and retention would delete that one."""
+    from gpuwarden.ckpt import listing
+    from gpuwarden.ckpt.retention import to_delete
+
+    s3 = FakeS3()
+    t0, t1 = (tier(s3, rank=r, legacy_steps="refuse") for r in (0, 1))
+    for t, steps in ((t0, (5, 6, 8)), (t1, (5, 8))):
+        for step in steps:
+            shards, data = codec.encode({"w": weights(step)})
+            t.commit(Manifest(JOB, step, 2, t.rank, tuple(shards), 1.0, {}), data)
+    for r in (0, 1):
+        raw = s3.objects[key_of(8, MANIFEST, r)]
+        kid, key = keys().signing
+        mac = hmac.new(key, b"gpuwarden-s3-manifest\0" + raw, hashlib.sha256).hexdigest()
+        s3.objects[key_of(8, MAC, r)] = kid.encode() + b":" + mac.encode()
+    assert t0.steps() == [5, 6] and t1.steps() == [5]
+    floor = listing.restart_floor(t0)[0]
+    assert floor == 5
+    assert to_delete(t0, 1, floor=floor)[0] == []
+    # The refusal costs the small MAC object alone, never the manifest.
+    s3.calls.clear()
+    with pytest.raises(CorruptStep, match="legacy step"):
+        t0.manifest(8)
+    assert not [k for op, k in s3.calls if op == "get" and k.endswith(MANIFEST)]
+
+
 def test_the_legacy_switch_is_checked_and_reaches_every_s3_reader() -> None:
     with pytest.raises(FieldError, match="s3_legacy_steps"):
         CkptConfig(s3_legacy_steps="ignore")
@@ -484,7 +514,8 @@ def test_fetch_hashes_each_part_in_its_worker() -> None:
     assert len(threads) >= 6 and all(n.startswith("s3fetch") for n in threads)
 
 
-def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole() -> None:
+@pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
+def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole(readinto: bool) -> None:
     """On a remote link a step's parts share it and land together at the end: a part hashed
     only once whole puts every shard's keyed hashing after the last byte (benchmarks/
     objstore.py: S3Tier.load 2.54 s against boto3's 2.49 s for 256 MiB at 1 Gbit/s)."""
@@ -502,6 +533,12 @@ def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole() -> None:
                     events.append("read")
                     return read(amt)  # type: ignore[no-any-return]
                 got["Body"].read = recorded
+                if readinto:  # botocore 1.38+'s body
+                    def into(view: memoryview) -> int:
+                        data = recorded(len(view))
+                        view[:len(data)] = data
+                        return len(data)
+                    got["Body"].readinto = into
             return got
 
     s3 = Recording()
