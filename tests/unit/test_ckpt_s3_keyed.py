@@ -15,6 +15,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -494,33 +495,34 @@ def test_the_writer_the_stream_and_the_fetch_agree(size: int, tmp_path: Path) ->
     assert k.root(stream.leaves()) == k.root(k.leaves(data))
 
 
-def test_fetch_hashes_each_part_in_its_worker() -> None:
+def watch_hashing(monkeypatch: pytest.MonkeyPatch, note: Callable[[], None]) -> None:
+    """``note()`` at each piece a shard's keyed digest is fed, in the thread feeding it."""
     from gpuwarden.ckpt import s3mac
 
+    real = s3mac.Stream.update
+
+    def update(self: s3mac.Stream, data: Any) -> None:
+        note()
+        real(self, data)
+    monkeypatch.setattr(s3mac.Stream, "update", update)
+
+
+def test_fetch_hashes_each_part_in_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     s3 = FakeS3()
     t = tier(s3, get_part_size=1 << 20, get_concurrency=4)
     commit(t, 1, big=b"z" * (6 << 20))
     threads: list[str] = []
-    real = s3mac.Stream.update
-
-    def update(self: s3mac.Stream, data: Any) -> None:
-        threads.append(threading.current_thread().name)
-        real(self, data)
-    try:
-        s3mac.Stream.update = update  # type: ignore[method-assign]
-        t.load(1)
-    finally:
-        s3mac.Stream.update = real  # type: ignore[method-assign]
+    watch_hashing(monkeypatch, lambda: threads.append(threading.current_thread().name))
+    t.load(1)
     assert len(threads) >= 6 and all(n.startswith("s3fetch") for n in threads)
 
 
 @pytest.mark.parametrize("readinto", [False, True], ids=["read", "readinto"])
-def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole(readinto: bool) -> None:
+def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole(
+        readinto: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a remote link a step's parts share it and land together at the end: a part hashed
     only once whole puts every shard's keyed hashing after the last byte (benchmarks/
     objstore.py: S3Tier.load 2.54 s against boto3's 2.49 s for 256 MiB at 1 Gbit/s)."""
-    from gpuwarden.ckpt import s3mac
-
     events: list[str] = []
 
     class Recording(FakeS3):
@@ -544,16 +546,8 @@ def test_a_part_is_hashed_as_its_bytes_land_not_once_it_is_whole(readinto: bool)
     s3 = Recording()
     t = tier(s3, get_part_size=4 << 20, get_concurrency=1)
     commit(t, 1, big=b"z" * (4 << 20))
-    real = s3mac.Stream.update
-
-    def update(self: s3mac.Stream, data: Any) -> None:
-        events.append("hash")
-        real(self, data)
-    try:
-        s3mac.Stream.update = update  # type: ignore[method-assign]
-        t.load(1)
-    finally:
-        s3mac.Stream.update = real  # type: ignore[method-assign]
+    watch_hashing(monkeypatch, lambda: events.append("hash"))
+    t.load(1)
     reads = [i for i, e in enumerate(events) if e == "read"]
     assert "hash" in events and events.index("hash") < reads[-2], events
 
