@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuwarden.accounting.attribution import (
     GRACE_S,
@@ -87,6 +87,20 @@ def kind(r: AcctRecord) -> Kind:
     if start is None or end is None or end < start:
         return "skipped"
     return "run"
+
+
+def _plainish(rest: Any) -> Any:
+    """A polars predicate on the store's rows ``rest`` (a DataFrame): the runs `_add_plain`
+    tallies (a node list `shape` reads, a state never blamed, a start and an end that are not
+    0, the end not before the start)."""
+    import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+    texts = rest.get_column("nodes").drop_nulls().unique().to_list()
+    shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
+    start, end = pl.col("start_time"), pl.col("end_time")
+    return (pl.col("nodes").is_in(shaped.implode()) & ~pl.col("state").is_in(sorted(BLAMABLE))
+            & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
+            & (end >= start)).fill_null(False)
 
 
 @dataclass(frozen=True)
@@ -216,8 +230,6 @@ class RunTally:
         # Plain one-node FAILED runs were judged with the scan's health drains: with other
         # ones (or none: every such run kept), this tally reads them itself.
         lf = runs.plain if same else runs.plain.filter(state != "FAILED")
-        extra = [] if same else store_schema.jobs(
-            runs.plain.filter(state == "FAILED").sort("rid").drop("rid").collect())
         start, end = pl.col("start_time"), pl.col("end_time")
         secs = pl.max_horizontal(end - start, pl.lit(1))
         keys = ((end // DAY).alias("day"), pl.col("partition"), state, pl.col("gpus"))
@@ -244,7 +256,18 @@ class RunTally:
                      .sort("nodes", "gpus").collect(engine="streaming"))
             for nodes, gpus, n, wait, w in gangs.iter_rows():
                 self._gangs(nodes, gpus, n, wait, w)
-        self.add(Columns([*runs.others, *extra]))
+        # The others as one `add` of them all (then of ``extra``) takes them: first the ones
+        # `_add_plain` tallies, then the rest one by one, each in order; a batch at a time.
+        plainish = _plainish(runs.rest)
+        for batch in runs.others(plainish):
+            self.add(batch)
+        for batch in runs.others(~plainish):
+            self.add(batch)
+        if not same:
+            extra = (runs.plain.filter(state == "FAILED").sort("rid")
+                     .select(*store_schema.READ).collect())
+            for batch in store_schema.batches(extra):
+                self.add(batch)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -49,20 +49,25 @@ SECS = rollup.SECS
 @dataclass(frozen=True)
 class StoreRuns:
     """What a collector (`history.Collector.add_store`) reads of the store: the plain runs
-    as a LazyFrame of store rows, the others as records (in store order, also given to the
-    attribution), and the health drains and grace the one-node FAILED runs in ``plain`` were
-    judged with (a collector judging with others reads those runs itself). ``rows``: every
-    row; ``rest``: the others' rows (a plain tally is cheaper over every run with times less
-    the others', `plain_cells`, than over ``plain``'s predicate); ``rolled``: the rollups of
-    every row, None when only some rows are read."""
+    as a LazyFrame of store rows, the others' rows (``rest``, in store order, with the columns
+    `schema.READ`: `others` makes them records, as the attribution read them), and the health
+    drains and grace the one-node FAILED runs in ``plain`` were judged with (a collector
+    judging with others reads those runs itself). ``rows``: every row (a plain tally is
+    cheaper over every run with times less the others', `plain_cells`, than over ``plain``'s
+    predicate); ``rolled``: the rollups of every row, None when only some rows are read."""
 
     plain: pl.LazyFrame
-    others: list[AcctJob]
     drains: Mapping[str, list[HealthDrain]]
     grace_s: float
     rows: pl.LazyFrame
     rest: pl.DataFrame
     rolled: pl.LazyFrame | None = None
+
+    def others(self, where: pl.Expr | None = None) -> Iterator[list[AcctJob]]:
+        """The others' rows (those ``where`` keeps) as records, a batch at a time: a year
+        holds millions, and only a batch of them is held as objects at once."""
+        rest = self.rest if where is None else self.rest.filter(where)
+        return schema.batches(rest.drop("rid"))
 
     def plain_cells(self) -> pl.DataFrame:
         """``plain`` per outcome cell (day: end // 86400, partition, state, gpus): runs_,
@@ -231,7 +236,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
               ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
     rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
-            .collect(engine="streaming"))
+            .select("rid", *schema.READ).collect(engine="streaming"))
     keep = _plain(_drained(rest, drains, grace_s)) & ~nodes.is_in(odd.implode())
     rest = rest.filter(~keep).sort("rid")
     groups = groups.filter(~nodes.is_in(odd.implode()))
@@ -257,9 +262,19 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
         att.first_end = min(att.first_end, first_end)
         att.last_end = max(att.last_end, hi)
     counted = (_timed & ~nodes.is_in(odd.implode())).fill_null(False)  # the rest's: failed
-    flags = rest.select(counted).to_series().to_list()
-    others = schema.jobs(rest.drop("rid"))
-    attribute_rest(att, Columns(others), flags, drains, failures, clears, grace_s, tally)
+    flags = rest.select(counted).to_series()
+    attribute_rest(att, _with_flags(schema.batches(rest.drop("rid")), flags), drains, failures,
+                   clears, grace_s, tally)
+    judged = int(flags.sum())
     log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
-              "%d runs one by one", by_list.height, sum(flags), len(flags) - sum(flags))
-    return StoreRuns(lf.filter(keep), others, drains, grace_s, lf, rest, rolled)
+              "%d runs one by one", by_list.height, judged, rest.height - judged)
+    return StoreRuns(lf.filter(keep), drains, grace_s, lf, rest, rolled)
+
+
+def _with_flags(batches: Iterable[list[AcctJob]],
+                flags: pl.Series) -> Iterator[tuple[Columns, list[bool]]]:
+    """Each batch of records with its part of ``flags`` (one per record, in order)."""
+    at = 0
+    for recs in batches:
+        yield Columns(recs), flags.slice(at, len(recs)).to_list()
+        at += len(recs)
