@@ -217,9 +217,10 @@ class RunTally:
             else:
                 self.cpu_runs += runs
 
-    def add_store(self, runs: StoreRuns) -> None:
+    def add_store(self, runs: StoreRuns) -> _Others:
         """The same tallies from the accounting store: its plain runs (never blamed: see
-        `accounting.store.scan`) grouped on columns, the others one by one (`add`)."""
+        `accounting.store.scan`) grouped on columns; the others one by one, given to what this
+        returns as the attribution reads them (`scan.Others`)."""
         import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
 
         from gpuwarden.accounting.store import schema as store_schema  # noqa: PLC0415
@@ -256,18 +257,15 @@ class RunTally:
                      .sort("nodes", "gpus").collect(engine="streaming"))
             for nodes, gpus, n, wait, w in gangs.iter_rows():
                 self._gangs(nodes, gpus, n, wait, w)
-        # The others as one `add` of them all (then of ``extra``) takes them: first the ones
-        # `_add_plain` tallies, then the rest one by one, each in order; a batch at a time.
-        plainish = _plainish(runs.rest)
+        # The others as one `add` of them all (then of ``extra``) would take them: first the
+        # ones `_add_plain` tallies (here), then the rest one by one, each in order (`_Others`:
+        # the attribution's own records of them, a batch at a time).
+        plainish = runs.rest.select(_plainish(runs.rest)).to_series()
         for batch in runs.others(plainish):
             self.add(batch)
-        for batch in runs.others(~plainish):
-            self.add(batch)
-        if not same:
-            extra = (runs.plain.filter(state == "FAILED").sort("rid")
-                     .select(*store_schema.READ).collect())
-            for batch in store_schema.batches(extra):
-                self.add(batch)
+        extra = None if same else (runs.plain.filter(state == "FAILED").sort("rid")
+                                   .select(*store_schema.READ))
+        return _Others(self, plainish, extra)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
@@ -366,3 +364,28 @@ class RunTally:
         state["leaf_of"], state["filter"], state["_shared"], state["_users"] = None, None, {}, {}
         state["watch"] = frozenset()
         return state
+
+
+class _Others:
+    """The store's other runs into a `RunTally`, as one `add` of them all takes those that
+    `_add_plain` does not: one by one, in order; then the plain one-node FAILED runs the tally
+    judges itself (``extra``: a LazyFrame of their rows, None for none)."""
+
+    def __init__(self, tally: RunTally, plainish: Any, extra: Any) -> None:
+        self._tally, self._plainish, self._extra = tally, plainish, extra
+
+    def take(self, batch: Columns, at: int) -> None:
+        """``batch``: the others' records from the ``at``-th on."""
+        one = self._tally._add_one
+        recs = batch.records
+        for rec, plain in zip(recs, self._plainish.slice(at, len(recs)).to_list(), strict=True):
+            if not plain:  # tallied by `add_store`
+                one(rec)
+
+    def close(self) -> None:
+        if self._extra is None:
+            return
+        from gpuwarden.accounting.store import schema as store_schema  # noqa: PLC0415
+
+        for batch in store_schema.batches(self._extra.collect()):
+            self._tally.add(batch)

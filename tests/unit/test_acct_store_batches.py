@@ -51,8 +51,8 @@ def _generated(text: str) -> str:
     return text[at:text.find("\n", at)] if at >= 0 else "\0"
 
 
-def _batched(store: str, blamable: Blamable | None) -> tuple[Any, RunTally, int]:
-    """`_read` with batches of `SMALL` records; the most records made at once."""
+def _batched(store: str, blamable: Blamable | None) -> tuple[Any, RunTally, list[int]]:
+    """`_read` with batches of `SMALL` records; how many records each batch made."""
     made: list[int] = []
     jobs = schema.jobs
 
@@ -61,7 +61,7 @@ def _batched(store: str, blamable: Blamable | None) -> tuple[Any, RunTally, int]
         return jobs(df)
     with mock.patch.object(schema, "BATCH", SMALL, create=True), mock.patch.object(schema, "jobs", counted):
         figures, tally = _read(store, blamable)
-    return figures, tally, max(made, default=0)
+    return figures, tally, made
 
 
 def _same_tallies(a: RunTally, b: RunTally) -> None:
@@ -84,8 +84,9 @@ def test_failed_runs_are_made_into_records_a_batch_at_a_time(tmp_path: Path,
     store = _store(tmp_path, FAILED, raw)
     blamable = Blamable.of(_events(raw)) if with_events else None
     figures, tally = _read(store, blamable)
-    got, small, most = _batched(store, blamable)
-    assert most == SMALL  # eleven runs the rules look at one by one, never all at once
+    got, small, made = _batched(store, blamable)
+    assert max(made) == SMALL  # eleven runs the rules look at one by one, never all at once
+    assert sum(made) == len(FAILED)  # each made once: the report's tally reads the same
     assert got == figures
     _same_tallies(small, tally)
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import polars as pl
 
@@ -63,7 +64,7 @@ class StoreRuns:
     rest: pl.DataFrame
     rolled: pl.LazyFrame | None = None
 
-    def others(self, where: pl.Expr | None = None) -> Iterator[list[AcctJob]]:
+    def others(self, where: pl.Expr | pl.Series | None = None) -> Iterator[list[AcctJob]]:
         """The others' rows (those ``where`` keeps) as records, a batch at a time: a year
         holds millions, and only a batch of them is held as objects at once."""
         rest = self.rest if where is None else self.rest.filter(where)
@@ -217,7 +218,8 @@ def _lists(groups: pl.DataFrame, clears: Mapping[str, float]
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
               grace_s: float, tally: RangeTally,
-              rolled: pl.LazyFrame | None = None) -> StoreRuns:
+              rolled: pl.LazyFrame | None = None,
+              collect: Callable[[StoreRuns], Others] | None = None) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads.
 
@@ -225,7 +227,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     `counted.countable`), failed or not, is tallied on columns; the failed ones are then
     judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
     ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
-    rather than made over the rows."""
+    rather than made over the rows. ``collect``: a collector's (`history.Collector.add_store`),
+    given what it reads before the runs are judged one by one, and their records then."""
     start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
     groups = (rollup.lists(rolled) if rolled is not None else
               lf.filter(_timed).group_by("nodes", "gpus")
@@ -263,18 +266,35 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
         att.last_end = max(att.last_end, hi)
     counted = (_timed & ~nodes.is_in(odd.implode())).fill_null(False)  # the rest's: failed
     flags = rest.select(counted).to_series()
-    attribute_rest(att, _with_flags(schema.batches(rest.drop("rid")), flags), drains, failures,
-                   clears, grace_s, tally)
+    runs = StoreRuns(lf.filter(keep), drains, grace_s, lf, rest, rolled)
+    others = collect(runs) if collect is not None else None
+    attribute_rest(att, _with_flags(schema.batches(rest.drop("rid")), flags, others), drains,
+                   failures, clears, grace_s, tally)
+    if others is not None:
+        others.close()
     judged = int(flags.sum())
     log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
               "%d runs one by one", by_list.height, judged, rest.height - judged)
-    return StoreRuns(lf.filter(keep), drains, grace_s, lf, rest, rolled)
+    return runs
 
 
-def _with_flags(batches: Iterable[list[AcctJob]],
-                flags: pl.Series) -> Iterator[tuple[Columns, list[bool]]]:
-    """Each batch of records with its part of ``flags`` (one per record, in order)."""
+class Others(Protocol):
+    """What takes the others' records (`StoreRuns.rest`) besides the attribution: each batch
+    as the attribution reads it, in store order (the records made once, for both), then
+    `close`."""
+
+    def take(self, batch: Columns, at: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _with_flags(batches: Iterable[list[AcctJob]], flags: pl.Series,
+                others: Others | None) -> Iterator[tuple[Columns, list[bool]]]:
+    """Each batch of records with its part of ``flags`` (one per record, in order), given to
+    ``others`` too."""
     at = 0
     for recs in batches:
-        yield Columns(recs), flags.slice(at, len(recs)).to_list()
+        cols = Columns(recs)
+        if others is not None:
+            others.take(cols, at)
+        yield cols, flags.slice(at, len(recs)).to_list()
         at += len(recs)
