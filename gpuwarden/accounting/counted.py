@@ -14,7 +14,7 @@ tests/unit/test_attribution_counted.py checks both give the same Attribution.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuwarden.accounting.attribution import (
     LEAD_S,
@@ -197,18 +197,19 @@ class Judge:
                        float(end), reason, facts.size, pinned, float(start), gclass)
 
 
-def attribute_rest(result: Attribution, cols: Columns, counted: Sequence[bool],
+def attribute_rest(result: Attribution, batches: Iterable[tuple[Columns, Sequence[bool]]],
                    drains: Mapping[str, list[HealthDrain]],
                    failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
                    grace_s: float, ranged: RangeTally) -> None:
-    """The runs of ``cols`` in order: the ``counted`` ones judged by a `Judge` (their exposure
-    is the caller's), the others each as `attribute_runs` does one record."""
+    """The runs of ``batches`` (runs and which are counted), in order: the ``counted`` ones
+    judged by one `Judge` (their exposure is the caller's), the others each as
+    `attribute_runs` does one record."""
     judge = Judge(result, drains, failures, grace_s)
-    records = cols.records
-    for i, (rec, fast) in enumerate(zip(records, counted, strict=True)):
-        if fast:
-            judge.add(rec)
-        else:
-            judge.flush()
-            _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
+    for cols, counted in batches:
+        for i, (rec, fast) in enumerate(zip(cols.records, counted, strict=True)):
+            if fast:
+                judge.add(rec)
+            else:
+                judge.flush()
+                _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
     judge.flush()

@@ -60,8 +60,9 @@ class Collector(Protocol):
     def add(self, records: Columns) -> None: ...
     def merge(self, other: Any) -> None: ...
     # The same tallies from the accounting store (`accounting.store.scan.StoreRuns`): its
-    # plain runs on columns, the others as records.
-    def add_store(self, runs: Any) -> None: ...
+    # plain runs on columns; the others as records, given to what it returns as the
+    # attribution reads them (`scan.Others`).
+    def add_store(self, runs: Any) -> Any: ...
 
 
 CollectorFactory = Callable[[], Collector]
@@ -514,12 +515,11 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
     tally = RangeTally()
     try:
         lf = scan.rows(snap.files, since)
-        runs = scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s,
-                              tally, scan.rolled(snap.files, snap.rollups, since))
-        spread_exposure(att.exposure, tally)
         collected = collector() if collector is not None else None
-        if collected is not None:
-            collected.add_store(runs)
+        scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s, tally,
+                       scan.rolled(snap.files, snap.rollups, since),
+                       collected.add_store if collected is not None else None)
+        spread_exposure(att.exposure, tally)
         total = sum(e.rows for e in m.exports) if since is None else scan.count(lf)
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise HistoryError(f"{store}: a file of the store cannot be read ({exc}); ingest "

@@ -52,7 +52,7 @@ def run_month(p: SimParams, fleet: Fleet, workdir: Path, cfg: ScoreConfig | None
     events = read_events(str(written.events))
     hist = from_files([str(f) for f in written.files], events)
     att = hist.attribution
-    flagged = frozenset(s.node for s in score(att, cfg) if s.lemon)
+    flagged = frozenset(s.node for s in score(att, cfg, lemons_only=True))
     truth = frozenset(written.lemons)
     by_node: dict[int | None, set[str]] = {}
     for b in att.blames:

@@ -128,8 +128,11 @@ def _null_rate(f: Fit, inc: Incidence, keep: list[int]) -> float:
 
 
 @paused()  # a NodeScore and its evidence per node, per-node lists of a million blames
-def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]:
-    """Every node with exposure, most suspicious first.
+def score(att: Attribution, cfg: ScoreConfig = ScoreConfig(),
+          lemons_only: bool = False) -> list[NodeScore]:
+    """Every node with exposure, most suspicious first; ``lemons_only``: only the lemons, the
+    same as they are among every node's (the report's: no explanation written for the other
+    nodes, a second each at a year).
 
     The rates come from the joint fit (`gpuwarden.lemon.inference`): every failed run is
     explained by all of its nodes at once, so a node that only fails alongside a lemon is not
@@ -157,9 +160,11 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig()) -> list[NodeScore]
     out = []
     at = np.frombuffer(blames.at, dtype=np.float64)[np.frombuffer(blames.run, dtype=np.int32)]
     for n in nodes:
+        lemon = n in flagged
+        if lemons_only and not lemon:
+            continue
         i = index[n]
         t = tests.get(n)
-        lemon = n in flagged
         # The node's blames by time (stable: in the order they were added at a tie).
         mine = per_node.get(n, _NONE)
         mine = mine[np.argsort(at[mine], kind="stable")]

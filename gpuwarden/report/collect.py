@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuwarden.accounting.attribution import (
     GRACE_S,
@@ -87,6 +87,20 @@ def kind(r: AcctRecord) -> Kind:
     if start is None or end is None or end < start:
         return "skipped"
     return "run"
+
+
+def _plainish(rest: Any) -> Any:
+    """A polars predicate on the store's rows ``rest`` (a DataFrame): the runs `_add_plain`
+    tallies (a node list `shape` reads, a state never blamed, a start and an end that are not
+    0, the end not before the start)."""
+    import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+    texts = rest.get_column("nodes").drop_nulls().unique().to_list()
+    shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
+    start, end = pl.col("start_time"), pl.col("end_time")
+    return (pl.col("nodes").is_in(shaped.implode()) & ~pl.col("state").is_in(sorted(BLAMABLE))
+            & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
+            & (end >= start)).fill_null(False)
 
 
 @dataclass(frozen=True)
@@ -203,9 +217,10 @@ class RunTally:
             else:
                 self.cpu_runs += runs
 
-    def add_store(self, runs: StoreRuns) -> None:
+    def add_store(self, runs: StoreRuns) -> _Others:
         """The same tallies from the accounting store: its plain runs (never blamed: see
-        `accounting.store.scan`) grouped on columns, the others one by one (`add`)."""
+        `accounting.store.scan`) grouped on columns; the others one by one, given to what this
+        returns as the attribution reads them (`scan.Others`)."""
         import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
 
         from gpuwarden.accounting.store import schema as store_schema  # noqa: PLC0415
@@ -216,8 +231,6 @@ class RunTally:
         # Plain one-node FAILED runs were judged with the scan's health drains: with other
         # ones (or none: every such run kept), this tally reads them itself.
         lf = runs.plain if same else runs.plain.filter(state != "FAILED")
-        extra = [] if same else store_schema.jobs(
-            runs.plain.filter(state == "FAILED").sort("rid").drop("rid").collect())
         start, end = pl.col("start_time"), pl.col("end_time")
         secs = pl.max_horizontal(end - start, pl.lit(1))
         keys = ((end // DAY).alias("day"), pl.col("partition"), state, pl.col("gpus"))
@@ -244,7 +257,15 @@ class RunTally:
                      .sort("nodes", "gpus").collect(engine="streaming"))
             for nodes, gpus, n, wait, w in gangs.iter_rows():
                 self._gangs(nodes, gpus, n, wait, w)
-        self.add(Columns([*runs.others, *extra]))
+        # The others as one `add` of them all (then of ``extra``) would take them: first the
+        # ones `_add_plain` tallies (here), then the rest one by one, each in order (`_Others`:
+        # the attribution's own records of them, a batch at a time).
+        plainish = runs.rest.select(_plainish(runs.rest)).to_series()
+        for batch in runs.others(plainish):
+            self.add(batch)
+        extra = None if same else (runs.plain.filter(state == "FAILED").sort("rid")
+                                   .select(*store_schema.READ))
+        return _Others(self, plainish, extra)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
@@ -343,3 +364,28 @@ class RunTally:
         state["leaf_of"], state["filter"], state["_shared"], state["_users"] = None, None, {}, {}
         state["watch"] = frozenset()
         return state
+
+
+class _Others:
+    """The store's other runs into a `RunTally`, as one `add` of them all takes those that
+    `_add_plain` does not: one by one, in order; then the plain one-node FAILED runs the tally
+    judges itself (``extra``: a LazyFrame of their rows, None for none)."""
+
+    def __init__(self, tally: RunTally, plainish: Any, extra: Any) -> None:
+        self._tally, self._plainish, self._extra = tally, plainish, extra
+
+    def take(self, batch: Columns, at: int) -> None:
+        """``batch``: the others' records from the ``at``-th on."""
+        one = self._tally._add_one
+        recs = batch.records
+        for rec, plain in zip(recs, self._plainish.slice(at, len(recs)).to_list(), strict=True):
+            if not plain:  # tallied by `add_store`
+                one(rec)
+
+    def close(self) -> None:
+        if self._extra is None:
+            return
+        from gpuwarden.accounting.store import schema as store_schema  # noqa: PLC0415
+
+        for batch in store_schema.batches(self._extra.collect()):
+            self._tally.add(batch)

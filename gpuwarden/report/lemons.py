@@ -74,4 +74,4 @@ def lemons(att: Attribution, cfg: ScoreConfig) -> list[LemonRow]:
     return [LemonRow(s.node, s.jobs, s.failures, round(s.expected, 2), round(s.attributed, 2),
                      float(f"{s.q_value:.3g}"), s.summary, s.explanation,
                      _evidence(_pieces(s.evidence)))
-            for s in score(att, cfg) if s.lemon]
+            for s in score(att, cfg, lemons_only=True)]

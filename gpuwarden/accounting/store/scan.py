@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import polars as pl
 
@@ -49,20 +50,25 @@ SECS = rollup.SECS
 @dataclass(frozen=True)
 class StoreRuns:
     """What a collector (`history.Collector.add_store`) reads of the store: the plain runs
-    as a LazyFrame of store rows, the others as records (in store order, also given to the
-    attribution), and the health drains and grace the one-node FAILED runs in ``plain`` were
-    judged with (a collector judging with others reads those runs itself). ``rows``: every
-    row; ``rest``: the others' rows (a plain tally is cheaper over every run with times less
-    the others', `plain_cells`, than over ``plain``'s predicate); ``rolled``: the rollups of
-    every row, None when only some rows are read."""
+    as a LazyFrame of store rows, the others' rows (``rest``, in store order, with the columns
+    `schema.READ`: `others` makes them records, as the attribution read them), and the health
+    drains and grace the one-node FAILED runs in ``plain`` were judged with (a collector
+    judging with others reads those runs itself). ``rows``: every row (a plain tally is
+    cheaper over every run with times less the others', `plain_cells`, than over ``plain``'s
+    predicate); ``rolled``: the rollups of every row, None when only some rows are read."""
 
     plain: pl.LazyFrame
-    others: list[AcctJob]
     drains: Mapping[str, list[HealthDrain]]
     grace_s: float
     rows: pl.LazyFrame
     rest: pl.DataFrame
     rolled: pl.LazyFrame | None = None
+
+    def others(self, where: pl.Expr | pl.Series | None = None) -> Iterator[list[AcctJob]]:
+        """The others' rows (those ``where`` keeps) as records, a batch at a time: a year
+        holds millions, and only a batch of them is held as objects at once."""
+        rest = self.rest if where is None else self.rest.filter(where)
+        return schema.batches(rest.drop("rid"))
 
     def plain_cells(self) -> pl.DataFrame:
         """``plain`` per outcome cell (day: end // 86400, partition, state, gpus): runs_,
@@ -91,7 +97,7 @@ def rolled(files: Sequence[str], rollups: Sequence[str],
     starts then or later by its rollup, the others' runs rolled up here (their row groups of
     earlier runs skipped by their statistics)."""
     if since is None:
-        return rollup.scan(list(rollups))
+        return rollup.summed(list(rollups)).lazy()
     whole: list[tuple[str, str]] = []
     part: list[tuple[str, str]] = []
     for f, r in zip(files, rollups, strict=True):
@@ -99,7 +105,7 @@ def rolled(files: Sequence[str], rollups: Sequence[str],
         begins = (datetime.strptime(m.group(1), "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
                   if m else None)
         (whole if begins is not None and begins >= since else part).append((f, r))
-    parts = [rollup.scan([r for _, r in whole])]
+    parts = [rollup.summed([r for _, r in whole]).lazy()]
     if part:
         parts.append(rollup.of(rows([f for f, _ in part], since).drop("rid").collect()).lazy())
     return pl.concat(parts)
@@ -134,17 +140,19 @@ _one_node = ~pl.col("nodes").str.contains(r"[\[,]") & ~pl.col("nodes").is_in(NO_
 _timed = rollup.TIMED
 
 
-def _drained(rows: pl.DataFrame, drains: Mapping[str, list[HealthDrain]],
+def _drained(rows: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
              grace_s: float) -> pl.Series:
     """The ``rid`` of each one-node FAILED run of ``rows`` a health drain of its node may
     explain (rule 4: a drain while it ran or within the grace after): the few such runs that
     are not plain."""
-    return (rows.lazy().filter(_timed & (pl.col("state") == "FAILED") & _one_node)
+    if not drains:
+        return pl.Series("rid", [], dtype=rows.collect_schema()["rid"])
+    return (rows.filter(_timed & (pl.col("state") == "FAILED") & _one_node)
             .select("rid", "nodes", "start_time", "end_time")
             .join(_drain_frame(drains), left_on="nodes", right_on="node")
             .filter((pl.col("at") >= pl.col("start_time"))
                     & (pl.col("at") <= pl.col("end_time") + grace_s))
-            .select("rid").unique().collect().get_column("rid"))
+            .select("rid").unique().collect(engine="streaming").get_column("rid"))
 
 
 def _plain(drained: pl.Series) -> pl.Expr:
@@ -212,7 +220,8 @@ def _lists(groups: pl.DataFrame, clears: Mapping[str, float]
 def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[HealthDrain]],
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
               grace_s: float, tally: RangeTally,
-              rolled: pl.LazyFrame | None = None) -> StoreRuns:
+              rolled: pl.LazyFrame | None = None,
+              collect: Callable[[StoreRuns], Others] | None = None) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads.
 
@@ -220,7 +229,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     `counted.countable`), failed or not, is tallied on columns; the failed ones are then
     judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
     ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
-    rather than made over the rows."""
+    rather than made over the rows. ``collect``: a collector's (`history.Collector.add_store`),
+    given what it reads before the runs are judged one by one, and their records then."""
     start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
     groups = (rollup.lists(rolled) if rolled is not None else
               lf.filter(_timed).group_by("nodes", "gpus")
@@ -230,10 +240,11 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                    pl.col("num_nodes").max().alias("nn_hi"))
               ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
-    rest = (lf.filter(~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode()))
-            .collect(engine="streaming"))
-    keep = _plain(_drained(rest, drains, grace_s)) & ~nodes.is_in(odd.implode())
-    rest = rest.filter(~keep).sort("rid")
+    # The plain runs left out as they are read: most failed runs are one-node ones no drain
+    # explains (5.3 of a year's 6.3 million), and reading them all first held 1.2 GiB.
+    keep = _plain(_drained(lf, drains, grace_s)) & ~nodes.is_in(odd.implode())
+    rest = (lf.filter((~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode())) & ~keep)
+            .select("rid", *schema.READ).collect(engine="streaming").sort("rid"))
     groups = groups.filter(~nodes.is_in(odd.implode()))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
@@ -257,9 +268,36 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
         att.first_end = min(att.first_end, first_end)
         att.last_end = max(att.last_end, hi)
     counted = (_timed & ~nodes.is_in(odd.implode())).fill_null(False)  # the rest's: failed
-    flags = rest.select(counted).to_series().to_list()
-    others = schema.jobs(rest.drop("rid"))
-    attribute_rest(att, Columns(others), flags, drains, failures, clears, grace_s, tally)
+    flags = rest.select(counted).to_series()
+    runs = StoreRuns(lf.filter(keep), drains, grace_s, lf, rest, rolled)
+    others = collect(runs) if collect is not None else None
+    attribute_rest(att, _with_flags(schema.batches(rest.drop("rid")), flags, others), drains,
+                   failures, clears, grace_s, tally)
+    if others is not None:
+        others.close()
+    judged = int(flags.sum())
     log.debug("store: %d node lists tallied on columns, %d failed runs judged by node list, "
-              "%d runs one by one", by_list.height, sum(flags), len(flags) - sum(flags))
-    return StoreRuns(lf.filter(keep), others, drains, grace_s, lf, rest, rolled)
+              "%d runs one by one", by_list.height, judged, rest.height - judged)
+    return runs
+
+
+class Others(Protocol):
+    """What takes the others' records (`StoreRuns.rest`) besides the attribution: each batch
+    as the attribution reads it, in store order (the records made once, for both), then
+    `close`."""
+
+    def take(self, batch: Columns, at: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _with_flags(batches: Iterable[list[AcctJob]], flags: pl.Series,
+                others: Others | None) -> Iterator[tuple[Columns, list[bool]]]:
+    """Each batch of records with its part of ``flags`` (one per record, in order), given to
+    ``others`` too."""
+    at = 0
+    for recs in batches:
+        cols = Columns(recs)
+        if others is not None:
+            others.take(cols, at)
+        yield cols, flags.slice(at, len(recs)).to_list()
+        at += len(recs)

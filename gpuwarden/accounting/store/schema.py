@@ -8,8 +8,9 @@ file has its rollup (`store.rollup`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from itertools import repeat
 from typing import Any
 
 import polars as pl
@@ -85,9 +86,28 @@ def frame(records: Sequence[AcctRecord], bad: list[str]) -> pl.DataFrame:
     return wide.cast(dict.fromkeys(_INT32, pl.Int32))
 
 
+# What the attribution and the report's tally read of a record that they judge one by one
+# (`accounting.attribution`, `accounting.counted`, `report.collect`): the store's failed runs
+# are read with these columns only, the others standing unset in the records made of them
+# (a year holds 6 million failed runs: every column read is memory).
+UNREAD: dict[str, Any] = {"name": "", "state_reason": "", "num_nodes": 0, "signal": None}
+READ = tuple(n for n in NAMES if n not in UNREAD)
+BATCH = 50_000  # records made at once (`batches`): bounds the objects held
+
+
 def jobs(df: pl.DataFrame) -> list[AcctJob]:
-    """Rows back as the records the attribution reads (for the few runs judged one by one)."""
+    """Rows back as the records the attribution reads (for the few runs judged one by one); a
+    column of `UNREAD` that ``df`` leaves out stands unset in each."""
     if df.is_empty():
         return []
-    cols = [df.get_column(n).to_list() for n in NAMES]
+    n = df.height
+    cols = [df.get_column(c).to_list() if c in df.columns else repeat(UNREAD[c], n)
+            for c in NAMES]
     return [AcctJob(*row) for row in zip(*cols, strict=True)]
+
+
+def batches(df: pl.DataFrame) -> Iterator[list[AcctJob]]:
+    """`jobs` of ``df``, `BATCH` rows at a time, in order."""
+    size = BATCH
+    for at in range(0, df.height, size):
+        yield jobs(df.slice(at, size))
