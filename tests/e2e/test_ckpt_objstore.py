@@ -25,7 +25,7 @@ import pytest
 
 from devcluster.harness import LOCAL_JOBS_DIR, TRAIN_SBATCH, Harness
 from tests.e2e.test_ckpt_outages import s3_env
-from tests.e2e.test_ckpt_requeue import hostnames, lose_node
+from tests.e2e.test_ckpt_requeue import hostnames, lose_node, ran_on
 from tests.e2e.test_ckpt_spares import SPARES_SBATCH
 from tests.e2e.test_foundation import wait_for
 from tests.e2e.test_health import nodes
@@ -171,9 +171,9 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
         lose_node(h, job, victim)
     finally:
         h.exec("slurmctld", ["scancel", *map(str, holders)])
-    second = hostnames(h, h.job_fields(job)["NodeList"])
-    assert second == ["c1", survivor], (first, second)
     log = logs(h, job)
+    second = ran_on(h, log, 1)
+    assert second == ["c1", survivor], (first, second)
     restored = re.findall(r"rank (\d): restored step (\d+) from (\w+) \(restart 1\)", log)
     assert len(restored) == 2, log[-3000:]
     assert len({step for _, step, _ in restored}) == 1, "every rank resumed from the same step"
