@@ -237,7 +237,7 @@ def is_legacy(mac: bytes) -> bool:
 
 def _parse(mac: bytes, where: str) -> tuple[int, str, bytes, bytes]:
     """(version, key id, MAC in hex, the digests' lines); CorruptStep for anything else."""
-    if b"\n" not in mac:
+    if is_legacy(mac):
         m = _V1.fullmatch(mac)
         if m is None:
             raise CorruptStep(f"{where}: {MAC} is not 'v2 <key id>:<64 hex>' with shard "

@@ -341,12 +341,14 @@ class S3Tier:
                               "it with (S3 cannot tell who wrote it): refused")
         where = f"{self.name} step {step}: {source}"
         try:
-            mac = bytes(self._get(self._key(step, MAC), s3mac.MAX_SIZE,
-                                  f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
+            mac = self._mac(step)
         except CorruptStep as exc:
             raise CorruptStep(f"{exc}: refused") from None
         if self.s.legacy_steps == "refuse" and s3mac.is_legacy(mac):
-            raise self._refused_legacy(where)  # before the manifest's GET: it cannot count
+            # Before the manifest's GET: it cannot count. (So `_legacy` below only warns.)
+            raise CorruptStep(f"{where}: a legacy step (its {MAC} has no keyed shard "
+                              "digests): refused ([ckpt] s3_legacy_steps = \"refuse\"; "
+                              "\"restore\" takes it, bound by its xxh3_64 checksums alone)")
         raw = bytes(self._get(self._key(step, MANIFEST), MAX_BYTES,
                               f"{MAX_BYTES} bytes (a manifest)"))
         checked = s3mac.check(self.keys, mac, raw, where)
@@ -357,14 +359,16 @@ class S3Tier:
             raise CorruptStep(f"{self.name} step {step}: {exc}") from None
         keyed = s3mac.bind(checked, m, where)
         if keyed is None:
-            self._legacy(step, source, where)
+            self._legacy(step, source)
         return S3Step(m, raw, keyed)
 
-    def _legacy(self, step: int, source: str, where: str) -> None:
-        """Refused where the site says so; else warned once per step in this process (restore,
-        retention and listing each read it)."""
-        if self.s.legacy_steps == "refuse":
-            raise self._refused_legacy(where)
+    def _mac(self, step: int) -> bytes:
+        """The step's ``MANIFEST.mac`` object, bounded (`_get`)."""
+        return bytes(self._get(self._key(step, MAC), s3mac.MAX_SIZE,
+                               f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
+
+    def _legacy(self, step: int, source: str) -> None:
+        """Warned once per step in this process (restore, retention and listing each read it)."""
         if source in _LEGACY_SEEN:
             return
         if len(_LEGACY_SEEN) < _LEGACY_SEEN_MAX:
@@ -375,12 +379,6 @@ class S3Tier:
                     "same (the job's next steps are written with digests)", self.name, step,
                     source, MAC)
 
-    @staticmethod
-    def _refused_legacy(where: str) -> CorruptStep:
-        return CorruptStep(f"{where}: a legacy step (its {MAC} has no keyed shard digests): "
-                           "refused ([ckpt] s3_legacy_steps = \"refuse\"; \"restore\" takes "
-                           "it, bound by its xxh3_64 checksums alone)")
-
     def _without_legacy(self, held: Held) -> Held:
         """``held`` less the steps whose MAC object has the legacy form, where the site refuses
         them: a marker (from a release with markers and no digests, or a replayed step) must
@@ -390,12 +388,10 @@ class S3Tier:
         legacy = set()
         for step in held.steps:
             try:
-                mac = bytes(self._get(self._key(step, MAC), s3mac.MAX_SIZE,
-                                      f"{s3mac.MAX_SIZE} bytes (a MAC and its shards' digests)"))
+                if s3mac.is_legacy(self._mac(step)):
+                    legacy.add(step)
             except CorruptStep:
                 continue  # unreadable or too big: every read of the step refuses it anyway
-            if s3mac.is_legacy(mac):
-                legacy.add(step)
         if not legacy:
             return held
         return Held(tuple(s for s in held.steps if s not in legacy), held.marked - legacy,
