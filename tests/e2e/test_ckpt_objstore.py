@@ -155,7 +155,7 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
     # rank 1, beside rank 0's own steps and rank 1's replica, neither of which may be used).
     holders = [h.sbatch("-N1", "-w", "c1", "--exclusive", name="holder", wrap="sleep 600")]
     try:
-        running(h, holders[0], "the job holding c1")
+        h.wait_job(holders[0], want=("RUNNING",))
         env, expected, job = start(h, 2, 2, TRAIN_SBATCH)
         at_step_10(h, job, env, 2)
         first = hostnames(h, h.job_fields(job)["NodeList"])
@@ -165,7 +165,7 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
         others = [n for n in h.cluster.spec.node_names if n not in ("c1", *first)]
         holders.append(h.sbatch(f"-N{len(others)}", "-w", ",".join(others), "--exclusive",
                                 name="holder", wrap="sleep 600"))
-        running(h, holders[1], "the job holding every other node")
+        h.wait_job(holders[1], want=("RUNNING",))
         h.exec("slurmctld", ["scancel", str(holders[0])])
         wait_for(lambda: nodes(h)["c1"].state == ("IDLE",), 120, "c1 idle again")
         lose_node(h, job, victim)
@@ -184,10 +184,6 @@ def test_a_killed_node_without_a_shared_filesystem_costs_a_requeue_and_nothing_e
         f"{restored}\n{syslog(h)}\n{log[-4000:]}"
     assert finals(log, 2) == expected, "the resumed run ends bit-identical to an uninterrupted one"
     wait_for(lambda: not nodes(h)[victim].down, 180, f"{victim} back in service")
-
-
-def running(h: Harness, job: int, what: str) -> None:
-    wait_for(lambda: h.job_fields(job).get("JobState") == "RUNNING", 120, f"{what} to run")
 
 
 def newest_in_memory(h: Harness, host: str, job: int) -> int:
