@@ -18,6 +18,7 @@ from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import as_json, build
+from gpuwarden.report.charts import power_label
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.render import render
 from tests.unit.test_report_numbers import LEAVES, OPTS, history
@@ -67,6 +68,24 @@ def test_charts_are_inline_svg_with_titles_and_axis_units(page: tuple[str, str])
         assert words in html, words
     ids = re.findall(r'\bid="(m[0-9a-f]{10}|p[0-9a-f]{10})"', html)
     assert len(ids) == len(set(ids))  # markers and clip paths never collide between charts
+
+
+def test_the_mttf_charts_log_axes_are_labelled_in_plain_text(page: tuple[str, str]) -> None:
+    """Powers as text a reader can search and copy (and no mathtext: its parser took half
+    of the page's chart time)."""
+    html, _ = page
+    mttf = next(svg for svg in _SVG.findall(html) if "MTTF by job size" in svg)
+    labels = set(re.findall(r">\s*((?:2|10)[\u207b\u2070-\u2079\u00b9\u00b2\u00b3]+)\s*<", mttf))
+    assert {"2\u00b3", "2\u00b9\u2077"} <= labels, labels  # 8 and 131,072 GPUs
+    assert any(label.startswith("10") for label in labels), labels
+
+
+@pytest.mark.parametrize(("base", "value", "label"), [
+    (2, 8.0, "2\u00b3"), (2, 131072.0, "2\u00b9\u2077"), (10, 0.01, "10\u207b\u00b2"),
+    (10, 1.0, "10\u2070"), (10, 1000.0, "10\u00b3"), (10, 20.0, ""), (2, 0.0, ""),
+    (10, -1.0, "")])
+def test_power_labels(base: int, value: float, label: str) -> None:
+    assert power_label(base, value) == label
 
 
 def test_the_command_writes_the_page_and_the_json(tmp_path: Path) -> None:
