@@ -85,14 +85,14 @@ def cold_ingest(store: str, files: list[str], events: str) -> dict[str, float]:
 def report(store: str, out: str) -> dict[str, float]:
     from gpuwarden.accounting.history import from_store, store_events  # noqa: PLC0415
     from gpuwarden.lemon.scoring import ScoreConfig  # noqa: PLC0415
-    from gpuwarden.report.build import Options, as_dict, as_json, build  # noqa: PLC0415
+    from gpuwarden.report.build import Options, as_json, begin, scored  # noqa: PLC0415
     from gpuwarden.report.collect import Blamable, RunTally  # noqa: PLC0415
-    from gpuwarden.report.render import render  # noqa: PLC0415
+    from gpuwarden.report.render import page  # noqa: PLC0415
     t0, c0 = time.perf_counter(), _cpu()
     hist = from_store(store, collector=RunTally.factory(None, Blamable.of(store_events(store))))
-    rep = build(hist, Options(f"the store {store}"), ScoreConfig())
-    data = as_dict(rep)  # as the command does
-    Path(out).write_text(render(rep, data), encoding="utf-8")
+    draft = begin(hist, Options(f"the store {store}"))
+    rep, data, html = page(draft, lambda: scored(draft, hist, ScoreConfig()))  # as the command
+    Path(out).write_text(html, encoding="utf-8")
     Path(out).with_suffix(".json").write_text(as_json(rep, data), encoding="utf-8")
     return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "records": hist.records,
             "rss": _rss()}

@@ -153,13 +153,27 @@ def _no_uid(user: str) -> int | None:
     return None
 
 
-@paused()  # the cards walk a million blames and make a list of them (`gcpause`)
 def build(hist: History, opts: Options, score_cfg: ScoreConfig,
           now: datetime | None = None, gating: Gating = GATING,
           restores: tradeoffs.RestoreTimes | None = None,
           uid_of: Callable[[str], int | None] = _no_uid) -> Report:
     """``uid_of``: a user's uid, for matching restore records with the jobs accounting names
     (`report.restarts`); the default matches none."""
+    return scored(begin(hist, opts, now, gating, restores, uid_of), hist, score_cfg)
+
+
+@paused()  # the lemon scoring walks a million blames (`gcpause`)
+def scored(draft: Report, hist: History, score_cfg: ScoreConfig) -> Report:
+    """``draft`` (`begin`'s) with its lemons: the lemon scoring, most of the build's time."""
+    return replace(draft, lemons=lemons.lemons(hist.attribution, score_cfg))
+
+
+@paused()  # the cards walk a million blames and make a list of them (`gcpause`)
+def begin(hist: History, opts: Options, now: datetime | None = None, gating: Gating = GATING,
+          restores: tradeoffs.RestoreTimes | None = None,
+          uid_of: Callable[[str], int | None] = _no_uid) -> Report:
+    """Every section of the report but its lemons (`scored` adds them): what its charts
+    show (`render.page` draws them while the lemons are scored)."""
     att = hist.attribution
     tally = hist.collected
     if not isinstance(tally, RunTally):
@@ -193,7 +207,7 @@ def build(hist: History, opts: Options, score_cfg: ScoreConfig,
          tradeoffs.filesystem_vs_object_store(tally, att, restores, blamed),
          tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
-        lemons.lemons(att, score_cfg), drains.drains(hist.events, lo, hi), gating,
+        [], drains.drains(hist.events, lo, hi), gating,
         _warnings(out), hist.window_note)
 
 

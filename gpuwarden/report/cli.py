@@ -41,15 +41,15 @@ with Needs("lemon") as LEMON:
         GATING,
         Gating,
         Options,
-        as_dict,
         as_json,
-        build,
+        begin,
         gating_of,
+        scored,
     )
     from gpuwarden.report.collect import Blamable, RunTally
     from gpuwarden.report.tradeoffs import RestoreTimes
 with Needs("report") as REPORT:
-    from gpuwarden.report.render import render
+    from gpuwarden.report.render import page
 
 log = logging.getLogger(__name__)
 
@@ -343,14 +343,14 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
         gpus_per_node=gpus_per_node, ckpt_cost_s=cost, interval_s=interval,
         restart_s=restart, restore_s=restore, spares=spares, swap_s=swap, grace_s=lc.grace_s,
         have_topology=leaves is not None)
-    rep = build(hist, opts, ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures,
-                                        min_jobs=lc.min_jobs, min_ratio=lc.min_ratio),
-                gating=GATING if from_files or where is not None else _gating(obj),
-                restores=_restores(read, hist),
-                uid_of=_uid)
-    # Both rendered before either is written; the JSON lands first.
-    data = as_dict(rep)  # the page's and the JSON's (a deep copy of the report: made once)
-    files = [(output, render(rep, data))]
+    draft = begin(hist, opts, gating=GATING if from_files or where is not None
+                  else _gating(obj), restores=_restores(read, hist), uid_of=_uid)
+    score_cfg = ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures, min_jobs=lc.min_jobs,
+                            min_ratio=lc.min_ratio)
+    # Both rendered before either is written; the JSON lands first. ``data``: the page's and
+    # the JSON's (a deep copy of the report: made once).
+    rep, data, html = page(draft, lambda: scored(draft, hist, score_cfg))
+    files = [(output, html)]
     if json_out:
         files.insert(0, (json_out, as_json(rep, data) + "\n"))
     try:

@@ -3,12 +3,15 @@ is opened). Every figure on it comes from the JSON document (`build.as_dict`).""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from markupsafe import Markup
 
+from gpuwarden.accounting.aside import Aside
 from gpuwarden.accounting.gcpause import paused
 from gpuwarden.report import charts
 from gpuwarden.report.build import Report, as_dict
@@ -43,8 +46,22 @@ def chart_svgs(r: Report) -> dict[str, Any]:
 
 
 @paused()  # else its first collection walks the history just built (0.4 s at 10M records)
-def render(r: Report, data: dict[str, Any] | None = None) -> str:
-    """``data``: `as_dict(r)` where the caller has it (for the JSON too): made once."""
+def render(r: Report, data: dict[str, Any] | None = None,
+           svgs: dict[str, Any] | None = None) -> str:
+    """``data``: `as_dict(r)` where the caller has it (for the JSON too): made once;
+    ``svgs``: `chart_svgs(r)` where the caller drew them (`page`)."""
     return _environment().get_template("report.html.j2").render(
-        r=as_dict(r) if data is None else data, charts=chart_svgs(r), max_partitions=MAX_PARTITION_CHARTS,
-        evidence_shown=EVIDENCE_SHOWN)
+        r=as_dict(r) if data is None else data, charts=chart_svgs(r) if svgs is None else svgs,
+        max_partitions=MAX_PARTITION_CHARTS, evidence_shown=EVIDENCE_SHOWN)
+
+
+def page(draft: Report, finish: Callable[[], Report]) -> tuple[Report, dict[str, Any], str]:
+    """The report ``finish`` makes of ``draft`` (`build.begin`; ``finish``: `build.scored`,
+    which changes none of what the charts show), its JSON-ready data and its page. The
+    draft's charts are drawn in a forked child (`accounting.aside`) on the other core while
+    the lemons are scored: the scoring's fits run on one core, and the charts were a fifth of
+    a month's report."""
+    drawn = Aside(partial(chart_svgs, draft))
+    r = finish()
+    data = as_dict(r)
+    return r, data, render(r, data, drawn.result())

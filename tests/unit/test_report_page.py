@@ -6,6 +6,9 @@ from __future__ import annotations
 import html as htmllib
 import json
 import re
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,14 @@ from gpuwarden.cli import cli
 from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import ScoreConfig
-from gpuwarden.report.build import as_json, build
+from gpuwarden.report import render as render_module
+from gpuwarden.report.build import Report, as_dict, as_json, begin, build, scored
 from gpuwarden.report.charts import power_label
 from gpuwarden.report.collect import RunTally
 from gpuwarden.report.render import render
 from tests.unit.test_report_numbers import LEAVES, OPTS, history
 
+_NOW = datetime(2026, 1, 1, tzinfo=UTC)
 _SVG = re.compile(r"<svg\b.*?</svg>", re.S)
 _STYLE = re.compile(r"<style\b.*?</style>", re.S)
 _TAG = re.compile(r"<[^>]+>")
@@ -86,6 +91,39 @@ def test_the_mttf_charts_log_axes_are_labelled_in_plain_text(page: tuple[str, st
     (10, -1.0, "")])
 def test_power_labels(base: int, value: float, label: str) -> None:
     assert power_label(base, value) == label
+
+
+def test_the_page_drawn_beside_the_scoring_is_the_page_drawn_after_it() -> None:
+    hist = history(LEAVES)
+    rep = build(hist, OPTS, ScoreConfig())
+    draft = begin(hist, OPTS, now=_NOW)
+    got, data, html = render_module.page(draft, lambda: scored(draft, hist, ScoreConfig()))
+    want = replace(rep, generated=got.generated)
+    assert got == want and data == as_dict(want)
+    assert html == render(want, as_dict(want))
+
+
+def test_the_charts_are_drawn_while_the_lemons_are_scored(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hist = history(LEAVES)
+    draft = begin(hist, OPTS, now=_NOW)
+    marker = tmp_path / "drawing"
+    drawn = render_module.chart_svgs
+
+    def drawing(r: Report) -> dict[str, object]:
+        marker.touch()
+        return drawn(r)
+
+    def scoring() -> Report:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the chart child's start, not a fixed wait
+        assert marker.exists(), "the charts were not being drawn while the lemons were scored"
+        return scored(draft, hist, ScoreConfig())
+
+    monkeypatch.setattr(render_module, "chart_svgs", drawing)
+    _, _, html = render_module.page(draft, scoring)
+    assert "MTTF by job size" in html
 
 
 def test_the_command_writes_the_page_and_the_json(tmp_path: Path) -> None:
