@@ -155,6 +155,35 @@ def _drained(rows: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
             .select("rid").unique().collect(engine="streaming").get_column("rid"))
 
 
+SLICE = 4_000_000  # rows read at once for `_rest`
+
+
+def _rest(lf: pl.LazyFrame, odd: pl.Series, drains: Mapping[str, list[HealthDrain]],
+          grace_s: float) -> tuple[pl.DataFrame, pl.Series]:
+    """The rows of ``lf`` that are not plain (`_plain`: not timed, or a state a rule may blame
+    and not a one-node FAILED run no drain explains; or a node list in ``odd``), with ``rid``
+    and the columns `schema.READ`, in store order; and `_drained`'s rids.
+
+    Read in one pass, `SLICE` rows at a time: the rows that may not be plain (a twentieth of
+    them) with their columns, the plain ones among them left out in memory. Reading the
+    rest and the drained runs each over every row took two passes, and their predicates
+    (a node list's shape) were worked out for all of them; the plain one-node FAILED runs
+    are left out slice by slice (5.3 of a year's 6.3 million failed runs: read all at once
+    first, they held 1.2 GiB)."""
+    nodes = pl.col("nodes")
+    maybe = ~_timed | pl.col("state").is_in(BLAMABLE) | nodes.is_in(odd.implode())
+    rests: list[pl.DataFrame] = []
+    drained: list[pl.Series] = []
+    n = count(lf)
+    for at in range(0, max(n, 1), SLICE):
+        some = lf.slice(at, SLICE).filter(maybe).select("rid", *schema.READ).collect(
+            engine="streaming")
+        out = _drained(some.lazy(), drains, grace_s)
+        rests.append(some.filter(~(_plain(out) & ~nodes.is_in(odd.implode()))))
+        drained.append(out)
+    return pl.concat(rests).sort("rid"), pl.concat(drained)
+
+
 def _plain(drained: pl.Series) -> pl.Expr:
     """Runs no rule blames, before the node lists are checked (`attribute`): a predicate on
     the store's rows; ``drained``: `_drained`'s."""
@@ -231,7 +260,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
     rather than made over the rows. ``collect``: a collector's (`history.Collector.add_store`),
     given what it reads before the runs are judged one by one, and their records then."""
-    start, end, nodes, state = (pl.col(c) for c in ("start_time", "end_time", "nodes", "state"))
+    start, end, nodes = (pl.col(c) for c in ("start_time", "end_time", "nodes"))
     groups = (rollup.lists(rolled) if rolled is not None else
               lf.filter(_timed).group_by("nodes", "gpus")
               .agg(pl.len().alias("runs"), SECS.sum(), start.min().alias("lo"),
@@ -240,11 +269,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                    pl.col("num_nodes").max().alias("nn_hi"))
               ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
-    # The plain runs left out as they are read: most failed runs are one-node ones no drain
-    # explains (5.3 of a year's 6.3 million), and reading them all first held 1.2 GiB.
-    keep = _plain(_drained(lf, drains, grace_s)) & ~nodes.is_in(odd.implode())
-    rest = (lf.filter((~_timed | state.is_in(BLAMABLE) | nodes.is_in(odd.implode())) & ~keep)
-            .select("rid", *schema.READ).collect(engine="streaming").sort("rid"))
+    rest, drained = _rest(lf, odd, drains, grace_s)
+    keep = _plain(drained) & ~nodes.is_in(odd.implode())
     groups = groups.filter(~nodes.is_in(odd.implode()))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
