@@ -46,6 +46,17 @@ class Aside(Generic[T]):
             send.close()
             self._conn = recv
 
+    def cancel(self) -> None:
+        """The child stopped and reaped, its result never read (the caller failed first): a
+        result larger than the pipe holds would keep it waiting until the interpreter ends."""
+        conn, proc = self._conn, self._proc
+        if conn is None:
+            return
+        self._conn = None
+        conn.close()
+        proc.terminate()
+        proc.join()
+
     def result(self) -> T:
         """``fn()``'s value: the child's, else computed here."""
         conn, proc = self._conn, self._proc

@@ -518,7 +518,8 @@ def from_store(store: str, events: Sequence[NodeEvent] | None = None, grace_s: f
         collected = collector() if collector is not None else None
         scan.attribute(lf, att, known.drains, known.failures, known.clears, grace_s, tally,
                        scan.rolled(snap.files, snap.rollups, since),
-                       collected.add_store if collected is not None else None)
+                       collected.add_store if collected is not None else None,
+                       scan.pieces(snap.files, since))
         spread_exposure(att.exposure, tally)
         total = sum(e.rows for e in m.exports) if since is None else scan.count(lf)
     except (pl.exceptions.PolarsError, OSError) as exc:

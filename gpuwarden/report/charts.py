@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter
 
 from gpuwarden.report.bins import tick_labels, unit
 from gpuwarden.report.drains import OWNERS, Drains
@@ -111,15 +111,32 @@ def power_label(base: int, v: float) -> str:
     """A log axis's tick at a power of ``base`` as plain text (2\u00b9\u2070, 10\u207b\u00b9); "" between
     powers. matplotlib's own labels are mathtext, whose parser took half of the page's chart
     time (`mttf_chart`)."""
-    if not v > 0:
+    if not (v > 0 and math.isfinite(v)):
         return ""
     e = round(math.log(v, base))
-    return f"{base}{str(e).translate(_SUPERSCRIPT)}" if math.isclose(v, float(base) ** e) else ""
+    try:
+        power = float(base) ** e
+    except OverflowError:
+        return ""
+    return f"{base}{str(e).translate(_SUPERSCRIPT)}" if math.isclose(v, power) else ""
 
 
-def _power_axis(axis: Axis, base: int) -> None:
+def powers_in_view(axis: Axis, base: int) -> int:
+    """How many powers of ``base`` the axis shows."""
+    lo, hi = sorted(axis.get_view_interval())
+    if not (lo > 0 and math.isfinite(hi)):
+        return 0
+    return max(0, math.floor(math.log(hi, base) + 1e-9) - math.ceil(math.log(lo, base) - 1e-9)
+               + 1)
+
+
+def power_axis(axis: Axis, base: int) -> None:
+    """Powers labelled as `power_label` writes them; on an axis that shows fewer than two,
+    the ticks between them too (plain figures), as matplotlib does, so that it has a scale."""
+    def minor(v: float, _pos: int | None) -> str:
+        return f"{v:g}" if powers_in_view(axis, base) < 2 and math.isfinite(v) else ""
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: power_label(base, v)))
-    axis.set_minor_formatter(NullFormatter())
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
 def mttf_chart(m: MttfSection) -> str:
@@ -138,8 +155,8 @@ def mttf_chart(m: MttfSection) -> str:
                     markersize=7, capsize=3, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    _power_axis(ax.xaxis, 2)
-    _power_axis(ax.yaxis, 10)
+    power_axis(ax.xaxis, 2)
+    power_axis(ax.yaxis, 10)
     ax.set_xlabel("job size (GPUs)")
     ax.set_ylabel("mean time to failure (hours)")
     ax.set_title("MTTF by job size, projected to 16,384 and 131,072 GPUs")

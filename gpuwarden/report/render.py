@@ -55,13 +55,22 @@ def render(r: Report, data: dict[str, Any] | None = None,
         max_partitions=MAX_PARTITION_CHARTS, evidence_shown=EVIDENCE_SHOWN)
 
 
+@paused()  # in the child: its collections would walk the history (built paused) and copy
+def _drawn(r: Report) -> dict[str, Any]:  # the pages they touch
+    return chart_svgs(r)
+
+
 def page(draft: Report, finish: Callable[[], Report]) -> tuple[Report, dict[str, Any], str]:
     """The report ``finish`` makes of ``draft`` (`build.begin`; ``finish``: `build.scored`,
     which changes none of what the charts show), its JSON-ready data and its page. The
     draft's charts are drawn in a forked child (`accounting.aside`) on the other core while
     the lemons are scored: the scoring's fits run on one core, and the charts were a fifth of
     a month's report."""
-    drawn = Aside(partial(chart_svgs, draft))
-    r = finish()
+    drawn = Aside(partial(_drawn, draft))
+    try:
+        r = finish()
+    except BaseException:
+        drawn.cancel()
+        raise
     data = as_dict(r)
     return r, data, render(r, data, drawn.result())

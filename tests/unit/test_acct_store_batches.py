@@ -32,9 +32,11 @@ def _store(d: Path, runs: list[tuple[Any, ...]], raw: list[tuple[str, int, str]]
     return str(d / "store")
 
 
-def _read(store: str, blamable: Blamable | None) -> tuple[Any, RunTally]:
+def _read(store: str, blamable: Blamable | None,
+          since: float | None = None) -> tuple[Any, RunTally]:
     hist = from_store(store, collector=RunTally.factory(None, blamable,
-                                                        frozenset(range(1000, 1040, 2))))
+                                                        frozenset(range(1000, 1040, 2))),
+                      since=since)
     try:
         figures: Any = as_json(build(hist, Options("x"), ScoreConfig(min_failures=1,
                                                                      min_jobs=1)))

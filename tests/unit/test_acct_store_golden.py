@@ -166,7 +166,7 @@ def _events(raw: list[tuple[str, int, str]]) -> list[NodeEvent]:
     def at(t: int) -> str:
         from datetime import UTC, datetime
         return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    reasons = {"health": "gpuwarden: [health] xid 79", "down": "Not responding",
+    reasons = {"health": "gpuwarden: xid 79 [health]", "down": "Not responding",
                "lemon": "gpuwarden: lemon 5 failures"}
     return [NodeEvent("sim", n, at(t), at(t + 900), "DRAIN" if kind != "down" else "DOWN",
                       reasons[kind], "root") for n, t, kind in raw]

@@ -3,13 +3,17 @@ the JSON, the charts inline; and `gpuwarden report` end to end on a simulated hi
 
 from __future__ import annotations
 
+import gc
 import html as htmllib
 import json
+import math
+import os
 import re
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -20,6 +24,7 @@ from gpuwarden.cli import cli
 from gpuwarden.config.context import Context
 from gpuwarden.fleet.simulate import Fleet, write_history
 from gpuwarden.lemon.scoring import ScoreConfig
+from gpuwarden.report import charts
 from gpuwarden.report import render as render_module
 from gpuwarden.report.build import Report, as_dict, as_json, begin, build, scored
 from gpuwarden.report.charts import power_label
@@ -85,10 +90,28 @@ def test_the_mttf_charts_log_axes_are_labelled_in_plain_text(page: tuple[str, st
     assert any(label.startswith("10") for label in labels), labels
 
 
+def _labels(lo: float, hi: float) -> list[str]:
+    fig, ax = charts._figure()
+    ax.set_yscale("log")
+    ax.plot([1, 2], [lo, hi])
+    ax.set_ylim(lo, hi)
+    charts.power_axis(ax.yaxis, 10)
+    svg = charts.to_svg(fig, "t")
+    return re.findall(r">\s*([^<>\s][^<>]*?)\s*</text>", svg)
+
+
+def test_a_log_axis_shorter_than_a_decade_still_has_a_scale() -> None:
+    assert {"20", "30", "40", "60"} <= set(_labels(20, 60))
+    wide = _labels(0.01, 1000)
+    assert {"10\u207b\u00b2", "10\u2070", "10\u00b3"} <= set(wide)
+    assert "20" not in wide and "0.02" not in wide  # only the powers where there are several
+
+
 @pytest.mark.parametrize(("base", "value", "label"), [
     (2, 8.0, "2\u00b3"), (2, 131072.0, "2\u00b9\u2077"), (10, 0.01, "10\u207b\u00b2"),
     (10, 1.0, "10\u2070"), (10, 1000.0, "10\u00b3"), (10, 20.0, ""), (2, 0.0, ""),
-    (10, -1.0, "")])
+    (10, -1.0, ""), (10, math.inf, ""), (2, 1.7e308, ""), (10, math.nan, ""),
+    (10, 1e-300, "10\u207b\u00b3\u2070\u2070")])
 def test_power_labels(base: int, value: float, label: str) -> None:
     assert power_label(base, value) == label
 
@@ -111,11 +134,12 @@ def test_the_charts_are_drawn_while_the_lemons_are_scored(
     drawn = render_module.chart_svgs
 
     def drawing(r: Report) -> dict[str, object]:
-        marker.touch()
+        with marker.open("a") as f:
+            f.write(f"{os.getpid()} {gc.isenabled()}\n")
         return drawn(r)
 
     def scoring() -> Report:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 50
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.01)  # the chart child's start, not a fixed wait
         assert marker.exists(), "the charts were not being drawn while the lemons were scored"
@@ -124,6 +148,29 @@ def test_the_charts_are_drawn_while_the_lemons_are_scored(
     monkeypatch.setattr(render_module, "chart_svgs", drawing)
     _, _, html = render_module.page(draft, scoring)
     assert "MTTF by job size" in html
+    # Drawn once, in the child, with collection off (`gcpause`), and that drawing used.
+    (pid, collecting), = (line.split() for line in marker.read_text().splitlines())
+    assert int(pid) != os.getpid() and collecting == "False"
+
+
+def test_a_scoring_that_fails_stops_the_chart_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    hist = history(LEAVES)
+    draft = begin(hist, OPTS, now=_NOW)
+    started: list[Any] = []
+    real = render_module.Aside
+
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    def scoring() -> Report:
+        raise RuntimeError("scoring failed")
+
+    monkeypatch.setattr(render_module, "Aside", kept)
+    with pytest.raises(RuntimeError, match="scoring failed"):
+        render_module.page(draft, scoring)
+    (aside,) = started
+    assert aside._proc is None or not aside._proc.is_alive()
 
 
 def test_the_command_writes_the_page_and_the_json(tmp_path: Path) -> None:

@@ -155,29 +155,56 @@ def _drained(rows: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
             .select("rid").unique().collect(engine="streaming").get_column("rid"))
 
 
-SLICE = 4_000_000  # rows read at once for `_rest`
+SLICE = 4_000_000  # rows read at once for `_rest` (a file more is one piece of its own)
 
 
-def _rest(lf: pl.LazyFrame, odd: pl.Series, drains: Mapping[str, list[HealthDrain]],
-          grace_s: float) -> tuple[pl.DataFrame, pl.Series]:
-    """The rows of ``lf`` that are not plain (`_plain`: not timed, or a state a rule may blame
-    and not a one-node FAILED run no drain explains; or a node list in ``odd``), with ``rid``
-    and the columns `schema.READ`, in store order; and `_drained`'s rids.
+def pieces(paths: Sequence[str], since: float | None = None) -> list[pl.LazyFrame]:
+    """`rows` of ``paths`` in consecutive pieces of whole files, each of at most `SLICE` rows
+    (or one file), their ``rid`` those of `rows`: what `_rest` reads a piece at a time."""
+    if not paths:
+        return [rows(paths, since)]
+    out: list[pl.LazyFrame] = []
+    at = 0
+    group: list[str] = []
+    held = 0
 
-    Read in one pass, `SLICE` rows at a time: the rows that may not be plain (a twentieth of
-    them) with their columns, the plain ones among them left out in memory. Reading the
-    rest and the drained runs each over every row took two passes, and their predicates
-    (a node list's shape) were worked out for all of them; the plain one-node FAILED runs
-    are left out slice by slice (5.3 of a year's 6.3 million failed runs: read all at once
-    first, they held 1.2 GiB)."""
+    def piece() -> pl.LazyFrame:
+        lf = pl.scan_parquet(list(group), schema=schema.SCHEMA, hive_partitioning=False)
+        lf = lf.with_row_index("rid", offset=at)
+        return lf if since is None else lf.filter(pl.col("end_time") >= since)
+    for path in paths:
+        n = int(pl.scan_parquet(path, schema=schema.SCHEMA, hive_partitioning=False)
+                .select(pl.len()).collect().item())  # the file's metadata only
+        if group and held + n > SLICE:
+            out.append(piece())
+            at += held
+            group, held = [], 0
+        group.append(path)
+        held += n
+    out.append(piece())
+    return out
+
+
+def _rest(parts: Sequence[pl.LazyFrame], odd: pl.Series,
+          drains: Mapping[str, list[HealthDrain]], grace_s: float
+          ) -> tuple[pl.DataFrame, pl.Series]:
+    """The rows of ``parts`` (`pieces`, or the whole of `rows`) that are not plain (`_plain`:
+    not timed, or a state a rule may blame and not a one-node FAILED run no drain explains;
+    or a node list in ``odd``), with ``rid`` and the columns `schema.READ`, in store order; and
+    `_drained`'s rids.
+
+    Read in one pass, a piece at a time: the rows that may not be plain (a twentieth of them)
+    with their columns, the plain ones among them left out in memory. Reading the rest and
+    the drained runs each over every row took two passes, and their predicates (a node
+    list's shape) were worked out for all of them; the plain one-node FAILED runs are left
+    out piece by piece (5.3 of a year's 6.3 million failed runs: read all at once first, they
+    held 1.2 GiB)."""
     nodes = pl.col("nodes")
     maybe = ~_timed | pl.col("state").is_in(BLAMABLE) | nodes.is_in(odd.implode())
     rests: list[pl.DataFrame] = []
     drained: list[pl.Series] = []
-    n = count(lf)
-    for at in range(0, max(n, 1), SLICE):
-        some = lf.slice(at, SLICE).filter(maybe).select("rid", *schema.READ).collect(
-            engine="streaming")
+    for part in parts:
+        some = part.filter(maybe).select("rid", *schema.READ).collect(engine="streaming")
         out = _drained(some.lazy(), drains, grace_s)
         rests.append(some.filter(~(_plain(out) & ~nodes.is_in(odd.implode()))))
         drained.append(out)
@@ -250,7 +277,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
               failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
               grace_s: float, tally: RangeTally,
               rolled: pl.LazyFrame | None = None,
-              collect: Callable[[StoreRuns], Others] | None = None) -> StoreRuns:
+              collect: Callable[[StoreRuns], Others] | None = None,
+              parts: Sequence[pl.LazyFrame] = ()) -> StoreRuns:
     """The store's runs into ``att`` (rules 1-4, 6, 7; `add_lone_drains` is the caller's),
     their exposure into ``tally``. Returns what a collector reads.
 
@@ -259,7 +287,8 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
     ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
     rather than made over the rows. ``collect``: a collector's (`history.Collector.add_store`),
-    given what it reads before the runs are judged one by one, and their records then."""
+    given what it reads before the runs are judged one by one, and their records then.
+    ``parts``: ``lf`` in `pieces`, read a piece at a time for the runs that are not plain."""
     start, end, nodes = (pl.col(c) for c in ("start_time", "end_time", "nodes"))
     groups = (rollup.lists(rolled) if rolled is not None else
               lf.filter(_timed).group_by("nodes", "gpus")
@@ -269,7 +298,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
                    pl.col("num_nodes").max().alias("nn_hi"))
               ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
-    rest, drained = _rest(lf, odd, drains, grace_s)
+    rest, drained = _rest(parts or [lf], odd, drains, grace_s)
     keep = _plain(drained) & ~nodes.is_in(odd.implode())
     groups = groups.filter(~nodes.is_in(odd.implode()))
     by_count = by_list.height == 0 or bool(by_list.select(
