@@ -106,3 +106,13 @@ def test_a_batchs_errors_are_taken_out_in_order_and_its_records_kept_in_order() 
     got = list(ingest.frames([[jobs[0], err[0], jobs[1]], jobs[2:4], [err[1]], jobs[4:]], bad))
     assert bad == ["bad 0", "bad 1"]
     assert pl.concat(got).get_column("job_id").to_list() == list(range(6))
+
+
+def test_a_days_rows_read_in_several_batches_are_written_as_one_run_of_rows() -> None:
+    """An export's frames are read a batch at a time: a day's slice across them is made one
+    (its Parquet file one row group, the size it had when the days were partitioned)."""
+    df = pl.concat([pl.DataFrame({"end_time": [files.DAY_S * d + i for i in range(3)]},
+                                 schema={"end_time": pl.Int64}) for d in (1, 1, 2)])
+    assert df.n_chunks() == 3
+    got = list(files.by_day(df))
+    assert [(d, p.height, p.n_chunks()) for d, p in got] == [(1, 6, 1), (2, 3, 1)]

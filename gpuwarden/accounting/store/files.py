@@ -76,10 +76,12 @@ def by_day(df: pl.DataFrame) -> Iterator[tuple[int | None, pl.DataFrame]]:
     runs = day.rle()
     lengths, values = runs.struct.field("len").to_list(), runs.struct.field("value").to_list()
     if len(set(values)) == len(values):
-        # Each day's rows together (an export in the order the runs ended): slices, no copy.
+        # Each day's rows together (an export in the order the runs ended): slices, no
+        # partitioning. Each made one run of rows (a frame of several batches is in pieces):
+        # a piece would be a row group of its own in the day's file.
         at = 0
         for n, value in zip(lengths, values, strict=True):
-            yield value, df.slice(at, n)
+            yield value, df.slice(at, n).rechunk()
             at += n
         return
     for part in df.with_columns(day.alias("_day")).partition_by("_day", maintain_order=True,
