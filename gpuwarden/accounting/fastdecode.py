@@ -17,6 +17,7 @@ standard library, correct but slower.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from gpuwarden.slurm import dataparser
@@ -323,39 +324,64 @@ def decoder_for(version: str | None) -> Decoder | None:
     return strict
 
 
-def rows_of(records: list[Any]) -> list[tuple[Any, ...]]:
-    """Each record as the fields of an AcctJob, in order (the accounting store's row), read
-    from a Run in one step where its values are plain, else through ``job()``/the AcctJob."""
+# A store row's fields by type, each group in AcctJob's order (`flat_of`).
+INTS = ("job_id", "num_nodes", "gpus", "exit_code", "signal", "submit_time", "start_time",
+        "end_time", "restart_count")
+STRS = ("name", "user", "state", "state_reason", "partition", "nodes", "failed_node",
+        "submit_line")
+_INTS, _STRS = attrgetter(*INTS), attrgetter(*STRS)
+
+
+def flat_of(records: list[Any]) -> tuple[list[Any], list[str]]:
+    """Each record's AcctJob fields, the `INTS` of every record in one list and its `STRS` in
+    another, record after record (the accounting store's rows: two flat lists make two
+    Series, cut into columns in Rust; a tuple per record to transpose cost more than the
+    reading). Read from a Run in one step where its values are plain, else through
+    ``job()``/the AcctJob."""
+    ints: list[Any] = []
+    strs: list[str] = []
+    add_ints, add_strs = ints.extend, strs.extend
     if msgspec is None:
-        return [_row(r) for r in records]
-    out: list[tuple[Any, ...]] = []
-    add = out.append
+        for r in records:
+            job = _job(r)
+            add_ints(_INTS(job))
+            add_strs(_STRS(job))
+        return ints, strs
+    ph, wrapped = PLACEHOLDER, _Num
     for r in records:
         if type(r) not in _RUNS:
-            add(_row(r))
+            job = _job(r)
+            add_ints(_INTS(job))
+            add_strs(_STRS(job))
             continue
         tm, st, ex = r.time, r.state_, r.exit_
         cur = st.current if st is not None else None
         if type(cur) is not list or len(cur) != 1 or tm is None or ex is None \
                 or type(r.id_) is not int:
-            add(_row(r.job()))
+            job = r.job()
+            add_ints(_INTS(job))
+            add_strs(_STRS(job))
             continue
         sub, start, end = tm.submission, tm.start, tm.end
-        rc, sig = ex.return_code, ex.signal
+        nn, rc, sig, rs = r.allocation_nodes, ex.return_code, ex.signal, r.restart_cnt
         sig = sig.id if sig is not None else None
-        add((r.id_, r.name_ or "", r.user_ or "", cur[0],
-             st.reason or "", r.partition_ or "", r.nodes_ or "",
-             _num(r.allocation_nodes) or 0, _gpus(r), _num(rc), _num(sig),
-             (sub if type(sub) is int and 0 < sub < PLACEHOLDER else _num(sub) or None)
-             if sub is not None else None,
-             start if type(start) is int and 0 < start < PLACEHOLDER else r.start_time,
-             end if type(end) is int and 0 < end < PLACEHOLDER else r.end_time,
-             _num(r.restart_cnt), r.failed_node_ or "", r.submit_line_ or ""))
-    return out
+        # Each as _num reads it, its common cases (a plain int, a set wrapper) inline.
+        add_ints((r.id_, nn if type(nn) is int and nn < ph else _num(nn) or 0, _gpus(r),
+                  rc if type(rc) is int and rc < ph else
+                  (rc.number if rc.set and not rc.infinite else None) if type(rc) is wrapped
+                  else _num(rc),
+                  sig if type(sig) is int and sig < ph else
+                  (sig.number if sig.set and not sig.infinite else None)
+                  if type(sig) is wrapped else _num(sig),
+                  (sub if type(sub) is int and 0 < sub < ph else _num(sub) or None)
+                  if sub is not None else None,
+                  start if type(start) is int and 0 < start < ph else r.start_time,
+                  end if type(end) is int and 0 < end < ph else r.end_time,
+                  rs if type(rs) is int and rs < ph else _num(rs)))
+        add_strs((r.name_ or "", r.user_ or "", cur[0], st.reason or "", r.partition_ or "",
+                  r.nodes_ or "", r.failed_node_ or "", r.submit_line_ or ""))
+    return ints, strs
 
 
-def _row(r: Any) -> tuple[Any, ...]:
-    job = r if isinstance(r, AcctJob) else r.job()
-    return (job.job_id, job.name, job.user, job.state, job.state_reason, job.partition,
-            job.nodes, job.num_nodes, job.gpus, job.exit_code, job.signal, job.submit_time,
-            job.start_time, job.end_time, job.restart_count, job.failed_node, job.submit_line)
+def _job(r: Any) -> AcctJob:
+    return r if isinstance(r, AcctJob) else r.job()

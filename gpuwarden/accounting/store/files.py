@@ -58,17 +58,35 @@ def write_days(store: Dir, key: str, df: pl.DataFrame) -> list[str]:
         return []
     token = secrets.token_hex(4)
     out: list[str] = []
-    days = df.with_columns((pl.col("end_time") // DAY_S).alias("_day"))
     with _rollups(store, create=True) as rolled:
         assert rolled is not None  # made when missing
-        for part in days.partition_by("_day", maintain_order=True, include_key=True):
-            day = day_name(part.get_column("_day")[0])
+        for number, runs in by_day(df):
+            day = day_name(number)
             name = f"{key}-{token}.parquet"
-            runs = part.drop("_day")
             for where, frame in ((store, runs), (rolled, rollup.of(runs))):
                 _write_in(where, day, name, frame)
             out.append(f"{day}/{name}")
     return out
+
+
+def by_day(df: pl.DataFrame) -> Iterator[tuple[int | None, pl.DataFrame]]:
+    """``df``'s rows by the UTC day their run ended (None: no end), each day's in their order,
+    the days in the order of their first row."""
+    day = df.get_column("end_time") // DAY_S
+    runs = day.rle()
+    lengths, values = runs.struct.field("len").to_list(), runs.struct.field("value").to_list()
+    if len(set(values)) == len(values):
+        # Each day's rows together (an export in the order the runs ended): slices, no
+        # partitioning. Each made one run of rows (a frame of several batches is in pieces):
+        # a piece would be a row group of its own in the day's file.
+        at = 0
+        for n, value in zip(lengths, values, strict=True):
+            yield value, df.slice(at, n).rechunk()
+            at += n
+        return
+    for part in df.with_columns(day.alias("_day")).partition_by("_day", maintain_order=True,
+                                                                 include_key=True):
+        yield part.get_column("_day")[0], part.drop("_day")
 
 
 def write_rollup(store: Dir, rel: str, runs: pl.DataFrame) -> None:

@@ -81,11 +81,15 @@ def frames(batches: Iterable[Sequence[AcctJob | SlurmError | acctstream.AcctReco
     """Record batches as store frames; malformed records' messages go to ``bad``."""
     held: list[acctstream.AcctRecord] = []
     for batch in batches:
-        for r in batch:
-            if isinstance(r, SlurmError):
-                bad.append(str(r))
-            else:
-                held.append(r)
+        # A batch's types first: most hold no error, and are taken whole.
+        if any(issubclass(t, SlurmError) for t in set(map(type, batch))):
+            for r in batch:
+                if isinstance(r, SlurmError):
+                    bad.append(str(r))
+                else:
+                    held.append(r)
+        else:
+            held += batch  # type: ignore[arg-type]
         if len(held) >= BATCH:
             yield schema.frame(held, bad)
             held = []
