@@ -75,9 +75,12 @@ class Fit:
     def share(self, inc: Incidence) -> FloatArray:
         """Per entry: the part of its row's failure the node's rate explains."""
         row = inc.entry_row()
+        # In place: one array of the entries at a time besides the result, not four.
+        s: FloatArray = self.rate[inc.node]
+        s *= self.use
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = self.rate[inc.node] * self.use / self.row_rate[row]
-        return np.nan_to_num(s)
+            s /= self.row_rate[row]
+        return np.nan_to_num(s, copy=False)
 
 
 def row_weights(inc: Incidence, keep: FloatArray | None) -> FloatArray:
@@ -147,6 +150,12 @@ def _plain(inc: Incidence) -> _Plain:
         got = _PLAIN[inc] = _Plain(row, use, bg_use, live, distinct_rows(
             inc.node[counted], row[counted], inc.rows, inc.size, bg_use, live))
     return got
+
+
+def release(inc: Incidence) -> None:
+    """Forget the incidence's `_Plain`: the caller fits it no more (the scoring, once its
+    rounds are done: the design's per-entry arrays were held through the lemons' evidence)."""
+    _PLAIN.pop(inc, None)
 
 
 def design(inc: Incidence, keep: FloatArray | None

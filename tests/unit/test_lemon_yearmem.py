@@ -1,6 +1,8 @@
 """The lemon scoring's memory at a year of a fleet (issue 36): the incidence's per-entry
-arrays are int32 and the builder's own buffers, and the distinct hazards are found block by
-block; every result is the one the whole-array, int64 way gives."""
+arrays are int32 and the builder's own buffers, the distinct hazards are found block by
+block, a run's row is found by sorted numbers, each annotated reason is made once, a node's
+own share is the share itself where it can be, and the design is let go once the fits are
+done; every result is the one the old way gives."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.accounting.incidence import IncidenceBuilder
-from gpuwarden.lemon import distinct
+from gpuwarden.lemon import distinct, inference
+from gpuwarden.lemon.explain import RowIndex, RowView
+from gpuwarden.lemon.inference import fit
 
 entries_st = st.lists(st.lists(st.integers(0, 5), min_size=0, max_size=5), min_size=1,
                       max_size=30)
@@ -78,3 +82,73 @@ def test_frozen_entries_are_int32_and_the_builders_own_buffers() -> None:
     order, bounds = inc.by_node()
     assert order.dtype == np.int32
     assert order.tolist() == [0, 3, 1, 2, 4, 5] and bounds.tolist() == [0, 2, 3, 5, 6, 6]
+
+
+def _with_rows(jobs: list[int], ends: list[float]) -> Any:
+    b = IncidenceBuilder()
+    for j, t in zip(jobs, ends, strict=True):
+        b.add_failure(j, t, 1.0, 1, ("a",))
+    return b.freeze({"a": 1.0})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([-1, 3, 4, 10**12]),
+                          st.sampled_from([0.0, -0.0, 1.5, 2.0, float("nan")])),
+                max_size=12),
+       st.lists(st.tuples(st.sampled_from([-1, 3, 5, 10**12]),
+                          st.sampled_from([0.0, -0.0, 1.5, 3.0, float("nan")])),
+                max_size=12))
+def test_row_index_finds_what_a_dict_of_the_rows_finds(rows: list[tuple[int, float]],
+                                                       asked: list[tuple[int, float]]) -> None:
+    """The last row with the job and the end, -1 for none (a NaN end finds none)."""
+    inc = _with_rows([j for j, _ in rows], [t for _, t in rows])
+    table = {(int(j), float(t)): r for r, (j, t) in
+             enumerate(zip(inc.job.tolist(), inc.end.tolist(), strict=True))}
+    want = [table.get((j, t), -1) for j, t in asked]
+    got = RowIndex(inc).rows(np.array([j for j, _ in asked], dtype=np.int64),
+                             np.array([t for _, t in asked], dtype=np.float64))
+    assert got.tolist() == want
+
+
+def test_each_annotated_reason_is_made_once() -> None:
+    index = RowIndex(_with_rows([1], [1.0]))
+    a = index.reason("".join(["4-node job ", "failed"]), "".join(["100% of it ", "here"]))
+    b = index.reason("4-node job failed", "100% of it here")
+    assert a == "4-node job failed; 100% of it here" and a is b
+
+
+def test_a_nodes_own_share_is_the_share_itself_where_no_row_lists_it_twice() -> None:
+    b = IncidenceBuilder()
+    b.add_failure(1, 1.0, 1.0, 2, ("a", "b"))
+    b.add_failure(2, 2.0, 1.0, 1, ("b",))
+    inc = b.freeze({"a": 5.0, "b": 5.0})
+    f = fit(inc)
+    view = RowView.of(inc, f)
+    assert view.own is view.share
+    twice = IncidenceBuilder()
+    twice.add_failure(1, 1.0, 1.0, 2, ("a", "a", "b"))
+    inc2 = twice.freeze({"a": 5.0, "b": 5.0})
+    v2 = RowView.of(inc2, fit(inc2))
+    assert v2.own[0] == v2.own[1] == v2.share[0] + v2.share[1]
+
+
+def test_the_share_is_the_rate_times_use_over_the_hazard() -> None:
+    b = IncidenceBuilder()
+    b.add_failure(1, 1.0, 1.0, 2, ("a", "b"), ("a",))
+    b.add_failure(2, 2.0, 1.0, 1, ("b",))
+    b.add_failure(3, 3.0, 1.0, 2, ("a", "c"))
+    inc = b.freeze({"a": 5.0, "b": 5.0, "c": 0.0})
+    f = fit(inc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = np.nan_to_num(f.rate[inc.node] * f.use / f.row_rate[inc.entry_row()])
+    assert f.share(inc).tolist() == want.tolist()
+
+
+def test_the_scoring_forgets_the_design_once_its_fits_are_done() -> None:
+    b = IncidenceBuilder()
+    b.add_failure(1, 1.0, 1.0, 2, ("a", "b"))
+    inc = b.freeze({"a": 5.0, "b": 5.0})
+    fit(inc)
+    assert inc in inference._PLAIN
+    inference.release(inc)
+    assert inc not in inference._PLAIN
