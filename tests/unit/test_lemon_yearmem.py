@@ -152,3 +152,19 @@ def test_the_scoring_forgets_the_design_once_its_fits_are_done() -> None:
     assert inc in inference._PLAIN
     inference.release(inc)
     assert inc not in inference._PLAIN
+
+
+def test_the_entries_that_count_are_marked_with_a_byte_each() -> None:
+    """`use` is a bool per entry (not a float64 of 0 or 1): with sources left out too."""
+    b = IncidenceBuilder()
+    b.add_failure(1, 1.0, 1.0, 2, ("a", "b"), ("a",))
+    b.add_failure(2, 2.0, 1.0, 1, ("b",), (), ("b",), "u", "", True)
+    b.add_failure(3, 3.0, 1.0, 2, ("a", "c"), (), (), "u", "", True)
+    inc = b.freeze({"a": 5.0, "b": 5.0, "c": 5.0})
+    for keep in (None, np.array([1.0, 1.0, 1.0, 0.0, 0.0])):
+        f = fit(inc, keep=keep)
+        assert f.use.dtype == np.bool_
+        assert f.use.tolist() == inference._design(inc, keep)[1].tolist()
+    assert fit(inc).use.tolist() == [True, False, False, True, True]
+    assert fit(inc, keep=np.array([1.0, 1.0, 1.0, 0.0, 0.0])).use.tolist() == [
+        True, False, False, False, False]
