@@ -13,12 +13,13 @@ grouping is exact whatever the hash does.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.accounting.incidence import FloatArray, IntArray
+from gpuwarden.accounting.incidence import FloatArray, IndexArray, IntArray, index_dtype
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -41,29 +42,75 @@ def _mix(x: U64) -> U64:
 @dataclass(frozen=True, eq=False)
 class Distinct:
     reps: IntArray  # per distinct row: the first run of its kind (an incidence row)
-    node: IntArray  # per entry of the distinct rows: the counted node (its run's, in order)
-    row: IntArray  # per such entry: its distinct row (ascending)
+    node: IndexArray  # per entry of the distinct rows: the counted node (its run's, in order)
+    row: IndexArray  # per such entry: its distinct row (ascending)
     of_run: IntArray  # per incidence row: its distinct row; -1 for rows left out
 
 
-def distinct_rows(node: IntArray, row: IntArray, rows: int, size: IntArray,
+# Entries hashed and compared per block of about this many: each step over all of them at
+# once made several 8-byte temporaries an entry (tens of millions at a year), the scoring's
+# peak.
+BLOCK = 1 << 21
+
+
+def _blocks(n: int, row: IndexArray | None = None, start: IntArray | None = None
+            ) -> Iterator[tuple[int, int]]:
+    """Entry blocks [a, b) of about `BLOCK` entries; given ``row`` and ``start``, each ends
+    at the end of a row (a row is never split)."""
+    a = 0
+    while a < n:
+        b = min(a + BLOCK, n)
+        if row is not None and start is not None:
+            b = int(start[int(row[b - 1]) + 1])
+        yield a, b
+        a = b
+
+
+def _row_hashes(node: IndexArray, row: IndexArray, start: IntArray, rows: int) -> U64:
+    """Per row, the wrapping sum of its entries' hashes (of node and place in the row); 0 for
+    a row without entries. A sum of uint64 wraps alike in any grouping, so by blocks it is
+    the sum over all at once, bit for bit."""
+    h = np.zeros(rows, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for a, b in _blocks(len(node), row, start):
+            r = row[a:b]
+            pos = np.arange(a, b, dtype=np.int64) - start[r]
+            h_e = _mix(node[a:b].astype(np.uint64) * _GOLDEN + pos.astype(np.uint64))
+            heads = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+            h[r[heads]] = np.add.reduceat(h_e, heads)
+    return h
+
+
+def _unlike(node: IndexArray, row: IndexArray, start: IntArray, length: IntArray,
+            e_rep: IntArray, rows: int) -> npt.NDArray[np.bool_]:
+    """Per row: some entry differs from the same place of its representative's row
+    (``e_rep``), or the lengths differ."""
+    bad = np.zeros(rows, dtype=bool)
+    for a, b in _blocks(len(node)):
+        r = row[a:b]
+        r_of = e_rep[r]
+        pos = np.arange(a, b, dtype=np.int64) - start[r]
+        ok_len = length[r_of] == length[r]
+        other = np.where(ok_len, start[r_of] + pos, 0)
+        bad[r[~ok_len | (node[other] != node[a:b])]] = True
+    return bad
+
+
+def distinct_rows(node: IndexArray, row: IndexArray, rows: int, size: IntArray,
                   bg_use: FloatArray, take: npt.NDArray[np.bool_]) -> Distinct:
     """``node``, ``row``: the counted entries, by row (ascending); ``size``, ``bg_use``: per
     row; ``take``: per row, whether it is kept (a row left out maps to -1). Distinct rows
     are numbered in the order of their first run."""
     on = take[row]
-    node, row = node[on], row[on]
+    if not on.all():
+        node, row = node[on], row[on]
+    del on
     length = np.bincount(row, minlength=rows)
     start = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(length, out=start[1:])
     bg = bg_use > 0
+    h = _row_hashes(node, row, start, rows)
     with np.errstate(over="ignore"):
-        pos = np.arange(len(node), dtype=np.int64) - start[row]
-        h_e = _mix(node.astype(np.uint64) * _GOLDEN + pos.astype(np.uint64))
-        h = np.zeros(rows, dtype=np.uint64)
-        full = length > 0
-        if len(node):
-            h[full] = np.add.reduceat(h_e, start[:-1][full])
         tail = (length.astype(np.uint64) << np.uint64(8)) | bg.astype(np.uint64)
         tail = tail ^ (np.where(bg, size, -1).astype(np.uint64) << np.uint64(40))
         h = _mix(h ^ _mix(tail + _GOLDEN))
@@ -76,13 +123,7 @@ def distinct_rows(node: IntArray, row: IntArray, rows: int, size: IntArray,
     # Entry by entry against the representative's (same length, so the same positions).
     e_rep = np.full(rows, -1, dtype=np.int64)
     e_rep[kept] = rep
-    r_of = e_rep[row]
-    other = start[r_of] + pos
-    ok_len = length[r_of] == length[row]
-    bad_e = ~ok_len | (node[np.where(ok_len, other, 0)] != node)
-    bad = np.zeros(rows, dtype=bool)
-    bad[row[bad_e]] = True
-    same &= ~bad[kept]
+    same &= ~_unlike(node, row, start, length, e_rep, rows)[kept]
     # Numbered by their first runs; a row unlike its representative is a row of its own.
     lead = np.where(same, rep, kept)
     uniq, group = np.unique(lead, return_inverse=True)
@@ -90,13 +131,13 @@ def distinct_rows(node: IntArray, row: IntArray, rows: int, size: IntArray,
     of_run[kept] = group.reshape(-1)
     reps = uniq.astype(np.int64)
     n = length[reps]
-    out_row = np.repeat(np.arange(len(reps), dtype=np.int64), n)
+    out_row = np.repeat(np.arange(len(reps), dtype=index_dtype(len(reps))), n)
     base = np.repeat(start[reps] - np.cumsum(n) + n, n)
     idx = base + np.arange(len(out_row), dtype=np.int64)
     return Distinct(reps, node[idx], out_row, of_run)
 
 
-def every_row(node: IntArray, row: IntArray, rows: int, take: npt.NDArray[np.bool_]
+def every_row(node: IndexArray, row: IndexArray, rows: int, take: npt.NDArray[np.bool_]
               ) -> Distinct:
     """`distinct_rows` with no two rows merged: each kept row its own (the reference the
     merged EM is tested against)."""

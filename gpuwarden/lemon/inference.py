@@ -42,8 +42,18 @@ from weakref import WeakKeyDictionary
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.accounting.incidence import CULPRIT, NAMED, NO_SCRIPT, FloatArray, Incidence, IntArray
+from gpuwarden.accounting.incidence import (
+    CULPRIT,
+    NAMED,
+    NO_SCRIPT,
+    FloatArray,
+    Incidence,
+    IndexArray,
+    IntArray,
+)
 from gpuwarden.lemon.distinct import Distinct, distinct_rows, every_row
+
+BoolArray = npt.NDArray[np.bool_]
 
 ITERATIONS = 400  # EM steps at most
 TOLERANCE = 1e-6  # the log-likelihood a round of steps must still gain
@@ -55,7 +65,9 @@ EXCESS_MIN = 0.25
 class Fit:
     rate: FloatArray  # per node, failures per node-hour
     background: FloatArray  # per size bucket, failures per job-hour
-    use: FloatArray  # per entry: 1 where the node's rate counts in the row's hazard
+    # Per entry: whether the node's rate counts in the row's hazard (a bool, not a float of 0
+    # or 1: a byte an entry, not 8; as weights or a factor it is the same 0.0 or 1.0).
+    use: BoolArray
     row_rate: FloatArray  # per row: the hazard that failed it, at the fit
     iterations: int
     bg_use: FloatArray | None = None  # per row: 1 where the background counts in its hazard
@@ -75,9 +87,12 @@ class Fit:
     def share(self, inc: Incidence) -> FloatArray:
         """Per entry: the part of its row's failure the node's rate explains."""
         row = inc.entry_row()
+        # In place: one array of the entries at a time besides the result, not four.
+        s: FloatArray = self.rate[inc.node]
+        s *= self.use
         with np.errstate(divide="ignore", invalid="ignore"):
-            s = self.rate[inc.node] * self.use / self.row_rate[row]
-        return np.nan_to_num(s)
+            s /= self.row_rate[row]
+        return np.nan_to_num(s, copy=False)
 
 
 def row_weights(inc: Incidence, keep: FloatArray | None) -> FloatArray:
@@ -94,7 +109,7 @@ def row_weights(inc: Incidence, keep: FloatArray | None) -> FloatArray:
 
 
 def _design(inc: Incidence, keep: FloatArray | None
-            ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+            ) -> tuple[IndexArray, BoolArray, FloatArray, FloatArray]:
     """Per entry its row and whether its rate counts; per row whether the background does,
     and how much of its failure counts."""
     row = inc.entry_row()
@@ -109,11 +124,12 @@ def _design(inc: Incidence, keep: FloatArray | None
         # node's other failures.
         active &= (weight > 0)[row]
     culprit = ((inc.flags & CULPRIT) > 0) & active
-    has_culprit = np.bincount(row, weights=culprit, minlength=inc.rows) > 0
-    use = (active & (culprit | ~has_culprit[row])).astype(np.float64)
+    # Counted by the entries' rows, not summed as weights (8 bytes an entry at once).
+    has_culprit = np.bincount(row[culprit], minlength=inc.rows) > 0
+    use = active & (culprit | ~has_culprit[row])
     # A failure the user decided that counts against none of its nodes is left out of the
     # fit: in the background of its job size, one user's failures would hide every node's.
-    live = (np.bincount(row, weights=active, minlength=inc.rows) > 0) | ~inc.gameable
+    live = (np.bincount(row[active], minlength=inc.rows) > 0) | ~inc.gameable
     bg = (~has_culprit & live).astype(np.float64)
     return row, use, bg, weight
 
@@ -126,8 +142,8 @@ class _Plain:
     nothing; every other run's are the same), so each refit of the scoring reads these
     rather than redoing them (a year of a fleet: 0.9 s a fit, five fits or more)."""
 
-    row: IntArray  # per entry
-    use: FloatArray
+    row: IndexArray  # per entry
+    use: BoolArray
     bg_use: FloatArray  # per row
     live: npt.NDArray[np.bool_]  # rows something can have failed
     distinct: Distinct  # of the live rows
@@ -140,17 +156,22 @@ def _plain(inc: Incidence) -> _Plain:
     got = _PLAIN.get(inc)
     if got is None:
         row, use, bg_use, _ = _design(inc, None)
-        counted = use > 0
-        live = (np.bincount(row[counted], minlength=inc.rows) > 0) | (bg_use > 0)
+        live = (np.bincount(row[use], minlength=inc.rows) > 0) | (bg_use > 0)
         for a in (use, bg_use, live):
             a.setflags(write=False)
         got = _PLAIN[inc] = _Plain(row, use, bg_use, live, distinct_rows(
-            inc.node[counted], row[counted], inc.rows, inc.size, bg_use, live))
+            inc.node[use], row[use], inc.rows, inc.size, bg_use, live))
     return got
 
 
+def release(inc: Incidence) -> None:
+    """Forget the incidence's `_Plain`: the caller fits it no more (the scoring, once its
+    rounds are done: the design's per-entry arrays were held through the lemons' evidence)."""
+    _PLAIN.pop(inc, None)
+
+
 def design(inc: Incidence, keep: FloatArray | None
-           ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+           ) -> tuple[IndexArray, BoolArray, FloatArray, FloatArray]:
     """`_design`, from the incidence's `_Plain`: the runs ``keep`` weighs nothing in count
     for nothing (with ``keep``, `_design` drops every entry of such a run and its
     background; every other run's entries count as without ``keep``)."""
@@ -159,7 +180,7 @@ def design(inc: Incidence, keep: FloatArray | None
     dead = weight <= 0
     if not dead.any():
         return p.row, p.use, p.bg_use, weight
-    use: FloatArray = np.where(dead[p.row], 0.0, p.use)
+    use: BoolArray = p.use & ~dead[p.row]
     bg: FloatArray = np.where(dead, 0.0, p.bg_use)
     return p.row, use, bg, weight
 
@@ -228,7 +249,7 @@ class _Em:
     of_run: IntArray  # per incidence row: its distinct row (-1: none, its hazard is 0)
 
     @classmethod
-    def of(cls, inc: Incidence, row: IntArray, use: FloatArray, bg_use: FloatArray,
+    def of(cls, inc: Incidence, row: IndexArray, use: BoolArray, bg_use: FloatArray,
            weight: FloatArray, fixed: tuple[int, float] | None, merged: bool = True) -> _Em:
         """``merged``: the runs' distinct hazards, from the incidence's `_Plain` (``use``,
         ``bg_use`` must be `design`'s); else every run its own row (`_design`'s)."""

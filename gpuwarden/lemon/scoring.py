@@ -23,13 +23,20 @@ from gpuwarden.accounting.aside import Aside
 from gpuwarden.accounting.attribution import Attribution, Exposure
 from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.gcpause import paused
-from gpuwarden.accounting.incidence import FloatArray, Incidence, IntArray
+from gpuwarden.accounting.incidence import (
+    FloatArray,
+    Incidence,
+    IndexArray,
+    IntArray,
+    index_dtype,
+)
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
 from gpuwarden.lemon.inference import (
     Fit,
     NodeTest,
     evidence,
     fit,
+    release,
     robust_test,
     source_entries,
 )
@@ -154,11 +161,14 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig(),
     entries = {n: order[bounds[index[n]]:bounds[index[n] + 1]] for n in nodes}
     testable = [n for n in nodes if exposure[n].jobs >= cfg.min_jobs]
     r = _rounds(inc, cfg, index, entries, testable)
+    release(inc)
     f, tests, q_values, flagged, null = r.fit, r.tests, r.q_values, r.flagged, r.null
     view = RowView.of(inc, f)
     rows_by_job = RowIndex(inc)
     out = []
-    at = np.frombuffer(blames.at, dtype=np.float64)[np.frombuffer(blames.run, dtype=np.int32)]
+    # Per run (not per blame: 8 million at a year) its time, and per blame its run.
+    at = np.frombuffer(blames.at, dtype=np.float64)
+    run = np.frombuffer(blames.run, dtype=np.int32)
     for n in nodes:
         lemon = n in flagged
         if lemons_only and not lemon:
@@ -167,7 +177,7 @@ def score(att: Attribution, cfg: ScoreConfig = ScoreConfig(),
         t = tests.get(n)
         # The node's blames by time (stable: in the order they were added at a tie).
         mine = per_node.get(n, _NONE)
-        mine = mine[np.argsort(at[mine], kind="stable")]
+        mine = mine[np.argsort(at[run[mine]], kind="stable")]
         shown = len(entries[n]) > 0
         out.append(NodeScore(
             node=n, jobs=exposure[n].jobs, hours=exposure[n].hours, failures=len(mine),
@@ -197,10 +207,10 @@ def _left_out(r: _Rounds, n: str, t: NodeTest | None, cfg: ScoreConfig) -> str:
 _NONE = np.zeros(0, dtype=np.int64)
 
 
-def _by_node(blames: Blames) -> dict[str, IntArray]:
-    """Per node blamed, the places of its blames (ascending)."""
-    codes = blames.node_codes()
-    order = np.argsort(codes, kind="stable")
+def _by_node(blames: Blames) -> dict[str, IndexArray]:
+    """Per node blamed, the places of its blames (ascending; `index_dtype`)."""
+    codes = np.frombuffer(blames.node, dtype=np.int32) if len(blames) else _NONE
+    order = np.argsort(codes, kind="stable").astype(index_dtype(len(codes)))
     bounds = np.searchsorted(codes[order], np.arange(len(blames.names) + 1))
     return {n: order[bounds[k]:bounds[k + 1]] for k, n in enumerate(blames.names)
             if bounds[k + 1] > bounds[k]}

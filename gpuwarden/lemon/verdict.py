@@ -82,8 +82,8 @@ class Bar:
 def named_counts(inc: Incidence, f: Fit) -> FloatArray:
     """Per node: the failures events name it alone in (no user decides those)."""
     row = inc.entry_row()
-    per_row = np.bincount(row, weights=f.use, minlength=inc.rows)
-    sole = (f.use > 0) & ((inc.flags & CULPRIT) > 0) & (per_row[row] == 1)
+    per_row = np.bincount(row[f.use], minlength=inc.rows)  # counted entries per row
+    sole = f.use & ((inc.flags & CULPRIT) > 0) & (per_row[row] == 1)
     return np.bincount(inc.node[sole], minlength=len(inc.names)).astype(np.float64)
 
 
