@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -85,16 +86,20 @@ def cold_ingest(store: str, files: list[str], events: str) -> dict[str, float]:
 def report(store: str, out: str) -> dict[str, float]:
     from gpuwarden.accounting.history import from_store, store_events  # noqa: PLC0415
     from gpuwarden.lemon.scoring import ScoreConfig  # noqa: PLC0415
-    from gpuwarden.report.build import Options, as_json, begin, scored  # noqa: PLC0415
+    from gpuwarden.report.build import Options, as_json_bytes, begin, scored  # noqa: PLC0415
     from gpuwarden.report.collect import Blamable, RunTally  # noqa: PLC0415
+    from gpuwarden.report.output import write_all  # noqa: PLC0415
     from gpuwarden.report.render import page  # noqa: PLC0415
     t0, c0 = time.perf_counter(), _cpu()
     hist = from_store(store, collector=RunTally.factory(None, Blamable.of(store_events(store))))
     draft = begin(hist, Options(f"the store {store}"))
-    rep, data, html = page(draft, lambda: scored(draft, hist, ScoreConfig()))  # as the command
-    Path(out).write_text(html, encoding="utf-8")
-    Path(out).with_suffix(".json").write_text(as_json(rep, data), encoding="utf-8")
-    return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "records": hist.records,
+    # As the command does: the history let go before the JSON is made as it is written.
+    rep, data, html = page(draft, partial(scored, draft, hist, ScoreConfig()))
+    records = hist.records
+    del hist, draft
+    write_all([(str(Path(out).with_suffix(".json")), lambda: (as_json_bytes(rep, data),)),
+               (out, html)])
+    return {"s": time.perf_counter() - t0, "cpu": _cpu() - c0, "records": records,
             "rss": _rss()}
 
 

@@ -240,7 +240,12 @@ def as_dict(r: Report) -> dict[str, Any]:
 
 def as_json(r: Report, data: dict[str, Any] | None = None) -> str:
     """``data``: as `render`'s. Written by msgspec (indent 1): json.dumps took 6 s at a year."""
+    return as_json_bytes(r, data).decode("utf-8")
+
+
+def as_json_bytes(r: Report, data: dict[str, Any] | None = None) -> bytes:
+    """`as_json` in UTF-8, without the text copy (a year's JSON is 0.3 GB)."""
     doc = as_dict(r) if data is None else data
     if msgspec is None:
-        return json.dumps(doc, indent=1, ensure_ascii=False)
-    return msgspec.json.format(msgspec.json.encode(doc), indent=1).decode("utf-8")
+        return json.dumps(doc, indent=1, ensure_ascii=False).encode("utf-8")
+    return msgspec.json.format(msgspec.json.encode(doc), indent=1)

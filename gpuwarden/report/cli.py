@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from gpuwarden.core.errors import ConfigError, GpuwardenError
 from gpuwarden.core.extras import Needs
 from gpuwarden.core.safefs import Refused
 from gpuwarden.health.gatingstate import of_node
-from gpuwarden.report.output import OutputError, check_distinct, write_all
+from gpuwarden.report.output import Content, OutputError, check_distinct, write_all
 from gpuwarden.slurm.models import NodeEvent
 from gpuwarden.slurm.topology import parse as parse_topology
 
@@ -41,7 +42,7 @@ with Needs("lemon") as LEMON:
         GATING,
         Gating,
         Options,
-        as_json,
+        as_json_bytes,
         begin,
         gating_of,
         scored,
@@ -347,12 +348,15 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
                   else _gating(obj), restores=_restores(read, hist), uid_of=_uid)
     score_cfg = ScoreConfig(fdr=lc.fdr, min_failures=lc.min_failures, min_jobs=lc.min_jobs,
                             min_ratio=lc.min_ratio)
-    # Both rendered before either is written; the JSON lands first. ``data``: the page's and
-    # the JSON's (a deep copy of the report: made once).
-    rep, data, html = page(draft, lambda: scored(draft, hist, score_cfg))
-    files = [(output, html)]
+    # ``data``: the page's and the JSON's (a deep copy of the report: made once). Both files
+    # are written before either is renamed into place, the JSON first; the JSON is made as
+    # it is written, once the history (the attribution: GBs at a year) is let go.
+    rep, data, html = page(draft, partial(scored, draft, hist, score_cfg))
+    records = hist.records
+    del hist, draft, tally
+    files: list[tuple[str, Content]] = [(output, html)]
     if json_out:
-        files.insert(0, (json_out, as_json(rep, data) + "\n"))
+        files.insert(0, (json_out, lambda: (as_json_bytes(rep, data), b"\n")))
     try:
         write_all(files)
     except OutputError as exc:
@@ -360,4 +364,4 @@ def report(obj: Context, since: str | None, from_files: tuple[str, ...], events_
     for w in rep.warnings:
         log.warning("%s", w)
     click.echo(f"wrote {output}" + (f" and {json_out}" if json_out else "")
-               + f" ({hist.records} job records)")
+               + f" ({records} job records)")

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from gpuwarden.core.errors import GpuwardenError
 
 MODE = 0o644  # a report is for reading
+# A file's text, or what makes its bytes when it is written (a year's JSON is 0.3 GB: made
+# then, and let go before the next file, rather than held beside the page).
+Content = str | Callable[[], Iterable[bytes]]
 
 
 class OutputError(GpuwardenError):
@@ -41,13 +44,14 @@ def check_distinct(paths: Sequence[str]) -> None:
                                   "JSON different names")
 
 
-def _temp(path: str, text: str) -> str:
+def _temp(path: str, content: Content) -> str:
     where = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=where)
     try:
         os.fchmod(fd, MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in [content.encode("utf-8")] if isinstance(content, str) else content():
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -56,16 +60,17 @@ def _temp(path: str, text: str) -> str:
     return tmp
 
 
-def write_all(files: Sequence[tuple[str, str]]) -> None:
-    """(path, text) pairs, renamed into place in the order given once every one is written."""
+def write_all(files: Sequence[tuple[str, Content]]) -> None:
+    """(path, content) pairs, renamed into place in the order given once every one is
+    written (a content that makes its bytes is made as its file is written)."""
     check_distinct([p for p, _ in files])
     done: list[tuple[str, str]] = []
     try:
-        for path, text in files:
+        for path, content in files:
             if os.path.isdir(path) and not os.path.islink(path):
                 raise OutputError(f"{path}: is a directory")
             try:
-                done.append((_temp(path, text), path))
+                done.append((_temp(path, content), path))
             except OSError as exc:
                 raise OutputError(f"{path}: cannot write ({exc.strerror})") from None
         for tmp, path in done:
