@@ -59,16 +59,24 @@ def _names(text: str) -> tuple[str, ...]:
 class _List:
     """What judging a failed run reads of its node list, worked out once per list."""
 
-    __slots__ = ("blamed", "ixs", "names", "scope", "size", "with_events")
+    __slots__ = ("_scope", "blamed", "ixs", "names", "size", "with_events")
 
     def __init__(self, text: str, failures: Mapping[str, list[HealthDrain]]) -> None:
         self.names = _names(text)
         self.size = size_bucket(len(self.names))
-        self.scope = frozenset(self.names)
+        self._scope: frozenset[str] | None = None
         # In the list's order: `_claims` looks at each node's events in that order.
         self.with_events = tuple(n for n in self.names if n in failures)
         self.ixs: list[int] | None = None  # the names' incidence numbers, once one failed
         self.blamed: list[int] | None = None  # their numbers in the blames (`Blames`)
+
+    @property
+    def scope(self) -> frozenset[str]:
+        """The names as a set, made for the few runs that name a node (a year's lists as
+        sets held about 50 MB at the read's peak)."""
+        if self._scope is None:
+            self._scope = frozenset(self.names)
+        return self._scope
 
 
 # A plain blamed run as `Judge.flush` writes it: (job id, end, hours, size, incidence numbers,

@@ -6,6 +6,7 @@ name, or one bracket of ranges with a plain head and tail): what lets a tally ad
 from __future__ import annotations
 
 import re
+import sys
 from functools import lru_cache
 
 from gpuwarden.slurm.hostlist import _MAX_EXPAND
@@ -55,13 +56,15 @@ def name(key: Key, i: int) -> str:
 
 def names(rs: tuple[Range, ...]) -> tuple[str, ...]:
     """Every name of ``rs``, in order: `name` for each, by one format per range (a head and
-    tail never hold a brace: `_BRACKETED`)."""
+    tail never hold a brace: `_BRACKETED`). Interned: the lists of a fleet's runs name the
+    same few thousand nodes over and over (a year's 58k failed lists, 0.8M names)."""
     out: list[str] = []
     for (head, width, tail), lo, hi in rs:
         if width < 0:
-            out.append(head)
+            out.append(sys.intern(head))
         else:
-            out.extend(map(f"{head}{{:0{width}d}}{tail}".format, range(lo, hi + 1)))
+            out.extend(map(sys.intern,
+                           map(f"{head}{{:0{width}d}}{tail}".format, range(lo, hi + 1))))
     return tuple(out)
 
 
