@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.accounting.history import from_store
-from gpuwarden.accounting.store import schema
+from gpuwarden.accounting.store import scan, schema
 from gpuwarden.accounting.store.ingest import ingest
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
@@ -98,12 +98,16 @@ def test_failed_runs_are_made_into_records_a_batch_at_a_time(tmp_path: Path,
 @given(st.lists(run_st, min_size=1, max_size=40),
        st.lists(event_st, max_size=8, unique_by=lambda e: (e[0], e[1], e[2])),
        st.booleans())
-def test_any_batch_size_gives_the_same_report_and_tallies(
+def test_any_batch_or_piece_size_gives_the_same_report_and_tallies(
         tmp_path_factory: pytest.TempPathFactory, runs: list[tuple[Any, ...]],
         raw: list[tuple[str, int, str]], with_events: bool) -> None:
     store = _store(tmp_path_factory.mktemp("b"), runs, raw)
     blamable = Blamable.of(_events(raw)) if with_events else None
     figures, tally = _read(store, blamable)
     got, small, _ = _batched(store, blamable)
+    assert got == figures
+    _same_tallies(small, tally)
+    with mock.patch.object(scan, "SLICE", 1):  # each file of the store a piece of its own
+        got, small = _read(store, blamable)
     assert got == figures
     _same_tallies(small, tally)

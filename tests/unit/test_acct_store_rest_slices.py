@@ -11,13 +11,11 @@ from unittest import mock
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from gpuwarden.accounting.store import scan
 from gpuwarden.report.collect import Blamable
 from tests.unit.test_acct_store_batches import FAILED, _read, _same_tallies, _store
-from tests.unit.test_acct_store_golden import DAY, T0, _events, event_st, run_st
+from tests.unit.test_acct_store_golden import DAY, T0, _events
 
 SMALL = 3
 # Failed runs over three days: three files of the store. Each day, a one-node FAILED run
@@ -74,21 +72,5 @@ def test_a_read_since_gives_the_same_figures_in_pieces(tmp_path: Path, since: in
     blamable = Blamable.of(_events(RAW))
     figures, tally = _read(store, blamable, since)
     got, small, _ = _sliced(store, blamable, since)
-    assert got == figures
-    _same_tallies(small, tally)
-
-
-@settings(max_examples=15, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(st.lists(run_st, min_size=1, max_size=40),
-       st.lists(event_st, max_size=8, unique_by=lambda e: (e[0], e[1], e[2])),
-       st.booleans())
-def test_any_slice_gives_the_same_report_and_tallies(
-        tmp_path_factory: pytest.TempPathFactory, runs: list[tuple[Any, ...]],
-        raw: list[tuple[str, int, str]], with_events: bool) -> None:
-    store = _store(tmp_path_factory.mktemp("s"), runs, raw)
-    blamable = Blamable.of(_events(raw)) if with_events else None
-    figures, tally = _read(store, blamable)
-    got, small, _ = _sliced(store, blamable, size=1)
     assert got == figures
     _same_tallies(small, tally)
