@@ -69,8 +69,9 @@ def page(draft: Report, finish: Callable[[], Report]) -> tuple[Report, dict[str,
     drawn = Aside(partial(_drawn, draft))
     try:
         r = finish()
+        data = as_dict(r)
+        svgs = drawn.result()
     except BaseException:
         drawn.cancel()
         raise
-    data = as_dict(r)
-    return r, data, render(r, data, drawn.result())
+    return r, data, render(r, data, svgs)

@@ -32,7 +32,7 @@ def merged(old: Iterable[NodeEvent], new: Iterable[NodeEvent]) -> list[NodeEvent
 def read(path: str | Path) -> list[NodeEvent]:
     """The events file ``path`` (vetted: `storedir.vetted`)."""
     try:
-        df = pl.read_parquet(path)
+        df = pl.read_parquet(path, glob=False)
         wrong = [n for n in NAMES if df.schema.get(n) != pl.String]
         if wrong:
             raise StoreError(f"{path}: the node events file cannot be read (column "

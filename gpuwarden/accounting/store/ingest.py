@@ -160,7 +160,7 @@ def _restrict(store: Dir, e: Export, window: Window) -> Export:
     start): its rows past the new end dropped, its files rewritten."""
     if not e.files:
         return replace(e, lo=window[0], hi=window[1])
-    df = in_window(pl.read_parquet(storedir.vetted(store, e.files)), window)
+    df = in_window(pl.read_parquet(storedir.vetted(store, e.files), glob=False), window)
     written = files.write_days(store, key_of(e.path), df)
     log.warning("%s: its window now ends at the next export's start: %d of its %d rows "
                 "dropped", e.path, e.rows - df.height, e.rows)

@@ -66,7 +66,7 @@ def scan(paths: list[str]) -> pl.LazyFrame:
     """The rollup files ``paths`` (vetted) as one frame."""
     if not paths:
         return SCHEMA.to_frame().lazy()
-    return pl.scan_parquet(paths, schema=SCHEMA, hive_partitioning=False)
+    return pl.scan_parquet(paths, schema=SCHEMA, hive_partitioning=False, glob=False)
 
 
 PER_READ = 30  # rollup files summed at once (`summed`): a month of days

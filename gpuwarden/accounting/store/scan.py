@@ -119,7 +119,9 @@ def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
     order (``since``: only runs that ended at or after it)."""
     if not paths:
         return schema.SCHEMA.to_frame().lazy().with_row_index("rid")
-    lf = pl.scan_parquet(list(paths), schema=schema.SCHEMA, hive_partitioning=False)
+    # glob False: a store under a name with [ * ? is that name, not a pattern (that matched
+    # nothing, and read as an empty store, or another directory).
+    lf = pl.scan_parquet(list(paths), schema=schema.SCHEMA, hive_partitioning=False, glob=False)
     lf = lf.with_row_index("rid")
     if since is not None:
         lf = lf.filter(pl.col("end_time") >= since)
@@ -169,11 +171,13 @@ def pieces(paths: Sequence[str], since: float | None = None) -> list[pl.LazyFram
     held = 0
 
     def piece() -> pl.LazyFrame:
-        lf = pl.scan_parquet(list(group), schema=schema.SCHEMA, hive_partitioning=False)
+        lf = pl.scan_parquet(list(group), schema=schema.SCHEMA, hive_partitioning=False,
+                             glob=False)
         lf = lf.with_row_index("rid", offset=at)
         return lf if since is None else lf.filter(pl.col("end_time") >= since)
     for path in paths:
-        n = int(pl.scan_parquet(path, schema=schema.SCHEMA, hive_partitioning=False)
+        n = int(pl.scan_parquet(path, schema=schema.SCHEMA, hive_partitioning=False,
+                                glob=False)
                 .select(pl.len()).collect().item())  # the file's metadata only
         if group and held + n > SLICE:
             out.append(piece())

@@ -27,7 +27,7 @@ def upgraded(store: Dir, m: Manifest) -> Manifest:
     rels = m.files
     for rel, path in zip(rels, storedir.vetted(store, rels), strict=True):
         try:
-            runs = pl.read_parquet(path)
+            runs = pl.read_parquet(path, glob=False)
         except (pl.exceptions.PolarsError, OSError) as exc:
             raise StoreError(f"{path}: cannot be read to upgrade the store ({exc}); ingest "
                              "the exports again into a new store") from None
