@@ -96,12 +96,13 @@ def at_step_10(h: Harness, job: int, env: dict[str, str], ranks: int) -> None:
 
 
 def start(h: Harness, world: int, nodes_: int, script: str,
-          extra: dict[str, str] | None = None, steps: int = 60) -> tuple[dict[str, str], list[str], int]:
+          extra: dict[str, str] | None = None, steps: int = 60,
+          every: int = 5) -> tuple[dict[str, str], list[str], int]:
     """A training job of ``world`` ranks on ``nodes_`` nodes with the jobs' S3 credentials, as a
     user submits it: (the cluster's S3 settings, an uninterrupted run's checksums, job id)."""
     env = s3_env(h)
     creds = {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    args = ["--steps", str(steps), "--every", "5", "--mb", "4", "--step-s", "1"]
+    args = ["--steps", str(steps), "--every", str(every), "--mb", "4", "--step-s", "1"]
     expected = h.train_reference(world, args)
     job = h.sbatch(f"-N{nodes_}", "--gpus-per-node=8", name="train", script=[script, *args],
                    env={**creds, **(extra or {})})
@@ -119,8 +120,12 @@ def test_a_lost_node_is_replaced_by_a_spare_without_a_shared_filesystem(
         objstore_cluster: Harness) -> None:
     h = objstore_cluster
     no_fsx(h)
+    # A save every 10 steps (10 s): the survivors train on until the launcher stops them, and
+    # node memory keeps a rank's newest `keep` (2) steps. Two more saves before they stop (over
+    # 10 s with a save every 5, seen in CI with eight clusters on two cores) drop the step the
+    # lost rank's replica holds, and they restore it from S3: correct, not memory speed.
     env, expected, job = start(h, 3, 4, SPARES_SBATCH,
-                               {"SPARES": "1", "LAUNCH_OPTS": "--deadline-s 5"})
+                               {"SPARES": "1", "LAUNCH_OPTS": "--deadline-s 5"}, every=10)
     at_step_10(h, job, env, 3)
     allocated = hostnames(h, h.job_fields(job)["NodeList"])
     # Not the first node: the batch script and the launcher run there (the requeue's case).
