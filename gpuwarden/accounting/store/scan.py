@@ -114,15 +114,16 @@ def rolled(files: Sequence[str], rollups: Sequence[str],
 _DAY = re.compile(r"/day=(\d{4}-\d{2}-\d{2})/[^/]+$")
 
 
-def rows(paths: Sequence[str], since: float | None = None) -> pl.LazyFrame:
+def rows(paths: Sequence[str], since: float | None = None, first: int = 0) -> pl.LazyFrame:
     """Every row of the store files ``paths`` (`snapshot.Snapshot.files`: vetted), in ingest
-    order (``since``: only runs that ended at or after it)."""
+    order (``since``: only runs that ended at or after it; ``first``: the first row's
+    ``rid``, for a piece of the files, `pieces`)."""
     if not paths:
-        return schema.SCHEMA.to_frame().lazy().with_row_index("rid")
+        return schema.SCHEMA.to_frame().lazy().with_row_index("rid", offset=first)
     # glob False: a store under a name with [ * ? is that name, not a pattern (that matched
     # nothing, and read as an empty store, or another directory).
     lf = pl.scan_parquet(list(paths), schema=schema.SCHEMA, hive_partitioning=False, glob=False)
-    lf = lf.with_row_index("rid")
+    lf = lf.with_row_index("rid", offset=first)
     if since is not None:
         lf = lf.filter(pl.col("end_time") >= since)
     return lf
@@ -169,23 +170,17 @@ def pieces(paths: Sequence[str], since: float | None = None) -> list[pl.LazyFram
     at = 0
     group: list[str] = []
     held = 0
-
-    def piece() -> pl.LazyFrame:
-        lf = pl.scan_parquet(list(group), schema=schema.SCHEMA, hive_partitioning=False,
-                             glob=False)
-        lf = lf.with_row_index("rid", offset=at)
-        return lf if since is None else lf.filter(pl.col("end_time") >= since)
     for path in paths:
         n = int(pl.scan_parquet(path, schema=schema.SCHEMA, hive_partitioning=False,
                                 glob=False)
                 .select(pl.len()).collect().item())  # the file's metadata only
         if group and held + n > SLICE:
-            out.append(piece())
+            out.append(rows(group, since, at))
             at += held
             group, held = [], 0
         group.append(path)
         held += n
-    out.append(piece())
+    out.append(rows(group, since, at))
     return out
 
 
@@ -210,9 +205,14 @@ def _rest(parts: Sequence[pl.LazyFrame], odd: pl.Series,
     for part in parts:
         some = part.filter(maybe).select("rid", *schema.READ).collect(engine="streaming")
         out = _drained(some.lazy(), drains, grace_s)
-        rests.append(some.filter(~(_plain(out) & ~nodes.is_in(odd.implode()))))
+        rests.append(some.filter(~_kept(out, odd)))
         drained.append(out)
     return pl.concat(rests).sort("rid"), pl.concat(drained)
+
+
+def _kept(drained: pl.Series, odd: pl.Series) -> pl.Expr:
+    """The plain runs (`_plain`) whose node list is not one of ``odd``: tallied on columns."""
+    return _plain(drained) & ~pl.col("nodes").is_in(odd.implode())
 
 
 def _plain(drained: pl.Series) -> pl.Expr:
@@ -303,7 +303,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
               ).collect(engine="streaming")
     odd, by_list, rs = _lists(groups, clears)
     rest, drained = _rest(parts or [lf], odd, drains, grace_s)
-    keep = _plain(drained) & ~nodes.is_in(odd.implode())
+    keep = _kept(drained, odd)
     groups = groups.filter(~nodes.is_in(odd.implode()))
     by_count = by_list.height == 0 or bool(by_list.select(
         ((pl.col("nn_lo") == pl.col("n")) & (pl.col("nn_hi") == pl.col("n"))).all()).item())
