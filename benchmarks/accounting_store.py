@@ -5,7 +5,10 @@ printed beside its goal.
         [--days 30] [--year-records 120000000 | --no-year] [--workdir DIR]
 
 - floor: the exports read and parsed as JSON, nothing kept (msgspec into an empty struct, as
-  many worker processes as the ingest uses): no reader of these files can be faster;
+  many worker processes as the ingest uses): no reader of these files can be faster. Every
+  export is read once before it (`_warm`), so that the floor and the ingest both read from the
+  page cache: on a first run the floor read them from disk, and the ingest came out at 1.48x
+  of it, against 3.02x with both warm;
 - cold ingest of every day but the last into a new store: / floor (goal <= 1.5x), peak RSS of
   any one process (goal <= 1 GiB);
 - from the store: the report (HTML and JSON, every figure), the lemon scan, fleet mttf: seconds
@@ -64,6 +67,15 @@ def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _warm(files: list[str]) -> None:
+    """Each file read through once (into the page cache), nothing kept."""
+    buf = bytearray(1 << 24)
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
 
 
 def floor(files: list[str]) -> dict[str, float]:
@@ -221,6 +233,7 @@ def main() -> int:
     size = sum(Path(f).stat().st_size for f in files[:-1]) / 1e9
     print(f"history: {args.records:,} records, {args.nodes} nodes, {len(files)} daily exports "
           f"({size:.1f} GB before the last day)", flush=True)
+    _warm(files)
     low = in_child(floor, files[:-1])
     cold = in_child(cold_ingest, str(store), files[:-1], events)
     ratio = cold["s"] / low["s"]
