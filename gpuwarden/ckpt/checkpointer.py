@@ -17,6 +17,12 @@ the oldest of the ranks' newest durable steps on is kept (the coordinator knows 
 after each commit (a new step is written before an old one goes: keep+1 steps exist while a
 save is in flight) and once more at `close`, with the ranks' floor read afresh, so a finished
 job holds `keep` steps per rank unless another rank still needs an older one.
+
+Tier 0 keeps its newest `keep` steps and one more: the oldest of the steps the ranks publish as
+held in node memory (and on their replicas), which is the step a restart after a node's loss
+takes at memory speed (ranks save without a barrier, and the survivors train on until they are
+stopped). Only that step, not every step from it on: a lost rank never publishes again, and
+must not make the others hoard memory. A coordinator out of reach keeps the newest `keep`.
 """
 
 from __future__ import annotations
@@ -137,6 +143,8 @@ class Checkpointer:
         # Its own thread, not the writer's, so that a durable tier retried for minutes never
         # leaves node memory to fill up.
         self._prune_due = False
+        # The step last published as this rank's in node memory (`_publish_tier0`).
+        self._published0: int | None = None
         self._janitor = threading.Thread(target=self._prune_tier0, name="gpuwarden-ckpt-prune",
                                          daemon=True)
         self._janitor.start()
@@ -234,8 +242,13 @@ class Checkpointer:
         alive = any(lane.thread is not None and lane.thread.is_alive() for lane in self._lanes)
         if not (alive or self._janitor.is_alive()):
             # The pruner may have stopped while the writer still held a step back.
-            self._retain(self.tier0, protect=set(), floor=None)
+            self.prune_tier0()
             self.prune_durable()
+
+    def prune_tier0(self) -> None:
+        """Tier 0's retention with the ranks' floor read afresh (the last pass: `close`, and
+        `finish` once every rank is done). Call it only with the writers stopped."""
+        self._retain_tier0(fresh=True)
 
     def prune_durable(self) -> None:
         """Retention on every durable tier with the ranks' floor read afresh: the last pass,
@@ -276,7 +289,64 @@ class Checkpointer:
                 if not self._prune_due:
                     return
                 self._prune_due = False
-            self._retain(self.tier0, protect=self._held_for_writer(), floor=None)
+            self._retain_tier0()
+
+    def _retain_tier0(self, fresh: bool = False) -> None:
+        """All but the newest ``keep`` steps go from tier 0, except the writer's and the ranks'
+        floor for tier 0 (`_tier0_floor`): at most keep + 1 steps beyond the writer's. A
+        failure is logged and retried after the next save (the writer never waits on it)."""
+        try:
+            self._publish_tier0()
+            doomed = to_delete(self.tier0, self.keep, self._held_for_writer())[0]
+            floor = self._tier0_floor(doomed, fresh) if doomed else None
+            for s in doomed:
+                # Tier 0's list may be older than the writer's latest step: ask again.
+                if s == floor or s in self._held_for_writer():
+                    continue
+                self.tier0.delete(s)
+        except Exception as exc:
+            log.warning("retention on %s failed (%s); retrying after the next save",
+                        self.tier0.name, exc)
+
+    def _publish_tier0(self) -> None:
+        """Publish (under tier 0's name, as durable steps are) the newest step this rank holds
+        in node memory and on every replica: what it restores at memory speed whether or not
+        its node is lost (a replica still being written when the node went is not held)."""
+        if self.world_size == 1:
+            return
+        held = set(self.tier0.steps())
+        with self._cv:
+            for t in self.replicas:
+                held &= self._done[t.name]
+        newest = max(held, default=None)
+        if newest is None or (self._published0 is not None and newest <= self._published0):
+            return
+        try:
+            self.coord.publish_durable(self.tier0.name, newest)
+        except OSError as exc:
+            log.warning("cannot publish step %d as held in %s: %s", newest, self.tier0.name,
+                        exc)
+            return
+        self._published0 = newest
+
+    def _tier0_floor(self, doomed: list[int], fresh: bool) -> int | None:
+        """The oldest of the ranks' published tier-0 steps: the step a restart after a node's
+        loss restores at memory speed, so tier 0 keeps it (None: not known, or no other rank).
+
+        A cached floor may be older than the ranks' floor now (floors rise), and the floor now
+        may be one of the ``doomed`` steps: unless every doomed step is older than the cached
+        floor, it is read afresh."""
+        if self.world_size == 1:
+            return None
+        try:
+            floor = self.coord.durable_floor(self.tier0.name, fresh=fresh)
+            if not fresh and floor is not None and any(s >= floor for s in doomed):
+                floor = self.coord.durable_floor(self.tier0.name, fresh=True)
+        except OSError as exc:
+            log.warning("cannot read the step every rank holds in %s (%s): keeping the newest "
+                        "%d there", self.tier0.name, exc, self.keep)
+            return None
+        return floor
 
     def _loaded(self, lane: _Lane) -> None:
         """The writer has its step in memory (or gave up on it): tier 0 may let it go."""
@@ -353,9 +423,13 @@ class Checkpointer:
     def _committed(self, tier: Any, step: int) -> None:
         with self._cv:
             self._done[tier.name].add(step)
+            if tier in self.replicas and all(step in self._done[t.name] for t in self.replicas):
+                self._prune_due = True  # a step to publish as held in memory (`_publish_tier0`)
             self._cv.notify_all()
         if tier not in self.durable:
-            return  # replicas keep their own few steps
+            # Replicas keep their own few steps (`peer.PeerServer`): a lost rank pushes no
+            # more, so the replica its restart takes stays there without a floor.
+            return
         try:
             self.coord.publish_durable(tier.name, step)
         except OSError as exc:
@@ -370,16 +444,13 @@ class Checkpointer:
             return None
 
     def _retain(self, tier: Any, protect: set[int], floor: int | None) -> None:
-        """Delete all but the newest ``keep`` steps, except protected ones and, on durable
-        tiers, any step from ``floor`` on (None there: floor unknown, delete nothing). A
-        failure is logged and retried at the next step: it must never stop the writer."""
-        if tier in self.durable and floor is None:
+        """Delete all but the newest ``keep`` steps of a durable tier, except protected ones
+        and any step from ``floor`` on (None: floor unknown, delete nothing). A failure is
+        logged and retried at the next step: it must never stop the writer."""
+        if floor is None:
             return
         try:
             for s in to_delete(tier, self.keep, protect, floor)[0]:
-                # Tier 0's list may be older than the writer's latest step: ask again.
-                if tier is self.tier0 and s in self._held_for_writer():
-                    continue
                 tier.delete(s)
         except Exception as exc:
             log.warning("retention on %s failed (%s); retrying after the next save",
@@ -389,8 +460,8 @@ class Checkpointer:
         """After a restore of ``step`` (None: a fresh start): delete this rank's steps newer
         than it on every tier it writes, so that a step of an abandoned run (saved before a
         requeue, never held by every rank) cannot be taken for this run's step of the same
-        number, and publish what is durable now (stale values from the abandoned run would
-        move retention's floor).
+        number, and publish what is durable now, and what node memory holds (stale values
+        from the abandoned run would move retention's floors).
 
         Only steps that read as this job's and rank's go: a copy restore refused, or whose
         manifest is refused now, is left in place and logged (`retention`); another user's
@@ -405,8 +476,11 @@ class Checkpointer:
                 if newer:
                     log.info("%s: dropped steps %s of an earlier run, newer than step %s",
                              tier.name, newer, step)
+                held = step if step is not None and step in steps else -1
                 if tier in self.durable:
-                    self.coord.publish_durable(
-                        tier.name, step if step is not None and step in steps else -1)
+                    self.coord.publish_durable(tier.name, held)
+                elif self.world_size > 1:  # tier 0: what it holds now, not the earlier run's
+                    self.coord.publish_durable(tier.name, held)
+                    self._published0 = held
             except Exception as exc:
                 log.warning("%s: cannot drop newer steps of an earlier run: %s", tier.name, exc)

@@ -5,7 +5,8 @@ Three uses: the ranks' peer addresses at start, agreement on the step to restore
 step every rank holds: one rank restoring a newer step than the others would silently diverge),
 and each rank's newest durable step, so that retention never deletes a step some other rank
 still needs (a rank that died at step 10 needs step 10 from every rank on restart, however far
-the survivors got before Slurm stopped them).
+the survivors got before Slurm stopped them). Node memory's steps are published the same way,
+under tier 0's name: the survivors keep that one step in memory.
 
 Every file is written to a temp name and renamed, so a reader sees a whole value or none; every
 value read is checked, and a rank that does not report in time is an error naming it.

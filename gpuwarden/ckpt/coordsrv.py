@@ -5,7 +5,8 @@ wrapper, listening on a port the kernel picks (``bind(0)``: nothing to squat); t
 ``host:port`` from their environment and reach it with `coordnet.NetCoordinator`. It holds, in
 memory, what `coord.FileCoordinator` keeps in ``<shared>/job-N/coord``: the rounds of
 ``exchange`` (every rank's value, answered to all when the last arrives), first-wins
-proposals, and each rank's newest durable step per tier (retention's floor).
+proposals, and each rank's newest durable step per tier (retention's floor; node memory's
+step too, under tier 0's name).
 
 Authentication is the peer channel's (`peerauth`) under the coordinator's own magic and labels:
 the job's key, nonces from both sides, the server proves the key before anyone waits on it.

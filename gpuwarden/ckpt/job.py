@@ -437,9 +437,9 @@ class JobCheckpointer:
             self._recording.join(RECORD_S)
         if self.env.world_size > 1:
             # Every rank done writing: the peer server has served the partners' last pushes,
-            # and every rank's last durable step is published, so the last retention pass
-            # leaves exactly `keep` steps (a rank closing first kept what the others still
-            # needed then).
+            # and every rank's last durable (and node memory's) step is published, so the
+            # last retention pass leaves exactly `keep` steps (a rank closing first kept what
+            # the others still needed then).
             env = self.env
             try:
                 self.coord.exchange(f"finish-{env.run}", env.rank,
@@ -447,6 +447,7 @@ class JobCheckpointer:
             except CoordError as exc:
                 log.warning("rank %d: not every rank finished: %s", env.rank, exc)
             else:
+                self.ck.prune_tier0()
                 self.ck.prune_durable()
             if self.server is not None:
                 self.server.stop()

@@ -154,14 +154,13 @@ def test_tier0_retention_never_deletes_the_step_the_writer_is_copying(
     fsx.commit = commit  # type: ignore[method-assign]
     ck = Checkpointer("job-4", shm, [fsx], keep=1, sleep=lambda s: None)
     retained = threading.Semaphore(0)
-    real_retain = ck._retain
+    real_retain = ck._retain_tier0
 
-    def retain(tier: Any, protect: set[int], floor: int | None) -> None:
-        real_retain(tier, protect, floor)
-        if tier is shm:
-            retained.release()
+    def retain(fresh: bool = False) -> None:
+        real_retain(fresh)
+        retained.release()
 
-    ck._retain = retain  # type: ignore[method-assign]
+    ck._retain_tier0 = retain  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING):
         ck.save(1, state(1))
         assert entered.wait(30) and retained.acquire(timeout=30)
