@@ -1,7 +1,8 @@
-"""The year report's peak memory (issue 36): the store read writes its plain blamed runs a
-batch at a time rather than holding them all to its end, a Blame has no __dict__ (the report's
-cards hold one per blamed run), and a fit's log-likelihood makes no per-entry array; every
-result is the one the old way gives."""
+"""The year report's peak memory and time (issue 36): the store read writes its plain blamed
+runs a batch at a time rather than holding them all to its end, a Blame has no __dict__ (the
+report's cards hold one per blamed run), a fit's log-likelihood makes no per-entry array, the
+entries and blames are grouped by node with a radix sort, and the store's records are made
+without the frozen dataclass's __init__; every result is the one the old way gives."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import polars as pl
 from gpuwarden.accounting import counted
 from gpuwarden.accounting.attribution import Attribution
 from gpuwarden.accounting.blames import Blame, Blames
-from gpuwarden.accounting.incidence import IncidenceBuilder
+from gpuwarden.accounting.incidence import IncidenceBuilder, grouped
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.store import scan, schema
 from gpuwarden.lemon.inference import fit
@@ -115,3 +116,29 @@ def test_a_fits_loglik_makes_no_per_entry_array() -> None:
         tracemalloc.stop()
     assert got == want
     assert peak < 4 * len(inc.node)
+
+
+def test_grouping_by_node_is_the_stable_argsort() -> None:
+    """As uint16 up to 65,536 nodes (numpy's radix sort), as given beyond: the same order."""
+    rng = np.random.default_rng(7)
+    for n in (1, 3, 12_500, 1 << 16, (1 << 16) + 1, 100_000):
+        codes = rng.integers(0, n, 50_000).astype(np.int32)
+        codes[:100] = n - 1
+        got = grouped(codes, n)
+        assert got.dtype == np.int32
+        assert got.tolist() == np.argsort(codes, kind="stable").tolist()
+    assert grouped(np.zeros(0, dtype=np.int64), 0).tolist() == []
+
+
+def test_the_stores_records_are_the_dataclasss() -> None:
+    """Filled directly, each record equals (and hashes as) the one AcctJob(...) makes."""
+    jobs = [*_gang_failures(3), AcctJob(9, "n", "u", "COMPLETED", "None", "p", "n1", 1, 0,
+                                        None, 9, None, None, None, None)]
+    df = pl.DataFrame([tuple(getattr(j, n) for n in schema.NAMES) for j in jobs],
+                      schema=schema.SCHEMA, orient="row")
+    got = schema.jobs(df)
+    assert got == jobs and [hash(j) for j in got] == [hash(j) for j in jobs]
+    assert [repr(j) for j in got] == [repr(j) for j in jobs]
+    read = schema.jobs(df.select(*schema.READ))  # the unread columns as `schema.UNREAD`
+    assert [(j.name, j.state_reason, j.num_nodes, j.signal) for j in read] == \
+        [("", "", 0, None)] * len(jobs)
