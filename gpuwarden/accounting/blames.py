@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from typing import overload
@@ -25,7 +25,7 @@ import numpy.typing as npt
 from gpuwarden.accounting.incidence import NO_JOB
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # a year's report holds a million at once (`firsts`)
 class Blame:
     node: str
     weight: float
@@ -40,13 +40,28 @@ class Blame:
     gpus: int = 0  # the blamed run's GPU class (`gpu_class`); 0 without GPUs, or no run
 
 
+# Each slot's own setter: what the dataclass's __init__ reaches through object.__setattr__
+# (a frozen field), at 3x the cost.
+_SET = tuple(getattr(Blame, f).__set__ for f in Blame.__slots__)
+
+
 def _make(node: str, weight: float, job_id: int | None, at: float, reason: str, size: int,
-          pinned: bool, started: float | None, gpus: int) -> Blame:
-    """A Blame, its fields filled directly: the dataclass's __init__ sets each frozen field
-    through object.__setattr__, 3x the cost."""
-    b = object.__new__(Blame)
-    b.__dict__.update(node=node, weight=weight, job_id=job_id, at=at, reason=reason,
-                      size=size, pinned=pinned, started=started, gpus=gpus)
+          pinned: bool, started: float | None, gpus: int,
+          _new: Callable[[type[Blame]], Blame] = object.__new__,
+          _set: tuple[Callable[[Blame, object], None], ...] = _SET) -> Blame:
+    """A Blame, its slots filled directly (slots: 170 bytes a Blame with its floats, 390 with
+    a __dict__; the report's cards hold one per blamed run of a year, a million)."""
+    b = _new(Blame)
+    s0, s1, s2, s3, s4, s5, s6, s7, s8 = _set
+    s0(b, node)
+    s1(b, weight)
+    s2(b, job_id)
+    s3(b, at)
+    s4(b, reason)
+    s5(b, size)
+    s6(b, pinned)
+    s7(b, started)
+    s8(b, gpus)
     return b
 
 

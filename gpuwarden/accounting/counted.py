@@ -83,6 +83,9 @@ class _List:
 # user, script, gameable, blames' numbers, weight, reason, pinned, start, GPU class).
 _Plain = tuple[int, float, float, int, list[int], str, str, bool, list[int], float, str, bool,
                float, int]
+# Plain blamed runs held before they are written (`Judge.flush`): a year's million, held to the
+# end of the read as tuples, were half a GiB of the report's peak.
+FLUSH_AT = 65_536
 
 
 class Judge:
@@ -193,9 +196,12 @@ class Judge:
                 facts.ixs = result.incidence.node_numbers(all_nodes)
                 facts.blamed = result.blames.numbers(all_nodes)
             assert facts.blamed is not None
-            self._plain.append((job.job_id, float(end), hours, facts.size, facts.ixs, job.user,
-                                script, gameable, facts.blamed, 1.0 / len(targets), reason,
-                                pinned, float(start), gclass))
+            plain = self._plain
+            plain.append((job.job_id, float(end), hours, facts.size, facts.ixs, job.user,
+                          script, gameable, facts.blamed, 1.0 / len(targets), reason,
+                          pinned, float(start), gclass))
+            if len(plain) >= FLUSH_AT:
+                self.flush()
             return
         self.flush()
         result.incidence.add_failure(job.job_id, float(end), hours, facts.size, all_nodes,

@@ -53,6 +53,15 @@ def index_dtype(n: int) -> type[np.signedinteger[Any]]:
     return np.int32 if n <= _INT32_MAX else np.int64
 
 
+def grouped(codes: npt.NDArray[np.signedinteger[Any]], n: int) -> IndexArray:
+    """The places of ``codes`` (each in 0..n-1) by code, in order within each
+    (`index_dtype`): their stable argsort. Up to 65,536 codes (a fleet's nodes) sorted as
+    uint16, which numpy sorts by radix: tens of millions of entries took seconds of the year
+    report as int32."""
+    keys = codes.astype(np.uint16) if n <= 1 << 16 else codes
+    return np.argsort(keys, kind="stable").astype(index_dtype(len(codes)))
+
+
 def _ix(table: dict[str, int], key: str) -> int:
     i = table.get(key)
     if i is None:
@@ -291,7 +300,7 @@ class Incidence:
 
     @cached_property
     def _by_node(self) -> tuple[IndexArray, IntArray]:
-        order = np.argsort(self.node, kind="stable").astype(index_dtype(len(self.node)))
+        order = grouped(self.node, len(self.names))
         bounds = np.searchsorted(self.node[order], np.arange(len(self.names) + 1))
         order.setflags(write=False)
         bounds.setflags(write=False)

@@ -75,7 +75,7 @@ class Fit:
 
     def loglik(self, inc: Incidence) -> float:
         """The log-likelihood of the fit: what a profile likelihood ratio compares."""
-        counted = np.bincount(inc.entry_row(), weights=self.use, minlength=inc.rows) > 0
+        counted = _any_per_row(inc, self.use)
         if self.bg_use is not None:
             counted |= self.bg_use > 0
         w = np.ones(inc.rows) if self.weight is None else self.weight
@@ -93,6 +93,18 @@ class Fit:
         with np.errstate(divide="ignore", invalid="ignore"):
             s /= self.row_rate[row]
         return np.nan_to_num(s, copy=False)
+
+
+def _any_per_row(inc: Incidence, flag: BoolArray) -> BoolArray:
+    """Per row: whether any of its entries is ``flag``ged, reduced in place over each row's
+    entries (a count of them by `np.bincount` made the entries' rows and flags 16 bytes an
+    entry, the peak of a year's report in its profile refits)."""
+    out = np.zeros(inc.rows, dtype=np.bool_)
+    starts = inc.ptr[:-1]
+    full = inc.ptr[1:] > starts
+    if full.any():
+        out[full] = np.logical_or.reduceat(flag, starts[full])
+    return out
 
 
 def row_weights(inc: Incidence, keep: FloatArray | None) -> FloatArray:

@@ -28,7 +28,7 @@ from gpuwarden.accounting.incidence import (
     Incidence,
     IndexArray,
     IntArray,
-    index_dtype,
+    grouped,
 )
 from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, explain
 from gpuwarden.lemon.inference import (
@@ -210,7 +210,7 @@ _NONE = np.zeros(0, dtype=np.int64)
 def _by_node(blames: Blames) -> dict[str, IndexArray]:
     """Per node blamed, the places of its blames (ascending; `index_dtype`)."""
     codes = np.frombuffer(blames.node, dtype=np.int32) if len(blames) else _NONE
-    order = np.argsort(codes, kind="stable").astype(index_dtype(len(codes)))
+    order = grouped(codes, len(blames.names))
     bounds = np.searchsorted(codes[order], np.arange(len(blames.names) + 1))
     return {n: order[bounds[k]:bounds[k + 1]] for k, n in enumerate(blames.names)
             if bounds[k + 1] > bounds[k]}
