@@ -19,10 +19,15 @@ save is in flight) and once more at `close`, with the ranks' floor read afresh, 
 job holds `keep` steps per rank unless another rank still needs an older one.
 
 Tier 0 keeps its newest `keep` steps and one more: the oldest of the steps the ranks publish as
-held in node memory (and on their replicas), which is the step a restart after a node's loss
-takes at memory speed (ranks save without a barrier, and the survivors train on until they are
-stopped). Only that step, not every step from it on: a lost rank never publishes again, and
-must not make the others hoard memory. A coordinator out of reach keeps the newest `keep`.
+held in node memory and on their replicas (without replicas: their newest durable step), which
+is the step a restart after a node's loss takes, from memory if the survivors still hold it
+(ranks save without a barrier, and the survivors train on until they are stopped). Only that
+step, not every step from it on: a lost rank never publishes again, and must not make the
+others hoard memory. The publishing and the reading of that floor run on a thread of their
+own (`floor0`): the pruner never waits on the coordinator, and with the coordinator slow or
+away (no floor read within `floor0.FLOOR_WAIT_S`) tier 0 keeps its newest `keep` only. The
+guarantee holds while the ranks' published steps lag one another by fewer than `keep` saves:
+a step a rank deleted before it became the floor is restored from a slower tier.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from typing import Any
 from gpuwarden.ckpt import nested
 from gpuwarden.ckpt.codec import StateError, encode
 from gpuwarden.ckpt.coord import Coordinator, SoloCoordinator
+from gpuwarden.ckpt.floor0 import FLOOR_WAIT_S, MemoryFloor
 from gpuwarden.ckpt.fstier import FsTier, Staged
 from gpuwarden.ckpt.manifest import Manifest
 from gpuwarden.ckpt.names import check_step
@@ -113,12 +119,15 @@ class Checkpointer:
     def __init__(self, job: str, tier0: FsTier, durable: Sequence[Any], rank: int = 0,
                  world_size: int = 1, keep: int = 2,
                  sleep: Callable[[float], None] = time.sleep,
-                 replicas: Sequence[Any] = (), coord: Coordinator | None = None) -> None:
+                 replicas: Sequence[Any] = (), coord: Coordinator | None = None,
+                 floor_wait_s: float = FLOOR_WAIT_S) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1: a tier's newest step is never deleted")
         self.job, self.rank, self.world_size, self.keep = job, rank, world_size, keep
         self.tier0 = tier0
         self.replicas = list(replicas)
+        # A peer tier without a partner (none on another node) holds no replica.
+        self._replicating = any(getattr(t, "partners", None) != [] for t in self.replicas)
         self.durable = list(durable)
         self.coord: Coordinator = coord or SoloCoordinator()
         self._sleep = sleep
@@ -143,8 +152,9 @@ class Checkpointer:
         # Its own thread, not the writer's, so that a durable tier retried for minutes never
         # leaves node memory to fill up.
         self._prune_due = False
-        # The step last published as this rank's in node memory (`_publish_tier0`).
-        self._published0: int | None = None
+        # Node memory's floor, published and read off the pruner's thread (one rank: none).
+        self._floor0 = None if world_size == 1 else MemoryFloor(
+            self.coord, tier0.name, self._floor_read, wait_s=floor_wait_s)
         self._janitor = threading.Thread(target=self._prune_tier0, name="gpuwarden-ckpt-prune",
                                          daemon=True)
         self._janitor.start()
@@ -244,10 +254,13 @@ class Checkpointer:
             # The pruner may have stopped while the writer still held a step back.
             self.prune_tier0()
             self.prune_durable()
+        if self._floor0 is not None:
+            self._floor0.stop(left())
 
     def prune_tier0(self) -> None:
-        """Tier 0's retention with the ranks' floor read afresh (the last pass: `close`, and
-        `finish` once every rank is done). Call it only with the writers stopped."""
+        """Tier 0's retention with the ranks' floor read afresh, waiting for it at most
+        ``floor_wait_s`` (the last pass: `close`, and `finish` once every rank is done). Call
+        it only with the writers stopped."""
         self._retain_tier0(fresh=True)
 
     def prune_durable(self) -> None:
@@ -282,71 +295,69 @@ class Checkpointer:
             return held
 
     def _prune_tier0(self) -> None:
+        again: float | None = None  # seconds: a floor read awaited, look again by then
         while True:
             with self._cv:
+                deadline = None if again is None else time.monotonic() + again
                 while not self._prune_due and not self._closed:
-                    self._cv.wait()
-                if not self._prune_due:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._cv.wait(left)
+                if self._closed and not self._prune_due:
                     return
                 self._prune_due = False
-            self._retain_tier0()
+            again = self._retain_tier0()
 
-    def _retain_tier0(self, fresh: bool = False) -> None:
+    def _floor_read(self) -> None:
+        """The floor thread read the ranks' floor: the pruner looks again."""
+        with self._cv:
+            self._prune_due = True
+            self._cv.notify_all()
+
+    def _retain_tier0(self, fresh: bool = False) -> float | None:
         """All but the newest ``keep`` steps go from tier 0, except the writer's and the ranks'
-        floor for tier 0 (`_tier0_floor`): at most keep + 1 steps beyond the writer's. A
-        failure is logged and retried after the next save (the writer never waits on it)."""
+        floor for tier 0 (`floor0.MemoryFloor`): at most keep + 1 steps beyond the writer's,
+        and for a few seconds those the floor may have risen to. Returns in how many seconds
+        to look again (None: after the next save). A failure is logged and retried after the
+        next save (the writer never waits on it). No coordinator I/O unless ``fresh``."""
         try:
-            self._publish_tier0()
+            mine = self._memory_step()
             doomed = to_delete(self.tier0, self.keep, self._held_for_writer())[0]
-            floor = self._tier0_floor(doomed, fresh) if doomed else None
+            spare: set[int] = set()
+            again = None
+            if self._floor0 is not None and fresh:
+                spare = {s for s in [self._floor0.final(mine, read=bool(doomed))]
+                         if s is not None}
+            elif self._floor0 is not None:
+                self._floor0.publish(mine)
+                if doomed:
+                    spare, again = self._floor0.keep(doomed)
             for s in doomed:
                 # Tier 0's list may be older than the writer's latest step: ask again.
-                if s == floor or s in self._held_for_writer():
+                if s in spare or s in self._held_for_writer():
                     continue
                 self.tier0.delete(s)
+            return again
         except Exception as exc:
             log.warning("retention on %s failed (%s); retrying after the next save",
                         self.tier0.name, exc)
+            return None
 
-    def _publish_tier0(self) -> None:
-        """Publish (under tier 0's name, as durable steps are) the newest step this rank holds
-        in node memory and on every replica: what it restores at memory speed whether or not
-        its node is lost (a replica still being written when the node went is not held)."""
+    def _memory_step(self) -> int | None:
+        """The step this rank publishes (under tier 0's name, as durable steps are) as the one
+        its restart takes whether or not its node is lost: the newest it holds in node memory
+        and on every replica (one still being written when the node went is not held); with no
+        replica working, its newest durable step (what a lost rank restores)."""
         if self.world_size == 1:
-            return
+            return None
+        if not self._replicating:
+            return self.durable_step()
         held = set(self.tier0.steps())
         with self._cv:
             for t in self.replicas:
                 held &= self._done[t.name]
-        newest = max(held, default=None)
-        if newest is None or (self._published0 is not None and newest <= self._published0):
-            return
-        try:
-            self.coord.publish_durable(self.tier0.name, newest)
-        except OSError as exc:
-            log.warning("cannot publish step %d as held in %s: %s", newest, self.tier0.name,
-                        exc)
-            return
-        self._published0 = newest
-
-    def _tier0_floor(self, doomed: list[int], fresh: bool) -> int | None:
-        """The oldest of the ranks' published tier-0 steps: the step a restart after a node's
-        loss restores at memory speed, so tier 0 keeps it (None: not known, or no other rank).
-
-        A cached floor may be older than the ranks' floor now (floors rise), and the floor now
-        may be one of the ``doomed`` steps: unless every doomed step is older than the cached
-        floor, it is read afresh."""
-        if self.world_size == 1:
-            return None
-        try:
-            floor = self.coord.durable_floor(self.tier0.name, fresh=fresh)
-            if not fresh and floor is not None and any(s >= floor for s in doomed):
-                floor = self.coord.durable_floor(self.tier0.name, fresh=True)
-        except OSError as exc:
-            log.warning("cannot read the step every rank holds in %s (%s): keeping the newest "
-                        "%d there", self.tier0.name, exc, self.keep)
-            return None
-        return floor
+        return max(held, default=None)
 
     def _loaded(self, lane: _Lane) -> None:
         """The writer has its step in memory (or gave up on it): tier 0 may let it go."""
@@ -423,8 +434,8 @@ class Checkpointer:
     def _committed(self, tier: Any, step: int) -> None:
         with self._cv:
             self._done[tier.name].add(step)
-            if tier in self.replicas and all(step in self._done[t.name] for t in self.replicas):
-                self._prune_due = True  # a step to publish as held in memory (`_publish_tier0`)
+            if (tier in self.replicas if self._replicating else tier in self.durable):
+                self._prune_due = True  # maybe a step to publish (`_memory_step`)
             self._cv.notify_all()
         if tier not in self.durable:
             # Replicas keep their own few steps (`peer.PeerServer`): a lost rank pushes no
@@ -479,8 +490,8 @@ class Checkpointer:
                 held = step if step is not None and step in steps else -1
                 if tier in self.durable:
                     self.coord.publish_durable(tier.name, held)
-                elif self.world_size > 1:  # tier 0: what it holds now, not the earlier run's
+                elif self._floor0 is not None:  # tier 0: what it holds now, not the earlier run's
                     self.coord.publish_durable(tier.name, held)
-                    self._published0 = held
+                    self._floor0.published(held)
             except Exception as exc:
                 log.warning("%s: cannot drop newer steps of an earlier run: %s", tier.name, exc)
