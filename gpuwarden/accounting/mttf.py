@@ -235,11 +235,13 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
            ckpt_cost_s: float, project_to: Sequence[int],
            paper: PaperFigures | None = None,
            windows: Sequence[tuple[float, float]] = (),
-           grace_s: float = GRACE_S) -> MttfReport:
+           grace_s: float = GRACE_S,
+           drains: Sequence[tuple[NodeEvent, float, int | None]] | None = None) -> MttfReport:
     """``windows``: the accounting read (`History.windows`), where known: the spans the node
     failures are counted in and node-days measured over (a day missing between exports is
     in neither). Without them, the runs' first start to last end (a long run that started
-    before the export stretches it)."""
+    before the export stretches it). ``drains``: `drain_runs` of these, where the caller read
+    them already (the report's health card reads the same)."""
     cost_h = ckpt_cost_s / 3600
     fig = paper or PaperFigures()
     classes = []
@@ -259,7 +261,8 @@ def report(att: Attribution, events: Sequence[NodeEvent], gpus_per_node: int,
     enough = failures >= MIN_FAILURES
     per_gpu = gpu_hours / failures if failures else None
     node_days = span_days * len(att.exposure)
-    came = [g for _, _, g in drain_runs(att, events, spans, grace_s)]
+    came = [g for _, _, g in (drain_runs(att, events, spans, grace_s) if drains is None
+                              else drains)]
     nf = len(came)
     split = (sum(g is not None and g > 0 for g in came), sum(g == 0 for g in came),
              sum(g is None for g in came))

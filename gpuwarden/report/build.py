@@ -15,11 +15,13 @@ from typing import Any
 from gpuwarden.accounting.attribution import gpu_class
 from gpuwarden.accounting.gcpause import paused
 from gpuwarden.accounting.history import History
+from gpuwarden.accounting.mttf import drain_runs
 from gpuwarden.accounting.mttf import report as mttf_report
+from gpuwarden.accounting.windows import merged
 from gpuwarden.health.gatingstate import NodeGating
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report import drains, ettr, lemons, mttfview, outcomes, restarts, tradeoffs
-from gpuwarden.report.collect import RunTally, run_key
+from gpuwarden.report.collect import RunTally
 from gpuwarden.report.text import cleaned
 
 try:  # the lemon extra's; without it, the standard library's slower way
@@ -111,42 +113,50 @@ def _iso(t: float) -> str:
 def failed_runs(tally: RunTally, att: Any, blamed: outcomes.Blamed | None = None
                 ) -> list[tuple[restarts.FailedRun, int]]:
     """Each blamed run with GPUs the tally saw, with its GPUs."""
-    out = []
-    for b, hit in outcomes.gpu_blamed(tally, att, blamed):
-        if hit is not None and b.job_id is not None:
-            end = int(b.at)
-            out.append((restarts.FailedRun(run_key(b.job_id, end), b.job_id, end, hit[2],
-                                           hit[3], hit[4]), hit[1]))
+    out: list[tuple[restarts.FailedRun, int]] = []
+    add = out.append
+    new = restarts.FailedRun.__new__
+    for (key, job, end, _), hit in outcomes.gpu_blamed(tally, att, blamed):
+        if hit is not None:
+            # Filled directly: the frozen dataclass's __init__ set each field through
+            # object.__setattr__ (a year's million blamed runs).
+            f = new(restarts.FailedRun)
+            f.__dict__.update(key=key, job_id=job, end=end, seconds=hit[2], user=hit[3],
+                              restarts=hit[4])
+            add((f, hit[1]))
     return out
 
 
 def failures_by_class(runs: list[tuple[restarts.FailedRun, int]],
                       measured: restarts.Restarts,
-                      restore_h: float = 0.0) -> dict[int, list[ettr.Failure]]:
+                      restore_h: float = 0.0) -> dict[int, ettr.Columns]:
     """Per GPU class, each blamed run's length (hours, at least sacct's second) and what its
-    job's restore records measured of its cost."""
-    out: dict[int, list[ettr.Failure]] = defaultdict(list)
+    job's restore records measured of its cost (`ettr.Failure`'s fields, as columns: a
+    Failure each took a second of a year's report)."""
+    rows: dict[int, list[tuple[float | None, ...]]] = defaultdict(list)
+    measured_get, wait_get = measured.measured.get, measured.requeue_wait.get
     for f, gpus in runs:
         hours = max(f.seconds, 1) / 3600
-        m = measured.measured.get(f.key)
-        wait = measured.requeue_wait.get(f.key)
+        m = measured_get(f.key)
+        wait = wait_get(f.key)
         if m is None and wait is not None:
             # Accounting alone: the wait for the next run is wall time on top of H; the
             # work lost stays modelled.
-            failure = ettr.Failure(hours, None, wait / 3600, restore_h=restore_h,
-                                   requeue_h=wait / 3600)
+            each: tuple[float | None, ...] = (hours, None, wait / 3600, None, None,
+                                              wait / 3600, restore_h)
         elif m is None:
-            failure = ettr.Failure(hours)
+            each = (hours, None, None, None, None, None, 0.0)
         elif m.lost_s is None:  # an older record: its restart whole, its lost work modelled
-            failure = ettr.Failure(hours, None, m.restart_s / 3600, None, m.restart_s / 3600)
+            each = (hours, None, m.restart_s / 3600, None, m.restart_s / 3600, None, 0.0)
         else:
             # The restore inside the next run is time in H that trained nothing: lost, like
             # the work since the save; only the wait between the runs adds wall time.
-            failure = ettr.Failure(hours, m.lost_s / 3600, m.gap_s / 3600, m.lost_s / 3600,
-                                   m.restart_s / 3600,
-                                   restore_h=max(0.0, m.restart_s - m.gap_s) / 3600)
-        out[gpu_class(gpus)].append(failure)
-    return out
+            each = (hours, m.lost_s / 3600, m.gap_s / 3600, m.lost_s / 3600,
+                    m.restart_s / 3600, None, max(0.0, m.restart_s - m.gap_s) / 3600)
+        rows[gpu_class(gpus)].append(each)
+    return {g: ettr.Columns.of(dict(zip(ettr.FAILURE_FIELDS, map(list, zip(*rs, strict=True)),
+                                        strict=True)))
+            for g, rs in rows.items()}
 
 
 def _no_uid(user: str) -> int | None:
@@ -178,8 +188,13 @@ def begin(hist: History, opts: Options, now: datetime | None = None, gating: Gat
     tally = hist.collected
     if not isinstance(tally, RunTally):
         raise TypeError("the history was read without a report.collect.RunTally")
+    # The health-gating drains and the runs they came with, read once for the MTTF section
+    # and the health card (each walked a year's drains and blames on drained nodes).
+    spans = merged(hist.windows) if hist.windows else ((att.first_start, att.last_end),)
+    came = list(drain_runs(att, hist.events, spans, opts.grace_s))
     rep = mttf_report(att, hist.events, opts.gpus_per_node, opts.ckpt_cost_s,
-                      mttfview.PROJECT_TO, windows=hist.windows, grace_s=opts.grace_s)
+                      mttfview.PROJECT_TO, windows=hist.windows, grace_s=opts.grace_s,
+                      drains=came)
     blamed = outcomes.gpu_blamed(tally, att)
     out = outcomes.outcomes(tally, att, blamed)
     runs = failed_runs(tally, att, blamed)
@@ -205,7 +220,8 @@ def begin(hist: History, opts: Options, now: datetime | None = None, gating: Gat
         out, e,
         [tradeoffs.checkpoint_vs_redundancy(e),
          tradeoffs.filesystem_vs_object_store(tally, att, restores, blamed),
-         tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows),
+         tradeoffs.proactive_vs_reactive(att, hist.events, opts.grace_s, hist.windows,
+                                         came),
          tradeoffs.central_vs_negotiated(tally, opts.have_topology)],
         [], drains.drains(hist.events, lo, hi), gating,
         _warnings(out), hist.window_note)

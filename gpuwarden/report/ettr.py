@@ -31,6 +31,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from gpuwarden.accounting.mttf import MttfReport, daly
 from gpuwarden.fleet.spares import payoff
 from gpuwarden.report.mttfview import r
@@ -157,39 +160,106 @@ def _failures(runs: Runs) -> list[Failure]:
     return [f if isinstance(f, Failure) else Failure(f) for f in runs]
 
 
-def lost(f: int, tau: float, lengths: Runs, measured: bool = False,
+FAILURE_FIELDS = ("hours", "lost_h", "restart_h", "shown_lost_h", "shown_restart_h",
+                  "requeue_h", "restore_h")  # `Failure`'s, in its order
+
+
+def _floats(values: list[float | None]) -> npt.NDArray[np.float64]:
+    if values.count(None) == len(values):  # most columns of most sizes: nothing measured
+        return np.full(len(values), math.nan)
+    return np.array([math.nan if v is None else v for v in values], dtype=np.float64)
+
+
+class Columns:
+    """Failures as columns of floats (None: NaN), read once for every figure of a size: each
+    of `section`'s walked a year's million failures again, and a `Failure` each took a
+    second to make (`of`). The sums stay Python's, over the same terms in the same order
+    (numpy's pairwise sum rounds otherwise)."""
+
+    hours: npt.NDArray[np.float64]
+    lost_h: npt.NDArray[np.float64]
+    restart_h: npt.NDArray[np.float64]
+    shown_lost_h: npt.NDArray[np.float64]
+    shown_restart_h: npt.NDArray[np.float64]
+    requeue_h: npt.NDArray[np.float64]
+    restore_h: npt.NDArray[np.float64]
+
+    def __init__(self, runs: Runs = ()) -> None:
+        fs = _failures(runs)
+        for name in FAILURE_FIELDS:
+            setattr(self, name, _floats([getattr(f, name) for f in fs]))
+
+    @classmethod
+    def of(cls, columns: Mapping[str, list[float | None]]) -> Columns:
+        """The failures whose fields (`Failure`'s, by name) are ``columns``."""
+        out = cls.__new__(cls)
+        for name in FAILURE_FIELDS:
+            setattr(out, name, _floats(columns[name]))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.hours)
+
+    def failure(self, i: int) -> Failure:
+        """The ``i``-th, as a `Failure`."""
+        def known(column: npt.NDArray[np.float64]) -> float | None:
+            v = float(column[i])
+            return None if math.isnan(v) else v
+        return Failure(float(self.hours[i]), known(self.lost_h), known(self.restart_h),
+                       known(self.shown_lost_h), known(self.shown_restart_h),
+                       known(self.requeue_h), float(self.restore_h[i]))
+
+    def first(self, f: int) -> Columns:
+        """The first ``f`` failures."""
+        if f >= len(self):
+            return self
+        out = Columns.__new__(Columns)
+        for name in FAILURE_FIELDS:
+            setattr(out, name, getattr(self, name)[:f])
+        return out
+
+
+def _cols(f: int, lengths: Runs | Columns) -> Columns:
+    return (lengths if isinstance(lengths, Columns) else Columns(lengths[:f])).first(f)
+
+
+def lost(f: int, tau: float, lengths: Runs | Columns, measured: bool = False,
          restores: bool = True) -> float:
     """Work lost to ``f`` failures: each failed run's measured loss (with ``measured``), else
     min(tau/2, t) for each of known length t, tau/2 for the rest; with ``restores``, plus the
     restore inside each next run (a hot spare's swap has none)."""
     half = tau / 2
-    runs = _failures(lengths)[:f]
-    return sum((r.lost_h if measured and r.lost_h is not None else min(half, r.hours))
-               + (r.restore_h if restores else 0.0) for r in runs) + \
-        max(0, f - len(runs)) * half
+    runs = _cols(f, lengths)
+    each = np.minimum(half, runs.hours)  # min(half, t): equal values are the same float
+    if measured:
+        each = np.where(np.isnan(runs.lost_h), each, runs.lost_h)
+    each = each + (runs.restore_h if restores else 0.0)
+    terms: list[float] = each.tolist()
+    return sum(terms) + max(0, f - len(runs)) * half
 
 
-def restart(f: int, u0: float, lengths: Runs, measured: bool = False) -> float:
+def restart(f: int, u0: float, lengths: Runs | Columns, measured: bool = False) -> float:
     """Wall hours ``f`` failures added: each measured restart (with ``measured``), else u0."""
-    runs = _failures(lengths)[:f]
-    return sum(r.restart_h if measured and r.restart_h is not None else u0
-               for r in runs) + max(0, f - len(runs)) * u0
+    runs = _cols(f, lengths)
+    each = (np.where(np.isnan(runs.restart_h), u0, runs.restart_h).tolist() if measured
+            else [u0] * len(runs))
+    return sum(each) + max(0, f - len(runs)) * u0
 
 
-def requeue_cost(f: int, u0: float, lengths: Runs) -> float:
+def requeue_cost(f: int, u0: float, lengths: Runs | Columns) -> float:
     """Mean hours a requeue cost the ``f`` failures, as measured where it was."""
     if not f:
         return u0
-    runs = _failures(lengths)[:f]
+    runs = _cols(f, lengths)
     # Where accounting measured the wait only, the restore r0 after it is avoided too.
-    total = sum(r.shown_restart_h if r.shown_restart_h is not None
-                else r.restart_h + r.restore_h if r.restart_h is not None else u0
-                for r in runs)
-    return (total + max(0, f - len(runs)) * u0) / f
+    each = np.where(~np.isnan(runs.shown_restart_h), runs.shown_restart_h,
+                    np.where(np.isnan(runs.restart_h), u0, runs.restart_h + runs.restore_h))
+    terms: list[float] = each.tolist()
+    return (sum(terms) + max(0, f - len(runs)) * u0) / f
 
 
 def parts(h: float, f: int, tau: float, cost_h: float, u0: float,
-          lengths: Runs = (), lost_measured: bool = False,
+          lengths: Runs | Columns = (), lost_measured: bool = False,
           restart_measured: bool = False, restores: bool = True) -> tuple[float, float]:
     """(productive hours, wall hours)."""
     return (max(0.0, h - lost(f, tau, lengths, lost_measured, restores) - h * cost_h / tau),
@@ -200,7 +270,7 @@ def ratio(p: tuple[float, float]) -> float | None:
     return round(p[0] / p[1], 4) if p[1] > 0 else None
 
 
-def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
+def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs | Columns],
             gpu_hours: Mapping[int, float]) -> EttrSection:
     """``lengths``: per GPU class, each blamed run (a `Failure`, or the hours it had run);
     ``gpu_hours``: per GPU class, GPUs x hours (each size's weight)."""
@@ -211,9 +281,10 @@ def section(rep: MttfReport, a: Assumptions, lengths: Mapping[int, Runs],
     sums = {"now": [0.0, 0.0], "daly": [0.0, 0.0], "spares": [0.0, 0.0]}
     for c in rep.classes:
         n = max(1, c.gpus // a.gpus_per_node)
-        ts = _failures(lengths.get(c.gpus, ()))
-        measured = [f for f in ts[:c.failures] if f.shown_restart_h is not None]
-        requeued = [f for f in ts[:c.failures] if f.requeue_h is not None]
+        given = lengths.get(c.gpus, ())
+        ts = (given if isinstance(given, Columns) else Columns(given)).first(c.failures)
+        measured = [ts.failure(i) for i in np.flatnonzero(~np.isnan(ts.shown_restart_h)).tolist()]
+        requeued = [ts.failure(i) for i in np.flatnonzero(~np.isnan(ts.requeue_h)).tolist()]
         got.extend(measured)
         waited.extend(requeued)
         now = parts(c.hours, c.failures, a.interval_h, cost_h, a.restart_h, ts, True, True)

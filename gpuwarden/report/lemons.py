@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -57,11 +57,28 @@ def _whens(ts: list[float]) -> list[str]:
     return out
 
 
-def _evidence(pieces: Iterable[tuple[float, int | None, str, float]]) -> list[Evidence]:
+# Each slot's own setter: what the dataclass's __init__ reaches through object.__setattr__
+# (a frozen field), at twice the cost (`blames._SET`).
+_SET = tuple(getattr(Evidence, f).__set__ for f in Evidence.__slots__)
+
+
+def _evidence(pieces: Iterable[tuple[float, int | None, str, float]],
+              _new: Callable[[type[Evidence]], Evidence] = object.__new__,
+              _set: tuple[Callable[[Evidence, object], None], ...] = _SET) -> list[Evidence]:
+    """Each piece as Evidence, its slots filled directly: a year's lemons hold 1.4 million."""
     got = list(pieces)
     whens = _whens([at for at, _, _, _ in got])
-    return [Evidence(w, job, reason, round(weight, 3))
-            for w, (_, job, reason, weight) in zip(whens, got, strict=True)]
+    s_at, s_job, s_reason, s_weight = _set
+    out: list[Evidence] = []
+    add = out.append
+    for w, (_, job, reason, weight) in zip(whens, got, strict=True):
+        e = _new(Evidence)
+        s_at(e, w)
+        s_job(e, job)
+        s_reason(e, reason)
+        s_weight(e, round(weight, 3))
+        add(e)
+    return out
 
 
 def _pieces(evidence: Sequence[Blame]) -> Iterable[tuple[float, int | None, str, float]]:

@@ -13,8 +13,10 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpuwarden.accounting.attribution import Attribution
-from gpuwarden.accounting.blames import Blame
+from gpuwarden.accounting.incidence import NO_JOB
 from gpuwarden.report.bins import bin_days, day_label
 from gpuwarden.report.collect import Cell, RunTally, run_key
 from gpuwarden.report.text import clean
@@ -61,35 +63,51 @@ class Outcomes:
 
 
 Hit = tuple[Cell, int, int, str, int | None]  # (cell, GPUs, run seconds, user, restart count)
+# A blamed run: (its `run_key`, its job, its end in whole seconds, whether its blame is
+# pinned, `Blame.pinned`); as Blames, a year's million took a second to make.
+Run = tuple[int, int, int, bool]
 
 
-def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit | None]]:
-    """Each run the attribution blamed, once: (one of its blames, (its cell, its GPUs, its
-    length) or None where the tally did not see it)."""
+def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Run, Hit | None]]:
+    """Each run the attribution blamed, once: (the run, as its first blame says it, (its
+    cell, its GPUs, its length) or None where the tally did not see it)."""
+    blames = att.blames
+    if not len(blames):
+        return
+    run = np.frombuffer(blames.run, dtype=np.int32)
+    # The first blame of each run (`Blames.firsts`): a gang run's blames come together.
+    firsts = run[np.flatnonzero(np.r_[True, run[1:] != run[:-1]])]
+    job = np.frombuffer(blames.job, dtype=np.int64)[firsts]
+    ran = job != NO_JOB  # a drain without a run: no run to move
+    firsts, job = firsts[ran], job[ran]
+    if not len(job):
+        return
+    at = np.frombuffer(blames.at, dtype=np.float64)[firsts]
+    # The next node of the run just seen: a gang run's blames come together.
+    again = np.r_[False, (job[1:] == job[:-1]) & (at[1:] == at[:-1])]
+    firsts, job, at = firsts[~again], job[~again], at[~again]
+    pinned = np.frombuffer(blames.pinned, dtype=np.int8)[firsts].astype(bool).tolist()
+    jobs = job.tolist()
+    ends = [int(t) for t in at.tolist()]
     seen: set[int] = set()
-    last: tuple[int | None, float] = (None, 0.0)
-    for b in att.blames.firsts():  # a gang run's blames come together: its first, once
-        job, at = b.job_id, b.at
-        if job is None:
-            continue  # a drain without a run: no run to move
-        if job == last[0] and at == last[1]:
-            continue  # the next node of the run just seen: a gang run's blames come together
-        last = (job, at)
-        key = run_key(job, int(at))
+    see = seen.add
+    get = tally.blamable.get
+    for j, end, pin in zip(jobs, ends, pinned, strict=True):
+        key = run_key(j, end)
         if key in seen:
             continue  # one blame per node of a gang job: the run counts once
-        seen.add(key)
-        yield b, tally.blamable.get(key)
+        see(key)
+        yield (key, j, end, pin), get(key)
 
 
-def gpu_blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Blame, Hit | None]]:
+def gpu_blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Run, Hit | None]]:
     """`blamed_runs` with GPUs (the MTTF section's failures), and any the tally missed."""
     for b, hit in blamed_runs(tally, att):
         if hit is None or hit[1] > 0:
             yield b, hit
 
 
-Blamed = Sequence[tuple[Blame, Hit | None]]  # `gpu_blamed_runs`, read once for every card
+Blamed = Sequence[tuple[Run, Hit | None]]  # `gpu_blamed_runs`, read once for every card
 
 
 def gpu_blamed(tally: RunTally, att: Attribution, blamed: Blamed | None = None) -> Blamed:
@@ -108,18 +126,21 @@ def classify(tally: RunTally, att: Attribution,
     out: Counter[tuple[int, str, str]] = Counter()
     for (day, part, state), n in tally.cells.items():
         out[(day, _name(part), STATE_CLASS.get(state, "other"))] += n
-    for b, hit in gpu_blamed(tally, att, blamed):
-        if hit is None:
-            out[(-1, "", "unmatched")] += 1
+    # The blamed runs per (cell, pinned) first: a year's million, a few thousand cells.
+    moved = Counter((hit[0], b[3]) if hit is not None else None
+                    for b, hit in gpu_blamed(tally, att, blamed))
+    for key, n in moved.items():
+        if key is None:
+            out[(-1, "", "unmatched")] += n
             continue
-        (day, part, state) = hit[0]
-        if state == "FAILED" and not b.pinned:
-            out[(-1, "", "gang failed, no event")] += 1
+        (day, part, state), pinned = key
+        if state == "FAILED" and not pinned:
+            out[(-1, "", "gang failed, no event")] += n
         was = STATE_CLASS[state]
         part = _name(part)
         if was != "hardware":
-            out[(day, part, was)] -= 1
-            out[(day, part, "hardware")] += 1
+            out[(day, part, was)] -= n
+            out[(day, part, "hardware")] += n
     return out
 
 

@@ -83,12 +83,14 @@ def match(records: Iterable[RestoreRecord], failed: Iterable[FailedRun],
     So a record's times are bounded by accounting's: a restart by the next run's start and
     that run's length, lost work by the failed run's length."""
     failed = list(failed)
-    by_key = {f.key: f for f in failed}
+    restores = sorted((r for r in job_restores(records) if r.restarts > 0),
+                      key=lambda r: (r.at, r.job, r.run))
+    # Looked up only for a record: without any, a year's million blamed runs for nothing.
+    by_key = {f.key: f for f in failed} if restores else {}
     measured: dict[int, Measured] = {}
     not_owner = unexplained = 0
     uids: dict[str, int | None] = {}
-    for rec in sorted((r for r in job_restores(records) if r.restarts > 0),
-                      key=lambda r: (r.at, r.job, r.run)):
+    for rec in restores:
         spans = sorted(set(runs.get(rec.job_id, ())))
         # Accounting keeps whole seconds, and the node's clock is not slurmctld's.
         here = [i for i, (s, e) in enumerate(spans) if s - SKEW_S <= rec.at <= e + SKEW_S]

@@ -153,14 +153,17 @@ def filesystem_vs_object_store(tally: RunTally, att: Attribution,
 
 def proactive_vs_reactive(att: Attribution, events: Sequence[NodeEvent],
                           grace_s: float,
-                          windows: Sequence[tuple[float, float]] = ()) -> Tradeoff:
-    """``windows``: the accounting read (the MTTF section's spans), else the runs' span."""
+                          windows: Sequence[tuple[float, float]] = (),
+                          drains: Sequence[tuple[NodeEvent, float, int | None]] | None = None
+                          ) -> Tradeoff:
+    """``windows``: the accounting read (the MTTF section's spans), else the runs' span;
+    ``drains``: `drain_runs` of these, where the caller read them already (`mttf.report`'s)."""
     total = came = 0
     origins: Counter[str] = Counter()
     epilog_came = 0
     spans = merged(windows) if windows else ((att.first_start, att.last_end),)
     # The MTTF section's own split (`drain_runs`): the same drains, the same runs.
-    for e, _, gpus in drain_runs(att, events, spans, grace_s):
+    for e, _, gpus in (drain_runs(att, events, spans, grace_s) if drains is None else drains):
         total += 1
         hit = gpus is not None
         came += hit
