@@ -42,6 +42,7 @@ from gpuwarden.slurm.models import NodeEvent
 
 if TYPE_CHECKING:  # polars, the store's engine, is loaded only when a store is read
     from gpuwarden.accounting.store.scan import StoreRuns
+    from gpuwarden.accounting.store.schema import Batch
 
 DAY = 86_400
 BLAMABLE = frozenset({"NODE_FAIL", "BOOT_FAIL", "REQUEUED", "FAILED"})
@@ -76,17 +77,25 @@ def kind(r: AcctRecord) -> Kind:
     """Whether the attribution counts ``r`` as a run, drops it silently (it never ran: no
     nodes, pending or cancelled), or skips it with a reason. The attribution's own tests
     (`lemon.attribution.attribute_runs`, `_named`), in the same order."""
-    text = r.nodes
-    if not (text and r.state not in BLAMABLE and shape(text) is not None):
+    return _kind(r.nodes, r.state, r.start_time, r.end_time)
+
+
+def _kind(text: str, state: str, start: int | None, end: int | None) -> Kind:
+    """`kind` of a record with these fields."""
+    if not (text and state not in BLAMABLE and shape(text) is not None):
         names = _names(text)
         if names is None:
             return "skipped"  # unreadable node list
         if not names:
-            return "never ran" if r.state in NEVER_RAN_STATES else "skipped"
-    start, end = r.start_time, r.end_time
+            return "never ran" if state in NEVER_RAN_STATES else "skipped"
     if start is None or end is None or end < start:
         return "skipped"
     return "run"
+
+
+def _lists(df: Any) -> list[list[Any]]:
+    """The columns of ``df`` (a polars DataFrame) as lists: faster than its rows."""
+    return [c.to_list() for c in df.get_columns()]
 
 
 def _plainish(rest: Any) -> Any:
@@ -308,35 +317,132 @@ class RunTally:
             return
         start, end = r.start_time, r.end_time
         assert start is not None and end is not None  # kind() said so
-        state, gpus, restarts = r.state, r.gpus, r.restart_count
-        cell = (end // DAY, partition(r), state)
+        self._run(r.job_id, r.nodes, r.state, start, end, r.gpus, r.restart_count,
+                  partition(r), r.user)
+        if self.leaf_of is not None:
+            nodes = r.nodes
+            if "[" in nodes or "," in nodes:
+                self._gang(r, nodes, start)
+
+    def _run(self, job: int, nodes: str, state: str, start: int, end: int, gpus: int,
+             restarts: int | None, part: str, user: str) -> None:
+        """`_add_one` of a run (`kind`), less its gang."""
+        cell = (end // DAY, part, state)
         if gpus > 0:
             self.cells[cell] += 1
             self.gpu_seconds[gpu_class(gpus)] += gpus * max(end - start, 1)
         else:
             self.cpu_runs += 1
         may = self.filter.may_blame if self.filter is not None else None
-        if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
-            user = r.user
-            self.blamable[run_key(r.job_id, end)] = (
+        if state in BLAMABLE and (may is None or may(state, nodes, start, end)):
+            self.blamable[run_key(job, end)] = (
                 self._cell(cell), gpus, end - start, self._users.setdefault(user, user),
                 restarts)
-        if self.watch and r.job_id in self.watch:
-            self._watched(r.job_id, start, end, r.user)
+        if self.watch and job in self.watch:
+            self._watched(job, start, end, user)
         if restarts:
-            self._requeued(r, start, restarts)
+            self.requeued.setdefault(job, []).append(
+                (start, restarts, self._users.setdefault(user, user)))
+
+    def add_frame(self, df: Any) -> None:
+        """`_add_one` of each of the store's rows ``df`` (a polars DataFrame with the columns
+        `store.schema.READ`), in order: `kind` and the counts on columns, the tallies kept
+        per run (blamable runs, requeues, watched jobs, gangs) in the rows' order, without a
+        record each (a year's store has a million such runs). The same tallies in the same
+        order as `_add_one` of each (tests/unit/test_report_collect_frame.py)."""
+        import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        if df.is_empty():
+            return
+        nodes, state = pl.col("nodes"), pl.col("state")
+        start, end, gpus = pl.col("start_time"), pl.col("end_time"), pl.col("gpus")
+        texts = df.get_column("nodes").drop_nulls().unique().to_list()
+        shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
+        fast = (nodes.is_in(shaped.implode())
+                & (state.is_null() | ~state.is_in(sorted(BLAMABLE)))).fill_null(False)
+        # `kind`'s names where it reads them: -1 unreadable, else how many (0: none).
+        wanted = df.filter(~fast).get_column("nodes").drop_nulls().unique().to_list()
+        counts = {t: -1 if (ns := _names(t)) is None else len(ns) for t in wanted}
+        named = (nodes.replace_strict(counts, default=0, return_dtype=pl.Int64)
+                 if counts else pl.lit(0, pl.Int64))
+        named = pl.when(nodes.is_null()).then(0).otherwise(named)  # `_names(None)`: ()
+        got = df.with_columns(fast.alias("fast_"), named.alias("named_"))
+        fast_, named_ = pl.col("fast_"), pl.col("named_")
+        timed = start.is_not_null() & end.is_not_null() & (end >= start)
+        ran = (fast_ | (named_ > 0)) & timed
+        self.never_ran += int(got.select((~fast_ & (named_ == 0)
+                                          & state.is_in(sorted(NEVER_RAN_STATES))).sum())
+                              .item())
+        runs = got.filter(ran)
+        if runs.is_empty():
+            return
+        classes = {g: gpu_class(g) for g in runs.get_column("gpus").unique().to_list()}
+        with_gpus = runs.filter(gpus > 0)
+        # In the order each key first comes, as one `+=` a run adds them.
+        for day, part, st, n in (with_gpus.group_by((end // DAY).alias("day"), "partition",
+                                                    "state", maintain_order=True)
+                                 .len().iter_rows()):
+            self.cells[(day, part, st)] += n
+        secs = gpus.cast(pl.Int64) * pl.max_horizontal(end - start, pl.lit(1))
+        for g, gs in (with_gpus.group_by(gpus.replace_strict(classes, return_dtype=pl.Int64)
+                                         .alias("class"), maintain_order=True)
+                      .agg(secs.sum()).iter_rows()):
+            self.gpu_seconds[g] += gs
+        self.cpu_runs += runs.height - with_gpus.height
+        self._blamable(runs.filter(state.is_in(sorted(BLAMABLE))))
+        if self.watch:
+            for job, a, b, user in zip(*_lists(
+                    runs.filter(pl.col("job_id").is_in(sorted(self.watch)))
+                    .select("job_id", "start_time", "end_time", "user")), strict=True):
+                self._watched(job, a, b, user)
+        again = runs.filter(pl.col("restart_count").fill_null(0) != 0)
+        requeued, users = self.requeued, self._users.setdefault
+        for job, a, n, user in zip(*_lists(again.select("job_id", "start_time",
+                                                        "restart_count", "user")), strict=True):
+            requeued.setdefault(job, []).append((a, n, users(user, user)))
         if self.leaf_of is not None:
-            nodes = r.nodes
-            if "[" in nodes or "," in nodes:
-                self._gang(r, nodes, start)
+            for text, g, a, sub in zip(*_lists(
+                    runs.filter(nodes.str.contains(r"[\[,]"))
+                    .select("nodes", "gpus", "start_time", "submit_time")), strict=True):
+                self._gang_at(text, g, a, sub or None)  # `submitted`
+
+    def _blamable(self, runs: Any) -> None:
+        """`_add_one`'s blamable runs of ``runs`` (the store's rows that `kind` counts, in a
+        state the attribution may blame), in order."""
+        import polars as pl  # noqa: PLC0415
+
+        if runs.is_empty():
+            return
+        f = self.filter
+        if f is not None:
+            state = pl.col("state")
+            # `Blamable.may_blame` says yes to these without the events: the others asked.
+            sure = state.is_in(["NODE_FAIL", "BOOT_FAIL"]) | ((state == "FAILED")
+                                                              & (pl.col("named_") > 1))
+            runs = runs.with_row_index("at_")
+            ask = runs.filter(~sure).select("at_", "state", "nodes", "start_time", "end_time")
+            if ask.height:
+                may = f.may_blame
+                off = [at for at, *row in zip(*_lists(ask), strict=True) if not may(*row)]
+                runs = runs.filter(~pl.col("at_").is_in(off))
+        blamable, cell, users = self.blamable, self._cell, self._users.setdefault
+        for job, end, start, gpus, user, restarts, part, state_ in zip(*_lists(runs.select(
+                "job_id", "end_time", "start_time", "gpus", "user", "restart_count",
+                "partition", "state")), strict=True):
+            blamable[run_key(job, end)] = (cell((end // DAY, part, state_)), gpus, end - start,
+                                           users(user, user), restarts)
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
+        self._gang_at(nodes, r.gpus, start, submitted(r))
+
+    def _gang_at(self, nodes: str, gpus: int, start: int, sub: int | None) -> None:
+        """`_gang` of a run on ``nodes`` with ``gpus``, submitted at ``sub`` (None: not
+        known)."""
         where = self._leaves(nodes)
         if where is None:
             return
-        key = (gpu_class(r.gpus), where)
+        key = (gpu_class(gpus), where)
         self.gang_runs[key] += 1
-        sub = submitted(r)
         if sub is not None and sub <= start:
             self.gang_wait_s[key] += start - sub
             self.gang_waited[key] += 1
@@ -374,13 +480,10 @@ class _Others:
     def __init__(self, tally: RunTally, plainish: Any, extra: Any) -> None:
         self._tally, self._plainish, self._extra = tally, plainish, extra
 
-    def take(self, batch: Columns, at: int) -> None:
-        """``batch``: the others' records from the ``at``-th on."""
-        one = self._tally._add_one
-        recs = batch.records
-        for rec, plain in zip(recs, self._plainish.slice(at, len(recs)).to_list(), strict=True):
-            if not plain:  # tallied by `add_store`
-                one(rec)
+    def take(self, batch: Batch, at: int) -> None:
+        """``batch``: the others' rows from the ``at``-th on."""
+        plain = self._plainish.slice(at, len(batch))
+        self._tally.add_frame(batch.frame.filter(~plain) if plain.any() else batch.frame)
 
     def close(self) -> None:
         if self._extra is None:
