@@ -25,7 +25,6 @@ from gpuwarden.accounting.attribution import (
     Held,
     Pending,
     _attribute_one,
-    _claims,
     _rule,
     _submit_facts,
     gpu_class,
@@ -147,6 +146,8 @@ class Judge:
         lists, failures, drains, grace_s = self._lists, self.failures, self.drains, self.grace_s
         times_of, pending, reasons = self._times, self.result.pending, self._reasons
         gpu_failures = self.result.gpu_failures
+        drained: tuple[HealthDrain, ...]
+        claims: tuple[HealthDrain, ...]
         for job_id, text, state, start, end, gpus, user, exit_code, failed_node, line in zip(
                 *(col(c)[lo:hi] for c in _READ), strict=True):
             facts = lists.get(text)
@@ -155,8 +156,21 @@ class Judge:
             all_nodes = facts.names
             gclass = gpu_class(gpus)
             if state == "FAILED" and len(all_nodes) == 1:
-                drained, claims = _claims(state, all_nodes, start, end, drains, failures,
-                                          grace_s)
+                # `_claims`: rule 4's drains, then the node's failures near the end (found by
+                # bisection: a drained node has had many).
+                got = [d for d in drains.get(all_nodes[0], ()) if start <= d.at <= end + grace_s]
+                if not got:
+                    drained = claims = ()
+                else:
+                    drained = tuple(got)
+                    for n in facts.with_events:
+                        times, order = times_of.get(n) or self._by_time(n)
+                        ds = failures[n]
+                        for i in sorted(order[bisect_left(times, end - LEAD_S):
+                                              bisect_right(times, end + grace_s)]):
+                            if ds[i] not in got:
+                                got.append(ds[i])
+                    claims = tuple(got)
             else:
                 found: list[HealthDrain] = []
                 lo_t, hi_t = end - LEAD_S, end + grace_s

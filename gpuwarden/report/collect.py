@@ -36,7 +36,7 @@ from gpuwarden.accounting.attribution import (
 from gpuwarden.accounting.columns import Columns, columns
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.report.fields import partition, submitted
-from gpuwarden.slurm.hostlist import HostlistError, expand
+from gpuwarden.slurm.hostlist import _MAX_EXPAND, HostlistError, expand
 from gpuwarden.slurm.hostranges import expanded, shape
 from gpuwarden.slurm.models import NodeEvent
 
@@ -98,18 +98,33 @@ def _lists(df: Any) -> list[list[Any]]:
     return [c.to_list() for c in df.get_columns()]
 
 
-def _plainish(rest: Any) -> Any:
-    """A polars predicate on the store's rows ``rest`` (a DataFrame): the runs `_add_plain`
-    tallies (a node list `shape` reads, a state never blamed, a start and an end that are not
-    0, the end not before the start)."""
+def _kinds(rest: Any) -> Any:
+    """Per row of the store's rows ``rest`` (a polars DataFrame), what the report's tally
+    reads of its node list, worked out once per list: ``plain_``, whether `_add_plain`
+    tallies it (a node list `shape` reads, a state never blamed, a start and an end that are
+    not 0, the end not before the start); ``fast_``, whether `kind` reads its names (a list
+    `shape` reads, a state never blamed); ``named_``, where it does, how many (-1: not
+    readable)."""
     import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
 
     texts = rest.get_column("nodes").drop_nulls().unique().to_list()
-    shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
+    shapes = {t: known[1] for t in texts if t and (known := shape(t)) is not None}
+    shaped = pl.Series(list(shapes), dtype=pl.String).implode()
+    nodes, state = pl.col("nodes"), pl.col("state")
     start, end = pl.col("start_time"), pl.col("end_time")
-    return (pl.col("nodes").is_in(shaped.implode()) & ~pl.col("state").is_in(sorted(BLAMABLE))
-            & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
-            & (end >= start)).fill_null(False)
+    plain = (nodes.is_in(shaped) & ~state.is_in(sorted(BLAMABLE))
+             & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
+             & (end >= start)).fill_null(False)
+    fast = (nodes.is_in(shaped)
+            & (state.is_null() | ~state.is_in(sorted(BLAMABLE)))).fill_null(False)
+    wanted = rest.filter(~fast).get_column("nodes").drop_nulls().unique().to_list()
+    # A list `shape` reads has as many names as it counts (`hostranges.expanded`).
+    counts = {t: n if (n := shapes.get(t)) is not None and n <= _MAX_EXPAND
+              else -1 if (ns := _names(t)) is None else len(ns) for t in wanted}
+    named = (nodes.replace_strict(counts, default=0, return_dtype=pl.Int64) if counts
+             else pl.lit(0, pl.Int64))
+    named = pl.when(nodes.is_null()).then(0).otherwise(named)  # `_names(None)`: ()
+    return rest.select(plain.alias("plain_"), fast.alias("fast_"), named.alias("named_"))
 
 
 @dataclass(frozen=True)
@@ -269,12 +284,13 @@ class RunTally:
         # The others as one `add` of them all (then of ``extra``) would take them: first the
         # ones `_add_plain` tallies (here), then the rest one by one, each in order (`_Others`:
         # the attribution's own records of them, a batch at a time).
-        plainish = runs.rest.select(_plainish(runs.rest)).to_series()
+        kinds = _kinds(runs.rest)
+        plainish = kinds.get_column("plain_")
         for batch in runs.others(plainish):
             self.add(batch)
         extra = None if same else (runs.plain.filter(state == "FAILED").sort("rid")
                                    .select(*store_schema.READ))
-        return _Others(self, plainish, extra)
+        return _Others(self, kinds, extra)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
@@ -356,17 +372,8 @@ class RunTally:
             return
         nodes, state = pl.col("nodes"), pl.col("state")
         start, end, gpus = pl.col("start_time"), pl.col("end_time"), pl.col("gpus")
-        texts = df.get_column("nodes").drop_nulls().unique().to_list()
-        shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
-        fast = (nodes.is_in(shaped.implode())
-                & (state.is_null() | ~state.is_in(sorted(BLAMABLE)))).fill_null(False)
-        # `kind`'s names where it reads them: -1 unreadable, else how many (0: none).
-        wanted = df.filter(~fast).get_column("nodes").drop_nulls().unique().to_list()
-        counts = {t: -1 if (ns := _names(t)) is None else len(ns) for t in wanted}
-        named = (nodes.replace_strict(counts, default=0, return_dtype=pl.Int64)
-                 if counts else pl.lit(0, pl.Int64))
-        named = pl.when(nodes.is_null()).then(0).otherwise(named)  # `_names(None)`: ()
-        got = df.with_columns(fast.alias("fast_"), named.alias("named_"))
+        got = df if "named_" in df.columns else pl.concat(
+            [df, _kinds(df).drop("plain_")], how="horizontal")
         fast_, named_ = pl.col("fast_"), pl.col("named_")
         timed = start.is_not_null() & end.is_not_null() & (end >= start)
         ran = (fast_ | (named_ > 0)) & timed
@@ -425,12 +432,13 @@ class RunTally:
                 may = f.may_blame
                 off = [at for at, *row in zip(*_lists(ask), strict=True) if not may(*row)]
                 runs = runs.filter(~pl.col("at_").is_in(off))
-        blamable, cell, users = self.blamable, self._cell, self._users.setdefault
+        blamable, cells, users = self.blamable, self._shared.setdefault, self._users.setdefault
         for job, end, start, gpus, user, restarts, part, state_ in zip(*_lists(runs.select(
                 "job_id", "end_time", "start_time", "gpus", "user", "restart_count",
                 "partition", "state")), strict=True):
-            blamable[run_key(job, end)] = (cell((end // DAY, part, state_)), gpus, end - start,
-                                           users(user, user), restarts)
+            cell = (end // DAY, part, state_)
+            blamable[(job << 32) | (end & 0xFFFF_FFFF)] = (  # `run_key`, `_cell`
+                cells(cell, cell), gpus, end - start, users(user, user), restarts)
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
         self._gang_at(nodes, r.gpus, start, submitted(r))
@@ -477,13 +485,17 @@ class _Others:
     `_add_plain` does not: one by one, in order; then the plain one-node FAILED runs the tally
     judges itself (``extra``: a LazyFrame of their rows, None for none)."""
 
-    def __init__(self, tally: RunTally, plainish: Any, extra: Any) -> None:
-        self._tally, self._plainish, self._extra = tally, plainish, extra
+    def __init__(self, tally: RunTally, kinds: Any, extra: Any) -> None:
+        self._tally, self._kinds, self._extra = tally, kinds, extra
 
     def take(self, batch: Batch, at: int) -> None:
         """``batch``: the others' rows from the ``at``-th on."""
-        plain = self._plainish.slice(at, len(batch))
-        self._tally.add_frame(batch.frame.filter(~plain) if plain.any() else batch.frame)
+        import polars as pl  # noqa: PLC0415
+
+        kinds = self._kinds.slice(at, len(batch))
+        got = pl.concat([batch.frame, kinds], how="horizontal")
+        plain = kinds.get_column("plain_")
+        self._tally.add_frame((got.filter(~plain) if plain.any() else got).drop("plain_"))
 
     def close(self) -> None:
         if self._extra is None:
