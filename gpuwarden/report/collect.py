@@ -52,6 +52,11 @@ NEVER_RAN_STATES = frozenset({"PENDING", "CANCELLED"})
 Cell = tuple[int, str, str]  # (UTC day number of the end, partition, Slurm state)
 GangKey = tuple[int, str]  # (GPU class, "one leaf" | "several leaves" | "unknown")
 Kind = Literal["run", "never ran", "skipped"]
+# What `RunTally._take` does with a store row (`RunTally._counted`).
+_SKIP, _RUN, _BLAMABLE, _ASK = 0, 1, 2, 3
+# The fields `RunTally._take` reads of each of the store's rows, in its order.
+_ROW = ("job_id", "nodes", "state", "start_time", "end_time", "gpus", "restart_count",
+        "partition", "user", "submit_time")
 
 
 def run_key(job_id: int, end: int) -> int:
@@ -93,11 +98,6 @@ def _kind(text: str, state: str, start: int | None, end: int | None) -> Kind:
     return "run"
 
 
-def _lists(df: Any) -> list[list[Any]]:
-    """The columns of ``df`` (a polars DataFrame) as lists: faster than its rows."""
-    return [c.to_list() for c in df.get_columns()]
-
-
 def _kinds(rest: Any) -> Any:
     """Per row of the store's rows ``rest`` (a polars DataFrame), what the report's tally
     reads of its node list, worked out once per list: ``plain_``, whether `_add_plain`
@@ -124,7 +124,10 @@ def _kinds(rest: Any) -> Any:
     named = (nodes.replace_strict(counts, default=0, return_dtype=pl.Int64) if counts
              else pl.lit(0, pl.Int64))
     named = pl.when(nodes.is_null()).then(0).otherwise(named)  # `_names(None)`: ()
-    return rest.select(plain.alias("plain_"), fast.alias("fast_"), named.alias("named_"))
+    # In one chunk: `replace_strict` over the store's rows in chunks (90 at a month) made its
+    # table of the lists once a chunk, on every polars thread.
+    return (rest.select("nodes", "state", "start_time", "end_time").rechunk()
+            .select(plain.alias("plain_"), fast.alias("fast_"), named.alias("named_")))
 
 
 @dataclass(frozen=True)
@@ -288,9 +291,10 @@ class RunTally:
         plainish = kinds.get_column("plain_")
         for batch in runs.others(plainish):
             self.add(batch)
+        codes = self._counted(runs.rest, kinds)
         extra = None if same else (runs.plain.filter(state == "FAILED").sort("rid")
                                    .select(*store_schema.READ))
-        return _Others(self, kinds, extra)
+        return _Others(self, codes, extra)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
@@ -362,83 +366,82 @@ class RunTally:
 
     def add_frame(self, df: Any) -> None:
         """`_add_one` of each of the store's rows ``df`` (a polars DataFrame with the columns
-        `store.schema.READ`), in order: `kind` and the counts on columns, the tallies kept
-        per run (blamable runs, requeues, watched jobs, gangs) in the rows' order, without a
-        record each (a year's store has a million such runs). The same tallies in the same
-        order as `_add_one` of each (tests/unit/test_report_collect_frame.py)."""
+        `store.schema.READ`), in order, without a record each: `_counted`, then `_take`. The
+        same tallies in the same order as `_add_one` of each
+        (tests/unit/test_report_collect_frame.py)."""
         import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        from gpuwarden.accounting.store.schema import Batch  # noqa: PLC0415
 
         if df.is_empty():
             return
-        nodes, state = pl.col("nodes"), pl.col("state")
-        start, end, gpus = pl.col("start_time"), pl.col("end_time"), pl.col("gpus")
-        got = df if "named_" in df.columns else pl.concat(
-            [df, _kinds(df).drop("plain_")], how="horizontal")
-        fast_, named_ = pl.col("fast_"), pl.col("named_")
+        codes = self._counted(df, _kinds(df).with_columns(pl.lit(False).alias("plain_")))
+        self._take(Batch(df), codes.to_list())
+
+    def _counted(self, df: Any, kinds: Any) -> Any:
+        """The counts `_add_one` adds for the store's rows ``df`` that are not plain (by
+        ``kinds``, `_kinds`'): never ran, runs per cell, GPU seconds per class, CPU runs, on
+        columns, once over them all (a polars query per batch kept polars' threads awake
+        for as long again). Returns what `_take` does with each row: `_SKIP`, `_RUN` (a
+        run), `_BLAMABLE` (a run the attribution may blame), `_ASK` (one `Blamable.may_blame`
+        says, with the node events)."""
+        import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        state, gpus = pl.col("state"), pl.col("gpus")
+        start, end = pl.col("start_time"), pl.col("end_time")
+        fast, named, plain = pl.col("fast_"), pl.col("named_"), pl.col("plain_")
+        got = pl.concat([df.select("state", "gpus", "start_time", "end_time", "partition"),
+                         kinds], how="horizontal")
         timed = start.is_not_null() & end.is_not_null() & (end >= start)
-        ran = (fast_ | (named_ > 0)) & timed
-        self.never_ran += int(got.select((~fast_ & (named_ == 0)
+        ran = (~plain & (fast | (named > 0)) & timed).fill_null(False)
+        self.never_ran += int(got.select((~plain & ~fast & (named == 0)
                                           & state.is_in(sorted(NEVER_RAN_STATES))).sum())
                               .item())
         runs = got.filter(ran)
-        if runs.is_empty():
-            return
-        classes = {g: gpu_class(g) for g in runs.get_column("gpus").unique().to_list()}
-        with_gpus = runs.filter(gpus > 0)
-        # In the order each key first comes, as one `+=` a run adds them.
-        for day, part, st, n in (with_gpus.group_by((end // DAY).alias("day"), "partition",
-                                                    "state", maintain_order=True)
-                                 .len().iter_rows()):
-            self.cells[(day, part, st)] += n
-        secs = gpus.cast(pl.Int64) * pl.max_horizontal(end - start, pl.lit(1))
-        for g, gs in (with_gpus.group_by(gpus.replace_strict(classes, return_dtype=pl.Int64)
-                                         .alias("class"), maintain_order=True)
-                      .agg(secs.sum()).iter_rows()):
-            self.gpu_seconds[g] += gs
-        self.cpu_runs += runs.height - with_gpus.height
-        self._blamable(runs.filter(state.is_in(sorted(BLAMABLE))))
-        if self.watch:
-            for job, a, b, user in zip(*_lists(
-                    runs.filter(pl.col("job_id").is_in(sorted(self.watch)))
-                    .select("job_id", "start_time", "end_time", "user")), strict=True):
-                self._watched(job, a, b, user)
-        again = runs.filter(pl.col("restart_count").fill_null(0) != 0)
-        requeued, users = self.requeued, self._users.setdefault
-        for job, a, n, user in zip(*_lists(again.select("job_id", "start_time",
-                                                        "restart_count", "user")), strict=True):
-            requeued.setdefault(job, []).append((a, n, users(user, user)))
-        if self.leaf_of is not None:
-            for text, g, a, sub in zip(*_lists(
-                    runs.filter(nodes.str.contains(r"[\[,]"))
-                    .select("nodes", "gpus", "start_time", "submit_time")), strict=True):
-                self._gang_at(text, g, a, sub or None)  # `submitted`
+        if runs.height:
+            classes = {g: gpu_class(g) for g in runs.get_column("gpus").unique().to_list()}
+            with_gpus = runs.filter(gpus > 0)
+            # In the order each key first comes, as one `+=` a run adds them.
+            for day, part, st, n in (with_gpus.group_by((end // DAY).alias("day"), "partition",
+                                                        "state", maintain_order=True)
+                                     .len().iter_rows()):
+                self.cells[(day, part, st)] += n
+            secs = gpus.cast(pl.Int64) * pl.max_horizontal(end - start, pl.lit(1))
+            for g, gs in (with_gpus.group_by(gpus.replace_strict(classes, return_dtype=pl.Int64)
+                                             .alias("class"), maintain_order=True)
+                          .agg(secs.sum()).iter_rows()):
+                self.gpu_seconds[g] += gs
+            self.cpu_runs += runs.height - with_gpus.height
+        # `Blamable.may_blame` says yes to these without the events: the others are asked.
+        sure = (pl.lit(True) if self.filter is None else
+                state.is_in(["NODE_FAIL", "BOOT_FAIL"]) | ((state == "FAILED") & (named > 1)))
+        code = (pl.when(~ran).then(_SKIP)
+                .when(~state.is_in(sorted(BLAMABLE)).fill_null(True)).then(_RUN)
+                .when(sure).then(_BLAMABLE).otherwise(_ASK))
+        return got.select(code.cast(pl.UInt8)).to_series()
 
-    def _blamable(self, runs: Any) -> None:
-        """`_add_one`'s blamable runs of ``runs`` (the store's rows that `kind` counts, in a
-        state the attribution may blame), in order."""
-        import polars as pl  # noqa: PLC0415
-
-        if runs.is_empty():
-            return
-        f = self.filter
-        if f is not None:
-            state = pl.col("state")
-            # `Blamable.may_blame` says yes to these without the events: the others asked.
-            sure = state.is_in(["NODE_FAIL", "BOOT_FAIL"]) | ((state == "FAILED")
-                                                              & (pl.col("named_") > 1))
-            runs = runs.with_row_index("at_")
-            ask = runs.filter(~sure).select("at_", "state", "nodes", "start_time", "end_time")
-            if ask.height:
-                may = f.may_blame
-                off = [at for at, *row in zip(*_lists(ask), strict=True) if not may(*row)]
-                runs = runs.filter(~pl.col("at_").is_in(off))
+    def _take(self, batch: Batch, codes: Sequence[int]) -> None:
+        """What `_add_one` keeps of each run of ``batch`` (`_counted`'s ``codes``), in order:
+        its blamable runs, requeues, watched jobs and gangs."""
+        col = batch.column
+        may = self.filter.may_blame if self.filter is not None else None
         blamable, cells, users = self.blamable, self._shared.setdefault, self._users.setdefault
-        for job, end, start, gpus, user, restarts, part, state_ in zip(*_lists(runs.select(
-                "job_id", "end_time", "start_time", "gpus", "user", "restart_count",
-                "partition", "state")), strict=True):
-            cell = (end // DAY, part, state_)
-            blamable[(job << 32) | (end & 0xFFFF_FFFF)] = (  # `run_key`, `_cell`
-                cells(cell, cell), gpus, end - start, users(user, user), restarts)
+        requeued, watch, leaf_of = self.requeued, self.watch, self.leaf_of
+        for code, job, text, state, start, end, gpus, restarts, part, user, sub in zip(
+                codes, *(col(c) for c in _ROW), strict=True):
+            if not code:
+                continue
+            if code >= _BLAMABLE and (code == _BLAMABLE or (
+                    may is not None and may(state, text, start, end))):
+                cell = (end // DAY, part, state)
+                blamable[(job << 32) | (end & 0xFFFF_FFFF)] = (  # `run_key`, `_cell`
+                    cells(cell, cell), gpus, end - start, users(user, user), restarts)
+            if watch and job in watch:
+                self._watched(job, start, end, user)
+            if restarts:
+                requeued.setdefault(job, []).append((start, restarts, users(user, user)))
+            if leaf_of is not None and ("[" in text or "," in text):
+                self._gang_at(text, gpus, start, sub or None)  # `submitted`
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
         self._gang_at(nodes, r.gpus, start, submitted(r))
@@ -485,17 +488,12 @@ class _Others:
     `_add_plain` does not: one by one, in order; then the plain one-node FAILED runs the tally
     judges itself (``extra``: a LazyFrame of their rows, None for none)."""
 
-    def __init__(self, tally: RunTally, kinds: Any, extra: Any) -> None:
-        self._tally, self._kinds, self._extra = tally, kinds, extra
+    def __init__(self, tally: RunTally, codes: Any, extra: Any) -> None:
+        self._tally, self._codes, self._extra = tally, codes, extra
 
     def take(self, batch: Batch, at: int) -> None:
         """``batch``: the others' rows from the ``at``-th on."""
-        import polars as pl  # noqa: PLC0415
-
-        kinds = self._kinds.slice(at, len(batch))
-        got = pl.concat([batch.frame, kinds], how="horizontal")
-        plain = kinds.get_column("plain_")
-        self._tally.add_frame((got.filter(~plain) if plain.any() else got).drop("plain_"))
+        self._tally._take(batch, self._codes.slice(at, len(batch)).to_list())
 
     def close(self) -> None:
         if self._extra is None:
