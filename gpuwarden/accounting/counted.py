@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from gpuwarden.accounting.attribution import (
     LEAD_S,
@@ -24,7 +25,6 @@ from gpuwarden.accounting.attribution import (
     Held,
     Pending,
     _attribute_one,
-    _claims,
     _rule,
     _submit_facts,
     gpu_class,
@@ -88,6 +88,21 @@ _Plain = tuple[int, float, float, int, list[int], str, str, bool, list[int], flo
 FLUSH_AT = 65_536
 
 
+class Rows(Protocol):
+    """A batch of runs by column (the store's: `store.schema.Batch`)."""
+
+    def __len__(self) -> int: ...
+    def column(self, name: str) -> Sequence[Any]:
+        """The field ``name`` (`AcctJob`'s) of every run, in order."""
+    def records(self, lo: int = 0, hi: int | None = None) -> Sequence[AcctRecord]:
+        """The runs from ``lo`` to ``hi`` (the end: None) as records."""
+
+
+# What `Judge.add_rows` reads of each run, in its order.
+_READ = ("job_id", "nodes", "state", "start_time", "end_time", "gpus", "user", "exit_code",
+         "failed_node", "submit_line")
+
+
 class Judge:
     """Judges the counted failed runs into one Attribution (`add`), in the order given."""
 
@@ -98,6 +113,8 @@ class Judge:
         self._times: dict[str, tuple[list[float], list[int]]] = {}
         # Plain blamed runs (no culprit, no node named) not yet written, in order (`flush`).
         self._plain: list[_Plain] = []
+        # `_rule`'s reason by (state, node count, exit code): all it reads of a counted run.
+        self._reasons: dict[tuple[str, int, int | None], str | None] = {}
 
     def flush(self) -> None:
         """The plain blamed runs written into the incidence and the blames, by column: the
@@ -124,55 +141,82 @@ class Judge:
             got = self._times[node] = ([ds[i].at for i in order], order)
         return got
 
-    def add(self, job: AcctRecord) -> None:
-        """One failed run (state in `BLAMABLE`, start and end times, a `countable` node list
-        with no cleared node): `_attribute_one` after the exposure."""
-        text = job.nodes
-        facts = self._lists.get(text)
-        if facts is None:
-            facts = self._lists[text] = _List(text, self.failures)
-        start, end, state = job.start_time, job.end_time, job.state
-        assert start is not None and end is not None  # the caller's
-        all_nodes, grace_s = facts.names, self.grace_s
-        gclass = gpu_class(job.gpus)
-        if state == "FAILED" and len(all_nodes) == 1:
-            drained, claims = _claims(state, all_nodes, start, end, self.drains, self.failures,
-                                      grace_s)
-        else:
-            found: list[HealthDrain] = []
-            lo, hi = end - LEAD_S, end + grace_s
-            times_of = self._times
-            for n in facts.with_events:
-                times, order = times_of.get(n) or self._by_time(n)
-                a, b = bisect_left(times, lo), bisect_right(times, hi)
-                if a == b:
-                    continue  # most runs: none of the node's events near the end
-                ds = self.failures[n]
-                for i in sorted(order[a:b]):  # in the node's list's order
-                    d = ds[i]
-                    if d not in found:
-                        found.append(d)
-            drained, claims = (), tuple(found)
-        if claims:  # rule 8: judged once every run that may claim them is in
-            self.result.pending.append(Pending(
-                Held(job.job_id, job.user, state, job.exit_code, job.failed_node,
-                     job.submit_line), all_nodes, all_nodes, start, end, facts.size, gclass,
-                claims, drained))
-            return
-        reason = _rule(job, all_nodes, {}, grace_s, start, end)
-        if reason is None or state == "REQUEUED":
-            return  # the user's (rule 4), or a requeue no node failure explains (rule 2)
-        self.result.gpu_failures[gclass] += 1
-        self._blame(job, facts, start, end, reason, gclass)
+    def add_rows(self, rows: Rows, lo: int, hi: int) -> None:
+        """The failed runs ``lo`` to ``hi`` of ``rows``, in order (each: a state in `BLAMABLE`,
+        start and end times, a `countable` node list with no cleared node): `_attribute_one`
+        after the exposure, read off the columns (no record each: a year has a million)."""
+        col = rows.column
+        lists, failures, drains, grace_s = self._lists, self.failures, self.drains, self.grace_s
+        times_of, pending, reasons = self._times, self.result.pending, self._reasons
+        gpu_failures = self.result.gpu_failures
+        drained: tuple[HealthDrain, ...]
+        claims: tuple[HealthDrain, ...]
+        for job_id, text, state, start, end, gpus, user, exit_code, failed_node, line in zip(
+                *(col(c)[lo:hi] for c in _READ), strict=True):
+            facts = lists.get(text)
+            if facts is None:
+                facts = lists[text] = _List(text, failures)
+            all_nodes = facts.names
+            gclass = gpu_class(gpus)
+            if state == "FAILED" and len(all_nodes) == 1:
+                # `_claims`: rule 4's drains, then the node's failures near the end (found by
+                # bisection: a drained node has had many).
+                got = [d for d in drains.get(all_nodes[0], ()) if start <= d.at <= end + grace_s]
+                if not got:
+                    drained = claims = ()
+                else:
+                    drained = tuple(got)
+                    for n in facts.with_events:
+                        times, order = times_of.get(n) or self._by_time(n)
+                        ds = failures[n]
+                        for i in sorted(order[bisect_left(times, end - LEAD_S):
+                                              bisect_right(times, end + grace_s)]):
+                            if ds[i] not in got:
+                                got.append(ds[i])
+                    claims = tuple(got)
+            else:
+                found: list[HealthDrain] = []
+                lo_t, hi_t = end - LEAD_S, end + grace_s
+                for n in facts.with_events:
+                    times, order = times_of.get(n) or self._by_time(n)
+                    a, b = bisect_left(times, lo_t), bisect_right(times, hi_t)
+                    if a == b:
+                        continue  # most runs: none of the node's events near the end
+                    ds = failures[n]
+                    for i in sorted(order[a:b]):  # in the node's list's order
+                        d = ds[i]
+                        if d not in found:
+                            found.append(d)
+                drained, claims = (), tuple(found)
+            if claims:  # rule 8: judged once every run that may claim them is in
+                pending.append(Pending(
+                    Held(job_id, user, state, exit_code, failed_node, line), all_nodes,
+                    all_nodes, start, end, facts.size, gclass, claims, drained))
+                continue
+            if state == "REQUEUED":
+                continue  # a requeue no node failure explains (rule 2)
+            key = (state, len(all_nodes), exit_code)
+            try:
+                reason = reasons[key]
+            except KeyError:
+                # `_rule` reads the state, the exit code and the node count; rule 4's drains
+                # were `_claims`'.
+                reason = reasons[key] = _rule(Held(job_id, user, state, exit_code, failed_node,
+                                                   line), all_nodes, {}, grace_s, start, end)
+            if reason is None:
+                continue  # the user's (rule 4)
+            gpu_failures[gclass] += 1
+            self._blame(job_id, state, user, failed_node, line, facts, start, end, reason,
+                        gclass)
 
-    def _blame(self, job: AcctRecord, facts: _List, start: int, end: int, reason: str,
-               gclass: int) -> None:
+    def _blame(self, job_id: int, state: str, user: str, failed_node: str, line: str,
+               facts: _List, start: int, end: int, reason: str, gclass: int) -> None:
         """`attribution._blame` for a run no failure event names a node of (no claims)."""
         result, all_nodes = self.result, facts.names
         culprits: list[str] = []
-        if job.state in NODE_STATES and job.failed_node in facts.scope:
-            culprits = [job.failed_node]  # sacct's own record of the node that failed
-            reason += f"; Slurm recorded {job.failed_node} as the node that failed"
+        if state in NODE_STATES and failed_node in facts.scope:
+            culprits = [failed_node]  # sacct's own record of the node that failed
+            reason += f"; Slurm recorded {failed_node} as the node that failed"
         keep = result.blames_on
         if keep is not None:  # no incidence; only the blames on ``keep``'s nodes
             targets = culprits or all_nodes
@@ -180,14 +224,14 @@ class Judge:
             (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += \
                 len(targets)
             kept = [n for n in targets if n in keep]
-            result.blames.add_run(result.blames.numbers(kept), 1.0 / len(targets), job.job_id,
+            result.blames.add_run(result.blames.numbers(kept), 1.0 / len(targets), job_id,
                                   float(end), reason, facts.size, pinned, float(start), gclass)
             return
-        named, script = _submit_facts(job.submit_line)
+        named, script = _submit_facts(line)
         if named:
             named = facts.scope if named == ALL_NODES else named & facts.scope
         hours = run_seconds(start, end) / 3600
-        gameable = job.state == "FAILED" and not culprits
+        gameable = state == "FAILED" and not culprits
         targets = culprits or all_nodes
         pinned = len(all_nodes) == 1 or bool(culprits)
         (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
@@ -197,33 +241,45 @@ class Judge:
                 facts.blamed = result.blames.numbers(all_nodes)
             assert facts.blamed is not None
             plain = self._plain
-            plain.append((job.job_id, float(end), hours, facts.size, facts.ixs, job.user,
+            plain.append((job_id, float(end), hours, facts.size, facts.ixs, user,
                           script, gameable, facts.blamed, 1.0 / len(targets), reason,
                           pinned, float(start), gclass))
             if len(plain) >= FLUSH_AT:
                 self.flush()
             return
         self.flush()
-        result.incidence.add_failure(job.job_id, float(end), hours, facts.size, all_nodes,
-                                     culprits, named, job.user, script, gameable=gameable)
+        result.incidence.add_failure(job_id, float(end), hours, facts.size, all_nodes,
+                                     culprits, named, user, script, gameable=gameable)
         blames = result.blames
-        blames.add_run(blames.numbers(culprits or all_nodes), 1.0 / len(targets), job.job_id,
+        blames.add_run(blames.numbers(culprits or all_nodes), 1.0 / len(targets), job_id,
                        float(end), reason, facts.size, pinned, float(start), gclass)
 
 
-def attribute_rest(result: Attribution, batches: Iterable[tuple[Columns, Sequence[bool]]],
+def attribute_rest(result: Attribution, batches: Iterable[tuple[Rows, Sequence[bool]]],
                    drains: Mapping[str, list[HealthDrain]],
                    failures: Mapping[str, list[HealthDrain]], clears: Mapping[str, float],
                    grace_s: float, ranged: RangeTally) -> None:
     """The runs of ``batches`` (runs and which are counted), in order: the ``counted`` ones
-    judged by one `Judge` (their exposure is the caller's), the others each as
-    `attribute_runs` does one record."""
+    judged by one `Judge` off the columns (their exposure is the caller's), the others made
+    records, each as `attribute_runs` does one record."""
     judge = Judge(result, drains, failures, grace_s)
-    for cols, counted in batches:
-        for i, (rec, fast) in enumerate(zip(cols.records, counted, strict=True)):
+    for rows, counted in batches:
+        n = len(rows)
+        at = 0
+        while at < n:  # spans of counted runs, then of the others
+            fast = counted[at]
+            try:
+                end = counted.index(not fast, at)
+            except ValueError:
+                end = n
             if fast:
-                judge.add(rec)
+                judge.add_rows(rows, at, end)
             else:
                 judge.flush()
-                _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s, ranged)
+                recs = rows.records(at, end)
+                cols = Columns(recs)
+                for i, rec in enumerate(recs):
+                    _attribute_one(result, rec, cols, i, drains, failures, clears, grace_s,
+                                   ranged)
+            at = end
     judge.flush()

@@ -36,12 +36,13 @@ from gpuwarden.accounting.attribution import (
 from gpuwarden.accounting.columns import Columns, columns
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.report.fields import partition, submitted
-from gpuwarden.slurm.hostlist import HostlistError, expand
+from gpuwarden.slurm.hostlist import _MAX_EXPAND, HostlistError, expand
 from gpuwarden.slurm.hostranges import expanded, shape
 from gpuwarden.slurm.models import NodeEvent
 
 if TYPE_CHECKING:  # polars, the store's engine, is loaded only when a store is read
     from gpuwarden.accounting.store.scan import StoreRuns
+    from gpuwarden.accounting.store.schema import Batch
 
 DAY = 86_400
 BLAMABLE = frozenset({"NODE_FAIL", "BOOT_FAIL", "REQUEUED", "FAILED"})
@@ -51,6 +52,11 @@ NEVER_RAN_STATES = frozenset({"PENDING", "CANCELLED"})
 Cell = tuple[int, str, str]  # (UTC day number of the end, partition, Slurm state)
 GangKey = tuple[int, str]  # (GPU class, "one leaf" | "several leaves" | "unknown")
 Kind = Literal["run", "never ran", "skipped"]
+# What `RunTally._take` does with a store row (`RunTally._counted`).
+_SKIP, _RUN, _BLAMABLE, _ASK = 0, 1, 2, 3
+# The fields `RunTally._take` reads of each of the store's rows, in its order.
+_ROW = ("job_id", "nodes", "state", "start_time", "end_time", "gpus", "restart_count",
+        "partition", "user", "submit_time")
 
 
 def run_key(job_id: int, end: int) -> int:
@@ -76,31 +82,52 @@ def kind(r: AcctRecord) -> Kind:
     """Whether the attribution counts ``r`` as a run, drops it silently (it never ran: no
     nodes, pending or cancelled), or skips it with a reason. The attribution's own tests
     (`lemon.attribution.attribute_runs`, `_named`), in the same order."""
-    text = r.nodes
-    if not (text and r.state not in BLAMABLE and shape(text) is not None):
+    return _kind(r.nodes, r.state, r.start_time, r.end_time)
+
+
+def _kind(text: str, state: str, start: int | None, end: int | None) -> Kind:
+    """`kind` of a record with these fields."""
+    if not (text and state not in BLAMABLE and shape(text) is not None):
         names = _names(text)
         if names is None:
             return "skipped"  # unreadable node list
         if not names:
-            return "never ran" if r.state in NEVER_RAN_STATES else "skipped"
-    start, end = r.start_time, r.end_time
+            return "never ran" if state in NEVER_RAN_STATES else "skipped"
     if start is None or end is None or end < start:
         return "skipped"
     return "run"
 
 
-def _plainish(rest: Any) -> Any:
-    """A polars predicate on the store's rows ``rest`` (a DataFrame): the runs `_add_plain`
-    tallies (a node list `shape` reads, a state never blamed, a start and an end that are not
-    0, the end not before the start)."""
+def _kinds(rest: Any) -> Any:
+    """Per row of the store's rows ``rest`` (a polars DataFrame), what the report's tally
+    reads of its node list, worked out once per list: ``plain_``, whether `_add_plain`
+    tallies it (a node list `shape` reads, a state never blamed, a start and an end that are
+    not 0, the end not before the start); ``fast_``, whether `kind` reads its names (a list
+    `shape` reads, a state never blamed); ``named_``, where it does, how many (-1: not
+    readable)."""
     import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
 
     texts = rest.get_column("nodes").drop_nulls().unique().to_list()
-    shaped = pl.Series([t for t in texts if t and shape(t) is not None], dtype=pl.String)
+    shapes = {t: known[1] for t in texts if t and (known := shape(t)) is not None}
+    shaped = pl.Series(list(shapes), dtype=pl.String).implode()
+    nodes, state = pl.col("nodes"), pl.col("state")
     start, end = pl.col("start_time"), pl.col("end_time")
-    return (pl.col("nodes").is_in(shaped.implode()) & ~pl.col("state").is_in(sorted(BLAMABLE))
-            & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
-            & (end >= start)).fill_null(False)
+    plain = (nodes.is_in(shaped) & ~state.is_in(sorted(BLAMABLE))
+             & start.is_not_null() & (start != 0) & end.is_not_null() & (end != 0)
+             & (end >= start)).fill_null(False)
+    fast = (nodes.is_in(shaped)
+            & (state.is_null() | ~state.is_in(sorted(BLAMABLE)))).fill_null(False)
+    wanted = rest.filter(~fast).get_column("nodes").drop_nulls().unique().to_list()
+    # A list `shape` reads has as many names as it counts (`hostranges.expanded`).
+    counts = {t: n if (n := shapes.get(t)) is not None and n <= _MAX_EXPAND
+              else -1 if (ns := _names(t)) is None else len(ns) for t in wanted}
+    named = (nodes.replace_strict(counts, default=0, return_dtype=pl.Int64) if counts
+             else pl.lit(0, pl.Int64))
+    named = pl.when(nodes.is_null()).then(0).otherwise(named)  # `_names(None)`: ()
+    # In one chunk: `replace_strict` over the store's rows in chunks (90 at a month) made its
+    # table of the lists once a chunk, on every polars thread.
+    return (rest.select("nodes", "state", "start_time", "end_time").rechunk()
+            .select(plain.alias("plain_"), fast.alias("fast_"), named.alias("named_")))
 
 
 @dataclass(frozen=True)
@@ -260,12 +287,14 @@ class RunTally:
         # The others as one `add` of them all (then of ``extra``) would take them: first the
         # ones `_add_plain` tallies (here), then the rest one by one, each in order (`_Others`:
         # the attribution's own records of them, a batch at a time).
-        plainish = runs.rest.select(_plainish(runs.rest)).to_series()
+        kinds = _kinds(runs.rest)
+        plainish = kinds.get_column("plain_")
         for batch in runs.others(plainish):
             self.add(batch)
+        codes = self._counted(runs.rest, kinds)
         extra = None if same else (runs.plain.filter(state == "FAILED").sort("rid")
                                    .select(*store_schema.READ))
-        return _Others(self, plainish, extra)
+        return _Others(self, codes, extra)
 
     def _gangs(self, nodes: str, gpus: int, runs: int, wait_s: int, waited: int) -> None:
         """`_gang` for ``runs`` runs on ``nodes`` with ``gpus``, ``waited`` of them with a
@@ -308,35 +337,123 @@ class RunTally:
             return
         start, end = r.start_time, r.end_time
         assert start is not None and end is not None  # kind() said so
-        state, gpus, restarts = r.state, r.gpus, r.restart_count
-        cell = (end // DAY, partition(r), state)
+        self._run(r.job_id, r.nodes, r.state, start, end, r.gpus, r.restart_count,
+                  partition(r), r.user)
+        if self.leaf_of is not None:
+            nodes = r.nodes
+            if "[" in nodes or "," in nodes:
+                self._gang(r, nodes, start)
+
+    def _run(self, job: int, nodes: str, state: str, start: int, end: int, gpus: int,
+             restarts: int | None, part: str, user: str) -> None:
+        """`_add_one` of a run (`kind`), less its gang."""
+        cell = (end // DAY, part, state)
         if gpus > 0:
             self.cells[cell] += 1
             self.gpu_seconds[gpu_class(gpus)] += gpus * max(end - start, 1)
         else:
             self.cpu_runs += 1
         may = self.filter.may_blame if self.filter is not None else None
-        if state in BLAMABLE and (may is None or may(state, r.nodes, start, end)):
-            user = r.user
-            self.blamable[run_key(r.job_id, end)] = (
+        if state in BLAMABLE and (may is None or may(state, nodes, start, end)):
+            self.blamable[run_key(job, end)] = (
                 self._cell(cell), gpus, end - start, self._users.setdefault(user, user),
                 restarts)
-        if self.watch and r.job_id in self.watch:
-            self._watched(r.job_id, start, end, r.user)
+        if self.watch and job in self.watch:
+            self._watched(job, start, end, user)
         if restarts:
-            self._requeued(r, start, restarts)
-        if self.leaf_of is not None:
-            nodes = r.nodes
-            if "[" in nodes or "," in nodes:
-                self._gang(r, nodes, start)
+            self.requeued.setdefault(job, []).append(
+                (start, restarts, self._users.setdefault(user, user)))
+
+    def add_frame(self, df: Any) -> None:
+        """`_add_one` of each of the store's rows ``df`` (a polars DataFrame with the columns
+        `store.schema.READ`), in order, without a record each: `_counted`, then `_take`. The
+        same tallies in the same order as `_add_one` of each
+        (tests/unit/test_report_collect_frame.py)."""
+        import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        from gpuwarden.accounting.store.schema import Batch  # noqa: PLC0415
+
+        if df.is_empty():
+            return
+        codes = self._counted(df, _kinds(df).with_columns(pl.lit(False).alias("plain_")))
+        self._take(Batch(df), codes.to_list())
+
+    def _counted(self, df: Any, kinds: Any) -> Any:
+        """The counts `_add_one` adds for the store's rows ``df`` that are not plain (by
+        ``kinds``, `_kinds`'): never ran, runs per cell, GPU seconds per class, CPU runs, on
+        columns, once over them all (a polars query per batch kept polars' threads awake
+        for as long again). Returns what `_take` does with each row: `_SKIP`, `_RUN` (a
+        run), `_BLAMABLE` (a run the attribution may blame), `_ASK` (one `Blamable.may_blame`
+        says, with the node events)."""
+        import polars as pl  # noqa: PLC0415 - the store's engine, loaded only with a store
+
+        state, gpus = pl.col("state"), pl.col("gpus")
+        start, end = pl.col("start_time"), pl.col("end_time")
+        fast, named, plain = pl.col("fast_"), pl.col("named_"), pl.col("plain_")
+        got = pl.concat([df.select("state", "gpus", "start_time", "end_time", "partition"),
+                         kinds], how="horizontal")
+        timed = start.is_not_null() & end.is_not_null() & (end >= start)
+        ran = (~plain & (fast | (named > 0)) & timed).fill_null(False)
+        self.never_ran += int(got.select((~plain & ~fast & (named == 0)
+                                          & state.is_in(sorted(NEVER_RAN_STATES))).sum())
+                              .item())
+        runs = got.filter(ran)
+        if runs.height:
+            classes = {g: gpu_class(g) for g in runs.get_column("gpus").unique().to_list()}
+            with_gpus = runs.filter(gpus > 0)
+            # In the order each key first comes, as one `+=` a run adds them.
+            for day, part, st, n in (with_gpus.group_by((end // DAY).alias("day"), "partition",
+                                                        "state", maintain_order=True)
+                                     .len().iter_rows()):
+                self.cells[(day, part, st)] += n
+            secs = gpus.cast(pl.Int64) * pl.max_horizontal(end - start, pl.lit(1))
+            for g, gs in (with_gpus.group_by(gpus.replace_strict(classes, return_dtype=pl.Int64)
+                                             .alias("class"), maintain_order=True)
+                          .agg(secs.sum()).iter_rows()):
+                self.gpu_seconds[g] += gs
+            self.cpu_runs += runs.height - with_gpus.height
+        # `Blamable.may_blame` says yes to these without the events: the others are asked.
+        sure = (pl.lit(True) if self.filter is None else
+                state.is_in(["NODE_FAIL", "BOOT_FAIL"]) | ((state == "FAILED") & (named > 1)))
+        code = (pl.when(~ran).then(_SKIP)
+                .when(~state.is_in(sorted(BLAMABLE)).fill_null(True)).then(_RUN)
+                .when(sure).then(_BLAMABLE).otherwise(_ASK))
+        return got.select(code.cast(pl.UInt8)).to_series()
+
+    def _take(self, batch: Batch, codes: Sequence[int]) -> None:
+        """What `_add_one` keeps of each run of ``batch`` (`_counted`'s ``codes``), in order:
+        its blamable runs, requeues, watched jobs and gangs."""
+        col = batch.column
+        may = self.filter.may_blame if self.filter is not None else None
+        blamable, cells, users = self.blamable, self._shared.setdefault, self._users.setdefault
+        requeued, watch, leaf_of = self.requeued, self.watch, self.leaf_of
+        for code, job, text, state, start, end, gpus, restarts, part, user, sub in zip(
+                codes, *(col(c) for c in _ROW), strict=True):
+            if not code:
+                continue
+            if code >= _BLAMABLE and (code == _BLAMABLE or (
+                    may is not None and may(state, text, start, end))):
+                cell = (end // DAY, part, state)
+                blamable[(job << 32) | (end & 0xFFFF_FFFF)] = (  # `run_key`, `_cell`
+                    cells(cell, cell), gpus, end - start, users(user, user), restarts)
+            if watch and job in watch:
+                self._watched(job, start, end, user)
+            if restarts:
+                requeued.setdefault(job, []).append((start, restarts, users(user, user)))
+            if leaf_of is not None and ("[" in text or "," in text):
+                self._gang_at(text, gpus, start, sub or None)  # `submitted`
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
+        self._gang_at(nodes, r.gpus, start, submitted(r))
+
+    def _gang_at(self, nodes: str, gpus: int, start: int, sub: int | None) -> None:
+        """`_gang` of a run on ``nodes`` with ``gpus``, submitted at ``sub`` (None: not
+        known)."""
         where = self._leaves(nodes)
         if where is None:
             return
-        key = (gpu_class(r.gpus), where)
+        key = (gpu_class(gpus), where)
         self.gang_runs[key] += 1
-        sub = submitted(r)
         if sub is not None and sub <= start:
             self.gang_wait_s[key] += start - sub
             self.gang_waited[key] += 1
@@ -371,16 +488,12 @@ class _Others:
     `_add_plain` does not: one by one, in order; then the plain one-node FAILED runs the tally
     judges itself (``extra``: a LazyFrame of their rows, None for none)."""
 
-    def __init__(self, tally: RunTally, plainish: Any, extra: Any) -> None:
-        self._tally, self._plainish, self._extra = tally, plainish, extra
+    def __init__(self, tally: RunTally, codes: Any, extra: Any) -> None:
+        self._tally, self._codes, self._extra = tally, codes, extra
 
-    def take(self, batch: Columns, at: int) -> None:
-        """``batch``: the others' records from the ``at``-th on."""
-        one = self._tally._add_one
-        recs = batch.records
-        for rec, plain in zip(recs, self._plainish.slice(at, len(recs)).to_list(), strict=True):
-            if not plain:  # tallied by `add_store`
-                one(rec)
+    def take(self, batch: Batch, at: int) -> None:
+        """``batch``: the others' rows from the ``at``-th on."""
+        self._tally._take(batch, self._codes.slice(at, len(batch)).to_list())
 
     def close(self) -> None:
         if self._extra is None:

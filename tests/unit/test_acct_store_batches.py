@@ -1,4 +1,4 @@
-"""The store's failed runs are made into records a batch at a time (`store.schema.batches`):
+"""The store's failed runs are made into objects a batch at a time (`store.schema.Batch`):
 a year holds millions, and every one held as an object at once was most of the report's
 memory. Any batch size gives the same figures, and the same tallies in the same order."""
 
@@ -19,7 +19,6 @@ from gpuwarden.accounting.store.ingest import ingest
 from gpuwarden.lemon.scoring import ScoreConfig
 from gpuwarden.report.build import Options, as_json, build
 from gpuwarden.report.collect import Blamable, RunTally
-from gpuwarden.slurm.models import AcctJob
 from tests.unit.test_acct_store_golden import DAY, T0, _events, _export, _record, event_st, run_st
 
 SMALL = 3
@@ -54,14 +53,16 @@ def _generated(text: str) -> str:
 
 
 def _batched(store: str, blamable: Blamable | None) -> tuple[Any, RunTally, list[int]]:
-    """`_read` with batches of `SMALL` records; how many records each batch made."""
+    """`_read` with batches of `SMALL` rows; how many rows each batch made into objects
+    (`schema.Batch`: column lists, and records of some)."""
     made: list[int] = []
-    jobs = schema.jobs
 
-    def counted(df: pl.DataFrame) -> list[AcctJob]:
-        made.append(df.height)
-        return jobs(df)
-    with mock.patch.object(schema, "BATCH", SMALL, create=True), mock.patch.object(schema, "jobs", counted):
+    class Counted(schema.Batch):
+        def __init__(self, df: pl.DataFrame) -> None:
+            made.append(df.height)
+            super().__init__(df)
+    with mock.patch.object(schema, "BATCH", SMALL, create=True), \
+            mock.patch.object(schema, "Batch", Counted):
         figures, tally = _read(store, blamable)
     return figures, tally, made
 

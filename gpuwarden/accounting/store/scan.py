@@ -34,7 +34,6 @@ from gpuwarden.accounting.attribution import (
     add_plain_sizes,
     size_bucket,
 )
-from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.counted import attribute_rest
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.store import nodelists, rollup, schema
@@ -330,7 +329,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     flags = rest.select(counted).to_series()
     runs = StoreRuns(lf.filter(keep), drains, grace_s, lf, rest, rolled)
     others = collect(runs) if collect is not None else None
-    attribute_rest(att, _with_flags(schema.batches(rest.drop("rid")), flags, others), drains,
+    attribute_rest(att, _with_flags(schema.row_batches(rest.drop("rid")), flags, others), drains,
                    failures, clears, grace_s, tally)
     if others is not None:
         others.close()
@@ -341,22 +340,21 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
 
 
 class Others(Protocol):
-    """What takes the others' records (`StoreRuns.rest`) besides the attribution: each batch
-    as the attribution reads it, in store order (the records made once, for both), then
+    """What takes the others' rows (`StoreRuns.rest`) besides the attribution: each batch
+    as the attribution reads it, in store order (its columns made lists once, for both), then
     `close`."""
 
-    def take(self, batch: Columns, at: int) -> None: ...
+    def take(self, batch: schema.Batch, at: int) -> None: ...
     def close(self) -> None: ...
 
 
-def _with_flags(batches: Iterable[list[AcctJob]], flags: pl.Series,
-                others: Others | None) -> Iterator[tuple[Columns, list[bool]]]:
-    """Each batch of records with its part of ``flags`` (one per record, in order), given to
-    ``others`` too."""
+def _with_flags(batches: Iterable[schema.Batch], flags: pl.Series,
+                others: Others | None) -> Iterator[tuple[schema.Batch, list[bool]]]:
+    """Each batch with its part of ``flags`` (one per row, in order), given to ``others``
+    too."""
     at = 0
-    for recs in batches:
-        cols = Columns(recs)
+    for batch in batches:
         if others is not None:
-            others.take(cols, at)
-        yield cols, flags.slice(at, len(recs)).to_list()
-        at += len(recs)
+            others.take(batch, at)
+        yield batch, flags.slice(at, len(batch)).to_list()
+        at += len(batch)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
-from itertools import repeat
 from typing import Any
 
 import polars as pl
@@ -102,21 +101,63 @@ READ = tuple(n for n in NAMES if n not in UNREAD)
 BATCH = 50_000  # records made at once (`batches`): bounds the objects held
 
 
+class Batch:
+    """Rows of the store by column, each column made a list once, on first read: what the
+    failed runs are judged with (`counted.Rows`) and the report tallies them with, without a
+    record per row (a year's million records were a tenth of its report); records only of the
+    few rows the per-record rules read (`records`). A column of `UNREAD` that the rows leave
+    out stands unset in each."""
+
+    __slots__ = ("_cols", "_df")
+
+    def __init__(self, df: pl.DataFrame) -> None:
+        self._df = df
+        self._cols: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return self._df.height
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """The rows."""
+        return self._df
+
+    def column(self, name: str) -> list[Any]:
+        got = self._cols.get(name)
+        if got is None:
+            got = self._cols[name] = (self._df.get_column(name).to_list()
+                                      if name in self._df.columns
+                                      else [UNREAD[name]] * self._df.height)
+        return got
+
+    def records(self, lo: int = 0, hi: int | None = None) -> list[AcctJob]:
+        """The rows from ``lo`` to ``hi`` (the end: None) as records."""
+        if hi is None:
+            hi = self._df.height
+        if lo >= hi:
+            return []
+        cols = [self.column(c)[lo:hi] for c in NAMES]
+        return [_job(row) for row in zip(*cols, strict=True)]
+
+
 def jobs(df: pl.DataFrame) -> list[AcctJob]:
     """Rows back as the records the attribution reads (for the few runs judged one by one); a
     column of `UNREAD` that ``df`` leaves out stands unset in each."""
-    if df.is_empty():
-        return []
-    n = df.height
-    cols = [df.get_column(c).to_list() if c in df.columns else repeat(UNREAD[c], n)
-            for c in NAMES]
-    return [_job(row) for row in zip(*cols, strict=True)]
+    return Batch(df).records() if df.height else []
+
+
+def row_batches(df: pl.DataFrame) -> Iterator[Batch]:
+    """``df`` as `Batch`es of `BATCH` rows, in order: only a batch of rows is held as
+    objects at once."""
+    size = BATCH
+    for at in range(0, df.height, size):
+        yield Batch(df.slice(at, size))
 
 
 def _job(row: tuple[Any, ...], _new: Callable[[type[AcctJob]], AcctJob] = object.__new__,
          _names: tuple[str, ...] = NAMES) -> AcctJob:
     """``AcctJob(*row)``, its fields filled directly: the dataclass's __init__ sets each frozen
-    field through object.__setattr__ (17 calls; a year's million records made here)."""
+    field through object.__setattr__ (17 calls a record)."""
     job = _new(AcctJob)
     job.__dict__.update(zip(_names, row, strict=True))
     return job
