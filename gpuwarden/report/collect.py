@@ -416,7 +416,7 @@ class RunTally:
         sure = (pl.lit(True) if self.filter is None else
                 state.is_in(["NODE_FAIL", "BOOT_FAIL"]) | ((state == "FAILED") & (named > 1)))
         code = (pl.when(~ran).then(_SKIP)
-                .when(~state.is_in(sorted(BLAMABLE)).fill_null(True)).then(_RUN)
+                .when((~state.is_in(sorted(BLAMABLE))).fill_null(True)).then(_RUN)
                 .when(sure).then(_BLAMABLE).otherwise(_ASK))
         return got.select(code.cast(pl.UInt8)).to_series()
 

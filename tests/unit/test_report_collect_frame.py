@@ -15,8 +15,9 @@ from gpuwarden.report.collect import Blamable, RunTally
 from gpuwarden.slurm.models import AcctJob, NodeEvent
 
 T0 = 1_767_225_600
-STATES = ("FAILED", "FAILED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED", "COMPLETED", "CANCELLED",
-          "PENDING", "TIMEOUT")
+# None: a store row without a state (never blamed, as a record without one).
+STATES = (None, "FAILED", "FAILED", "NODE_FAIL", "BOOT_FAIL", "REQUEUED", "COMPLETED",
+          "CANCELLED", "PENDING", "TIMEOUT")
 LISTS = ("n1", "n2", "n[1-2]", "n[1-4]", "n[1,3]", "n[1-2],m1", "m[1-2]x", "n[1]", "",
          "None assigned", "(null)", "n[2-1]", "n[a-b]", "n[1-2000000]", None)
 NODES = ("n1", "n2", "n3", "n4", "m1")
