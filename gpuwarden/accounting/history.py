@@ -60,8 +60,8 @@ class Collector(Protocol):
     def add(self, records: Columns) -> None: ...
     def merge(self, other: Any) -> None: ...
     # The same tallies from the accounting store (`accounting.store.scan.StoreRuns`): its
-    # plain runs on columns; the others as records, given to what it returns as the
-    # attribution reads them (`scan.Others`).
+    # plain runs on columns; the others a batch of column lists at a time (`schema.Batch`),
+    # given to what it returns as the attribution reads them (`scan.Others`).
     def add_store(self, runs: Any) -> Any: ...
 
 

@@ -290,7 +290,7 @@ def attribute(lf: pl.LazyFrame, att: Attribution, drains: Mapping[str, list[Heal
     judged by `counted.Judge`, the rest one by one (`attribute_runs`'s per-record rules).
     ``rolled``: the rollups of every row of ``lf`` (`rolled`), whose groups are summed
     rather than made over the rows. ``collect``: a collector's (`history.Collector.add_store`),
-    given what it reads before the runs are judged one by one, and their records then.
+    given what it reads before the runs are judged one by one, and their batches then.
     ``parts``: ``lf`` in `pieces`, read a piece at a time for the runs that are not plain."""
     start, end, nodes = (pl.col(c) for c in ("start_time", "end_time", "nodes"))
     groups = (rollup.lists(rolled) if rolled is not None else
