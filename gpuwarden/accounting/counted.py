@@ -141,13 +141,31 @@ class Judge:
             got = self._times[node] = ([ds[i].at for i in order], order)
         return got
 
+    def _near_end(self, facts: _List, end: int, found: list[HealthDrain]
+                  ) -> list[HealthDrain]:
+        """``found`` and after it each failure event of ``facts``' nodes from `LEAD_S` before
+        ``end`` to the grace after, in the list's order, once each (`_claims`' rule 2 part)."""
+        lo, hi = end - LEAD_S, end + self.grace_s
+        times_of, failures = self._times, self.failures
+        for n in facts.with_events:
+            times, order = times_of.get(n) or self._by_time(n)
+            a, b = bisect_left(times, lo), bisect_right(times, hi)
+            if a == b:
+                continue  # most runs: none of the node's events near the end
+            ds = failures[n]
+            for i in sorted(order[a:b]):  # in the node's list's order
+                d = ds[i]
+                if d not in found:
+                    found.append(d)
+        return found
+
     def add_rows(self, rows: Rows, lo: int, hi: int) -> None:
         """The failed runs ``lo`` to ``hi`` of ``rows``, in order (each: a state in `BLAMABLE`,
         start and end times, a `countable` node list with no cleared node): `_attribute_one`
         after the exposure, read off the columns (no record each: a year has a million)."""
         col = rows.column
         lists, failures, drains, grace_s = self._lists, self.failures, self.drains, self.grace_s
-        times_of, pending, reasons = self._times, self.result.pending, self._reasons
+        pending, reasons = self.result.pending, self._reasons
         gpu_failures = self.result.gpu_failures
         drained: tuple[HealthDrain, ...]
         claims: tuple[HealthDrain, ...]
@@ -166,28 +184,9 @@ class Judge:
                     drained = claims = ()
                 else:
                     drained = tuple(got)
-                    for n in facts.with_events:
-                        times, order = times_of.get(n) or self._by_time(n)
-                        ds = failures[n]
-                        for i in sorted(order[bisect_left(times, end - LEAD_S):
-                                              bisect_right(times, end + grace_s)]):
-                            if ds[i] not in got:
-                                got.append(ds[i])
-                    claims = tuple(got)
+                    claims = tuple(self._near_end(facts, end, got))
             else:
-                found: list[HealthDrain] = []
-                lo_t, hi_t = end - LEAD_S, end + grace_s
-                for n in facts.with_events:
-                    times, order = times_of.get(n) or self._by_time(n)
-                    a, b = bisect_left(times, lo_t), bisect_right(times, hi_t)
-                    if a == b:
-                        continue  # most runs: none of the node's events near the end
-                    ds = failures[n]
-                    for i in sorted(order[a:b]):  # in the node's list's order
-                        d = ds[i]
-                        if d not in found:
-                            found.append(d)
-                drained, claims = (), tuple(found)
+                drained, claims = (), tuple(self._near_end(facts, end, []))
             if claims:  # rule 8: judged once every run that may claim them is in
                 pending.append(Pending(
                     Held(job_id, user, state, exit_code, failed_node, line), all_nodes,

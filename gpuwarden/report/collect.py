@@ -227,7 +227,7 @@ class RunTally:
             if watch and ids[i] in watch:
                 self._watched(ids[i], start, end, recs[i].user)
             if restarts[i]:
-                self._requeued(recs[i], start, restarts[i])
+                self._requeued(recs[i].job_id, start, restarts[i], recs[i].user)
             if leaf_of is not None and ("[" in text or "," in text):
                 self._gang(recs[i], text, start)
         self._add_groups(groups.items())
@@ -325,10 +325,15 @@ class RunTally:
         self.watched.setdefault(job, []).append((start, end))
         self.watched_users.setdefault(job, set()).add(self._users.setdefault(user, user))
 
-    def _requeued(self, r: AcctRecord, start: int, restarts: int) -> None:
-        user = r.user
-        self.requeued.setdefault(r.job_id, []).append(
+    def _requeued(self, job: int, start: int, restarts: int, user: str) -> None:
+        self.requeued.setdefault(job, []).append(
             (start, restarts, self._users.setdefault(user, user)))
+
+    def _blamable(self, job: int, cell: Cell, gpus: int, start: int, end: int, user: str,
+                  restarts: int | None) -> None:
+        """A run the attribution may blame, kept by `run_key`."""
+        self.blamable[run_key(job, end)] = (
+            self._cell(cell), gpus, end - start, self._users.setdefault(user, user), restarts)
 
     def _add_one(self, r: AcctRecord) -> None:
         what = kind(r)
@@ -355,14 +360,11 @@ class RunTally:
             self.cpu_runs += 1
         may = self.filter.may_blame if self.filter is not None else None
         if state in BLAMABLE and (may is None or may(state, nodes, start, end)):
-            self.blamable[run_key(job, end)] = (
-                self._cell(cell), gpus, end - start, self._users.setdefault(user, user),
-                restarts)
+            self._blamable(job, cell, gpus, start, end, user, restarts)
         if self.watch and job in self.watch:
             self._watched(job, start, end, user)
         if restarts:
-            self.requeued.setdefault(job, []).append(
-                (start, restarts, self._users.setdefault(user, user)))
+            self._requeued(job, start, restarts, user)
 
     def add_frame(self, df: Any) -> None:
         """`_add_one` of each of the store's rows ``df`` (a polars DataFrame with the columns
@@ -425,21 +427,19 @@ class RunTally:
         its blamable runs, requeues, watched jobs and gangs."""
         col = batch.column
         may = self.filter.may_blame if self.filter is not None else None
-        blamable, cells, users = self.blamable, self._shared.setdefault, self._users.setdefault
-        requeued, watch, leaf_of = self.requeued, self.watch, self.leaf_of
+        watch, leaf_of = self.watch, self.leaf_of
         for code, job, text, state, start, end, gpus, restarts, part, user, sub in zip(
                 codes, *(col(c) for c in _ROW), strict=True):
             if not code:
                 continue
             if code >= _BLAMABLE and (code == _BLAMABLE or (
                     may is not None and may(state, text, start, end))):
-                cell = (end // DAY, part, state)
-                blamable[(job << 32) | (end & 0xFFFF_FFFF)] = (  # `run_key`, `_cell`
-                    cells(cell, cell), gpus, end - start, users(user, user), restarts)
+                self._blamable(job, (end // DAY, part, state), gpus, start, end, user,
+                               restarts)
             if watch and job in watch:
                 self._watched(job, start, end, user)
             if restarts:
-                requeued.setdefault(job, []).append((start, restarts, users(user, user)))
+                self._requeued(job, start, restarts, user)
             if leaf_of is not None and ("[" in text or "," in text):
                 self._gang_at(text, gpus, start, sub or None)  # `submitted`
 
