@@ -327,8 +327,8 @@ class Checkpointer:
             spare: set[int] = set()
             again = None
             if self._floor0 is not None and fresh:
-                spare = {s for s in [self._floor0.final(mine, read=bool(doomed))]
-                         if s is not None}
+                floor = self._floor0.final(mine, read=bool(doomed))
+                spare = set() if floor is None else {floor}
             elif self._floor0 is not None:
                 self._floor0.publish(mine)
                 if doomed:
