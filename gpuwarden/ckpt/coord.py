@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -100,7 +101,9 @@ class FileCoordinator:
 
     def _write(self, name: str, value: Any) -> None:
         path = os.path.join(self.dir, name)
-        tmp = f"{path}.{os.getpid()}.tmp"
+        # A name of this thread's own: the floor thread and close's last pass may publish at
+        # once (`floor0`), and one temp file shared between them could mix their values.
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(value, fh)
         os.replace(tmp, path)

@@ -142,7 +142,7 @@ class MemoryFloor:
     def _publish(self, step: int) -> None:
         try:
             self.coord.publish_durable(self.tier, step)
-        except OSError as exc:
+        except Exception as exc:  # logged: a bug must not end the floor thread unseen
             log.warning("cannot publish step %d as held in %s: %s", step, self.tier, exc)
             return
         with self._cv:
@@ -153,7 +153,7 @@ class MemoryFloor:
             question, self._read_at = self._asked, time.monotonic()
         try:
             floor = self.coord.durable_floor(self.tier, fresh=True)
-        except OSError as exc:
+        except Exception as exc:  # logged: a bug must not end the floor thread unseen
             log.warning("cannot read the step every rank holds in %s (%s): keeping its newest "
                         "steps only", self.tier, exc)
             floor = None
