@@ -58,6 +58,9 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import accumulate
 
+import numpy as np
+import numpy.typing as npt
+
 from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.columns import Columns
 from gpuwarden.accounting.incidence import IncidenceBuilder
@@ -641,13 +644,12 @@ def add_lone_drains(att: Attribution, drains: Mapping[str, list[HealthDrain]],
     accounting read (`History.windows`); without them, the runs' own span."""
     settle(att, grace_s)
     clears = clears or {}
-    blamed: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    # Only a drained node's runs are looked at: millions of blames at fleet scale.
-    for node, started, at, _, job_id in att.blames.on_nodes(drains):
-        if job_id is not None:
-            blamed[node].append((started if started is not None else at, at))
+    # Only a drained node's runs are looked at, by column: millions of blames at fleet scale.
+    blamed = att.blames.spans_on(drains)
+    none = _Spans(())
     for node, ds in drains.items():
-        runs = _Spans([(s - LEAD_S, e + grace_s) for s, e in blamed.get(node, [])])
+        got = blamed.get(node)
+        runs = none if got is None else _Spans.of(got[0] - LEAD_S, got[1] + grace_s)
         for d in ds:
             if d.at <= clears.get(node, 0.0):
                 continue
@@ -673,6 +675,16 @@ class _Spans:
         ordered = sorted(spans)
         self.starts = [lo for lo, _ in ordered]
         self.reach = list(accumulate((hi for _, hi in ordered), max))
+
+    @classmethod
+    def of(cls, lo: npt.NDArray[np.float64], hi: npt.NDArray[np.float64]) -> _Spans:
+        """The spans ``lo[i]``-``hi[i]``, by numpy: whichever order spans that start together
+        take, the largest end so far past them is the same."""
+        order = np.argsort(lo, kind="stable")
+        out = cls.__new__(cls)
+        out.starts = lo[order].tolist()
+        out.reach = np.maximum.accumulate(hi[order]).tolist()
+        return out
 
     def holds(self, t: float) -> bool:
         k = bisect_right(self.starts, t)

@@ -16,13 +16,13 @@ import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import repeat
 from typing import overload
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwarden.accounting.incidence import NO_JOB
+from gpuwarden.accounting.incidence import NO_JOB, int32s
 
 
 @dataclass(frozen=True, slots=True)  # a year's report holds a million at once (`firsts`)
@@ -89,8 +89,13 @@ class Blames(Sequence[Blame]):
     # -- adding ------------------------------------------------------------------------------
 
     def numbers(self, nodes: Iterable[str]) -> list[int]:
-        """Each node's number, numbering new ones (for `add_run`)."""
+        """Each node's number, numbering new ones (for `add_run`): by one lookup each where
+        every node is numbered already (most lists: a fleet's nodes repeat)."""
         table = self._number
+        nodes = nodes if isinstance(nodes, (list, tuple)) else list(nodes)
+        known = list(map(table.get, nodes))
+        if None not in known:
+            return known  # type: ignore[return-value]  # none None
         out = []
         for n in nodes:
             i = table.get(n)
@@ -122,16 +127,19 @@ class Blames(Sequence[Blame]):
                  job_ids: Sequence[int | None], ats: Sequence[float], reasons: Sequence[str],
                  sizes: Sequence[int], pinned: Sequence[bool], started: Sequence[float],
                  gpus: Sequence[int]) -> None:
-        """`add_run` of each run, by column (none without nodes; ``started`` all known)."""
+        """`add_run` of each run, by column (none without nodes; ``started`` all known).
+        ``numbers``: lists, or ``array("i")``s, joined at once (`incidence.int32s`); the runs'
+        numbers of their blames made by numpy (a generator of them was a second at a year)."""
         if not all(numbers):
             for k, nums in enumerate(numbers):
                 self.add_run(nums, weights[k], job_ids[k], ats[k], reasons[k], sizes[k],
                              pinned[k], started[k], gpus[k])
             return
         r = len(self.at)
-        self.node.extend(chain.from_iterable(numbers))
-        self.run.extend(chain.from_iterable(repeat(r + k, len(nums))
-                                            for k, nums in enumerate(numbers)))
+        self.node.frombytes(int32s(numbers))
+        lens = np.fromiter(map(len, numbers), dtype=np.int64, count=len(numbers))
+        self.run.frombytes(np.repeat(np.arange(r, r + len(numbers), dtype=np.int32),
+                                     lens).tobytes())
         self.weight.extend(weights)
         self.job.extend([NO_JOB if j is None else j for j in job_ids])
         self.at.extend(ats)
@@ -251,6 +259,34 @@ class Blames(Sequence[Blame]):
             j = job[r]
             yield (names[self.node[i]], None if math.isnan(s) else s, at[r], gpus[r],
                    None if j == NO_JOB else j)
+
+    def spans_on(self, nodes: Iterable[str]) -> dict[str, tuple[npt.NDArray[np.float64],
+                                                                npt.NDArray[np.float64],
+                                                                npt.NDArray[np.int64]]]:
+        """Per node of ``nodes`` with a blame of a run (a job id: not a lone drain), its
+        blamed runs as arrays in order: (start, else end where not known; end; GPU class):
+        what `on_nodes` gives of them, by column (a year's drained nodes hold a million)."""
+        wanted = [self._number[n] for n in nodes if n in self._number]
+        if not wanted or not len(self.node):
+            return {}
+        codes = np.frombuffer(self.node, dtype=np.int32)
+        hits = np.flatnonzero(np.isin(codes, np.array(wanted, dtype=np.int32)))
+        runs = np.frombuffer(self.run, dtype=np.int32)[hits]
+        ran = np.frombuffer(self.job, dtype=np.int64)[runs] != NO_JOB
+        hits, runs = hits[ran], runs[ran]
+        if not len(hits):
+            return {}
+        at = np.frombuffer(self.at, dtype=np.float64)[runs]
+        started = np.frombuffer(self.started, dtype=np.float64)[runs]
+        started = np.where(np.isnan(started), at, started)
+        gpus = np.frombuffer(self.gpus, dtype=np.int64)[runs]
+        mine = codes[hits]
+        order = np.argsort(mine, kind="stable")
+        mine = mine[order]
+        bounds = np.flatnonzero(np.r_[True, mine[1:] != mine[:-1], True])
+        names = self.names
+        return {names[int(mine[a])]: (started[order[a:b]], at[order[a:b]], gpus[order[a:b]])
+                for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)}
 
     def firsts(self) -> Iterator[Blame]:
         """The first blame of each run, in order: one per failed run a gang's blames share."""

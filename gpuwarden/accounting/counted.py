@@ -13,12 +13,14 @@ tests/unit/test_attribution_counted.py checks both give the same Attribution.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from gpuwarden.accounting.attribution import (
     LEAD_S,
+    MIN_RUN_S,
     NODE_STATES,
     Attribution,
     HealthDrain,
@@ -59,16 +61,20 @@ def _names(text: str) -> tuple[str, ...]:
 class _List:
     """What judging a failed run reads of its node list, worked out once per list."""
 
-    __slots__ = ("_scope", "blamed", "ixs", "names", "size", "with_events")
+    __slots__ = ("_scope", "blamed", "ixs", "n", "names", "size", "weight", "with_events")
 
     def __init__(self, text: str, failures: Mapping[str, list[HealthDrain]]) -> None:
         self.names = _names(text)
-        self.size = size_bucket(len(self.names))
+        self.n = len(self.names)
+        self.size = size_bucket(self.n)
+        self.weight = 1.0 / self.n if self.n else 0.0  # a plain blame's, spread over them
         self._scope: frozenset[str] | None = None
         # In the list's order: `_claims` looks at each node's events in that order.
         self.with_events = tuple(n for n in self.names if n in failures)
-        self.ixs: list[int] | None = None  # the names' incidence numbers, once one failed
-        self.blamed: list[int] | None = None  # their numbers in the blames (`Blames`)
+        # The names' incidence numbers and their numbers in the blames (`Blames`), once a
+        # plain run on the list is blamed: int32s, joined at once into both (`Judge.flush`).
+        self.ixs: array[int] | None = None
+        self.blamed: array[int] | None = None
 
     @property
     def scope(self) -> frozenset[str]:
@@ -81,8 +87,8 @@ class _List:
 
 # A plain blamed run as `Judge.flush` writes it: (job id, end, hours, size, incidence numbers,
 # user, script, gameable, blames' numbers, weight, reason, pinned, start, GPU class).
-_Plain = tuple[int, float, float, int, list[int], str, str, bool, list[int], float, str, bool,
-               float, int]
+_Plain = tuple[int, int, float, int, "array[int]", str, str, bool, "array[int]", float, str,
+               bool, int, int]
 # Plain blamed runs held before they are written (`Judge.flush`): a year's million, held to the
 # end of the read as tuples, were half a GiB of the report's peak.
 FLUSH_AT = 65_536
@@ -159,34 +165,51 @@ class Judge:
                     found.append(d)
         return found
 
+    def _claims(self, facts: _List, state: str, start: int, end: int
+                ) -> tuple[tuple[HealthDrain, ...], tuple[HealthDrain, ...]]:
+        """`attribution._claims` of a run on ``facts``' list: (rule 4's drains, every event
+        it could use)."""
+        if state == "FAILED" and facts.n == 1:
+            # Rule 4's drains, then the node's failures near the end (found by bisection: a
+            # drained node has had many).
+            got = [d for d in self.drains.get(facts.names[0], ())
+                   if start <= d.at <= end + self.grace_s]
+            if not got:
+                return (), ()
+            return tuple(got), tuple(self._near_end(facts, end, got))
+        # Whether any event is near the end, by one bisection a node: most runs have none
+        # (`_near_end` finds which).
+        lo, hi = end - LEAD_S, end + self.grace_s
+        times_of = self._times
+        for n in facts.with_events:
+            times = (times_of.get(n) or self._by_time(n))[0]
+            a = bisect_left(times, lo)
+            if a < len(times) and times[a] <= hi:
+                return (), tuple(self._near_end(facts, end, []))
+        return (), ()
+
     def add_rows(self, rows: Rows, lo: int, hi: int) -> None:
         """The failed runs ``lo`` to ``hi`` of ``rows``, in order (each: a state in `BLAMABLE`,
         start and end times, a `countable` node list with no cleared node): `_attribute_one`
         after the exposure, read off the columns (no record each: a year has a million)."""
         col = rows.column
-        lists, failures, drains, grace_s = self._lists, self.failures, self.drains, self.grace_s
+        lists, failures, grace_s = self._lists, self.failures, self.grace_s
         pending, reasons = self.result.pending, self._reasons
-        gpu_failures = self.result.gpu_failures
-        drained: tuple[HealthDrain, ...]
-        claims: tuple[HealthDrain, ...]
+        result = self.result
+        gpu_failures, keep = result.gpu_failures, result.blames_on
+        pinned_by_size, spread_by_size = result.pinned_by_size, result.spread_by_size
+        plain = self._plain
+        classes: dict[int, int] = {}
         for job_id, text, state, start, end, gpus, user, exit_code, failed_node, line in zip(
                 *(col(c)[lo:hi] for c in _READ), strict=True):
             facts = lists.get(text)
             if facts is None:
                 facts = lists[text] = _List(text, failures)
             all_nodes = facts.names
-            gclass = gpu_class(gpus)
-            if state == "FAILED" and len(all_nodes) == 1:
-                # `_claims`: rule 4's drains, then the node's failures near the end (found by
-                # bisection: a drained node has had many).
-                got = [d for d in drains.get(all_nodes[0], ()) if start <= d.at <= end + grace_s]
-                if not got:
-                    drained = claims = ()
-                else:
-                    drained = tuple(got)
-                    claims = tuple(self._near_end(facts, end, got))
-            else:
-                drained, claims = (), tuple(self._near_end(facts, end, []))
+            gclass = classes.get(gpus)
+            if gclass is None:
+                gclass = classes[gpus] = gpu_class(gpus)
+            drained, claims = self._claims(facts, state, start, end)
             if claims:  # rule 8: judged once every run that may claim them is in
                 pending.append(Pending(
                     Held(job_id, user, state, exit_code, failed_node, line), all_nodes,
@@ -194,7 +217,7 @@ class Judge:
                 continue
             if state == "REQUEUED":
                 continue  # a requeue no node failure explains (rule 2)
-            key = (state, len(all_nodes), exit_code)
+            key = (state, facts.n, exit_code)
             try:
                 reason = reasons[key]
             except KeyError:
@@ -205,8 +228,27 @@ class Judge:
             if reason is None:
                 continue  # the user's (rule 4)
             gpu_failures[gclass] += 1
+            if keep is None and not (state in NODE_STATES and failed_node in facts.scope):
+                named, script = _submit_facts(line)
+                if not named:
+                    # `_blame`'s most common way, here: a plain run (no culprit, no node
+                    # named), its failure spread over its nodes (a call each was a second).
+                    if facts.ixs is None:
+                        facts.ixs = array("i", result.incidence.node_numbers(all_nodes))
+                        facts.blamed = array("i", result.blames.numbers(all_nodes))
+                    assert facts.blamed is not None
+                    pinned = facts.n == 1
+                    (pinned_by_size if pinned else spread_by_size)[facts.size] += facts.n
+                    plain.append((job_id, end, max(end - start, MIN_RUN_S) / 3600, facts.size,
+                                  facts.ixs, user, script, state == "FAILED", facts.blamed,
+                                  facts.weight, reason, pinned, start, gclass))
+                    if len(plain) >= FLUSH_AT:
+                        self.flush()
+                        plain = self._plain
+                    continue
             self._blame(job_id, state, user, failed_node, line, facts, start, end, reason,
                         gclass)
+            plain = self._plain  # `_blame` may have flushed it
 
     def _blame(self, job_id: int, state: str, user: str, failed_node: str, line: str,
                facts: _List, start: int, end: int, reason: str, gclass: int) -> None:
@@ -236,13 +278,13 @@ class Judge:
         (result.pinned_by_size if pinned else result.spread_by_size)[facts.size] += len(targets)
         if not (culprits or named):  # most: a gang's failure spread over its nodes
             if facts.ixs is None:
-                facts.ixs = result.incidence.node_numbers(all_nodes)
-                facts.blamed = result.blames.numbers(all_nodes)
+                facts.ixs = array("i", result.incidence.node_numbers(all_nodes))
+                facts.blamed = array("i", result.blames.numbers(all_nodes))
             assert facts.blamed is not None
             plain = self._plain
-            plain.append((job_id, float(end), hours, facts.size, facts.ixs, user,
-                          script, gameable, facts.blamed, 1.0 / len(targets), reason,
-                          pinned, float(start), gclass))
+            plain.append((job_id, end, hours, facts.size, facts.ixs, user, script,
+                          gameable, facts.blamed, 1.0 / len(targets), reason, pinned, start,
+                          gclass))
             if len(plain) >= FLUSH_AT:
                 self.flush()
             return

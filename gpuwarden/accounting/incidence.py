@@ -23,10 +23,10 @@ files or workers merge (`merge`), remapping node, user and script numbers.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import accumulate, chain
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,30 @@ def _ix(table: dict[str, int], key: str) -> int:
     if i is None:
         i = table[key] = len(table)
     return i
+
+
+def numbered(table: dict[str, int], keys: Iterable[str]) -> list[int]:
+    """Each key's number in ``table``, numbering new ones in order (`_ix` of each): read by
+    one lookup each where every key is known (most calls: a fleet's nodes and users repeat)."""
+    keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+    got = list(map(table.get, keys))
+    if None in got:
+        got = [_ix(table, k) for k in keys]
+    return got  # type: ignore[return-value]  # no None left
+
+
+def int32s(rows: Sequence[Sequence[int]]) -> bytes:
+    """The numbers of ``rows``, one row after another, as int32s (an ``array("i")``'s bytes):
+    by one join where each row is an ``array("i")`` (`counted.Judge`'s), else packed."""
+    try:
+        return b"".join(rows)  # type: ignore[arg-type]  # arrays: buffers
+    except TypeError:
+        return array("i", chain.from_iterable(rows)).tobytes()
+
+
+def offsets(rows: Sequence[Sized], base: int) -> npt.NDArray[np.int64]:
+    """Where each of ``rows`` ends when they are laid one after another from ``base``."""
+    return np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))) + base
 
 
 @dataclass
@@ -133,7 +157,7 @@ class IncidenceBuilder:
 
     def node_numbers(self, nodes: Iterable[str]) -> list[int]:
         """Each node's number in the rows, numbering new ones as `add_failure` would."""
-        return [_ix(self.nodes, n) for n in nodes]
+        return numbered(self.nodes, nodes)
 
     def add_plain_failure(self, job_id: int, end: float, hours: float, size: int,
                           numbers: list[int], user: str, script: str, gameable: bool) -> None:
@@ -145,24 +169,28 @@ class IncidenceBuilder:
 
     def add_plain_failures(self, job_ids: Sequence[int], ends: Sequence[float],
                            hours: Sequence[float], sizes: Sequence[int],
-                           numbers: Sequence[list[int]], users: Sequence[str],
+                           numbers: Sequence[Sequence[int]], users: Sequence[str],
                            scripts: Sequence[str], gameable: Sequence[bool]) -> None:
         """`add_plain_failure` of each run, by column: a call and eight appends a run were a
-        third of judging a year's failed runs (`counted.Judge`)."""
+        third of judging a year's failed runs (`counted.Judge`). ``numbers``: lists, or
+        ``array("i")``s, joined at once (`int32s`)."""
         if not numbers:
             return
         base = len(self.node)
-        self.node.extend(chain.from_iterable(numbers))
+        self.node.frombytes(int32s(numbers))
         self.flags.frombytes(bytes(len(self.node) - base))
-        self.ptr.extend(list(accumulate(map(len, numbers), initial=base))[1:])
+        self.ptr.frombytes(offsets(numbers, base).tobytes())
         self.hours.extend(hours)
         self.end.extend(ends)
         self.job.extend(job_ids)
-        table, names = self.users, self.scripts
-        self.user.extend([_ix(table, u) for u in users])
-        self.script.extend([_ix(names, k) if k else NO_SCRIPT for k in scripts])
+        self.user.extend(numbered(self.users, users))
+        if all(scripts):
+            self.script.extend(numbered(self.scripts, scripts))
+        else:
+            names = self.scripts
+            self.script.extend([_ix(names, k) if k else NO_SCRIPT for k in scripts])
         self.size.extend(sizes)
-        self.gameable.extend([1 if g else 0 for g in gameable])
+        self.gameable.extend(gameable)
 
     def _end_row(self, job_id: int | None, end: float, hours: float, size: int, user: str,
                  script: str, gameable: bool) -> None:

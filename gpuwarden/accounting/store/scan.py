@@ -132,26 +132,27 @@ def count(lf: pl.LazyFrame) -> int:
     return int(lf.select(pl.len()).collect().item())
 
 
-def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.LazyFrame:
-    pairs = [(n, d.at) for n, ds in drains.items() for d in ds]
-    return pl.DataFrame(pairs, schema={"node": pl.String, "at": pl.Float64},
-                        orient="row").lazy()
+def _drain_frame(drains: Mapping[str, list[HealthDrain]]) -> pl.DataFrame:
+    """(node, at) of every health drain: made once per read, by column (a year's drains as
+    row tuples, made again for each piece of `_rest`, were 2 s of its read)."""
+    return pl.DataFrame({"node": [n for n, ds in drains.items() for _ in ds],
+                         "at": [d.at for ds in drains.values() for d in ds]},
+                        schema={"node": pl.String, "at": pl.Float64})
 
 
 _one_node = ~pl.col("nodes").str.contains(r"[\[,]") & ~pl.col("nodes").is_in(NO_NODES)
 _timed = rollup.TIMED
 
 
-def _drained(rows: pl.LazyFrame, drains: Mapping[str, list[HealthDrain]],
-             grace_s: float) -> pl.Series:
-    """The ``rid`` of each one-node FAILED run of ``rows`` a health drain of its node may
-    explain (rule 4: a drain while it ran or within the grace after): the few such runs that
-    are not plain."""
-    if not drains:
+def _drained(rows: pl.LazyFrame, drains: pl.DataFrame, grace_s: float) -> pl.Series:
+    """The ``rid`` of each one-node FAILED run of ``rows`` a health drain of its node
+    (``drains``: `_drain_frame`'s) may explain (rule 4: a drain while it ran or within the
+    grace after): the few such runs that are not plain."""
+    if not drains.height:
         return pl.Series("rid", [], dtype=rows.collect_schema()["rid"])
     return (rows.filter(_timed & (pl.col("state") == "FAILED") & _one_node)
             .select("rid", "nodes", "start_time", "end_time")
-            .join(_drain_frame(drains), left_on="nodes", right_on="node")
+            .join(drains.lazy(), left_on="nodes", right_on="node")
             .filter((pl.col("at") >= pl.col("start_time"))
                     & (pl.col("at") <= pl.col("end_time") + grace_s))
             .select("rid").unique().collect(engine="streaming").get_column("rid"))
@@ -201,9 +202,10 @@ def _rest(parts: Sequence[pl.LazyFrame], odd: pl.Series,
     maybe = ~_timed | pl.col("state").is_in(BLAMABLE) | nodes.is_in(odd.implode())
     rests: list[pl.DataFrame] = []
     drained: list[pl.Series] = []
+    frame = _drain_frame(drains)
     for part in parts:
         some = part.filter(maybe).select("rid", *schema.READ).collect(engine="streaming")
-        out = _drained(some.lazy(), drains, grace_s)
+        out = _drained(some.lazy(), frame, grace_s)
         rests.append(some.filter(~_kept(out, odd)))
         drained.append(out)
     return pl.concat(rests).sort("rid"), pl.concat(drained)
