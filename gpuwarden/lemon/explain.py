@@ -193,6 +193,20 @@ class _Keys:
     rows: IntArray
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (as `np.unique`, by a sort: numpy 2's `np.unique` hashes
+    whole numbers first, and took 0.8 s for a year's million job ids, a sort 0.06 s). NaNs
+    stay apart, which finds the same rows: a NaN end finds none (`_rank`)."""
+    a = np.sort(values)
+    if not len(a):
+        return a
+    keep = np.empty(len(a), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    out: np.ndarray = a[keep]
+    return out
+
+
 def _rank(values: np.ndarray, among: np.ndarray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
     """Each value's place in ``among`` (sorted, distinct) and whether it is there."""
     at = np.searchsorted(among, values)
@@ -223,7 +237,7 @@ class RowIndex:
     def _built(self) -> _Keys:
         if self._keys is None:
             inc = self._inc
-            jobs, ends = np.unique(inc.job), np.unique(inc.end)
+            jobs, ends = _distinct(inc.job), _distinct(inc.end)
             keys = (_rank(inc.job, jobs)[0] * len(ends) + _rank(inc.end, ends)[0])
             rows = np.argsort(keys, kind="stable")
             self._keys = _Keys(jobs, ends, keys[rows], rows)

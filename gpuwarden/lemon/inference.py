@@ -419,14 +419,16 @@ def node_rate(rest: FloatArray, exposure: float, weight: FloatArray | None = Non
     w = np.ones(len(rest)) if weight is None else weight
     if exposure <= 0 or len(rest) == 0 or float(w.sum()) <= 0:
         return 0.0
-    if np.all(rest[w > 0] > 0) and float(np.sum(w[w > 0] / rest[w > 0])) <= exposure:
+    # The failures that count, picked once (every weight counts where none were given).
+    if weight is not None:
+        on = w > 0
+        w, rest = w[on], rest[on]
+    if (rest > 0).all() and float((w / rest).sum()) <= exposure:
         return 0.0
     # Newton on g(r) = sum w / (r + rest) - E, decreasing and convex: a step from either
     # side of the root lands at or below it, and from below the steps climb to it, so a
     # handful replace bisection's 80 sums (the per-node test runs for every node, every
     # round). A step that leaves the bracket bisects instead.
-    on = w > 0
-    w, rest = w[on], rest[on]
     lo, hi = 0.0, float(w.sum()) / exposure
     r = hi
     # Each step's arrays written in place (the same sums of the same numbers as
@@ -534,9 +536,22 @@ class _NodeRows:
 
 
 _NODE_ROWS: WeakKeyDictionary[Incidence, _NodeRows] = WeakKeyDictionary()
-# Per fit: whether its ``use`` is the plain design's with the runs it weighs nothing in
-# (`design`) left out, and those runs (None: none).
-_DEAD: WeakKeyDictionary[Fit, tuple[bool, BoolArray | None]] = WeakKeyDictionary()
+
+
+@dataclass(frozen=True, eq=False)
+class _FitRows:
+    """Of one fit, per row: its hazard and its weight side by side (as one complex number: a
+    single read of memory for both at a run, and a node's runs lie all over a year's
+    million); ``same``: whether the fit's ``use`` is the plain design's, less the runs it
+    weighs nothing in (as `design` makes it), so that `_NodeRows` less those runs are its
+    nodes' evidence; ``dead``: whether it weighs any run nothing."""
+
+    same: bool
+    dead: bool
+    rate_weight: npt.NDArray[np.complex128]
+
+
+_FIT_ROWS: WeakKeyDictionary[Fit, _FitRows] = WeakKeyDictionary()
 
 
 def _node_rows(inc: Incidence) -> _NodeRows:
@@ -546,43 +561,55 @@ def _node_rows(inc: Incidence) -> _NodeRows:
         order, bounds = inc.by_node()
         on = p.use[order]
         rows = inc.entry_row()[order][on]
-        starts = np.zeros(len(on) + 1, dtype=np.int64)
-        np.cumsum(on, out=starts[1:])
-        got = _NODE_ROWS[inc] = _NodeRows(starts[bounds], rows, p.use)
+        # Each node's count, not a running count of every entry (a cast to 8 bytes an
+        # entry, a third of a second at a year).
+        counts = np.fromiter((np.count_nonzero(on[a:b]) for a, b in
+                              zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)),
+                             dtype=np.int64, count=len(bounds) - 1)
+        starts = np.zeros(len(bounds), dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        got = _NODE_ROWS[inc] = _NodeRows(starts, rows, p.use)
     return got
 
 
-def _dead(inc: Incidence, f: Fit, t: _NodeRows) -> tuple[bool, BoolArray | None]:
-    got = _DEAD.get(f)
+def _fit_rows(inc: Incidence, f: Fit, t: _NodeRows) -> _FitRows:
+    got = _FIT_ROWS.get(f)
     if got is None:
-        if f.use is t.use:
-            got = (True, None)
-        else:
-            dead = f.weight <= 0 if f.weight is not None else np.zeros(inc.rows, dtype=bool)
+        both = np.empty(inc.rows, dtype=np.complex128)
+        both.real = f.row_rate
+        both.imag = 1.0 if f.weight is None else f.weight
+        dead = both.imag <= 0
+        same = f.use is t.use
+        if not same:
             # Per entry as `design` leaves them out (a run's entries lie together).
-            want = t.use & ~np.repeat(dead, np.diff(inc.ptr))
-            got = (bool(np.array_equal(want, f.use)), dead)
-        _DEAD[f] = got
+            same = bool(np.array_equal(t.use & ~np.repeat(dead, np.diff(inc.ptr)), f.use))
+        got = _FIT_ROWS[f] = _FitRows(same, bool(dead.any()), both)
     return got
 
 
 def ready(inc: Incidence, f: Fit) -> None:
     """What `node_evidence` reads for ``f``, made now (before a fork: the child reads it
     too)."""
-    _dead(inc, f, _node_rows(inc))
+    _fit_rows(inc, f, _node_rows(inc))
 
 
 def node_evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
     """`evidence`, where ``entries`` are all of the node's (`Incidence.by_node`): read from
-    `_NodeRows`, the same arrays (else as `evidence` reads them)."""
+    `_NodeRows` and `_FitRows`, the same arrays (else as `evidence` reads them)."""
     t = _node_rows(inc)
-    same, dead = _dead(inc, f, t)
-    if not same:
+    fr = _fit_rows(inc, f, t)
+    if not fr.same:
         return evidence(inc, f, node, entries)
     rows = t.rows[int(t.bounds[node]):int(t.bounds[node + 1])]
-    if dead is not None:
-        rows = rows[~dead[rows]]
-    return _evidence(inc, f, node, rows)
+    got = fr.rate_weight[rows]
+    weight = got.imag
+    if fr.dead:
+        on = weight > 0  # the runs the fit weighs nothing in count for no node
+        rows, got = rows[on], got[on]
+        weight = got.imag
+    rest = np.maximum(got.real - f.rate[node], 0.0)
+    return Evidence(rest, rows, inc, float(inc.node_hours[node]),
+                    None if f.weight is None else np.ascontiguousarray(weight))
 
 
 # A source keeps up to the upper (1 - CHANCE) quantile of what its share predicts: taken as
