@@ -193,6 +193,20 @@ class _Keys:
     rows: IntArray
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (as `np.unique`, by a sort: numpy 2's `np.unique` hashes
+    whole numbers first, and took 0.8 s for a year's million job ids, a sort 0.06 s). NaNs
+    stay apart, which finds the same rows: a NaN end finds none (`_rank`)."""
+    a = np.sort(values)
+    if not len(a):
+        return a
+    keep = np.empty(len(a), dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    out: np.ndarray = a[keep]
+    return out
+
+
 def _rank(values: np.ndarray, among: np.ndarray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
     """Each value's place in ``among`` (sorted, distinct) and whether it is there."""
     at = np.searchsorted(among, values)
@@ -210,11 +224,20 @@ class RowIndex:
         self._inc = inc
         self._keys: _Keys | None = None
         self._texts: dict[tuple[str, str], str] = {}
+        self._runs: _Runs | None = None
+
+    def runs(self, blames: Blames) -> _Runs:
+        """Every run of ``blames`` with its row (`rows`) and its reason, found once (again
+        only where ``blames`` grew or is another)."""
+        got = self._runs
+        if got is None or got.blames is not blames or got.runs != blames.runs():
+            got = self._runs = _runs_of(blames, self)
+        return got
 
     def _built(self) -> _Keys:
         if self._keys is None:
             inc = self._inc
-            jobs, ends = np.unique(inc.job), np.unique(inc.end)
+            jobs, ends = _distinct(inc.job), _distinct(inc.end)
             keys = (_rank(inc.job, jobs)[0] * len(ends) + _rank(inc.end, ends)[0])
             rows = np.argsort(keys, kind="stable")
             self._keys = _Keys(jobs, ends, keys[rows], rows)
@@ -246,42 +269,114 @@ class RowIndex:
         return got
 
 
-def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int],
+@dataclass(frozen=True, eq=False)
+class _Runs:
+    """Per run of one `Blames` (as long as it held ``runs`` runs): its incidence row (-1:
+    none), its reason, and a number for that reason; found once for every node's evidence
+    (a search of a year's incidence for each node's runs in turn was a tenth of its
+    lemons' CPU time)."""
+
+    blames: Blames
+    runs: int
+    row: IntArray
+    reason: npt.NDArray[np.object_]
+    code: IntArray
+
+
+def _runs_of(blames: Blames, rows_by_job: RowIndex) -> _Runs:
+    n = blames.runs()
+    job = np.frombuffer(blames.job, dtype=np.int64)
+    at = np.frombuffer(blames.at, dtype=np.float64)
+    row = rows_by_job.rows(job, at) if n else np.zeros(0, dtype=np.int64)
+    del job, at  # views of the Blames' buffers: held, they would keep it from growing
+    reason = np.empty(n, dtype=object)
+    reason[:] = blames.reason
+    # Each distinct reason is one string (`Blames`); a second equal string only makes a
+    # second group of the same texts.
+    ids = np.fromiter(map(id, blames.reason), dtype=np.uint64, count=n)
+    code = np.unique(ids, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return _Runs(blames, n, row, reason, code)
+
+
+def _note(view: RowView, s: float, w: int, label: dict[int, str]) -> str:
+    """What a blamed run's reason gets: the node's share ``s`` of it, or what explains it
+    (``w``, `RowView.explainers`)."""
+    if s >= 0.5:
+        return f"{s:.0%} of it on this node"
+    if w == LEFT:
+        return LEFT_OUT
+    name = label.get(w)
+    if name is None:
+        name = label[w] = view.label(w)
+    return f"explained by {name} ({s:.0%} on this node)"
+
+
+def _noted(view: RowView, rows_by_job: RowIndex, base: npt.NDArray[np.object_],
+           code: IntArray, shares: FloatArray, who: IntArray) -> npt.NDArray[np.object_]:
+    """Each reason in ``base`` with its note (`_note`), each distinct text made once: runs
+    with the same reason (``code``), the same explainer and the same share in whole percent
+    read the same (``f"{s:.0%}"`` is ``s * 100`` rounded half to even, as `np.rint`)."""
+    label: dict[int, str] = {}
+    out = np.empty(len(base), dtype=object)
+    pct = shares * 100
+    whole = np.rint(pct)
+    kind = np.where(shares >= 0.5, 0, np.where(who == LEFT, 1, who.astype(np.int64) + 4))
+    whole[kind == 1] = 0
+    if len(base) and (np.isfinite(pct).all() and not np.signbit(shares).any()
+                      and whole.max() < 2**20):
+        k_n, p_n = int(kind.max()) + 1, int(whole.max()) + 1
+        if (int(code.max()) + 1) * k_n * p_n < 2**62:
+            key = (code * k_n + kind) * p_n + whole.astype(np.int64)
+            _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+            texts = np.empty(len(first), dtype=object)
+            for t, i in enumerate(first.tolist()):
+                texts[t] = rows_by_job.reason(base[i], _note(view, float(shares[i]),
+                                                               int(who[i]), label))
+            out[:] = texts[inv.reshape(-1)]
+            return out
+    # A share that is not a plain number (NaN, -0.0): each on its own, as `f"{s:.0%}"` says.
+    for k, (b, s, w) in enumerate(zip(base.tolist(), shares.tolist(), who.tolist(),
+                                      strict=True)):
+        out[k] = rows_by_job.reason(b, _note(view, s, w, label))
+    return out
+
+
+def annotate(view: RowView, node: int, blames: Blames, places: Sequence[int] | IntArray,
              rows_by_job: RowIndex, entries: IntArray) -> Annotated:
     """The blames at ``places``, each blamed run with the node's share of it, or what explains
     it instead, added to its reason. Made once each from the columns: a copy of each Blame
     with its reason changed (`dataclasses.replace`) was most of a year's lemons' evidence
-    (1.4 million pieces)."""
-    runs = [blames.run_of(i) for i in places]
-    job, at, reason = blames.job, blames.at, blames.reason
-    got = rows_by_job.rows(np.array([job[r] for r in runs], dtype=np.int64),  # NO_JOB in both
-                           np.array([at[r] for r in runs], dtype=np.float64))
-    found = [(k, row) for k, row in enumerate(got.tolist()) if row >= 0]
-    rows = np.array([row for _, row in found], dtype=np.int64)
-    shares = view.node_shares(rows, entries).tolist()
-    who = view.explainers(rows, node).tolist()
-    reasons = [reason[r] for r in runs]
-    label: dict[int, str] = {}
-    for (k, _), s, w in zip(found, shares, who, strict=True):
-        if s >= 0.5:
-            note = f"{s:.0%} of it on this node"
-        elif w == LEFT:
-            note = LEFT_OUT
-        else:
-            name = label.get(w)
-            if name is None:
-                name = label[w] = view.label(w)
-            note = f"explained by {name} ({s:.0%} on this node)"
-        reasons[k] = rows_by_job.reason(reasons[k], note)
-    return Annotated(blames, places, reasons)
+    (1.4 million pieces); a note per piece in Python was still half of it."""
+    at = np.asarray(places, dtype=np.int64).reshape(-1)
+    t = rows_by_job.runs(blames)
+    run = np.frombuffer(blames.run, dtype=np.int32)[at] if len(at) else np.zeros(0, np.int64)
+    got = t.row[run]
+    found = np.flatnonzero(got >= 0)
+    rows = got[found]
+    reasons = t.reason[run]
+    if len(found):
+        reasons[found] = _noted(view, rows_by_job, reasons[found], t.code[run[found]],
+                                view.node_shares(rows, entries), view.explainers(rows, node))
+    return Annotated(blames, at, reasons.tolist())
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A node's evidence as columns: per piece its run's time, job id (`NO_JOB`: none),
+    annotated reason and weight."""
+
+    at: FloatArray
+    job: IntArray
+    reason: list[str]
+    weight: FloatArray
 
 
 class Annotated(Sequence[Blame]):
     """The blames at ``places`` with ``reasons`` (`annotate`'s), made when read; `pieces`
-    reads them without making any (a year's lemons hold 1.4 million: as Blames, 0.3 GiB
-    and seconds the report then turned into its own rows)."""
+    and `columns` read them without making any (a year's lemons hold 1.4 million: as
+    Blames, 0.3 GiB and seconds the report then turned into its own rows)."""
 
-    def __init__(self, blames: Blames, places: Sequence[int], reasons: list[str]) -> None:
+    def __init__(self, blames: Blames, places: IntArray, reasons: list[str]) -> None:
         self._blames, self._places, self._reasons = blames, places, reasons
 
     def __len__(self) -> int:
@@ -294,22 +389,34 @@ class Annotated(Sequence[Blame]):
     def __getitem__(self, i: int | slice) -> Blame | list[Blame]:
         if isinstance(i, slice):
             at = range(len(self))[i]
-            return list(self._blames.at_rows([self._places[k] for k in at],
+            return list(self._blames.at_rows([int(self._places[k]) for k in at],
                                              [self._reasons[k] for k in at]))
         k = range(len(self))[i]
-        return next(self._blames.at_rows((self._places[k],), (self._reasons[k],)))
+        return next(self._blames.at_rows((int(self._places[k]),), (self._reasons[k],)))
 
     def __iter__(self) -> Iterator[Blame]:
-        return self._blames.at_rows(self._places, self._reasons)
+        return self._blames.at_rows(self._places.tolist(), self._reasons)
 
     def pieces(self) -> Iterator[tuple[float, int | None, str, float]]:
         """(at, job id, reason, weight) of each, in order."""
         b = self._blames
         run, job, at, weight = b.run, b.job, b.at, b.weight
-        for i, why in zip(self._places, self._reasons, strict=True):
+        for i, why in zip(self._places.tolist(), self._reasons, strict=True):
             r = run[i]
             j = job[r]
             yield at[r], None if j == NO_JOB else j, why, weight[r]
+
+    def columns(self) -> Columns:
+        """`pieces` as columns."""
+        b = self._blames
+        if not len(self._places):
+            return Columns(np.zeros(0), np.zeros(0, dtype=np.int64), [], np.zeros(0))
+        run = np.frombuffer(b.run, dtype=np.int32)[self._places]
+        # Copies (fancy indexing), not views: a view of the Blames' buffers would keep it
+        # from growing.
+        return Columns(np.frombuffer(b.at, dtype=np.float64)[run],
+                       np.frombuffer(b.job, dtype=np.int64)[run], self._reasons,
+                       np.frombuffer(b.weight, dtype=np.float64)[run])
 
 
 class LazyEvidence(Sequence[Blame]):
@@ -332,6 +439,11 @@ class LazyEvidence(Sequence[Blame]):
         if isinstance(got, Annotated):
             return got.pieces()
         return ((b.at, b.job_id, b.reason, b.weight) for b in got)
+
+    def columns(self) -> Columns | None:
+        """`Annotated.columns` where the list was annotated (None: read `pieces`)."""
+        got = self._get()
+        return got.columns() if isinstance(got, Annotated) else None
 
     @overload
     def __getitem__(self, i: int) -> Blame: ...

@@ -36,7 +36,8 @@ second (two users, each half) left a flaky node seen by two users with no eviden
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -180,6 +181,7 @@ def release(inc: Incidence) -> None:
     """Forget the incidence's `_Plain`: the caller fits it no more (the scoring, once its
     rounds are done: the design's per-entry arrays were held through the lemons' evidence)."""
     _PLAIN.pop(inc, None)
+    _NODE_ROWS.pop(inc, None)
 
 
 def design(inc: Incidence, keep: FloatArray | None
@@ -381,16 +383,32 @@ class NodeTest:
     kept: float = 1.0  # the part of that source's failures on the node that stood
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Evidence:
-    """The failed runs a node was in, as its test sees them."""
+    """The failed runs a node was in, as its test sees them; their users, scripts and
+    whether the user decided them read from the incidence when first asked (most nodes'
+    tests end at their rate, below the fleet's, without them)."""
 
     rest: FloatArray  # per failure: the hazard of everything else that could have failed it
-    user: IntArray
-    script: IntArray
-    gameable: npt.NDArray[np.bool_]
+    rows: IndexArray  # per failure: its run, a row of ``inc``
+    inc: Incidence = field(repr=False)
     exposure: float
     weight: FloatArray | None = None  # per failure: how much of it counts (1: all)
+
+    @cached_property
+    def user(self) -> IntArray:
+        out: IntArray = self.inc.user[self.rows]
+        return out
+
+    @cached_property
+    def script(self) -> IntArray:
+        out: IntArray = self.inc.script[self.rows]
+        return out
+
+    @cached_property
+    def gameable(self) -> npt.NDArray[np.bool_]:
+        out: npt.NDArray[np.bool_] = self.inc.gameable[self.rows]
+        return out
 
     def weights(self) -> FloatArray:
         return np.ones(len(self.rest)) if self.weight is None else self.weight
@@ -401,24 +419,32 @@ def node_rate(rest: FloatArray, exposure: float, weight: FloatArray | None = Non
     w = np.ones(len(rest)) if weight is None else weight
     if exposure <= 0 or len(rest) == 0 or float(w.sum()) <= 0:
         return 0.0
-    if np.all(rest[w > 0] > 0) and float(np.sum(w[w > 0] / rest[w > 0])) <= exposure:
+    # The failures that count, picked once (every weight counts where none were given).
+    if weight is not None:
+        on = w > 0
+        w, rest = w[on], rest[on]
+    if (rest > 0).all() and float((w / rest).sum()) <= exposure:
         return 0.0
     # Newton on g(r) = sum w / (r + rest) - E, decreasing and convex: a step from either
     # side of the root lands at or below it, and from below the steps climb to it, so a
     # handful replace bisection's 80 sums (the per-node test runs for every node, every
     # round). A step that leaves the bracket bisects instead.
-    on = w > 0
-    w, rest = w[on], rest[on]
     lo, hi = 0.0, float(w.sum()) / exposure
     r = hi
+    # Each step's arrays written in place (the same sums of the same numbers as
+    # ``(w / (r + rest)).sum()``: a step was eight short-lived arrays, 12,500 nodes a round).
+    d, inv, ratio = np.empty_like(rest), np.empty_like(rest), np.empty_like(rest)
+    add, divide, total = np.add, np.divide, np.add.reduce
     for _ in range(100):
-        inv = w / (r + rest)
-        g = float(inv.sum()) - exposure
+        add(rest, r, out=d)
+        divide(w, d, out=inv)
+        g = float(total(inv)) - exposure
         if g > 0:
             lo = r
         else:
             hi = r
-        slope = float((inv / (r + rest)).sum())
+        divide(inv, d, out=ratio)
+        slope = float(total(ratio))
         nxt = r + g / slope if slope > 0 and math.isfinite(slope) else math.nan
         if not lo < nxt < hi:
             nxt = (lo + hi) / 2
@@ -488,11 +514,102 @@ def evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
     """`entries`: the node's entries in the incidence."""
     row = inc.entry_row()[entries]
     mask = f.use[entries] > 0
-    rows = row[mask]
+    return _evidence(inc, f, node, row[mask])
+
+
+def _evidence(inc: Incidence, f: Fit, node: int, rows: IntArray) -> Evidence:
     rest = np.maximum(f.row_rate[rows] - f.rate[node], 0.0)
-    return Evidence(rest, inc.user[rows], inc.script[rows], inc.gameable[rows],
-                    float(inc.node_hours[node]),
+    return Evidence(rest, rows, inc, float(inc.node_hours[node]),
                     None if f.weight is None else f.weight[rows])
+
+
+@dataclass(frozen=True, eq=False)
+class _NodeRows:
+    """The rows of the entries whose rate counts in the incidence's plain design (`_plain`),
+    node by node in `Incidence.by_node`'s order: a node's one slice. Gathered from the whole
+    incidence for each node in turn (`evidence`), they were half of the per-node tests,
+    12,500 nodes a round."""
+
+    bounds: IntArray  # per node: where its slice of ``rows`` starts
+    rows: IndexArray
+    use: BoolArray  # the plain design's, that these were read with
+
+
+_NODE_ROWS: WeakKeyDictionary[Incidence, _NodeRows] = WeakKeyDictionary()
+
+
+@dataclass(frozen=True, eq=False)
+class _FitRows:
+    """Of one fit, per row: its hazard and its weight side by side (as one complex number: a
+    single read of memory for both at a run, and a node's runs lie all over a year's
+    million); ``same``: whether the fit's ``use`` is the plain design's, less the runs it
+    weighs nothing in (as `design` makes it), so that `_NodeRows` less those runs are its
+    nodes' evidence; ``dead``: whether it weighs any run nothing."""
+
+    same: bool
+    dead: bool
+    rate_weight: npt.NDArray[np.complex128]
+
+
+_FIT_ROWS: WeakKeyDictionary[Fit, _FitRows] = WeakKeyDictionary()
+
+
+def _node_rows(inc: Incidence) -> _NodeRows:
+    p = _plain(inc)
+    got = _NODE_ROWS.get(inc)
+    if got is None or got.use is not p.use:
+        order, bounds = inc.by_node()
+        on = p.use[order]
+        rows = inc.entry_row()[order][on]
+        # Each node's count, not a running count of every entry (a cast to 8 bytes an
+        # entry, a third of a second at a year).
+        counts = np.fromiter((np.count_nonzero(on[a:b]) for a, b in
+                              zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)),
+                             dtype=np.int64, count=len(bounds) - 1)
+        starts = np.zeros(len(bounds), dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        got = _NODE_ROWS[inc] = _NodeRows(starts, rows, p.use)
+    return got
+
+
+def _fit_rows(inc: Incidence, f: Fit, t: _NodeRows) -> _FitRows:
+    got = _FIT_ROWS.get(f)
+    if got is None:
+        both = np.empty(inc.rows, dtype=np.complex128)
+        both.real = f.row_rate
+        both.imag = 1.0 if f.weight is None else f.weight
+        dead = both.imag <= 0
+        same = f.use is t.use
+        if not same:
+            # Per entry as `design` leaves them out (a run's entries lie together).
+            same = bool(np.array_equal(t.use & ~np.repeat(dead, np.diff(inc.ptr)), f.use))
+        got = _FIT_ROWS[f] = _FitRows(same, bool(dead.any()), both)
+    return got
+
+
+def ready(inc: Incidence, f: Fit) -> None:
+    """What `node_evidence` reads for ``f``, made now (before a fork: the child reads it
+    too)."""
+    _fit_rows(inc, f, _node_rows(inc))
+
+
+def node_evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evidence:
+    """`evidence`, where ``entries`` are all of the node's (`Incidence.by_node`): read from
+    `_NodeRows` and `_FitRows`, the same arrays (else as `evidence` reads them)."""
+    t = _node_rows(inc)
+    fr = _fit_rows(inc, f, t)
+    if not fr.same:
+        return evidence(inc, f, node, entries)
+    rows = t.rows[int(t.bounds[node]):int(t.bounds[node + 1])]
+    got = fr.rate_weight[rows]
+    weight = got.imag
+    if fr.dead:
+        on = weight > 0  # the runs the fit weighs nothing in count for no node
+        rows, got = rows[on], got[on]
+        weight = got.imag
+    rest = np.maximum(got.real - f.rate[node], 0.0)
+    return Evidence(rest, rows, inc, float(inc.node_hours[node]),
+                    None if f.weight is None else np.ascontiguousarray(weight))
 
 
 # A source keeps up to the upper (1 - CHANCE) quantile of what its share predicts: taken as
@@ -505,7 +622,14 @@ def poisson_upper(mean: float) -> float:
     """The smallest k with P(Poisson(mean) > k) <= CHANCE (infinite for an infinite mean)."""
     if not math.isfinite(mean):
         return math.inf
-    k = math.floor(mean)
+    k = least = math.floor(mean)
+    # The search from the mean took a step for each of the 1.6 standard deviations to the
+    # quantile: it starts a little below where the normal approximation puts it, where the
+    # count is still too small (else from the mean), so each k below it fails as well
+    # (P(Poisson(mean) > k) falls with k).
+    guess = math.floor(mean + 1.6448536 * math.sqrt(max(mean, 0.0)) - 2)
+    if guess > least and gamma_p(guess, mean) > CHANCE:
+        k = guess
     while gamma_p(k + 1, mean) > CHANCE:
         k += 1
     return float(k)

@@ -34,8 +34,9 @@ from gpuwarden.lemon.explain import LazyEvidence, RowIndex, RowView, annotate, e
 from gpuwarden.lemon.inference import (
     Fit,
     NodeTest,
-    evidence,
     fit,
+    node_evidence,
+    ready,
     release,
     robust_test,
     source_entries,
@@ -218,7 +219,7 @@ def _by_node(blames: Blames) -> dict[str, IndexArray]:
 
 def _evidence(view: RowView, node: int, blames: Blames, mine: IntArray, rows_by_job: RowIndex,
               entries: IntArray) -> Sequence[Blame]:
-    return annotate(view, node, blames, mine.tolist(), rows_by_job, entries)
+    return annotate(view, node, blames, mine, rows_by_job, entries)
 
 
 @dataclass(frozen=True, eq=False)
@@ -237,7 +238,8 @@ SPLIT_AT = 2_000  # testable nodes from which half their tests go to a forked ch
 def _tested(inc: Incidence, f: Fit, null: float, index: dict[str, int],
             entries: dict[str, IntArray], nodes: Sequence[str],
             left_out: dict[str, str]) -> dict[str, NodeTest]:
-    return {n: robust_test(inc, evidence(inc, f, index[n], entries[n]), null,
+    # ``entries`` are each node's entries in `Incidence.by_node` (`score`).
+    return {n: robust_test(inc, node_evidence(inc, f, index[n], entries[n]), null,
                            spent=n in left_out) for n in nodes}
 
 
@@ -250,6 +252,7 @@ def _tests(inc: Incidence, f: Fit, null: float, index: dict[str, int],
     if len(testable) < SPLIT_AT:
         return _tested(inc, f, null, index, entries, testable, left_out)
     half = len(testable) // 2
+    ready(inc, f)  # the nodes' slices, made once for both
     rest = Aside(partial(_tested, inc, f, null, index, entries, testable[half:], left_out))
     first = _tested(inc, f, null, index, entries, testable[:half], left_out)
     return first | rest.result()
