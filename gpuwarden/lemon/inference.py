@@ -540,7 +540,7 @@ _NODE_ROWS: WeakKeyDictionary[Incidence, _NodeRows] = WeakKeyDictionary()
 
 @dataclass(frozen=True, eq=False)
 class _FitRows:
-    """Of one fit, per row: its hazard and its weight side by side (as one complex number: a
+    """Of one fit, per row: its hazard and its weight side by side (one row of two: a
     single read of memory for both at a run, and a node's runs lie all over a year's
     million); ``same``: whether the fit's ``use`` is the plain design's, less the runs it
     weighs nothing in (as `design` makes it), so that `_NodeRows` less those runs are its
@@ -548,7 +548,7 @@ class _FitRows:
 
     same: bool
     dead: bool
-    rate_weight: npt.NDArray[np.complex128]
+    rate_weight: npt.NDArray[np.float64]  # (rows, 2): hazard, weight
 
 
 _FIT_ROWS: WeakKeyDictionary[Fit, _FitRows] = WeakKeyDictionary()
@@ -575,10 +575,10 @@ def _node_rows(inc: Incidence) -> _NodeRows:
 def _fit_rows(inc: Incidence, f: Fit, t: _NodeRows) -> _FitRows:
     got = _FIT_ROWS.get(f)
     if got is None:
-        both = np.empty(inc.rows, dtype=np.complex128)
-        both.real = f.row_rate
-        both.imag = 1.0 if f.weight is None else f.weight
-        dead = both.imag <= 0
+        both = np.empty((inc.rows, 2), dtype=np.float64)
+        both[:, 0] = f.row_rate
+        both[:, 1] = 1.0 if f.weight is None else f.weight
+        dead = both[:, 1] <= 0
         same = f.use is t.use
         if not same:
             # Per entry as `design` leaves them out (a run's entries lie together).
@@ -602,12 +602,12 @@ def node_evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evide
         return evidence(inc, f, node, entries)
     rows = t.rows[int(t.bounds[node]):int(t.bounds[node + 1])]
     got = fr.rate_weight[rows]
-    weight = got.imag
+    weight = got[:, 1]
     if fr.dead:
         on = weight > 0  # the runs the fit weighs nothing in count for no node
         rows, got = rows[on], got[on]
-        weight = got.imag
-    rest = np.maximum(got.real - f.rate[node], 0.0)
+        weight = got[:, 1]
+    rest = np.maximum(got[:, 0] - f.rate[node], 0.0)
     return Evidence(rest, rows, inc, float(inc.node_hours[node]),
                     None if f.weight is None else np.ascontiguousarray(weight))
 
