@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+import numpy.typing as npt
+
 from gpuwarden.accounting.attribution import (
     GRACE_S,
     LEAD_S,
@@ -62,6 +65,13 @@ _ROW = ("job_id", "nodes", "state", "start_time", "end_time", "gpus", "restart_c
 def run_key(job_id: int, end: int) -> int:
     """A run of a job (a requeued job has several, each with its own end)."""
     return (job_id << 32) | (end & 0xFFFF_FFFF)
+
+
+def run_keys(job_ids: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+             ) -> npt.NDArray[np.int64]:
+    """`run_key` of each (job id, end), by numpy: the job ids from 0 to 2**31 - 1 (their
+    keys fit int64)."""
+    return (job_ids.astype(np.int64) << 32) | (ends.astype(np.int64) & 0xFFFF_FFFF)
 
 
 @lru_cache(maxsize=65_536)
