@@ -335,10 +335,19 @@ def in_order(nodes: tuple[str, ...], few: Set[str]) -> list[str]:
     nodes (`settle`'s 105k runs of a year, 5.4M nodes)."""
     if len(few) > 4 or len(nodes) < 16:
         return [n for n in nodes if n in few]
-    found = sorted((nodes.index(n), n) for n in few if n in nodes)
-    if sum(nodes.count(n) for _, n in found) > len(found):
+    found = []
+    for n in few:  # one scan of ``nodes`` each: to it, then past it for a second
+        try:
+            at = nodes.index(n)
+        except ValueError:
+            continue
+        try:
+            nodes.index(n, at + 1)
+        except ValueError:
+            found.append((at, n))
+            continue
         return [n for n in nodes if n in few]  # a name twice in the list: as listed
-    return [n for _, n in found]
+    return [n for _, n in sorted(found)]
 
 
 def attribute_runs(jobs: Iterable[AcctRecord] | Columns,

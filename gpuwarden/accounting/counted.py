@@ -267,12 +267,14 @@ class Judge:
             gclass = classes.get(gpus)
             if gclass is None:
                 gclass = classes[gpus] = gpu_class(gpus)
-            drained, claims = self._claims(facts, state, start, end)
-            if claims:  # rule 8: judged once every run that may claim them is in
-                pending.append(Pending(
-                    Held(job_id, user, state, exit_code, failed_node, line), all_nodes,
-                    all_nodes, start, end, facts.size, gclass, claims, drained))
-                continue
+            # No node with an event and not rule 4's: no claims (most gangs of a few nodes).
+            if facts.with_events or (facts.n == 1 and state == "FAILED"):
+                drained, claims = self._claims(facts, state, start, end)
+                if claims:  # rule 8: judged once every run that may claim them is in
+                    pending.append(Pending(
+                        Held(job_id, user, state, exit_code, failed_node, line), all_nodes,
+                        all_nodes, start, end, facts.size, gclass, claims, drained))
+                    continue
             if state == "REQUEUED":
                 continue  # a requeue no node failure explains (rule 2)
             key = (state, facts.n, exit_code)

@@ -133,8 +133,8 @@ class IncidenceBuilder:
     bucket_hours: dict[int, float] = field(default_factory=dict)
     user_hours: dict[int, float] = field(default_factory=dict)  # node-hours, by user index
     script_hours: dict[int, float] = field(default_factory=dict)  # by script index
-    _numbered: dict[tuple[str, ...], list[int]] = field(default_factory=dict, repr=False,
-                                                        compare=False)
+    _numbered: dict[tuple[str, ...], array[int]] = field(default_factory=dict, repr=False,
+                                                         compare=False)
 
     def __getstate__(self) -> dict[str, object]:
         """Pickled (a worker's builder, sent back to be merged) without `_numbers`' cache."""
@@ -168,13 +168,14 @@ class IncidenceBuilder:
             self.flags.frombytes(bytes(len(listed)))
         self._end_row(job_id, end, hours, size, user, script, gameable)
 
-    def _numbers(self, nodes: tuple[str, ...]) -> list[int]:
+    def _numbers(self, nodes: tuple[str, ...]) -> array[int]:
         """`node_numbers` of a node list, kept per list: failed runs repeat their lists (a
         gang's block, a year's months), and numbering each node of each was most of judging
-        the runs that claim failure events (`attribution.settle`)."""
+        the runs that claim failure events (`attribution.settle`). As int32s (`node`'s
+        own), added by a copy rather than an int each."""
         got = self._numbered.get(nodes)
         if got is None:
-            got = self._numbered[nodes] = self.node_numbers(nodes)
+            got = self._numbered[nodes] = array("i", self.node_numbers(nodes))
         return got
 
     def node_numbers(self, nodes: Iterable[str]) -> list[int]:
