@@ -5,6 +5,7 @@ read once."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
@@ -16,6 +17,7 @@ from gpuwarden.accounting.attribution import (
     LEAD_S,
     Attribution,
     HealthDrain,
+    _parse_time,
     event_time,
     in_order,
 )
@@ -115,3 +117,11 @@ def test_range_names_by_number_are_expands(lists: list[tuple[str, str, int, int,
         body = f"{lo:04d}-{lo + span:04d}" if padded else f"{lo}-{lo + span}"
         text = f"{head or 'h'}[{body}]{tail}"
         assert expanded(text) == tuple(expand(text))
+
+
+@given(st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1)),
+       st.sampled_from(["seconds", "microseconds"]), st.booleans())
+def test_event_times_are_utcs_timestamps(at: datetime, spec: str, zoned: bool) -> None:
+    text = at.isoformat(timespec=spec) + ("+00:00" if zoned else "")
+    read = datetime.fromisoformat(text)
+    assert _parse_time(text) == (read if zoned else read.replace(tzinfo=UTC)).timestamp()
