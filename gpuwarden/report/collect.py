@@ -22,7 +22,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuwarden.accounting.attribution import (
     GRACE_S,
@@ -62,6 +66,13 @@ _ROW = ("job_id", "nodes", "state", "start_time", "end_time", "gpus", "restart_c
 def run_key(job_id: int, end: int) -> int:
     """A run of a job (a requeued job has several, each with its own end)."""
     return (job_id << 32) | (end & 0xFFFF_FFFF)
+
+
+def run_keys(job_ids: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
+             ) -> npt.NDArray[np.int64]:
+    """`run_key` of each (job id, end), by numpy: the job ids from 0 to 2**31 - 1 (their
+    keys fit int64)."""
+    return (job_ids.astype(np.int64) << 32) | (ends.astype(np.int64) & 0xFFFF_FFFF)
 
 
 @lru_cache(maxsize=65_536)
@@ -424,24 +435,68 @@ class RunTally:
 
     def _take(self, batch: Batch, codes: Sequence[int]) -> None:
         """What `_add_one` keeps of each run of ``batch`` (`_counted`'s ``codes``), in order:
-        its blamable runs, requeues, watched jobs and gangs."""
+        its blamable runs, requeues, watched jobs and gangs. Each kind in a pass of its own
+        (each is kept apart from the others, so each stays in the runs' order), the blamable
+        runs by column (`_blamables`): a year's million were a call and a key each."""
         col = batch.column
-        may = self.filter.may_blame if self.filter is not None else None
-        watch, leaf_of = self.watch, self.leaf_of
-        for code, job, text, state, start, end, gpus, restarts, part, user, sub in zip(
-                codes, *(col(c) for c in _ROW), strict=True):
-            if not code:
-                continue
-            if code >= _BLAMABLE and (code == _BLAMABLE or (
-                    may is not None and may(state, text, start, end))):
-                self._blamable(job, (end // DAY, part, state), gpus, start, end, user,
-                               restarts)
-            if watch and job in watch:
-                self._watched(job, start, end, user)
-            if restarts:
-                self._requeued(job, start, restarts, user)
-            if leaf_of is not None and ("[" in text or "," in text):
-                self._gang_at(text, gpus, start, sub or None)  # `submitted`
+        code = np.frombuffer(bytes(codes), dtype=np.uint8)
+        kept = np.flatnonzero(code)
+        if not len(kept):
+            return
+        blamed = code == _BLAMABLE
+        ask = np.flatnonzero(code == _ASK)
+        if len(ask):
+            may = self.filter.may_blame if self.filter is not None else None
+            if may is None:
+                blamed[ask] = True
+            else:
+                texts, states, starts, ends = (col("nodes"), col("state"), col("start_time"),
+                                               col("end_time"))
+                blamed[[i for i in ask.tolist()
+                        if may(states[i], texts[i], starts[i], ends[i])]] = True
+        self._blamables(batch, np.flatnonzero(blamed).tolist())
+        rows = kept.tolist()
+        jobs, starts, users = col("job_id"), col("start_time"), col("user")
+        if self.watch:
+            watch, ends = self.watch, col("end_time")
+            for i in rows:
+                if jobs[i] in watch:
+                    self._watched(jobs[i], starts[i], ends[i], users[i])
+        restarts = col("restart_count")
+        for i in rows:
+            if restarts[i]:
+                self._requeued(jobs[i], starts[i], restarts[i], users[i])
+        if self.leaf_of is not None:
+            texts, gpus, subs = col("nodes"), col("gpus"), col("submit_time")
+            for i in rows:
+                text = texts[i]
+                if "[" in text or "," in text:
+                    self._gang_at(text, gpus[i], starts[i], subs[i] or None)  # `submitted`
+
+    def _blamables(self, batch: Batch, rows: list[int]) -> None:
+        """`_blamable` of each run of ``batch`` at ``rows`` (in order), by column: their keys
+        by numpy (`run_keys`), their values picked from the columns at once."""
+        if not rows:
+            return
+        col = batch.column
+        pick = itemgetter(*rows) if len(rows) > 1 else (lambda c: (c[rows[0]],))
+        jobs, ends, starts = pick(col("job_id")), pick(col("end_time")), pick(col("start_time"))
+        parts, states, gpus = pick(col("partition")), pick(col("state")), pick(col("gpus"))
+        users, restarts = pick(col("user")), pick(col("restart_count"))
+        if min(jobs) < 0 or max(jobs) >= 1 << 31:  # past `run_keys`' int64: one by one
+            for k in range(len(rows)):
+                self._blamable(jobs[k], (ends[k] // DAY, parts[k], states[k]), gpus[k],
+                               starts[k], ends[k], users[k], restarts[k])
+            return
+        end = np.array(ends, dtype=np.int64)
+        keys = run_keys(np.array(jobs, dtype=np.int64), end).tolist()
+        shared, known = self._shared, self._users
+        cells = [shared.setdefault(c, c)
+                 for c in zip((end // DAY).tolist(), parts, states, strict=True)]
+        secs = (end - np.array(starts, dtype=np.int64)).tolist()
+        self.blamable.update(zip(keys, zip(cells, gpus, secs,
+                                           [known.setdefault(u, u) for u in users], restarts,
+                                           strict=True), strict=True))
 
     def _gang(self, r: AcctRecord, nodes: str, start: int) -> None:
         self._gang_at(nodes, r.gpus, start, submitted(r))

@@ -18,7 +18,7 @@ import numpy as np
 from gpuwarden.accounting.attribution import Attribution
 from gpuwarden.accounting.incidence import NO_JOB
 from gpuwarden.report.bins import bin_days, day_label
-from gpuwarden.report.collect import Cell, RunTally, run_key
+from gpuwarden.report.collect import Cell, RunTally, run_key, run_keys
 from gpuwarden.report.text import clean
 
 CLASSES = ("hardware", "user", "timeout", "cancelled", "preempted")
@@ -86,9 +86,24 @@ def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Run, Hit | 
     # The next node of the run just seen: a gang run's blames come together.
     again = np.r_[False, (job[1:] == job[:-1]) & (at[1:] == at[:-1])]
     firsts, job, at = firsts[~again], job[~again], at[~again]
-    pinned = np.frombuffer(blames.pinned, dtype=np.int8)[firsts].astype(bool).tolist()
-    jobs = job.tolist()
-    ends = [int(t) for t in at.tolist()]
+    pinned = np.frombuffer(blames.pinned, dtype=np.int8)[firsts].astype(bool)
+    if job.min() < 0 or job.max() >= 1 << 31 or not np.isfinite(at).all():
+        yield from _blamed_one_by_one(tally, job.tolist(), [int(t) for t in at.tolist()],
+                                      pinned.tolist())
+        return
+    end = at.astype(np.int64)  # whole seconds, toward zero as int() of each
+    keys = run_keys(job, end)
+    # One blame per node of a gang job: each run counts once, where it first comes.
+    first = np.sort(np.unique(keys, return_index=True)[1])
+    get = tally.blamable.get
+    for key, j, e, pin in zip(keys[first].tolist(), job[first].tolist(), end[first].tolist(),
+                              pinned[first].tolist(), strict=True):
+        yield (key, j, e, pin), get(key)
+
+
+def _blamed_one_by_one(tally: RunTally, jobs: list[int], ends: list[int], pinned: list[bool]
+                       ) -> Iterator[tuple[Run, Hit | None]]:
+    """`blamed_runs`' last step run by run (job ids past 31 bits: `run_keys` is int64)."""
     seen: set[int] = set()
     see = seen.add
     get = tally.blamable.get

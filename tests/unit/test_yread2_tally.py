@@ -1,0 +1,25 @@
+"""The report's tally of the store's other runs keeps their blamable runs by column
+(`RunTally._blamables`): the same as each record on its own, job ids past 31 bits included
+(one by one there: `run_keys` is int64)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuwarden.slurm.models import AcctJob, NodeEvent
+from tests.unit.test_report_collect_frame import _both, _tallies, events, records
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(records(), max_size=30), st.one_of(st.none(), events()), st.booleans(),
+       st.sampled_from([0, 1 << 31, (1 << 40) + 3]))
+def test_blamable_runs_by_column_are_each_records(jobs: list[AcctJob],
+                                                  evs: list[NodeEvent] | None,
+                                                  topology: bool, big: int) -> None:
+    jobs = [dataclasses.replace(j, job_id=j.job_id + big * (k % 2))
+            for k, j in enumerate(jobs)]
+    one, cols = _both(jobs, evs, topology)
+    assert _tallies(cols) == _tallies(one)
