@@ -82,11 +82,11 @@ def numbered(table: dict[str, int], keys: Iterable[str]) -> list[int]:
 
 def int32s(rows: Sequence[Sequence[int]]) -> bytes:
     """The numbers of ``rows``, one row after another, as int32s (an ``array("i")``'s bytes):
-    by one join where each row is an ``array("i")`` (`counted.Judge`'s), else packed."""
-    try:
+    by one join where each row is an ``array("i")`` (`counted.Judge`'s), else packed by value
+    (a join of other buffers would read their bytes as int32s)."""
+    if all(type(r) is array and r.typecode == "i" for r in rows):
         return b"".join(rows)  # type: ignore[arg-type]  # arrays: buffers
-    except TypeError:
-        return array("i", chain.from_iterable(rows)).tobytes()
+    return array("i", chain.from_iterable(rows)).tobytes()
 
 
 def offsets(rows: Sequence[Sized], base: int) -> npt.NDArray[np.int64]:
@@ -213,7 +213,7 @@ class IncidenceBuilder:
             names = self.scripts
             self.script.extend([_ix(names, k) if k else NO_SCRIPT for k in scripts])
         self.size.extend(sizes)
-        self.gameable.extend(gameable)
+        self.gameable.extend(map(bool, gameable))  # numpy's bools are no ints to array
 
     def _end_row(self, job_id: int | None, end: float, hours: float, size: int, user: str,
                  script: str, gameable: bool) -> None:

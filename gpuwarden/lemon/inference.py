@@ -578,8 +578,8 @@ def _fit_rows(inc: Incidence, f: Fit, t: _NodeRows) -> _FitRows:
         both = np.empty((inc.rows, 2), dtype=np.float64)
         both[:, 0] = f.row_rate
         both[:, 1] = 1.0 if f.weight is None else f.weight
-        dead = both[:, 1] <= 0
-        same = f.use is t.use
+        dead = both[:, 1] <= 0  # NaN is not: `design` keeps such runs
+        same = f.use is t.use and not dead.any()
         if not same:
             # Per entry as `design` leaves them out (a run's entries lie together).
             same = bool(np.array_equal(t.use & ~np.repeat(dead, np.diff(inc.ptr)), f.use))
@@ -604,7 +604,7 @@ def node_evidence(inc: Incidence, f: Fit, node: int, entries: IntArray) -> Evide
     got = fr.rate_weight[rows]
     weight = got[:, 1]
     if fr.dead:
-        on = weight > 0  # the runs the fit weighs nothing in count for no node
+        on = ~(weight <= 0)  # the runs the fit weighs nothing in count for no node
         rows, got = rows[on], got[on]
         weight = got[:, 1]
     rest = np.maximum(got[:, 0] - f.rate[node], 0.0)
