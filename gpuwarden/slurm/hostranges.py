@@ -59,42 +59,13 @@ def names(rs: tuple[Range, ...]) -> tuple[str, ...]:
     tail never hold a brace: `_BRACKETED`). Interned: the lists of a fleet's runs name the
     same few thousand nodes over and over (a year's 58k failed lists, 0.8M names)."""
     out: list[str] = []
-    for key, lo, hi in rs:
-        head, width, tail = key
+    for (head, width, tail), lo, hi in rs:
         if width < 0:
             out.append(sys.intern(head))
-        elif hi < _NUMBERED_MAX:
-            out.extend(_numbered(key, hi)[lo:hi + 1])
         else:
             out.extend(map(sys.intern,
                            map(f"{head}{{:0{width}d}}{tail}".format, range(lo, hi + 1))))
     return tuple(out)
-
-
-# Per range key, its names by number from 0 (interned, as `names` makes them), up to the
-# largest number read yet below this: a list's names are then a slice (a year's failed runs'
-# 47k lists were 0.8M names formatted and interned, most the same few thousand nodes').
-_NUMBERED_MAX = 1 << 16
-_HELD_MAX = 1 << 20  # names held at most (then all let go): a long-lived reader's bounded
-_BY_NUMBER: dict[Key, list[str]] = {}
-_held = [0]
-
-
-def _numbered(key: Key, hi: int) -> list[str]:
-    """``key``'s names numbered 0 to at least ``hi``."""
-    got = _BY_NUMBER.get(key)
-    if got is None:
-        got = _BY_NUMBER[key] = []
-    if len(got) <= hi:
-        if _held[0] > _HELD_MAX:
-            _BY_NUMBER.clear()
-            _held[0] = 0
-            got = _BY_NUMBER[key] = []
-        _held[0] += hi + 1 - len(got)
-        head, width, tail = key
-        got.extend(map(sys.intern, map(f"{head}{{:0{width}d}}{tail}".format,
-                                       range(len(got), hi + 1))))
-    return got
 
 
 @lru_cache(maxsize=1 << 17)

@@ -26,8 +26,6 @@ from gpuwarden.accounting.counted import _Buckets
 from gpuwarden.accounting.incidence import CULPRIT, NAMED, _flags
 from gpuwarden.report.collect import RunTally, run_key
 from gpuwarden.report.outcomes import _blamed_one_by_one, blamed_runs
-from gpuwarden.slurm.hostlist import expand
-from gpuwarden.slurm.hostranges import expanded
 
 NAMES = [f"n{i:02d}" for i in range(40)]
 lists_st = st.lists(st.sampled_from(NAMES), min_size=0, max_size=40).map(tuple)
@@ -106,17 +104,6 @@ def test_an_event_time_is_read_once_and_the_same_each_time() -> None:
     assert event_time(text) == first
     assert event_time("Unknown") is None
     assert event_time("Unknown") is None
-
-
-@given(st.lists(st.tuples(st.sampled_from(["n", "gpu-", ""]), st.sampled_from(["", "x"]),
-                          st.integers(0, 300), st.integers(0, 40), st.booleans()),
-                min_size=1, max_size=8))
-def test_range_names_by_number_are_expands(lists: list[tuple[str, str, int, int, bool]]
-                                           ) -> None:
-    for head, tail, lo, span, padded in lists:
-        body = f"{lo:04d}-{lo + span:04d}" if padded else f"{lo}-{lo + span}"
-        text = f"{head or 'h'}[{body}]{tail}"
-        assert expanded(text) == tuple(expand(text))
 
 
 @given(st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1)),
