@@ -69,9 +69,11 @@ def run_key(job_id: int, end: int) -> int:
 
 
 def run_keys(job_ids: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]
-             ) -> npt.NDArray[np.int64]:
-    """`run_key` of each (job id, end), by numpy: the job ids from 0 to 2**31 - 1 (their
-    keys fit int64)."""
+             ) -> npt.NDArray[np.int64] | None:
+    """`run_key` of each (job id, end), by numpy; None where a job id is not from 0 to
+    2**31 - 1 (its key would not fit int64): the caller then goes run by run (`run_key`)."""
+    if len(job_ids) and (job_ids.min() < 0 or job_ids.max() >= 1 << 31):
+        return None
     return (job_ids.astype(np.int64) << 32) | (ends.astype(np.int64) & 0xFFFF_FFFF)
 
 
@@ -446,14 +448,12 @@ class RunTally:
         blamed = code == _BLAMABLE
         ask = np.flatnonzero(code == _ASK)
         if len(ask):
-            may = self.filter.may_blame if self.filter is not None else None
-            if may is None:
-                blamed[ask] = True
-            else:
-                texts, states, starts, ends = (col("nodes"), col("state"), col("start_time"),
-                                               col("end_time"))
-                blamed[[i for i in ask.tolist()
-                        if may(states[i], texts[i], starts[i], ends[i])]] = True
+            assert self.filter is not None  # `_counted` asks only where there is a filter
+            may = self.filter.may_blame
+            texts, states, starts, ends = (col("nodes"), col("state"), col("start_time"),
+                                           col("end_time"))
+            blamed[[i for i in ask.tolist()
+                    if may(states[i], texts[i], starts[i], ends[i])]] = True
         self._blamables(batch, np.flatnonzero(blamed).tolist())
         rows = kept.tolist()
         jobs, starts, users = col("job_id"), col("start_time"), col("user")
@@ -483,13 +483,14 @@ class RunTally:
         jobs, ends, starts = pick(col("job_id")), pick(col("end_time")), pick(col("start_time"))
         parts, states, gpus = pick(col("partition")), pick(col("state")), pick(col("gpus"))
         users, restarts = pick(col("user")), pick(col("restart_count"))
-        if min(jobs) < 0 or max(jobs) >= 1 << 31:  # past `run_keys`' int64: one by one
+        end = np.array(ends, dtype=np.int64)
+        got = run_keys(np.array(jobs, dtype=np.int64), end)
+        if got is None:  # a job id past `run_keys`' int64: one by one
             for k in range(len(rows)):
                 self._blamable(jobs[k], (ends[k] // DAY, parts[k], states[k]), gpus[k],
                                starts[k], ends[k], users[k], restarts[k])
             return
-        end = np.array(ends, dtype=np.int64)
-        keys = run_keys(np.array(jobs, dtype=np.int64), end).tolist()
+        keys = got.tolist()
         shared, known = self._shared, self._users
         cells = [shared.setdefault(c, c)
                  for c in zip((end // DAY).tolist(), parts, states, strict=True)]

@@ -87,12 +87,13 @@ def blamed_runs(tally: RunTally, att: Attribution) -> Iterator[tuple[Run, Hit | 
     again = np.r_[False, (job[1:] == job[:-1]) & (at[1:] == at[:-1])]
     firsts, job, at = firsts[~again], job[~again], at[~again]
     pinned = np.frombuffer(blames.pinned, dtype=np.int8)[firsts].astype(bool)
-    if job.min() < 0 or job.max() >= 1 << 31 or not np.isfinite(at).all():
+    end = at.astype(np.int64) if np.isfinite(at).all() else None  # toward zero, as int()
+    keys = None if end is None else run_keys(job, end)
+    if keys is None:  # a job id past `run_keys`' int64, or an end int() refuses
         yield from _blamed_one_by_one(tally, job.tolist(), [int(t) for t in at.tolist()],
                                       pinned.tolist())
         return
-    end = at.astype(np.int64)  # whole seconds, toward zero as int() of each
-    keys = run_keys(job, end)
+    assert end is not None
     # One blame per node of a gang job: each run counts once, where it first comes.
     first = np.sort(np.unique(keys, return_index=True)[1])
     get = tally.blamable.get
