@@ -26,9 +26,9 @@ def test_blamable_runs_by_column_are_each_records(jobs: list[AcctJob],
 
 
 def test_run_keys_refuse_job_ids_whose_keys_would_not_fit() -> None:
-    import numpy as np  # noqa: PLC0415
+    import numpy as np
 
-    from gpuwarden.report.collect import run_key, run_keys  # noqa: PLC0415
+    from gpuwarden.report.collect import run_key, run_keys
     ends = np.array([5, 6], dtype=np.int64)
     assert run_keys(np.array([1, (1 << 31) - 1], dtype=np.int64), ends).tolist() == [
         run_key(1, 5), run_key((1 << 31) - 1, 6)]
