@@ -58,7 +58,8 @@ def rendered(spec: Spec, root: Path, access: str, secret: str, db_password: str,
     )
     files = {
         "slurm.conf": env.get_template("slurm.conf.j2").render(
-            layout=slurmconf.layout(cl), fragment=slurmconf.render("slurm.conf", cl)),
+            layout=slurmconf.layout(cl), fragment=slurmconf.render("slurm.conf", cl),
+            health_check_interval=spec.health_check_interval_s),
         "gres.conf": slurmconf.render("gres.conf", cl, autodetect=False),
         "topology.conf": slurmconf.render("topology.conf", cl),
         "cgroup.conf": (root / "docker-cluster/templates/cgroup.conf").read_text(),

@@ -94,12 +94,20 @@ class Spec:
     # "objstore", node memory, peers and S3 only: no /fsx volume, checkpoints keyed from the
     # site secret (docs/design/object-store-sites.md).
     site: str = "fsx"
+    # How often slurmctld has every node run gpuwarden's periodic check (HealthCheckInterval,
+    # GPUWARDEN_HEALTHCHECK_INTERVAL). The e2e tests set it long: each runs the check itself
+    # where it wants one, and a check on Slurm's own timer falling in the seconds between a
+    # fault a test makes and the hook it watches drained the node first (a CI run).
+    health_check_interval_s: int = 300
 
     def __post_init__(self) -> None:
         if self.slurm not in VARIANTS:
             raise ConfigError("environment", "GPUWARDEN_SLURM",
                               f"one of {', '.join(VARIANTS)}, got {self.slurm!r}")
         check_name(self.name)
+        if not 1 <= self.health_check_interval_s <= 65535:  # slurm.conf's uint16
+            raise ConfigError("environment", "GPUWARDEN_HEALTHCHECK_INTERVAL",
+                              f"seconds from 1 to 65535, got {self.health_check_interval_s}")
         if self.site not in SITES:
             raise ConfigError("environment", "GPUWARDEN_SITE",
                               f"one of {', '.join(SITES)}, got {self.site!r}")
@@ -176,7 +184,7 @@ def _env_int(name: str, default: int) -> int:
 
 def from_env() -> Spec:
     """GPUWARDEN_NODES, GPUWARDEN_NODES_PER_LEAF, GPUWARDEN_GPUS, GPUWARDEN_SUBNET, GPUWARDEN_SLURM,
-    GPUWARDEN_CLUSTER_NAME, GPUWARDEN_SITE."""
+    GPUWARDEN_CLUSTER_NAME, GPUWARDEN_SITE, GPUWARDEN_HEALTHCHECK_INTERVAL."""
     base = ClusterConfig(gpu_device_dir="/opt/fakegpu", cpus_per_node=16, real_memory_mb=64000)
     try:
         cluster = replace(
@@ -192,4 +200,5 @@ def from_env() -> Spec:
     name = check_name(os.environ.get("GPUWARDEN_CLUSTER_NAME") or DEFAULT_NAME)
     return Spec(cluster=cluster, subnet=os.environ.get("GPUWARDEN_SUBNET") or subnet_for(name),
                 slurm=os.environ.get("GPUWARDEN_SLURM") or DEFAULT_SLURM, name=name,
-                site=os.environ.get("GPUWARDEN_SITE") or "fsx")
+                site=os.environ.get("GPUWARDEN_SITE") or "fsx",
+                health_check_interval_s=_env_int("GPUWARDEN_HEALTHCHECK_INTERVAL", 300))

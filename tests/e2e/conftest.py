@@ -43,6 +43,11 @@ DURATION_ORDER = (
 def pytest_configure(config: pytest.Config) -> None:
     """An xdist worker's session drives its own cluster: every from_env() in it (the cluster
     fixture, the admin guide's site, a devcluster command a test starts) names it."""
+    # Slurm's own periodic checks off the tests' clusters for the session (12 h; each test
+    # runs the check itself where it wants one): on its 300 s timer one fell between a fault
+    # a test made and the epilog it watched, and drained first. Set for every from_env() of
+    # the session, a devcluster command a test starts included; an explicit setting stands.
+    os.environ.setdefault("GPUWARDEN_HEALTHCHECK_INTERVAL", "43200")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return

@@ -22,7 +22,8 @@ def rendered(cluster: ClusterConfig) -> str:
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
         autoescape=False)  # config files, not HTML
     return str(env.get_template("slurm.conf.j2").render(
-        layout=slurmconf.layout(cluster), fragment=slurmconf.render("slurm.conf", cluster)))
+        layout=slurmconf.layout(cluster), fragment=slurmconf.render("slurm.conf", cluster),
+        health_check_interval=300))
 
 
 @pytest.mark.parametrize("version", [(24, 11), None])
