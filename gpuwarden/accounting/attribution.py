@@ -63,7 +63,7 @@ import numpy.typing as npt
 
 from gpuwarden.accounting.blames import Blame, Blames
 from gpuwarden.accounting.columns import Columns
-from gpuwarden.accounting.incidence import IncidenceBuilder
+from gpuwarden.accounting.incidence import IncidenceBuilder, places
 from gpuwarden.accounting.rangetally import RangeTally
 from gpuwarden.accounting.stream import AcctRecord
 from gpuwarden.accounting.submit import ALL_NODES, named_nodes, script_key
@@ -335,24 +335,12 @@ def _failed_nodes(nodes: tuple[str, ...], end: int, failures: Mapping[str, list[
 
 
 def in_order(nodes: tuple[str, ...], few: Set[str]) -> list[str]:
-    """``[n for n in nodes if n in few]``, by a scan of ``nodes`` (C's) for each of ``few``
-    where they are a few of many: a gang's one or two culprits were a look at each of its
-    nodes (`settle`'s 105k runs of a year, 5.4M nodes)."""
+    """``[n for n in nodes if n in few]``, by a scan of ``nodes`` for each of ``few``
+    (`incidence.places`) where they are a few of many: a gang's one or two culprits were a
+    look at each of its nodes (`settle`'s 105k runs of a year, 5.4M nodes)."""
     if len(few) > 4 or len(nodes) < 16:
         return [n for n in nodes if n in few]
-    found = []
-    for n in few:  # one scan of ``nodes`` each: to it, then past it for a second
-        try:
-            at = nodes.index(n)
-        except ValueError:
-            continue
-        try:
-            nodes.index(n, at + 1)
-        except ValueError:
-            found.append((at, n))
-            continue
-        return [n for n in nodes if n in few]  # a name twice in the list: as listed
-    return [n for _, n in sorted(found)]
+    return [n for _, n in sorted(places(nodes, few))]
 
 
 def attribute_runs(jobs: Iterable[AcctRecord] | Columns,

@@ -104,15 +104,24 @@ def _flags(listed: tuple[str, ...], culprit: AbstractSet[str],
                       for n in listed])
     out = bytearray(len(listed))
     for names, flag in ((culprit, CULPRIT), (pinned, NAMED)):
-        for n in names:
-            at = -1
-            while True:
-                try:
-                    at = listed.index(n, at + 1)
-                except ValueError:
-                    break
-                out[at] |= flag
+        for at, _ in places(listed, names):
+            out[at] |= flag
     return bytes(out)
+
+
+def places(listed: Sequence[str], names: Iterable[str]) -> list[tuple[int, str]]:
+    """Every place of each of ``names`` in ``listed``, with the name: by a scan of the list
+    (C's) for each, where they are a few names of a long list."""
+    found = []
+    for n in names:
+        at = -1
+        while True:
+            try:
+                at = listed.index(n, at + 1)
+            except ValueError:
+                break
+            found.append((at, n))
+    return found
 
 
 @dataclass
